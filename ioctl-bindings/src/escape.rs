@@ -75,31 +75,31 @@ mod tests {
     #[test]
     fn request_codes_match_the_kernel_iowr_encoding() {
         // nix computes the kernel's _IOWR independently of our const fn.
-        let nix_alloc = nix::request_code_readwrite!(b'F', 0x2B, 48) as u64;
+        let nix_alloc = nix::request_code_readwrite!(b'F', 0x2B, 48);
         assert_eq!(NV_IOCTL_RM_ALLOC_NVOS64, nix_alloc);
         assert_eq!(
             NV_IOCTL_RM_ALLOC_NVOS21,
-            nix::request_code_readwrite!(b'F', 0x2B, 32) as u64
+            nix::request_code_readwrite!(b'F', 0x2B, 32)
         );
         assert_eq!(
             NV_IOCTL_RM_CONTROL,
-            nix::request_code_readwrite!(b'F', 0x2A, 32) as u64
+            nix::request_code_readwrite!(b'F', 0x2A, 32)
         );
         assert_eq!(
             NV_IOCTL_RM_FREE,
-            nix::request_code_readwrite!(b'F', 0x29, 16) as u64
+            nix::request_code_readwrite!(b'F', 0x29, 16)
         );
         assert_eq!(
             NV_IOCTL_RM_DUP_OBJECT,
-            nix::request_code_readwrite!(b'F', 0x34, 28) as u64
+            nix::request_code_readwrite!(b'F', 0x34, 28)
         );
         assert_eq!(
             NV_IOCTL_REGISTER_FD,
-            nix::request_code_readwrite!(b'F', 201, 4) as u64
+            nix::request_code_readwrite!(b'F', 201, 4)
         );
         assert_eq!(
             NV_IOCTL_CARD_INFO,
-            nix::request_code_readwrite!(b'F', 200, 72 * MAX_CARDS) as u64
+            nix::request_code_readwrite!(b'F', 200, 72 * MAX_CARDS)
         );
     }
 
