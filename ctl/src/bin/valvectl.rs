@@ -1,0 +1,3 @@
+fn main() {
+    std::process::exit(valve_ctl::cli::run());
+}

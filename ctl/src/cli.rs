@@ -1,0 +1,851 @@
+//! `valvectl`: the operator's command line over the library (list GPUs, preempt, resume, bench).
+//! Parsing, output and exit codes live here; `bin/valvectl.rs` only calls [`run`].
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use serde_json::json;
+use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
+
+use crate::controller::{BatchReport, ChannelTarget, Controller, PreemptMode};
+use crate::driver::{DriverInfo, RmDriver};
+use crate::error::Error;
+use crate::gpu::{GpuInfo, GpuSelector};
+use crate::stats::{summarize, Summary};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success (for `preempt`, also when the hold ends by Ctrl-C/SIGTERM: channels were resumed)
+  1    other failure (I/O, unexpected driver answer)
+  2    usage error (bad arguments)
+  3    NVIDIA driver missing, or not the open kernel module
+  4    permission denied on the NVIDIA device files
+  5    the driver rejected the request (e.g. unknown client or channel handle); nothing was left disabled
+  6    no such GPU
+  130  `bench` interrupted (channels were resumed)
+
+Handles are hexadecimal, with or without 0x (as RM prints them: c1d00042, 0x5c000020).
+A process's client is the hRoot of its RM allocations; its channels are its *_CHANNEL_GPFIFO objects.
+
+Examples:
+  valvectl gpus
+  valvectl preempt --gpu 0 --client c1d00042 --channel 5c000030,5c000031 --for 500ms
+  valvectl preempt --target 0:c1d00042:5c000030 --target 1:c1d00042:5c000090 --detach
+  valvectl resume  --target 0:c1d00042:5c000030 --target 1:c1d00042:5c000090
+  valvectl bench   --gpu 0 --client c1d00042 --channel 5c000030 --cycles 300 --json";
+
+/// Valve: freeze and release other processes' GPU channels on NVIDIA GPUs.
+#[derive(Debug, Parser)]
+#[command(name = "valvectl", version, about, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// Print machine-readable JSON on stdout instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the GPUs: index, name, PCI address, device-file minor, RM device instance, UUID.
+    Gpus,
+    /// Disable (and preempt) channels of other processes, hold, then resume them.
+    ///
+    /// By default the channels stay frozen until Ctrl-C, SIGTERM or `--for` elapses, and are
+    /// always resumed before valvectl exits. `--detach` leaves them frozen instead and prints the
+    /// `valvectl resume` command that releases them.
+    Preempt {
+        #[command(flatten)]
+        targets: TargetArgs,
+        /// Hold for this long, then resume (e.g. 500ms, 2s, 1m). Default: until Ctrl-C/SIGTERM.
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "detach")]
+        hold: Option<Duration>,
+        /// Leave the channels disabled and exit; undo with `valvectl resume`.
+        #[arg(long)]
+        detach: bool,
+        /// Only stop scheduling new work; running kernels keep running (no preemption).
+        #[arg(long)]
+        schedule_only: bool,
+    },
+    /// Enable channels (undo `preempt --detach`, or clean up after a crash).
+    Resume {
+        #[command(flatten)]
+        targets: TargetArgs,
+    },
+    /// Preempt and resume in a loop and print p50/p99/max of each step.
+    Bench {
+        #[command(flatten)]
+        targets: TargetArgs,
+        /// Preempt/resume cycles.
+        #[arg(long, default_value_t = 100)]
+        cycles: usize,
+        /// How long each preemption is held.
+        #[arg(long, value_parser = parse_duration, default_value = "1ms")]
+        hold: Duration,
+        /// Pause between cycles (the work runs during it).
+        #[arg(long, value_parser = parse_duration, default_value = "5ms")]
+        gap: Duration,
+        /// Issue the GPUs one after another on one thread instead of one thread per GPU.
+        #[arg(long)]
+        serial: bool,
+        /// Only stop scheduling new work (no preemption).
+        #[arg(long)]
+        schedule_only: bool,
+    },
+}
+
+/// Which channels: one GPU and client with `--gpu/--client/--channel`, or any mix with `--target`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct TargetArgs {
+    /// GPU: index from `valvectl gpus`, UUID (GPU-...) or PCI address.
+    #[arg(long, requires_all = ["client", "channels"])]
+    pub gpu: Option<GpuSelector>,
+    /// The owning process's RM client handle (hex).
+    #[arg(long, value_parser = parse_handle, requires = "gpu")]
+    pub client: Option<u32>,
+    /// Channel handles (hex), comma-separated or repeated.
+    #[arg(long = "channel", value_parser = parse_handle, value_delimiter = ',', requires = "gpu")]
+    pub channels: Vec<u32>,
+    /// GPU:CLIENT:CHANNEL[,CHANNEL...]; repeat for several GPUs or clients.
+    #[arg(long = "target", value_parser = parse_target, value_name = "GPU:CLIENT:CHANNELS")]
+    pub targets: Vec<TargetSpec>,
+}
+
+/// One `--target` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetSpec {
+    /// The GPU.
+    pub gpu: GpuSelector,
+    /// The client.
+    pub client: u32,
+    /// Its channels.
+    pub channels: Vec<u32>,
+}
+
+/// Parses an RM handle: hexadecimal, optional 0x.
+pub fn parse_handle(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let digits = t
+        .strip_prefix("0x")
+        .or_else(|| t.strip_prefix("0X"))
+        .unwrap_or(t);
+    if digits.is_empty() || digits.len() > 8 {
+        return Err(format!(
+            "'{s}' is not an RM handle (8 hex digits at most, e.g. c1d00042)"
+        ));
+    }
+    u32::from_str_radix(digits, 16)
+        .map_err(|_| format!("'{s}' is not an RM handle: handles are hexadecimal, e.g. 5c000030"))
+}
+
+fn parse_target(s: &str) -> Result<TargetSpec, String> {
+    // The GPU part may itself contain ':' (a PCI address), so split from the right.
+    let mut parts = s.rsplitn(3, ':');
+    let (Some(chans), Some(client), Some(gpu)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(format!(
+            "'{s}' is not GPU:CLIENT:CHANNEL[,CHANNEL...] (e.g. 0:c1d00042:5c000030)"
+        ));
+    };
+    let channels = chans
+        .split(',')
+        .map(parse_handle)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(TargetSpec {
+        gpu: gpu.parse()?,
+        client: parse_handle(client)?,
+        channels,
+    })
+}
+
+/// Parses `500ms`, `2s`, `1.5s`, `100us`, `1m`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (e.g. 500ms, 2s, 100us)"))?;
+    let scale = match unit.trim() {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "ns" => 1e-9,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        u => {
+            return Err(format!(
+                "unknown unit '{u}' in '{s}': use ns, us, ms, s, m or h"
+            ))
+        }
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || !(0.0..=7.0 * 86400.0).contains(&secs) {
+        return Err(format!("'{s}' is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl TargetArgs {
+    /// Resolves GPUs and handles into channel targets.
+    pub fn resolve(&self, gpus: &[GpuInfo]) -> Result<Vec<ChannelTarget>, CliError> {
+        let mut out = Vec::new();
+        let mut add = |gpu: &GpuSelector, client: u32, channels: &[u32]| -> Result<(), CliError> {
+            let gpu = gpu.resolve(gpus)?;
+            out.extend(channels.iter().map(|&c| ChannelTarget {
+                gpu,
+                client: ClientHandle(client),
+                channel: ChannelHandle(c),
+            }));
+            Ok(())
+        };
+        if let (Some(gpu), Some(client)) = (&self.gpu, self.client) {
+            add(gpu, client, &self.channels)?;
+        }
+        for t in &self.targets {
+            add(&t.gpu, t.client, &t.channels)?;
+        }
+        if out.is_empty() {
+            return Err(CliError::Usage(
+                "name the channels: --gpu G --client C --channel CH[,CH...], or --target G:C:CH[,CH...]"
+                    .into(),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn as_command_line(&self, gpus: &[GpuInfo], targets: &[ChannelTarget]) -> String {
+        let mut by: std::collections::BTreeMap<(usize, u32), Vec<u32>> = Default::default();
+        for t in targets {
+            by.entry((t.gpu, t.client.0)).or_default().push(t.channel.0);
+        }
+        by.iter()
+            .map(|((g, c), chans)| {
+                let id = gpus
+                    .get(*g)
+                    .map(|g| g.pci_bus_id.clone())
+                    .unwrap_or(g.to_string());
+                let list: Vec<String> = chans.iter().map(|c| format!("{c:x}")).collect();
+                format!("--target {id}:{c:x}:{}", list.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// A CLI failure with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// From the library.
+    #[error(transparent)]
+    Valve(#[from] Error),
+    /// Bad arguments that clap could not catch.
+    #[error("{0}")]
+    Usage(String),
+    /// Writing output failed.
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+    /// Interrupted by a signal (after cleaning up).
+    #[error("interrupted by {0}; all channels were resumed")]
+    Interrupted(Signal),
+}
+
+impl CliError {
+    /// The documented exit code.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Interrupted(_) => 130,
+            CliError::Io(_) => 1,
+            CliError::Valve(e) => match e {
+                Error::DriverMissing { .. } | Error::NotOpenModule { .. } => 3,
+                Error::Permission { .. } => 4,
+                Error::Rm { .. } | Error::PreemptFailed { .. } => 5,
+                Error::UnknownGpu { .. } => 6,
+                Error::NoChannels => 2,
+                Error::Os { .. } => 1,
+            },
+        }
+    }
+}
+
+/// Signals that end a hold or a benchmark, blocked and read from a signalfd so that channels are
+/// always resumed before exit.
+pub struct Signals {
+    fd: SignalFd,
+}
+
+impl Signals {
+    /// Blocks SIGINT, SIGTERM and SIGHUP for this thread and threads it starts later.
+    pub fn install() -> Result<Self, CliError> {
+        let mut mask = SigSet::empty();
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            mask.add(s);
+        }
+        let os = |e: nix::Error| {
+            CliError::Valve(Error::Os {
+                op: "setting up signal handling".into(),
+                source: e.into(),
+            })
+        };
+        mask.thread_block().map_err(os)?;
+        let fd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(os)?;
+        Ok(Signals { fd })
+    }
+
+    /// Waits until a signal arrives or `timeout` passes (`None`: forever).
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<Signal> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Ok(Some(info)) = self.fd.read_signal() {
+                return Signal::try_from(info.ssi_signo as i32).ok();
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    d - now
+                }
+                None => Duration::from_secs(60),
+            };
+            let ms = left.as_millis().clamp(1, 60_000) as u16;
+            let mut fds = [nix::poll::PollFd::new(
+                self.fd.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms));
+        }
+    }
+
+    /// A signal that is already pending, without waiting.
+    pub fn pending(&self) -> Option<Signal> {
+        match self.fd.read_signal() {
+            Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// Entry point of the binary: parses, runs, prints errors, returns the exit code.
+pub fn run() -> i32 {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let json = cli.json;
+    let result = Signals::install().and_then(|signals| {
+        let ctl = Controller::open()?;
+        execute(&cli, &ctl, &mut std::io::stdout().lock(), Some(&signals))
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("valvectl: error: {e}");
+            if json {
+                println!("{}", json!({"error": e.to_string(), "exit_code": code}));
+            }
+            code
+        }
+    }
+}
+
+fn print_batch(out: &mut dyn Write, what: &str, rep: &BatchReport) -> std::io::Result<()> {
+    for g in &rep.gpus {
+        writeln!(
+            out,
+            "  {what} GPU {}: {} channel(s), ioctl {:.0} us (started +{:.0} us)",
+            g.gpu,
+            g.channels,
+            g.ioctl.as_secs_f64() * 1e6,
+            g.start_offset.as_secs_f64() * 1e6
+        )?;
+    }
+    writeln!(
+        out,
+        "  {what} total: {:.0} us",
+        rep.wall.as_secs_f64() * 1e6
+    )
+}
+
+/// Runs one parsed command against a controller.
+pub fn execute<D: RmDriver>(
+    cli: &Cli,
+    ctl: &Controller<D>,
+    out: &mut dyn Write,
+    signals: Option<&Signals>,
+) -> Result<(), CliError> {
+    let gpus = ctl.gpus();
+    match &cli.command {
+        Command::Gpus => {
+            if cli.json {
+                let driver = DriverInfo::read().ok();
+                writeln!(out, "{}", json!({"driver": driver, "gpus": gpus}))?;
+            } else {
+                if let Ok(d) = DriverInfo::read() {
+                    writeln!(
+                        out,
+                        "driver {} ({})",
+                        d.version,
+                        if d.open_module {
+                            "open kernel module"
+                        } else {
+                            "proprietary"
+                        }
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "{:<4} {:<28} {:<13} {:<6} {:<12} UUID",
+                    "IDX", "NAME", "PCI BUS ID", "MINOR", "RM-INSTANCE"
+                )?;
+                for g in &gpus {
+                    writeln!(
+                        out,
+                        "{:<4} {:<28} {:<13} {:<6} {:<12} {}",
+                        g.index, g.name, g.pci_bus_id, g.minor, g.device_instance, g.uuid
+                    )?;
+                }
+            }
+            Ok(())
+        }
+        Command::Preempt {
+            targets,
+            hold,
+            detach,
+            schedule_only,
+        } => {
+            let t = targets.resolve(&gpus)?;
+            let mode = if *schedule_only {
+                PreemptMode::ScheduleOnly
+            } else {
+                PreemptMode::Preempt
+            };
+            let plan = ctl.plan(&t, mode)?;
+            let guard = ctl.disable(&plan)?;
+            if *detach {
+                let rep = guard.keep_disabled();
+                let undo = format!("valvectl resume {}", targets.as_command_line(&gpus, &t));
+                if cli.json {
+                    writeln!(
+                        out,
+                        "{}",
+                        json!({"disabled": rep, "channels": plan.channels(), "resume_command": undo})
+                    )?;
+                } else {
+                    writeln!(
+                        out,
+                        "disabled {} channel(s) on {} GPU(s); they stay frozen until you run:",
+                        plan.channels(),
+                        plan.gpus()
+                    )?;
+                    writeln!(out, "  {undo}")?;
+                    print_batch(out, "disable", &rep)?;
+                }
+                return Ok(());
+            }
+            let disable_rep = guard.disable_report().clone();
+            if !cli.json {
+                writeln!(
+                    out,
+                    "disabled {} channel(s) on {} GPU(s){}",
+                    plan.channels(),
+                    plan.gpus(),
+                    match hold {
+                        Some(d) => format!(", holding for {d:?}"),
+                        None => "; Ctrl-C or SIGTERM resumes them".into(),
+                    }
+                )?;
+                out.flush()?;
+            }
+            let held_from = Instant::now();
+            let signal = match (signals, hold) {
+                (Some(s), h) => s.wait(*h),
+                (None, Some(h)) => {
+                    std::thread::sleep(*h);
+                    None
+                }
+                (None, None) => None,
+            };
+            let held = held_from.elapsed();
+            let enable_rep = guard.enable()?;
+            if cli.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({
+                        "channels": plan.channels(), "gpus": plan.gpus(),
+                        "disable": disable_rep, "enable": enable_rep,
+                        "held_us": held.as_secs_f64() * 1e6,
+                        "ended_by": signal.map(|s| s.as_str()).unwrap_or("timer"),
+                    })
+                )?;
+            } else {
+                print_batch(out, "disable", &disable_rep)?;
+                writeln!(
+                    out,
+                    "resumed after {:.1} ms{}",
+                    held.as_secs_f64() * 1e3,
+                    signal.map(|s| format!(" ({s})")).unwrap_or_default()
+                )?;
+                print_batch(out, "enable", &enable_rep)?;
+            }
+            Ok(())
+        }
+        Command::Resume { targets } => {
+            let t = targets.resolve(&gpus)?;
+            let plan = ctl.plan(&t, PreemptMode::Preempt)?;
+            let rep = ctl.enable(&plan)?;
+            if cli.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"enabled": rep, "channels": plan.channels()})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "enabled {} channel(s) on {} GPU(s)",
+                    plan.channels(),
+                    plan.gpus()
+                )?;
+                print_batch(out, "enable", &rep)?;
+            }
+            Ok(())
+        }
+        Command::Bench {
+            targets,
+            cycles,
+            hold,
+            gap,
+            serial,
+            schedule_only,
+        } => {
+            let t = targets.resolve(&gpus)?;
+            let mode = if *schedule_only {
+                PreemptMode::ScheduleOnly
+            } else {
+                PreemptMode::Preempt
+            };
+            let plan = ctl.plan(&t, mode)?;
+            let mut disable_wall = Vec::with_capacity(*cycles);
+            let mut enable_wall = Vec::with_capacity(*cycles);
+            let mut per_gpu: std::collections::BTreeMap<usize, (Vec<Duration>, Vec<Duration>)> =
+                Default::default();
+            let mut interrupted = None;
+            for _ in 0..*cycles {
+                let guard = if *serial {
+                    ctl.disable_serial(&plan)?
+                } else {
+                    ctl.disable(&plan)?
+                };
+                std::thread::sleep(*hold);
+                let d = guard.disable_report().clone();
+                let e = guard.enable()?;
+                disable_wall.push(d.wall);
+                enable_wall.push(e.wall);
+                for g in &d.gpus {
+                    per_gpu.entry(g.gpu).or_default().0.push(g.ioctl);
+                }
+                for g in &e.gpus {
+                    per_gpu.entry(g.gpu).or_default().1.push(g.ioctl);
+                }
+                if let Some(s) = signals.and_then(|s| s.pending()) {
+                    interrupted = Some(s);
+                    break;
+                }
+                std::thread::sleep(*gap);
+            }
+            let sd = summarize(&disable_wall);
+            let se = summarize(&enable_wall);
+            let per: Vec<(usize, Summary, Summary)> = per_gpu
+                .iter()
+                .map(|(g, (d, e))| (*g, summarize(d), summarize(e)))
+                .collect();
+            if cli.json {
+                let per_json: Vec<_> = per
+                    .iter()
+                    .map(|(g, d, e)| json!({"gpu": g, "name": gpus[*g].name, "disable_ioctl": d, "enable_ioctl": e}))
+                    .collect();
+                writeln!(
+                    out,
+                    "{}",
+                    json!({
+                        "channels": plan.channels(), "gpus": plan.gpus(), "serial": serial,
+                        "mode": plan.mode(), "cycles": disable_wall.len(),
+                        "disable_wall": sd, "enable_wall": se, "per_gpu": per_json,
+                    })
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{} cycles, {} channel(s) on {} GPU(s), {}",
+                    disable_wall.len(),
+                    plan.channels(),
+                    plan.gpus(),
+                    if *serial {
+                        "serial"
+                    } else {
+                        "one thread per GPU"
+                    }
+                )?;
+                writeln!(out, "  disable (all GPUs): {sd}")?;
+                writeln!(out, "  enable  (all GPUs): {se}")?;
+                for (g, d, e) in &per {
+                    writeln!(
+                        out,
+                        "  GPU {g} ({}): disable ioctl {d}; enable ioctl {e}",
+                        gpus[*g].name
+                    )?;
+                }
+            }
+            match interrupted {
+                Some(s) => Err(CliError::Interrupted(s)),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeRm;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("valvectl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn handles_durations_and_targets_parse() {
+        assert_eq!(parse_handle("c1d00042"), Ok(0xc1d0_0042));
+        assert_eq!(parse_handle("0x5C000030"), Ok(0x5c00_0030));
+        assert!(parse_handle("xyz").unwrap_err().contains("hexadecimal"));
+        assert!(parse_handle("123456789").is_err());
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert!(parse_duration("5 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
+        let t = parse_target("0000:18:00.0:c1d00042:5c000030,5c000031").unwrap();
+        assert_eq!(t.gpu, GpuSelector::PciBusId("0000:18:00.0".into()));
+        assert_eq!(t.client, 0xc1d0_0042);
+        assert_eq!(t.channels, vec![0x5c00_0030, 0x5c00_0031]);
+        assert!(parse_target("0:c1d00042").is_err());
+    }
+
+    #[test]
+    fn clap_rejects_incomplete_target_sets() {
+        assert!(parse(&["preempt", "--gpu", "0", "--client", "c1"]).is_err());
+        assert!(parse(&["preempt", "--client", "c1", "--channel", "5"]).is_err());
+        assert!(parse(&[
+            "preempt",
+            "--gpu",
+            "0",
+            "--client",
+            "c1",
+            "--channel",
+            "5",
+            "--for",
+            "1s",
+            "--detach"
+        ])
+        .is_err());
+        let cli = parse(&[
+            "--json",
+            "bench",
+            "--gpu",
+            "0",
+            "--client",
+            "c1",
+            "--channel",
+            "5,6",
+            "--cycles",
+            "3",
+        ])
+        .unwrap();
+        assert!(cli.json);
+        Cli::command_for_tests().debug_assert();
+    }
+
+    impl Cli {
+        fn command_for_tests() -> clap::Command {
+            <Cli as clap::CommandFactory>::command()
+        }
+    }
+
+    #[test]
+    fn help_documents_exit_codes() {
+        let help = Cli::command_for_tests().render_long_help().to_string();
+        for needle in [
+            "Exit codes",
+            "3    NVIDIA driver missing",
+            "--json",
+            "hexadecimal",
+        ] {
+            assert!(help.contains(needle), "help lacks {needle}");
+        }
+    }
+
+    fn host_with_process() -> (Controller<FakeRm>, Vec<String>) {
+        let ctl = Controller::with_driver(FakeRm::host(2)).unwrap();
+        let inst = ctl.gpus()[0].device_instance;
+        let chans: Vec<ChannelHandle> = (0..3).map(|i| ChannelHandle(0x5c00_0030 + i)).collect();
+        ctl.driver()
+            .add_channels(ClientHandle(0xc1d0_0042), inst, &chans);
+        (
+            ctl,
+            vec![
+                "--gpu".into(),
+                "0".into(),
+                "--client".into(),
+                "c1d00042".into(),
+                "--channel".into(),
+                "5c000030,5c000031,5c000032".into(),
+            ],
+        )
+    }
+
+    fn exec(ctl: &Controller<FakeRm>, args: &[String]) -> (Result<(), CliError>, String) {
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cli = parse(&argv).unwrap();
+        let mut out = Vec::new();
+        let r = execute(&cli, ctl, &mut out, None);
+        (r, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn preempt_holds_then_resumes_and_detach_leaves_disabled() {
+        let (ctl, t) = host_with_process();
+        let mut args = vec!["preempt".to_string()];
+        args.extend(t.clone());
+        args.extend(["--for".into(), "1ms".into()]);
+        let (r, out) = exec(&ctl, &args);
+        r.unwrap();
+        assert!(out.contains("disabled 3 channel(s) on 1 GPU(s)"), "{out}");
+        assert!(ctl.driver().disabled().is_empty());
+
+        let mut args = vec!["preempt".to_string(), "--detach".into()];
+        args.extend(t.clone());
+        let (r, out) = exec(&ctl, &args);
+        r.unwrap();
+        assert_eq!(ctl.driver().disabled().len(), 3);
+        let undo = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("valvectl resume"))
+            .unwrap();
+        // The printed command really undoes it.
+        let undo_args: Vec<String> = undo.split_whitespace().skip(1).map(String::from).collect();
+        let (r, _) = exec(&ctl, &undo_args);
+        r.unwrap();
+        assert!(ctl.driver().disabled().is_empty());
+    }
+
+    #[test]
+    fn bad_handles_and_gpus_give_named_errors_and_exit_codes() {
+        let (ctl, _) = host_with_process();
+        let args: Vec<String> = [
+            "preempt",
+            "--gpu",
+            "0",
+            "--client",
+            "c1d00042",
+            "--channel",
+            "5c0000ff",
+            "--for",
+            "1ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let (r, _) = exec(&ctl, &args);
+        let e = r.unwrap_err();
+        assert_eq!(e.exit_code(), 5);
+        assert!(e.to_string().contains("NV_ERR_INVALID_CHANNEL"), "{e}");
+        assert!(ctl.driver().disabled().is_empty());
+
+        let args: Vec<String> = ["resume", "--gpu", "9", "--client", "1", "--channel", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let e = exec(&ctl, &args).0.unwrap_err();
+        assert_eq!(e.exit_code(), 6);
+        assert!(e.to_string().contains("no GPU matches '9'"));
+    }
+
+    #[test]
+    fn gpus_json_and_bench_json() {
+        let (ctl, t) = host_with_process();
+        let (r, out) = exec(&ctl, &["--json".into(), "gpus".into()]);
+        r.unwrap();
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["gpus"].as_array().unwrap().len(), 2);
+        assert!(v["gpus"][0]["uuid"].as_str().unwrap().starts_with("GPU-"));
+
+        let mut args = vec![
+            "--json".to_string(),
+            "bench".into(),
+            "--cycles".into(),
+            "4".into(),
+            "--hold".into(),
+            "0".into(),
+            "--gap".into(),
+            "0".into(),
+        ];
+        args.extend(t);
+        let (r, out) = exec(&ctl, &args);
+        r.unwrap();
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["cycles"], 4);
+        assert_eq!(v["disable_wall"]["n"], 4);
+        assert!(ctl.driver().disabled().is_empty());
+    }
+
+    #[test]
+    fn exit_code_mapping() {
+        let c = |e: Error| CliError::Valve(e).exit_code();
+        assert_eq!(
+            c(Error::DriverMissing {
+                path: "/dev/nvidiactl".into()
+            }),
+            3
+        );
+        assert_eq!(
+            c(Error::NotOpenModule {
+                version: "x".into()
+            }),
+            3
+        );
+        assert_eq!(
+            c(Error::Permission {
+                path: "/dev/nvidiactl".into()
+            }),
+            4
+        );
+        assert_eq!(
+            c(Error::rm("x", valve_ioctl_bindings::NV_ERR_INVALID_CLIENT)),
+            5
+        );
+        assert_eq!(CliError::Usage("x".into()).exit_code(), 2);
+    }
+}
