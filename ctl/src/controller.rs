@@ -222,6 +222,12 @@ impl<D: RmDriver> Controller<D> {
         self.gpus.iter().map(|g| g.info.clone()).collect()
     }
 
+    /// The subdevice Valve allocated on GPU `gpu` (for callers that issue raw controls, such as
+    /// the hardware test's bare-ioctl baseline).
+    pub fn subdevice(&self, gpu: usize) -> Option<SubdeviceHandle> {
+        self.gpus.get(gpu).map(|g| g.subdevice)
+    }
+
     /// The driver behind this controller.
     pub fn driver(&self) -> &D {
         &self.rm

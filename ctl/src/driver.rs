@@ -239,6 +239,14 @@ impl NvDriver {
     }
 }
 
+impl NvDriver {
+    /// The `/dev/nvidiactl` descriptor (for the hardware test's bare-ioctl baseline).
+    pub fn control_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.ctl.as_fd()
+    }
+}
+
 impl RmDriver for NvDriver {
     fn alloc_root_client(&self) -> Result<ClientHandle, RmCallError> {
         let mut args = Nvos64Alloc {
