@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Valve's test command (what CI runs): formatting, clippy, every crate's tests, the CUDA workloads'
+# CPU self-tests and the driver-patch tests. Hardware tests are scripts/hwtest.sh, on a GPU host.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
+
+for t in hwtests/cuda/selftest.sh driver-patch/tests/run.sh scripts/ci-driver-patch.sh; do
+  if [ -f "$t" ]; then
+    echo "== $t"
+    bash "$t"
+  fi
+done
+echo "== all tests passed"
