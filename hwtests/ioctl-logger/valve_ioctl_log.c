@@ -1,0 +1,102 @@
+/* LD_PRELOAD logger of NVIDIA RM object creation: interposes ioctl(2) and appends one line per
+ * successful RM_ALLOC / RM_FREE to $VALVE_IOCTL_LOG. A stand-in for eBPF discovery in hwtests. */
+#define _GNU_SOURCE
+#include "valve_ioctl_log.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#define ESC_RM_FREE 0x29
+#define ESC_RM_ALLOC 0x2B
+#define CLASS_DEVICE 0x80u
+#define CLASS_SUBDEVICE 0x2080u
+
+struct nvos00 { uint32_t h_root, h_parent, h_object, status; };
+struct nvos21 { uint32_t h_root, h_parent, h_new, h_class; uint64_t p_params; uint32_t params_size, status; };
+struct nvos64 {
+  uint32_t h_root, h_parent, h_new, h_class;
+  uint64_t p_params, p_rights;
+  uint32_t params_size, flags, status, pad;
+};
+_Static_assert(sizeof(struct nvos00) == 16, "NVOS00");
+_Static_assert(sizeof(struct nvos21) == 32, "NVOS21");
+_Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
+
+static size_t alloc_line(char *buf, size_t cap, int pid, uint32_t root, uint32_t parent,
+                         uint32_t obj, uint32_t cls, uint64_t p_params, uint32_t params_size) {
+  char extra[16] = "-";
+  if ((cls == CLASS_DEVICE || cls == CLASS_SUBDEVICE) && p_params && params_size >= 4) {
+    uint32_t v;
+    memcpy(&v, (const void *)(uintptr_t)p_params, sizeof v);
+    snprintf(extra, sizeof extra, "%x", v);
+  }
+  int n = snprintf(buf, cap, "alloc %x %x %x %x %x %s\n", (unsigned)pid, root, parent, obj, cls, extra);
+  return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *arg) {
+  if (arg == NULL || _IOC_TYPE(request) != 'F') return 0;
+  unsigned nr = _IOC_NR(request), size = _IOC_SIZE(request);
+  if (nr == ESC_RM_ALLOC && size == sizeof(struct nvos64)) {
+    const struct nvos64 *a = arg;
+    if (a->status != 0) return 0;
+    return alloc_line(buf, cap, pid, a->h_root, a->h_parent, a->h_new, a->h_class, a->p_params, a->params_size);
+  }
+  if (nr == ESC_RM_ALLOC && size == sizeof(struct nvos21)) {
+    const struct nvos21 *a = arg;
+    if (a->status != 0) return 0;
+    return alloc_line(buf, cap, pid, a->h_root, a->h_parent, a->h_new, a->h_class, a->p_params, a->params_size);
+  }
+  if (nr == ESC_RM_FREE && size == sizeof(struct nvos00)) {
+    const struct nvos00 *f = arg;
+    if (f->status != 0) return 0;
+    int n = snprintf(buf, cap, "free %x %x %x %x\n", (unsigned)pid, f->h_root, f->h_parent, f->h_object);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+  }
+  return 0;
+}
+
+#ifndef VALVE_IOCTL_LOG_NO_INTERPOSE
+typedef int (*ioctl_fn)(int, unsigned long, ...);
+static ioctl_fn real_ioctl;
+static int log_fd = -1;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init(void) {
+  real_ioctl = (ioctl_fn)dlsym(RTLD_NEXT, "ioctl");
+  const char *path = getenv("VALVE_IOCTL_LOG");
+  if (path && *path) log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+}
+
+int ioctl(int fd, unsigned long request, ...) {
+  va_list ap;
+  va_start(ap, request);
+  void *arg = va_arg(ap, void *);
+  va_end(ap);
+  pthread_once(&init_once, init);
+  if (!real_ioctl) {
+    errno = ENOSYS;
+    return -1;
+  }
+  int ret = real_ioctl(fd, request, arg);
+  if (ret == 0 && log_fd >= 0) {
+    int saved = errno;
+    char line[128];
+    size_t n = valve_format_rm_call(line, sizeof line, getpid(), request, arg);
+    if (n) {
+      ssize_t w = write(log_fd, line, n); /* one write per line: O_APPEND keeps lines whole */
+      (void)w;
+    }
+    errno = saved;
+  }
+  return ret;
+}
+#endif

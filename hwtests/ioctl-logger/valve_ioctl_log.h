@@ -1,0 +1,14 @@
+/* Decision and formatting of the ioctl logger, separate from the interposer so a test can call it
+ * with synthetic RM argument structs. */
+#ifndef VALVE_IOCTL_LOG_H
+#define VALVE_IOCTL_LOG_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Formats the log line for a successful ioctl (the call returned 0) into buf, or returns 0 when
+ * the call is not an RM alloc/free or RM reported a failure in the struct's status field.
+ * Lines: "alloc <pid> <hRoot> <hParent> <hNew> <hClass> <extra|->\n" and
+ *        "free <pid> <hRoot> <hParent> <hObject>\n", all numbers lowercase hex without 0x. */
+size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *arg);
+
+#endif
