@@ -33,7 +33,9 @@ _Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
 static size_t alloc_line(char *buf, size_t cap, int pid, uint32_t root, uint32_t parent,
                          uint32_t obj, uint32_t cls, uint64_t p_params, uint32_t params_size) {
   char extra[16] = "-";
-  if ((cls == CLASS_DEVICE || cls == CLASS_SUBDEVICE) && p_params && params_size >= 4) {
+  /* CUDA 13 passes the params pointer with paramsSize 0 (RM knows each class's size), so only
+   * the pointer decides; a nonzero size smaller than a u32 is malformed. */
+  if ((cls == CLASS_DEVICE || cls == CLASS_SUBDEVICE) && p_params && (params_size == 0 || params_size >= 4)) {
     uint32_t v;
     memcpy(&v, (const void *)(uintptr_t)p_params, sizeof v);
     snprintf(extra, sizeof extra, "%x", v);
@@ -42,18 +44,19 @@ static size_t alloc_line(char *buf, size_t cap, int pid, uint32_t root, uint32_t
   return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
-size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *arg) {
-  if (arg == NULL || _IOC_TYPE(request) != 'F') return 0;
+size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *before,
+                            const void *arg) {
+  if (arg == NULL || before == NULL || _IOC_TYPE(request) != 'F') return 0;
   unsigned nr = _IOC_NR(request), size = _IOC_SIZE(request);
   if (nr == ESC_RM_ALLOC && size == sizeof(struct nvos64)) {
-    const struct nvos64 *a = arg;
+    const struct nvos64 *a = arg, *b = before;
     if (a->status != 0) return 0;
-    return alloc_line(buf, cap, pid, a->h_root, a->h_parent, a->h_new, a->h_class, a->p_params, a->params_size);
+    return alloc_line(buf, cap, pid, a->h_root, a->h_parent, a->h_new, a->h_class, b->p_params, b->params_size);
   }
   if (nr == ESC_RM_ALLOC && size == sizeof(struct nvos21)) {
-    const struct nvos21 *a = arg;
+    const struct nvos21 *a = arg, *b = before;
     if (a->status != 0) return 0;
-    return alloc_line(buf, cap, pid, a->h_root, a->h_parent, a->h_new, a->h_class, a->p_params, a->params_size);
+    return alloc_line(buf, cap, pid, a->h_root, a->h_parent, a->h_new, a->h_class, b->p_params, b->params_size);
   }
   if (nr == ESC_RM_FREE && size == sizeof(struct nvos00)) {
     const struct nvos00 *f = arg;
@@ -86,11 +89,17 @@ int ioctl(int fd, unsigned long request, ...) {
     errno = ENOSYS;
     return -1;
   }
+  /* Snapshot RM alloc/free arguments before the call: the params pointer does not come back. */
+  unsigned char before[VALVE_RM_ARG_MAX];
+  int watched = log_fd >= 0 && arg != NULL && _IOC_TYPE(request) == 'F' &&
+                (_IOC_NR(request) == ESC_RM_ALLOC || _IOC_NR(request) == ESC_RM_FREE) &&
+                _IOC_SIZE(request) <= sizeof before;
+  if (watched) memcpy(before, arg, _IOC_SIZE(request));
   int ret = real_ioctl(fd, request, arg);
-  if (ret == 0 && log_fd >= 0) {
+  if (ret == 0 && watched) {
     int saved = errno;
     char line[128];
-    size_t n = valve_format_rm_call(line, sizeof line, getpid(), request, arg);
+    size_t n = valve_format_rm_call(line, sizeof line, getpid(), request, before, arg);
     if (n) {
       ssize_t w = write(log_fd, line, n); /* one write per line: O_APPEND keeps lines whole */
       (void)w;
