@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,18 +42,21 @@ __device__ __forceinline__ uint64_t globaltimer() {
   return t;
 }
 
-// One block = one heartbeat slot. Runs until the stop flag is set or, when max_iters >= 0, for
-// max_iters iterations (graph mode). The LCG state is loaded from and stored to `state` so that
-// it survives across launches.
+// One block = one heartbeat slot. Runs until *stop is nonzero or, when max_iters >= 0, for
+// max_iters iterations (graph mode). Slot 0 (the one the runner's poller watches) is written every
+// iteration; the others when (count & write_mask) == 0 and at exit, which keeps the frozen check
+// valid (a running block writes within a few microseconds) without flooding PCIe. The LCG state is
+// loaded from and stored to `state`, so it survives across launches.
 __global__ void hog_kernel(Slot* slots, int slot_base, const volatile uint32_t* stop,
                            uint32_t* state, uint32_t a, uint32_t c, int steps,
-                           long long max_iters) {
+                           long long max_iters, uint32_t write_mask) {
   extern __shared__ uint32_t sm[];
   __shared__ int s_stop;
   const int slot = slot_base + blockIdx.x;
   uint32_t* my_state = state + (size_t)slot * blockDim.x;
   sm[threadIdx.x] = my_state[threadIdx.x];
   volatile Slot* hb = slots + slot;
+  const uint32_t mask = slot == 0 ? 0u : write_mask;
   uint64_t count = 0;
   if (threadIdx.x == 0) count = hb->counter;
   __syncthreads();
@@ -66,10 +70,17 @@ __global__ void hog_kernel(Slot* slots, int slot_base, const volatile uint32_t* 
     __syncthreads();
     if (threadIdx.x == 0) {
       ++count;
-      hb->counter = count;
-      hb->globaltimer_ns = globaltimer();
-      __threadfence_system();
+      if ((count & mask) == 0) {
+        hb->counter = count;
+        hb->globaltimer_ns = globaltimer();
+        __threadfence_system();
+      }
     }
+  }
+  if (threadIdx.x == 0) {
+    hb->counter = count;
+    hb->globaltimer_ns = globaltimer();
+    __threadfence_system();
   }
   my_state[threadIdx.x] = sm[threadIdx.x];
 }
@@ -86,13 +97,27 @@ struct Options {
   int graph_nodes = 8;
   int graph_iters = 200;
   double max_seconds = 600;
+  bool sysmem_poll = false;
+  int blocks_per_sm = 0;  // 0: as many as fit
 };
+
+// With VALVE_HOG_TRACE set, each start-up stage is printed to stderr with a timestamp.
+static void trace(const char* stage) {
+  static const bool on = std::getenv("VALVE_HOG_TRACE") != nullptr;
+  if (!on) return;
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  std::fprintf(stderr, "hog[%d] %ld.%06ld %s\n", (int)getpid(), (long)ts.tv_sec, ts.tv_nsec / 1000, stage);
+}
 
 [[noreturn]] static void usage() {
   std::fprintf(stderr,
                "usage: hog --shm NAME [--mode persistent|streams|copy|graph] [--streams S]\n"
                "           [--steps N] [--block T] [--smem-kb K] [--device D] [--copy-mb M]\n"
-               "           [--graph-nodes N] [--graph-iters I] [--max-seconds T]\n");
+               "           [--graph-nodes N] [--graph-iters I] [--max-seconds T] [--sysmem-poll 1]\n"
+               "           [--blocks-per-sm N]\n"
+               "--sysmem-poll 1: every block reads the stop flag from host memory and writes its\n"
+               "heartbeat every iteration (heavy PCIe traffic; slows preemption down)\n");
   std::exit(64);
 }
 
@@ -113,6 +138,8 @@ static Options parse(int argc, char** argv) {
     else if (k == "--graph-nodes") o.graph_nodes = std::atoi(v.c_str());
     else if (k == "--graph-iters") o.graph_iters = std::atoi(v.c_str());
     else if (k == "--max-seconds") o.max_seconds = std::atof(v.c_str());
+    else if (k == "--sysmem-poll") o.sysmem_poll = std::atoi(v.c_str()) != 0;
+    else if (k == "--blocks-per-sm") o.blocks_per_sm = std::atoi(v.c_str());
     else usage();
   }
   if (o.shm.empty() || o.streams < 1 || o.steps < 1 || o.block < 32 || o.block > 1024) usage();
@@ -136,8 +163,10 @@ int main(int argc, char** argv) {
   else if (o.mode == "graph") mode = kModeGraph;
   else usage();
 
+  trace("start");
   CK(cudaSetDevice(o.device));
   CK(cudaFree(0));
+  trace("context created");
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, o.device));
 
@@ -152,6 +181,7 @@ int main(int argc, char** argv) {
                  o.block, smem);
     return 2;
   }
+  if (o.blocks_per_sm > 0 && o.blocks_per_sm < per_sm) per_sm = o.blocks_per_sm;
   const int grid = prop.multiProcessorCount * per_sm;
   const int streams = mode == kModeStreams ? o.streams : 1;
   // Floor, so that every block of every stream is resident at once (they never end on their own).
@@ -173,11 +203,19 @@ int main(int argc, char** argv) {
   }
   std::memset(page, 0, bytes);
   g_hdr = static_cast<HogHeader*>(page);
+  trace("shm mapped");
   CK(cudaHostRegister(page, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  trace("shm registered");
   HogHeader* d_hdr = nullptr;
   CK(cudaHostGetDevicePointer((void**)&d_hdr, page, 0));
   Slot* d_slots = reinterpret_cast<Slot*>(reinterpret_cast<char*>(d_hdr) + kSlotsOffset);
-  const volatile uint32_t* d_stop = &d_hdr->stop;
+  // The kernels poll a flag in device memory (cheap, L2); a host thread relays the runner's stop
+  // request into it. With --sysmem-poll they poll the host page directly.
+  uint32_t* d_flag = nullptr;
+  CK(cudaMalloc(&d_flag, sizeof(uint32_t)));
+  CK(cudaMemset(d_flag, 0, sizeof(uint32_t)));
+  const volatile uint32_t* d_stop = o.sysmem_poll ? &d_hdr->stop : d_flag;
+  const uint32_t write_mask = o.sysmem_poll ? 0u : 15u;
 
   // Initial LCG states.
   const size_t nstate = (size_t)num_slots * o.block;
@@ -188,6 +226,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_state, nstate * sizeof(uint32_t)));
   CK(cudaMemcpy(d_state, h_state.data(), nstate * sizeof(uint32_t), cudaMemcpyHostToDevice));
 
+  trace("state copied");
   g_hdr->version = kVersion;
   g_hdr->state = kStarting;
   g_hdr->num_slots = (uint32_t)num_slots;
@@ -212,16 +251,25 @@ int main(int argc, char** argv) {
     CK(cudaStreamBeginCapture(ss[0], cudaStreamCaptureModeThreadLocal));
     for (int n = 0; n < o.graph_nodes; ++n)
       hog_kernel<<<grid, o.block, smem, ss[0]>>>(d_slots, 0, d_stop, d_state, kLcgA, kLcgC,
-                                                 o.steps, o.graph_iters);
+                                                 o.steps, o.graph_iters, write_mask);
     CK(cudaStreamEndCapture(ss[0], &graph));
     CK(cudaGraphInstantiate(&graph_exec, graph, 0));
     CK(cudaGraphLaunch(graph_exec, ss[0]));
   } else {
     for (int s = 0; s < streams; ++s)
       hog_kernel<<<per_stream, o.block, smem, ss[s]>>>(d_slots, s * per_stream, d_stop, d_state,
-                                                       kLcgA, kLcgC, o.steps, -1);
+                                                       kLcgA, kLcgC, o.steps, -1, write_mask);
   }
   CK(cudaGetLastError());
+
+  std::thread relay([&] {
+    while (!*stop) usleep(200);
+    cudaStream_t rs;
+    CK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
+    static const uint32_t one = 1;
+    CK(cudaMemcpyAsync(d_flag, &one, sizeof one, cudaMemcpyHostToDevice, rs));
+    CK(cudaStreamSynchronize(rs));
+  });
 
   // Copy mode: a host thread keeps a copy engine busy and counts completed copies.
   std::thread copier;
@@ -255,12 +303,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "hog: not every block started within 60 s (grid %d)\n", grid);
       g_hdr->state = kFailed;
       *stop = 1;
+      relay.join();
       cudaDeviceSynchronize();
       return 2;
     }
     usleep(200);
   }
   *(volatile uint32_t*)&g_hdr->state = kRunning;
+  trace("running");
 
   while (!*stop && elapsed() < o.max_seconds) {
     if (mode == kModeGraph) {
@@ -272,6 +322,7 @@ int main(int argc, char** argv) {
   }
   *stop = 1;
   if (copier.joinable()) copier.join();
+  relay.join();
   CK(cudaDeviceSynchronize());
 
   // Verify every thread against the CPU's jump-ahead.
@@ -292,10 +343,11 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"pid\":%d,\"device\":\"%s\",\"mode\":\"%s\",\"slots\":%d,\"blocks_per_sm\":%d,"
       "\"block\":%d,\"smem_bytes\":%zu,\"total_iterations\":%llu,\"copies\":%llu,"
-      "\"bad_threads\":%llu,\"checksum_ok\":%s,\"seconds\":%.3f}\n",
+      "\"bad_threads\":%llu,\"checksum_ok\":%s,\"sysmem_poll\":%s,\"seconds\":%.3f}\n",
       (int)getpid(), prop.name, o.mode.c_str(), num_slots, per_sm, o.block, smem,
       (unsigned long long)total, (unsigned long long)g_hdr->copies_done,
-      (unsigned long long)bad, bad == 0 ? "true" : "false", elapsed());
+      (unsigned long long)bad, bad == 0 ? "true" : "false", o.sysmem_poll ? "true" : "false",
+      elapsed());
   std::fflush(stdout);
   cudaHostUnregister(page);
   munmap(page, bytes);

@@ -103,6 +103,7 @@ impl Hog {
             .env("LD_PRELOAD", &bins.logger)
             .env("VALVE_IOCTL_LOG", &log_path)
             .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
+            .env("VALVE_HOG_TRACE", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -147,10 +148,22 @@ impl Hog {
                 log_path,
             }),
             Err(e) => {
+                let exited = child.try_wait().ok().flatten();
                 let _ = child.kill();
-                let _ = child.wait();
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                let out = stdout.join().unwrap_or_default();
                 let _ = std::fs::remove_file(format!("/dev/shm/{name}"));
-                Err(e.context(format!("hog --mode {mode} on GPU {}", gpu.index)))
+                let log_lines = std::fs::read_to_string(&log_path)
+                    .map(|t| t.lines().count())
+                    .unwrap_or(0);
+                let _ = std::fs::remove_file(&log_path);
+                Err(e.context(format!(
+                    "hog --mode {mode} {} on GPU {}: {} ({status}); {log_lines} RM calls logged; stdout: {}",
+                    extra.join(" "),
+                    gpu.index,
+                    if exited.is_some() { "it had exited" } else { "it was still running and was killed" },
+                    out.trim()
+                )))
             }
         }
     }

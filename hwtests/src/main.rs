@@ -315,15 +315,50 @@ fn run(args: &Args) -> Result<bool> {
     let checksum_ok =
         hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
 
-    r.line(&format!("\n## Preemption of a full CUDA context ({} channels), GPU 0\n\nPersistent hog filling every SM; {} cycles per path, hold {} ms, 5 ms between cycles; plus one 1 s hold.\n", all.len(), args.cycles, args.hold_ms));
+    // The context the hardware notes measured: 4 resident blocks per SM (528 on an H100).
+    let (ref_lib, ref_raw, ref_hog) = {
+        let hog4 = Hog::start(&bins, g0, "persistent", &["--blocks-per-sm", "4"])?;
+        let poller4 = Poller::start(hog4.hb.clone());
+        let t4 = hog4.targets(ChannelSet::All, g0.device_instance);
+        let p4 = plan(&ctl, &t4)?;
+        let mut raw4 = RawPreempter::new(&ctl, &t4)?;
+        let (mut l, mut w) = (Vec::new(), Vec::new());
+        while l.len() < args.cycles {
+            let n = 10.min(args.cycles - l.len());
+            l.extend(run_cycles(
+                &mut LibPreempter::new(&ctl, &p4, false),
+                &hog4,
+                &poller4,
+                n,
+                hold,
+                gap,
+            )?);
+            w.extend(run_cycles(&mut raw4, &hog4, &poller4, n, hold, gap)?);
+        }
+        drop(raw4);
+        drop(poller4);
+        (stats(&l), stats(&w), hog4.finish()?)
+    };
+    let ref_ok = ref_hog["checksum_ok"].as_bool() == Some(true);
+    r.line(&format!("\n## Preemption of a full CUDA context ({} channels), GPU 0\n\nPersistent hog; {} cycles per path (library and bare ioctl interleaved in blocks of 10), hold {} ms, 5 ms between cycles; plus one 1 s hold. Two contexts: every SM at full occupancy ({} blocks of 256 threads), and 4 blocks per SM ({} blocks, the context the hardware notes measured).\n",
+        all.len(), args.cycles, args.hold_ms, hog_result["slots"], ref_hog["slots"]));
     r.line(STATS_HEADER);
-    r.line(&stats_row("valve-ctl library", &lib_stats));
-    r.line(&stats_row("bare ioctl (baseline)", &raw_stats));
+    r.line(&stats_row("full occupancy: valve-ctl library", &lib_stats));
+    r.line(&stats_row(
+        "full occupancy: bare ioctl (baseline)",
+        &raw_stats,
+    ));
+    r.line(&stats_row("4 blocks/SM: valve-ctl library", &ref_lib));
+    r.line(&stats_row("4 blocks/SM: bare ioctl (baseline)", &ref_raw));
     r.line(&format!("\nLibrary overhead per call (call time minus the ioctl inside it): disable p50 {:.1} us / p99 {:.1} us, enable p50 {:.1} us / p99 {:.1} us. Library minus bare-ioctl p50 (disable): {:.1} us.",
         overhead_disable.p50_us, overhead_disable.p99_us, overhead_enable.p50_us, overhead_enable.p99_us,
         lib_stats.disable_call.p50_us - raw_stats.disable_ioctl.p50_us));
     r.line(&format!("1 s hold: frozen = {}, GPU stop {:.0} us after issue, resumed {} us after enable issue. Hog checksum after {} preemptions: {}.",
         long.frozen, long.stop_us, long.resume_us.map(us).unwrap_or("NEVER".into()), 2 * args.cycles + 1, if checksum_ok { "correct" } else { "WRONG" }));
+    r.json.insert(
+        "main_4_blocks_per_sm".into(),
+        json!({"library": ref_lib, "raw_ioctl": ref_raw, "hog": ref_hog}),
+    );
     r.json.insert("main".into(), json!({"library": lib_stats, "raw_ioctl": raw_stats, "overhead_disable": overhead_disable, "overhead_enable": overhead_enable, "long_hold": long, "hog": hog_result}));
 
     r.line("\n## Online client (20 us kernels, 50 us think time), GPU 0\n\n| condition | round trip p50 / p99 / max (us) |\n|---|---|");
@@ -372,11 +407,19 @@ fn run(args: &Args) -> Result<bool> {
     );
     r.check(
         &format!(
-            "full-context ({} channels) disable ioctl p50 <= 650 us",
+            "full-context ({} channels) disable ioctl p50 <= 650 us, context of the notes (4 blocks/SM)",
             all.len()
         ),
-        lib_stats.disable_ioctl.p50_us <= 650.0,
-        format!("{:.0} us on {device}", lib_stats.disable_ioctl.p50_us),
+        ref_lib.disable_ioctl.p50_us <= 650.0,
+        format!(
+            "{:.0} us on {device} (full occupancy: {:.0} us, reported, not the target's context)",
+            ref_lib.disable_ioctl.p50_us, lib_stats.disable_ioctl.p50_us
+        ),
+    );
+    r.check(
+        "4 blocks/SM hog: every hold frozen, checksum correct",
+        ref_lib.not_frozen + ref_raw.not_frozen == 0 && ref_ok,
+        ref_hog.to_string(),
     );
     let p99_alone = online_alone["p99_us"].as_f64().unwrap_or(f64::NAN);
     let p99_pre = online_preempted["p99_us"].as_f64().unwrap_or(f64::NAN);
@@ -428,8 +471,13 @@ fn run(args: &Args) -> Result<bool> {
 
 /// Which channel sets freeze which workloads, and what each costs.
 fn subsets(args: &Args, ctl: &Controller, bins: &Bins, g0: &GpuInfo, r: &mut Report) -> Result<()> {
-    let workloads: [(&str, &str, &[&str]); 5] = [
+    let workloads: [(&str, &str, &[&str]); 6] = [
         ("persistent", "persistent", &[]),
+        (
+            "persistent, every block polling host memory (--sysmem-poll)",
+            "persistent",
+            &["--sysmem-poll", "1"],
+        ),
         ("4 streams", "streams", &["--streams", "4"]),
         ("kernel + copy engine", "copy", &[]),
         ("CUDA graph", "graph", &[]),
@@ -447,7 +495,10 @@ fn subsets(args: &Args, ctl: &Controller, bins: &Bins, g0: &GpuInfo, r: &mut Rep
     let mut sufficient = std::collections::BTreeMap::<String, bool>::new();
     let mut rows = Vec::new();
     for (label, mode, extra) in workloads {
-        let hog = match Hog::start(bins, g0, mode, extra) {
+        let hog = match Hog::start(bins, g0, mode, extra).or_else(|e| {
+            println!("retrying once after: {e:#}");
+            Hog::start(bins, g0, mode, extra)
+        }) {
             Ok(h) => h,
             Err(e) => {
                 r.check(
