@@ -1,0 +1,15 @@
+//! valve-ebpf: watches NVIDIA RM object creation (clients, devices, TSGs, channels) with BPF
+//! on syscall tracepoints, and keeps a registry of which process owns which objects on which GPU.
+//!
+//! [`Watcher`] loads `src/bpf/rm_watch.bpf.c` and yields [`RmEvent`]s; [`Registry`] folds
+//! them into per-process object trees and answers "which (client, channel) pairs does process
+//! P have on GPU G".
+
+pub mod event;
+pub mod registry;
+mod skel;
+pub mod watcher;
+
+pub use event::{AllocEvent, DecodeError, FreeEvent, RmEvent, RmEventKind};
+pub use registry::Registry;
+pub use watcher::{WatchConfig, WatchError, WatchStats, Watcher, NVIDIA_MAJOR};

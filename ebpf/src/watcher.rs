@@ -1,0 +1,350 @@
+//! Loads and attaches the rm_watch BPF program and hands its events out as typed [`RmEvent`]s.
+//! The BPF object lives on a dedicated thread that polls the ring buffer; dropping the
+//! [`Watcher`] stops that thread, which detaches the programs.
+
+use std::ffi::CString;
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{ErrorKind, MapCore, MapFlags, RingBufferBuilder};
+
+use crate::event::RmEvent;
+use crate::skel::RmWatchSkelBuilder;
+
+/// Major number of `/dev/nvidiactl` and `/dev/nvidia<N>` (fixed by the NVIDIA driver).
+pub const NVIDIA_MAJOR: u32 = 195;
+
+/// Kernel BTF that CO-RE relocations are resolved against.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+const TRACEPOINTS: [&str; 3] = [
+    "syscalls/sys_enter_ioctl",
+    "syscalls/sys_exit_ioctl",
+    "sched/sched_process_exit",
+];
+
+/// How to start a [`Watcher`].
+#[derive(Clone, Debug)]
+pub struct WatchConfig {
+    /// Only ioctls on character devices of this major are watched ([`NVIDIA_MAJOR`] by default).
+    pub device_major: u32,
+    /// TEST ONLY: also report RM-shaped ioctls that returned `-ENOTTY`, which is what a device
+    /// without an ioctl handler (`/dev/null`) answers. Lets CI exercise the real program on
+    /// machines without an NVIDIA driver. Never set this on a GPU host.
+    pub test_accept_enotty: bool,
+    /// How often the polling thread wakes to check for shutdown and refresh [`WatchStats`];
+    /// bounds how long `drop` takes. Events are delivered as soon as they arrive regardless.
+    pub poll_interval: Duration,
+    /// When tracefs is mounted nowhere, mount it privately: the polling thread moves to its own
+    /// mount namespace and mounts tracefs at `/sys/kernel/tracing` there, so libbpf can look up
+    /// the tracepoint ids without changing the host's mounts. Needs CAP_SYS_ADMIN.
+    pub mount_private_tracefs: bool,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        WatchConfig {
+            device_major: NVIDIA_MAJOR,
+            test_accept_enotty: false,
+            poll_interval: Duration::from_millis(50),
+            mount_private_tracefs: true,
+        }
+    }
+}
+
+/// Why the BPF program could not be started. Each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// No kernel BTF: CO-RE cannot relocate the kernel struct fields the program reads.
+    #[error("kernel BTF not found at {0}: the kernel needs CONFIG_DEBUG_INFO_BTF=y")]
+    NoBtf(PathBuf),
+    /// tracefs is not mounted and could not be mounted.
+    #[error("tracefs is not mounted and mounting it failed ({0}): run `mount -t tracefs nodev /sys/kernel/tracing` as root, or run the watcher as root")]
+    Tracefs(std::io::Error),
+    /// A tracepoint the program needs does not exist in this kernel.
+    #[error("tracepoint {0} not found under {1}: the kernel needs CONFIG_FTRACE_SYSCALLS=y (syscall tracepoints) and CONFIG_TRACEPOINTS")]
+    MissingTracepoint(&'static str, PathBuf),
+    /// The kernel refused to load or attach: not root, or BPF is restricted.
+    #[error("the kernel refused the BPF program ({what}: {source}): run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN); check kernel.unprivileged_bpf_disabled and lockdown")]
+    PermissionDenied {
+        /// The step that failed.
+        what: &'static str,
+        /// libbpf's error.
+        source: libbpf_rs::Error,
+    },
+    /// Loading or attaching failed for another reason (verifier, missing BPF syscall, ...).
+    #[error("{what} failed: {source}: the kernel needs CONFIG_BPF_SYSCALL, CONFIG_BPF_EVENTS and BTF; run with RUST_LOG/LIBBPF debug output for the verifier log")]
+    Bpf {
+        /// The step that failed.
+        what: &'static str,
+        /// libbpf's error.
+        source: libbpf_rs::Error,
+    },
+    /// The polling thread could not be started or died during start-up.
+    #[error("the watcher thread failed to start: {0}")]
+    Thread(String),
+}
+
+impl WatchError {
+    fn bpf(what: &'static str, source: libbpf_rs::Error) -> WatchError {
+        match source.kind() {
+            ErrorKind::PermissionDenied => WatchError::PermissionDenied { what, source },
+            _ => WatchError::Bpf { what, source },
+        }
+    }
+}
+
+/// Counters of events the program could not deliver; all zero when nothing was lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Events dropped because the ring buffer was full (user space not polling fast enough).
+    pub ringbuf_full: u64,
+    /// RM structs the program could not read back from user memory.
+    pub read_failed: u64,
+    /// RM calls that returned a non-zero RM status (not errors of the watcher; not reported).
+    pub rm_status_nonzero: u64,
+    /// Ring-buffer records user space could not decode.
+    pub decode_errors: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    ringbuf_full: AtomicU64,
+    read_failed: AtomicU64,
+    rm_status_nonzero: AtomicU64,
+    decode_errors: AtomicU64,
+}
+
+/// A running watcher. Poll it for events; drop it to detach.
+pub struct Watcher {
+    rx: Receiver<RmEvent>,
+    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Loads the program with `cfg`'s settings, attaches it to the ioctl and process-exit
+    /// tracepoints and starts delivering events. Returns once the programs are attached: every
+    /// RM call completing after this is reported.
+    pub fn start(cfg: WatchConfig) -> Result<Watcher, WatchError> {
+        if !Path::new(VMLINUX_BTF).exists() {
+            return Err(WatchError::NoBtf(VMLINUX_BTF.into()));
+        }
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), WatchError>>(1);
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let stop = Arc::clone(&stop);
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("valve-rm-watch".into())
+                .spawn(move || run(cfg, ready_tx, tx, stop, shared))
+                .map_err(|e| WatchError::Thread(e.to_string()))?
+        };
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Watcher {
+                rx,
+                stop,
+                shared,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let msg = match thread.join() {
+                    Err(p) => format!(
+                        "panicked: {}",
+                        p.downcast_ref::<&str>()
+                            .copied()
+                            .or(p.downcast_ref::<String>().map(String::as_str))
+                            .unwrap_or("?")
+                    ),
+                    Ok(()) => "exited".into(),
+                };
+                Err(WatchError::Thread(msg))
+            }
+        }
+    }
+
+    /// The next event, waiting up to `timeout`; `None` if none arrived in time.
+    pub fn poll(&self, timeout: Duration) -> Option<RmEvent> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(e) => Some(e),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// Every event already delivered, without waiting.
+    pub fn drain(&self) -> Vec<RmEvent> {
+        self.rx.try_iter().collect()
+    }
+
+    /// Loss counters, refreshed every `poll_interval`.
+    pub fn stats(&self) -> WatchStats {
+        WatchStats {
+            ringbuf_full: self.shared.ringbuf_full.load(Ordering::Relaxed),
+            read_failed: self.shared.read_failed.load(Ordering::Relaxed),
+            rm_status_nonzero: self.shared.rm_status_nonzero.load(Ordering::Relaxed),
+            decode_errors: self.shared.decode_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The polling thread: everything BPF lives and dies here.
+fn run(
+    cfg: WatchConfig,
+    ready: SyncSender<Result<(), WatchError>>,
+    tx: Sender<RmEvent>,
+    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+) {
+    let mut storage = MaybeUninit::uninit();
+    let setup = || -> Result<_, WatchError> {
+        let tracefs = ensure_tracefs(cfg.mount_private_tracefs)?;
+        for tp in TRACEPOINTS {
+            if !tracefs.join("events").join(tp).exists() {
+                return Err(WatchError::MissingTracepoint(tp, tracefs));
+            }
+        }
+        let mut open = RmWatchSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(|e| WatchError::bpf("opening the BPF object", e))?;
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.device_major = cfg.device_major;
+            ro.accept_enotty = u8::from(cfg.test_accept_enotty);
+        }
+        let mut skel = open
+            .load()
+            .map_err(|e| WatchError::bpf("loading the BPF program", e))?;
+        skel.attach()
+            .map_err(|e| WatchError::bpf("attaching to the tracepoints", e))?;
+        let mut rb = RingBufferBuilder::new();
+        let decode_shared = Arc::clone(&shared);
+        rb.add(&skel.maps.events, move |data: &[u8]| {
+            match RmEvent::decode(data) {
+                Ok(ev) => {
+                    let _ = tx.send(ev);
+                }
+                Err(e) => {
+                    decode_shared.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("rm_watch: {e}");
+                }
+            }
+            0
+        })
+        .map_err(|e| WatchError::bpf("opening the ring buffer", e))?;
+        let rb = rb
+            .build()
+            .map_err(|e| WatchError::bpf("opening the ring buffer", e))?;
+        Ok((skel, rb))
+    };
+    let (skel, rb) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    while !stop.load(Ordering::Relaxed) {
+        if let Err(e) = rb.poll(cfg.poll_interval) {
+            if e.kind() != ErrorKind::Interrupted {
+                tracing::warn!("rm_watch: ring buffer poll: {e}");
+                std::thread::sleep(cfg.poll_interval);
+            }
+        }
+        let sums = read_stats(&skel.maps.stats);
+        shared.ringbuf_full.store(sums[0], Ordering::Relaxed);
+        shared.read_failed.store(sums[1], Ordering::Relaxed);
+        shared.rm_status_nonzero.store(sums[2], Ordering::Relaxed);
+    }
+    // Deliver what is still buffered, then drop rb and skel: that detaches the programs.
+    let _ = rb.consume();
+}
+
+/// Sums the per-CPU counters of the `stats` map (indices as in the BPF program).
+fn read_stats(map: &dyn MapCore) -> [u64; 3] {
+    let mut out = [0u64; 3];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let key = (i as u32).to_ne_bytes();
+        if let Ok(Some(per_cpu)) = map.lookup_percpu(&key, MapFlags::ANY) {
+            *slot = per_cpu
+                .iter()
+                .filter(|v| v.len() >= 8)
+                .map(|v| u64::from_ne_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]))
+                .sum();
+        }
+    }
+    out
+}
+
+/// Finds a mounted tracefs, or mounts one in a private mount namespace of this thread.
+fn ensure_tracefs(mount_private: bool) -> Result<PathBuf, WatchError> {
+    for root in TRACEFS_ROOTS {
+        if Path::new(root).join("events").is_dir() {
+            return Ok(root.into());
+        }
+    }
+    let root = TRACEFS_ROOTS[0];
+    if !mount_private {
+        return Err(WatchError::Tracefs(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "not mounted and WatchConfig::mount_private_tracefs is off",
+        )));
+    }
+    // SAFETY: unshare(2) with CLONE_NEWNS only changes this thread's mount namespace (the
+    // kernel also unshares this thread's fs_struct); no memory is shared with Rust code.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(WatchError::Tracefs(std::io::Error::last_os_error()));
+    }
+    let slash = CString::new("/").expect("no NUL");
+    let target = CString::new(root).expect("no NUL");
+    let fstype = CString::new("tracefs").expect("no NUL");
+    // SAFETY: all pointers are valid NUL-terminated strings (or null where mount(2) allows
+    // it) that outlive the calls. The first call makes every mount of this thread's new
+    // namespace private so the second does not propagate to the host.
+    unsafe {
+        if libc::mount(
+            std::ptr::null(),
+            slash.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(WatchError::Tracefs(std::io::Error::last_os_error()));
+        }
+        if libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(WatchError::Tracefs(std::io::Error::last_os_error()));
+        }
+    }
+    tracing::debug!("rm_watch: mounted tracefs privately at {root}");
+    Ok(root.into())
+}
