@@ -47,11 +47,18 @@ impl Heartbeat {
                 if len >= OFF_SLOTS {
                     let map = MmapRaw::map_raw(&file)
                         .with_context(|| format!("mapping {}", path.display()))?;
-                    let hb = Heartbeat {
-                        map,
-                        path: path.clone(),
+                    // SAFETY: the mapping is at least OFF_SLOTS (64) bytes and page-aligned, so
+                    // the u64 at offset 0 is in bounds and aligned; volatile: the hog writes it.
+                    let magic = unsafe {
+                        std::ptr::read_volatile(map.as_ptr().add(OFF_MAGIC) as *const u64)
                     };
-                    if hb.read_u64(OFF_MAGIC) == MAGIC {
+                    // Only a page with its magic becomes a Heartbeat: its Drop unlinks the file,
+                    // which must never happen to a page the hog is still initialising.
+                    if magic == MAGIC {
+                        let hb = Heartbeat {
+                            map,
+                            path: path.clone(),
+                        };
                         let need = OFF_SLOTS + SLOT_SIZE * hb.num_slots();
                         if len < need {
                             bail!(
