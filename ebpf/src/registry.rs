@@ -20,12 +20,12 @@ use crate::event::{AllocEvent, FreeEvent, RmEvent, RmEventKind};
 /// `0x..6F` numbering are recognised too).
 pub fn is_channel_class(class: u32) -> bool {
     CHANNEL_GPFIFO_CLASSES.contains(&class)
-        || (class & 0xff == 0x6f && class >= 0xc36f && class <= 0xffff)
+        || (class & 0xff == 0x6f && (0xc36f..=0xffff).contains(&class))
 }
 
 /// True for the compute engine classes (Volta and later, same rule as [`is_channel_class`]).
 pub fn is_compute_class(class: u32) -> bool {
-    COMPUTE_CLASSES.contains(&class) || (class & 0xff == 0xc0 && class >= 0xc3c0 && class <= 0xffff)
+    COMPUTE_CLASSES.contains(&class) || (class & 0xff == 0xc0 && (0xc3c0..=0xffff).contains(&class))
 }
 
 /// What a tracked object is.

@@ -6,8 +6,8 @@ use std::ffi::CString;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -65,7 +65,7 @@ pub enum WatchError {
     /// No kernel BTF: CO-RE cannot relocate the kernel struct fields the program reads.
     #[error("kernel BTF not found at {0}: the kernel needs CONFIG_DEBUG_INFO_BTF=y")]
     NoBtf(PathBuf),
-    /// tracefs is not mounted and could not be mounted.
+    /// tracefs is not mounted (or not readable) and could not be mounted.
     #[error("tracefs is not mounted and mounting it failed ({0}): run `mount -t tracefs nodev /sys/kernel/tracing` as root, or run the watcher as root")]
     Tracefs(std::io::Error),
     /// A tracepoint the program needs does not exist in this kernel.
@@ -76,8 +76,8 @@ pub enum WatchError {
     PermissionDenied {
         /// The step that failed.
         what: &'static str,
-        /// libbpf's error.
-        source: libbpf_rs::Error,
+        /// The underlying error (libbpf's, or the OS error of mounting tracefs).
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Loading or attaching failed for another reason (verifier, missing BPF syscall, ...).
     #[error("{what} failed: {source}: the kernel needs CONFIG_BPF_SYSCALL, CONFIG_BPF_EVENTS and BTF; run with RUST_LOG/LIBBPF debug output for the verifier log")]
@@ -95,7 +95,10 @@ pub enum WatchError {
 impl WatchError {
     fn bpf(what: &'static str, source: libbpf_rs::Error) -> WatchError {
         match source.kind() {
-            ErrorKind::PermissionDenied => WatchError::PermissionDenied { what, source },
+            ErrorKind::PermissionDenied => WatchError::PermissionDenied {
+                what,
+                source: Box::new(source),
+            },
             _ => WatchError::Bpf { what, source },
         }
     }
@@ -122,9 +125,9 @@ struct Shared {
     decode_errors: AtomicU64,
 }
 
-/// A running watcher. Poll it for events; drop it to detach.
+/// A running watcher. Poll it for events (from any thread); drop it to detach.
 pub struct Watcher {
-    rx: Receiver<RmEvent>,
+    rx: Mutex<Receiver<RmEvent>>,
     stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -152,7 +155,7 @@ impl Watcher {
         };
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Watcher {
-                rx,
+                rx: Mutex::new(rx),
                 stop,
                 shared,
                 thread: Some(thread),
@@ -179,15 +182,20 @@ impl Watcher {
 
     /// The next event, waiting up to `timeout`; `None` if none arrived in time.
     pub fn poll(&self, timeout: Duration) -> Option<RmEvent> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(e) => Some(e),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
+        rx.recv_timeout(timeout).ok()
+    }
+
+    /// False once the polling thread has ended (it only ends early if it panicked): no more
+    /// events will come.
+    pub fn is_alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Every event already delivered, without waiting.
     pub fn drain(&self) -> Vec<RmEvent> {
-        self.rx.try_iter().collect()
+        let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
+        rx.try_iter().collect()
     }
 
     /// Loss counters, refreshed every `poll_interval`.
@@ -298,6 +306,20 @@ fn read_stats(map: &dyn MapCore) -> [u64; 3] {
     out
 }
 
+/// The last OS error of a mount step: EPERM means we lack privileges (tracefs itself is
+/// mode 0700, so an unprivileged user also gets here when it is mounted).
+fn mount_error(what: &'static str) -> WatchError {
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EPERM) {
+        WatchError::PermissionDenied {
+            what,
+            source: Box::new(e),
+        }
+    } else {
+        WatchError::Tracefs(e)
+    }
+}
+
 /// Finds a mounted tracefs, or mounts one in a private mount namespace of this thread.
 fn ensure_tracefs(mount_private: bool) -> Result<PathBuf, WatchError> {
     for root in TRACEFS_ROOTS {
@@ -315,7 +337,9 @@ fn ensure_tracefs(mount_private: bool) -> Result<PathBuf, WatchError> {
     // SAFETY: unshare(2) with CLONE_NEWNS only changes this thread's mount namespace (the
     // kernel also unshares this thread's fs_struct); no memory is shared with Rust code.
     if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
-        return Err(WatchError::Tracefs(std::io::Error::last_os_error()));
+        return Err(mount_error(
+            "unsharing the mount namespace to mount tracefs",
+        ));
     }
     let slash = CString::new("/").expect("no NUL");
     let target = CString::new(root).expect("no NUL");
@@ -332,7 +356,7 @@ fn ensure_tracefs(mount_private: bool) -> Result<PathBuf, WatchError> {
             std::ptr::null(),
         ) != 0
         {
-            return Err(WatchError::Tracefs(std::io::Error::last_os_error()));
+            return Err(mount_error("mounting tracefs privately"));
         }
         if libc::mount(
             fstype.as_ptr(),
@@ -342,7 +366,7 @@ fn ensure_tracefs(mount_private: bool) -> Result<PathBuf, WatchError> {
             std::ptr::null(),
         ) != 0
         {
-            return Err(WatchError::Tracefs(std::io::Error::last_os_error()));
+            return Err(mount_error("mounting tracefs privately"));
         }
     }
     tracing::debug!("rm_watch: mounted tracefs privately at {root}");
