@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use valve_ebpf::{Registry, WatchConfig, Watcher, NVIDIA_MAJOR};
+use valve_ebpf::{Registry, RmEventKind, WatchConfig, Watcher, NVIDIA_MAJOR};
 
 fn main() -> anyhow::Result<()> {
     let mut major = NVIDIA_MAJOR;
@@ -32,7 +32,9 @@ fn main() -> anyhow::Result<()> {
     let mut last_summary = Instant::now();
     loop {
         if let Some(ev) = watcher.poll(Duration::from_millis(200)) {
-            if !quiet {
+            // Every process exit on the machine is reported; show those of RM users only.
+            let relevant = ev.kind != RmEventKind::Exit || registry.processes().contains(&ev.pid);
+            if !quiet && relevant {
                 println!("{:>14.6} {ev}", ev.ts_ns as f64 / 1e9);
             }
             registry.apply(&ev);
