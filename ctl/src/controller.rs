@@ -396,8 +396,8 @@ impl<D: RmDriver> Controller<D> {
         })
     }
 
-    /// Issues a plan on all its GPUs: inline for one GPU, otherwise one thread per GPU released
-    /// together by a barrier.
+    /// Issues a plan on all its GPUs: inline for one GPU; otherwise the calling thread takes the
+    /// first GPU and one spawned thread each of the others, all released together by a barrier.
     #[allow(clippy::type_complexity)]
     fn issue(
         &self,
@@ -405,13 +405,15 @@ impl<D: RmDriver> Controller<D> {
         disable: bool,
         started: Instant,
     ) -> Vec<(usize, Result<GpuTiming, (usize, Error)>)> {
-        if let [batch] = plan.batches.as_slice() {
-            return vec![(batch.slot, self.issue_gpu(batch, disable, started))];
+        let Some((first, rest)) = plan.batches.split_first() else {
+            return Vec::new();
+        };
+        if rest.is_empty() {
+            return vec![(first.slot, self.issue_gpu(first, disable, started))];
         }
         let barrier = Barrier::new(plan.batches.len());
         std::thread::scope(|s| {
-            let handles: Vec<_> = plan
-                .batches
+            let handles: Vec<_> = rest
                 .iter()
                 .map(|batch| {
                     let barrier = &barrier;
@@ -421,10 +423,15 @@ impl<D: RmDriver> Controller<D> {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("GPU issue thread panicked"))
-                .collect()
+            barrier.wait();
+            let mut results = Vec::with_capacity(plan.batches.len());
+            results.push((first.slot, self.issue_gpu(first, disable, started)));
+            results.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("GPU issue thread panicked")),
+            );
+            results
         })
     }
 
