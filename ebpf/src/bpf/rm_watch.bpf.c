@@ -263,7 +263,9 @@ int rm_ioctl_exit(struct ioctl_exit_ctx *ctx)
 			__u64 params = (__u64)b.w[4] | ((__u64)b.w[5] << 32);
 			__u32 size = (ev.flags & RM_EVENT_F_NVOS64) ? b.w[8] : b.w[6];
 			__u32 first = 0;
-			if (params && size >= 4 &&
+			// CUDA 13 passes the params pointer with paramsSize 0 (RM knows each
+			// class's size): measured on the H100, see hwtests/ioctl-logger.
+			if (params && (size == 0 || size >= 4) &&
 			    bpf_probe_read_user(&first, sizeof(first), (void *)params) == 0) {
 				ev.extra = first;
 				ev.flags |= RM_EVENT_F_EXTRA_VALID;
