@@ -12,7 +12,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{ErrorKind, MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{ErrorKind, MapCore, MapFlags, Program, RingBufferBuilder};
+use std::os::fd::AsFd;
 
 use crate::event::RmEvent;
 use crate::skel::RmWatchSkelBuilder;
@@ -128,6 +129,7 @@ struct Shared {
 /// A running watcher. Poll it for events (from any thread); drop it to detach.
 pub struct Watcher {
     rx: Mutex<Receiver<RmEvent>>,
+    program_ids: [u32; 3],
     stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -141,7 +143,7 @@ impl Watcher {
         if !Path::new(VMLINUX_BTF).exists() {
             return Err(WatchError::NoBtf(VMLINUX_BTF.into()));
         }
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), WatchError>>(1);
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<[u32; 3], WatchError>>(1);
         let (tx, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared::default());
@@ -154,8 +156,9 @@ impl Watcher {
                 .map_err(|e| WatchError::Thread(e.to_string()))?
         };
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Watcher {
+            Ok(Ok(program_ids)) => Ok(Watcher {
                 rx: Mutex::new(rx),
+                program_ids,
                 stop,
                 shared,
                 thread: Some(thread),
@@ -184,6 +187,12 @@ impl Watcher {
     pub fn poll(&self, timeout: Duration) -> Option<RmEvent> {
         let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
         rx.recv_timeout(timeout).ok()
+    }
+
+    /// Kernel ids of the three attached programs (ioctl enter, ioctl exit, process exit), for
+    /// `bpftool prog show id N`.
+    pub fn program_ids(&self) -> [u32; 3] {
+        self.program_ids
     }
 
     /// False once the polling thread has ended (it only ends early if it panicked): no more
@@ -218,10 +227,16 @@ impl Drop for Watcher {
     }
 }
 
+/// Whether a BPF program with kernel id `id` is still loaded (ids from
+/// [`Watcher::program_ids`]; the kernel frees a program shortly after its last link closes).
+pub fn program_loaded(id: u32) -> bool {
+    Program::fd_from_id(id).is_ok()
+}
+
 /// The polling thread: everything BPF lives and dies here.
 fn run(
     cfg: WatchConfig,
-    ready: SyncSender<Result<(), WatchError>>,
+    ready: SyncSender<Result<[u32; 3], WatchError>>,
     tx: Sender<RmEvent>,
     stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
@@ -246,6 +261,14 @@ fn run(
             .map_err(|e| WatchError::bpf("loading the BPF program", e))?;
         skel.attach()
             .map_err(|e| WatchError::bpf("attaching to the tracepoints", e))?;
+        let id = |p: &libbpf_rs::ProgramMut<'_>| {
+            Program::id_from_fd(p.as_fd()).map_err(|e| WatchError::bpf("querying program ids", e))
+        };
+        let ids = [
+            id(&skel.progs.rm_ioctl_enter)?,
+            id(&skel.progs.rm_ioctl_exit)?,
+            id(&skel.progs.rm_process_exit)?,
+        ];
         let mut rb = RingBufferBuilder::new();
         let decode_shared = Arc::clone(&shared);
         rb.add(&skel.maps.events, move |data: &[u8]| {
@@ -264,16 +287,16 @@ fn run(
         let rb = rb
             .build()
             .map_err(|e| WatchError::bpf("opening the ring buffer", e))?;
-        Ok((skel, rb))
+        Ok((skel, rb, ids))
     };
-    let (skel, rb) = match setup() {
+    let (skel, rb, ids) = match setup() {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let _ = ready.send(Ok(()));
+    let _ = ready.send(Ok(ids));
     while !stop.load(Ordering::Relaxed) {
         if let Err(e) = rb.poll(cfg.poll_interval) {
             if e.kind() != ErrorKind::Interrupted {

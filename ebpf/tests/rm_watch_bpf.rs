@@ -14,6 +14,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use valve_ebpf::registry::{Applied, IgnoreReason};
+use valve_ebpf::watcher::program_loaded;
 use valve_ebpf::{Registry, RmEvent, RmEventKind, WatchConfig, WatchError, Watcher};
 use valve_ioctl_bindings::{
     ClientHandle, Nv0080AllocParams, Nv2080AllocParams, Nvos00Free, Nvos21Alloc, Nvos54Control,
@@ -400,7 +401,18 @@ fn drop_detaches() {
     }) else {
         return;
     };
+    let ids = watcher.program_ids();
+    assert!(ids.iter().all(|&id| program_loaded(id)), "{ids:?}");
     drop(watcher);
+    // The kernel frees the programs once their links and fds are closed (after an RCU grace period).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ids.iter().any(|&id| program_loaded(id)) {
+        assert!(
+            Instant::now() < deadline,
+            "programs {ids:?} still loaded after drop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A fresh watcher sees only what happens after it started; the old one left nothing behind.
     let w = start_or_skip(WatchConfig {
         device_major: MEM_MAJOR,
