@@ -1,5 +1,5 @@
-//! Prints NVIDIA RM object allocations, frees and process exits live, then a per-process
-//! summary of GPUs, TSGs and channels when interrupted (Ctrl-C) or after `--seconds N`.
+//! Prints NVIDIA RM object allocations, frees and RM users' exits live, a per-process summary
+//! of GPUs, TSGs and channels every 5 s, and a last one after `--seconds N` (Ctrl-C just stops).
 //!
 //! Usage (root): `rm-watch [--major 195] [--seconds N] [--quiet]`
 

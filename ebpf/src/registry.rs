@@ -16,6 +16,12 @@ use valve_ioctl_bindings::{
 
 use crate::event::{AllocEvent, FreeEvent, RmEvent, RmEventKind};
 
+/// True for the root-client classes: `NV01_ROOT` (0x0), `NV01_ROOT_NON_PRIV` (0x1) and
+/// `NV01_ROOT_CLIENT` (0x41). The handle RM assigns comes back in `hObjectNew`.
+pub fn is_root_client_class(class: u32) -> bool {
+    matches!(class, 0x0000 | 0x0001 | NV01_ROOT_CLIENT)
+}
+
 /// True for the GPFIFO channel classes (Volta and later; later generations that keep the
 /// `0x..6F` numbering are recognised too).
 pub fn is_channel_class(class: u32) -> bool {
@@ -225,7 +231,7 @@ impl Registry {
     }
 
     fn alloc(&mut self, pid: u32, a: &AllocEvent) -> Applied {
-        if a.class == NV01_ROOT_CLIENT {
+        if is_root_client_class(a.class) {
             let client = ClientHandle(a.object.0);
             self.clients.insert((pid, client), Client::default());
             return Applied::ClientAdded(client);
@@ -770,6 +776,8 @@ mod tests {
         assert!(!is_channel_class(KEPLER_CHANNEL_GROUP_A));
         assert!(!is_channel_class(0xa06f), "pre-Volta not supported");
         assert!(is_compute_class(HOPPER_COMPUTE_A));
+        assert!(is_root_client_class(0) && is_root_client_class(1) && is_root_client_class(0x41));
+        assert!(!is_root_client_class(NV01_DEVICE_0));
         assert!(!is_compute_class(HOPPER_DMA_COPY_A));
     }
 }
