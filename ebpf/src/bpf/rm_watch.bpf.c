@@ -62,6 +62,7 @@ struct rm_event {
 	__u32 minor; // minor number of the device file the ioctl went to
 	__u32 flags;
 };
+_Static_assert(sizeof(struct rm_event) == 48, "RAW_EVENT_SIZE in src/event.rs");
 
 // ---- minimal kernel types (CO-RE) ----
 
