@@ -15,6 +15,7 @@ use crate::controller::{BatchReport, ChannelTarget, Controller, PreemptMode};
 use crate::driver::{DriverInfo, RmDriver};
 use crate::error::Error;
 use crate::gpu::{GpuInfo, GpuSelector};
+use crate::ipc::{IpcError, Request};
 use crate::stats::{summarize, Summary};
 
 const EXIT_CODES: &str = "\
@@ -26,6 +27,9 @@ Exit codes:
   4    permission denied on the NVIDIA device files
   5    the driver rejected the request (e.g. unknown client or channel handle); nothing was left disabled
   6    no such GPU
+  7    the Valve daemon is not running (for ps, status, --pid, resume --all)
+  8    no such process, process has no GPU channels, or it started before the daemon
+  9    BPF or the ioctl tracepoints are unavailable (daemon)
   130  `bench` interrupted (channels were resumed)
 
 Handles are hexadecimal, with or without 0x (as RM prints them: c1d00042, 0x5c000020).
@@ -36,7 +40,11 @@ Examples:
   valvectl preempt --gpu 0 --client c1d00042 --channel 5c000030,5c000031 --for 500ms
   valvectl preempt --target 0:c1d00042:5c000030 --target 1:c1d00042:5c000090 --detach
   valvectl resume  --target 0:c1d00042:5c000030 --target 1:c1d00042:5c000090
-  valvectl bench   --gpu 0 --client c1d00042 --channel 5c000030 --cycles 300 --json";
+  valvectl bench   --gpu 0 --client c1d00042 --channel 5c000030 --cycles 300 --json
+  sudo valvectl daemon --group valve --max-hold 30s      # discovery; see `valvectl ps`
+  valvectl ps
+  valvectl preempt --pid 4242 --for 2s                   # all of its GPUs, in parallel
+  valvectl resume --all";
 
 /// Valve: freeze and release other processes' GPU channels on NVIDIA GPUs.
 #[derive(Debug, Parser)]
@@ -45,6 +53,9 @@ pub struct Cli {
     /// Print machine-readable JSON on stdout instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+    /// The daemon's socket (for ps, status, --pid, resume --all, daemon).
+    #[arg(long, global = true, env = "VALVE_SOCKET", default_value = crate::ipc::DEFAULT_SOCKET)]
+    pub socket: std::path::PathBuf,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -76,7 +87,28 @@ pub enum Command {
     Resume {
         #[command(flatten)]
         targets: TargetArgs,
+        /// Enable everything the daemon disabled (works from its state file if it is not running).
+        #[arg(long, conflicts_with_all = ["pid", "gpu", "client", "channels", "targets"])]
+        all: bool,
     },
+    /// Run the discovery daemon (root): watches CUDA processes' RM objects with eBPF and serves
+    /// ps/preempt --pid/resume over a Unix socket. Everything it disabled is resumed on exit, and
+    /// re-enabled from its state file if a previous run died.
+    Daemon {
+        /// Directory of the state file (disabled.json).
+        #[arg(long, default_value = crate::ipc::DEFAULT_STATE_DIR)]
+        state_dir: std::path::PathBuf,
+        /// Group whose members may use the socket besides root.
+        #[arg(long)]
+        group: Option<String>,
+        /// Longest any preemption may last; longer ones are resumed by the daemon.
+        #[arg(long, value_parser = parse_duration)]
+        max_hold: Option<Duration>,
+    },
+    /// List the GPU processes the daemon knows: GPUs, client, TSGs, channels, state.
+    Ps,
+    /// The daemon's state: uptime, events seen, what is preempted.
+    Status,
     /// Preempt and resume in a loop and print p50/p99/max of each step.
     Bench {
         #[command(flatten)]
@@ -102,8 +134,11 @@ pub enum Command {
 /// Which channels: one GPU and client with `--gpu/--client/--channel`, or any mix with `--target`.
 #[derive(Debug, Args, Clone, Default)]
 pub struct TargetArgs {
+    /// A process discovered by the daemon: all of its channels (on --gpu only, if given).
+    #[arg(long, conflicts_with_all = ["client", "channels", "targets"])]
+    pub pid: Option<u32>,
     /// GPU: index from `valvectl gpus`, UUID (GPU-...) or PCI address.
-    #[arg(long, requires_all = ["client", "channels"])]
+    #[arg(long)]
     pub gpu: Option<GpuSelector>,
     /// The owning process's RM client handle (hex).
     #[arg(long, value_parser = parse_handle, requires = "gpu")]
@@ -193,6 +228,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl TargetArgs {
+    /// Checks the combinations clap cannot express.
+    pub fn validate(&self) -> Result<(), CliError> {
+        if self.pid.is_none()
+            && self.gpu.is_some()
+            && (self.client.is_none() || self.channels.is_empty())
+        {
+            return Err(CliError::Usage(
+                "--gpu needs --client and --channel (or use --pid with the daemon)".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Resolves GPUs and handles into channel targets.
     pub fn resolve(&self, gpus: &[GpuInfo]) -> Result<Vec<ChannelTarget>, CliError> {
         let mut out = Vec::new();
@@ -251,6 +299,9 @@ pub enum CliError {
     /// Writing output failed.
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+    /// A daemon-side failure or a failure reaching it, with its exit code.
+    #[error("{1}")]
+    Daemon(i32, String),
     /// Interrupted by a signal (after cleaning up).
     #[error("interrupted by {0}; all channels were resumed")]
     Interrupted(Signal),
@@ -271,6 +322,7 @@ impl CliError {
                 Error::NoChannels => 2,
                 Error::Os { .. } => 1,
             },
+            CliError::Daemon(code, _) => *code,
         }
     }
 }
@@ -352,10 +404,7 @@ pub fn run() -> i32 {
         }
     };
     let json = cli.json;
-    let result = Signals::install().and_then(|signals| {
-        let ctl = Controller::open()?;
-        execute(&cli, &ctl, &mut std::io::stdout().lock(), Some(&signals))
-    });
+    let result = Signals::install().and_then(|signals| dispatch(&cli, &signals));
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -366,6 +415,242 @@ pub fn run() -> i32 {
             }
             code
         }
+    }
+}
+
+fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
+    let out = &mut std::io::stdout().lock();
+    match &cli.command {
+        Command::Daemon {
+            state_dir,
+            group,
+            max_hold,
+        } => crate::daemon::run(
+            &crate::daemon::DaemonConfig {
+                socket: cli.socket.clone(),
+                state_dir: state_dir.clone(),
+                group: group.clone(),
+                max_hold: *max_hold,
+            },
+            signals,
+        )
+        .map_err(|e| CliError::Daemon(e.code, e.message)),
+        Command::Ps | Command::Status => client_command(cli, out, signals),
+        Command::Preempt { targets, .. } if targets.pid.is_some() => {
+            client_command(cli, out, signals)
+        }
+        Command::Resume { targets, all } if targets.pid.is_some() || *all => {
+            client_command(cli, out, signals)
+        }
+        _ => {
+            let ctl = Controller::open()?;
+            execute(cli, &ctl, out, Some(signals))
+        }
+    }
+}
+
+fn daemon_call(cli: &Cli, req: &Request) -> Result<serde_json::Value, CliError> {
+    let reply = crate::ipc::call(&cli.socket, req, Duration::from_secs(10)).map_err(|e| {
+        let code = match e {
+            IpcError::NotRunning(_) => crate::daemon::EXIT_NO_DAEMON,
+            IpcError::Permission(_) => 4,
+            IpcError::Io { .. } => 1,
+        };
+        CliError::Daemon(code, e.to_string())
+    })?;
+    match reply.error {
+        Some(e) => Err(CliError::Daemon(e.code, e.message)),
+        None => Ok(reply.data),
+    }
+}
+
+/// Commands served by the daemon.
+fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(), CliError> {
+    match &cli.command {
+        Command::Ps => {
+            let data = daemon_call(cli, &Request::Ps)?;
+            if cli.json {
+                writeln!(out, "{data}")?;
+                return Ok(());
+            }
+            writeln!(
+                out,
+                "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} STATE",
+                "PID", "COMM", "GPU", "CLIENT", "TSGS", "CHANNELS"
+            )?;
+            for p in data["processes"].as_array().into_iter().flatten() {
+                if p["discoverable"] == false {
+                    writeln!(
+                        out,
+                        "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} {}",
+                        p["pid"],
+                        p["comm"].as_str().unwrap_or(""),
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        p["note"].as_str().unwrap_or("")
+                    )?;
+                    continue;
+                }
+                let state = if p["preempted"] == true {
+                    "PREEMPTED"
+                } else {
+                    "running"
+                };
+                for g in p["gpus"].as_array().into_iter().flatten() {
+                    let gpu = g["gpu"]
+                        .as_u64()
+                        .map(|i| i.to_string())
+                        .unwrap_or("?".into());
+                    writeln!(
+                        out,
+                        "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} {state}",
+                        p["pid"],
+                        p["comm"].as_str().unwrap_or(""),
+                        gpu,
+                        g["client"].as_str().unwrap_or(""),
+                        g["tsgs"].as_array().map(|t| t.len()).unwrap_or(0),
+                        g["channels"]
+                    )?;
+                }
+            }
+            Ok(())
+        }
+        Command::Status => {
+            let data = daemon_call(cli, &Request::Status)?;
+            if cli.json {
+                writeln!(out, "{data}")?;
+            } else {
+                writeln!(out, "daemon up {:.0} s, {} RM events seen, {} GPU process(es) known, preempted pids: {}, max hold: {}",
+                    data["uptime_s"].as_f64().unwrap_or(0.0), data["events"], data["processes"], data["preempted"],
+                    data["max_hold_ms"].as_u64().map(|m| format!("{m} ms")).unwrap_or("none".into()))?;
+                writeln!(
+                    out,
+                    "state file: {}",
+                    data["state_file"].as_str().unwrap_or("")
+                )?;
+            }
+            Ok(())
+        }
+        Command::Preempt {
+            targets,
+            hold,
+            detach,
+            schedule_only,
+        } => {
+            if *schedule_only {
+                return Err(CliError::Usage(
+                    "--schedule-only is not available with --pid".into(),
+                ));
+            }
+            let pid = targets.pid.expect("dispatched on pid");
+            let gpu = targets.gpu.as_ref().map(|g| g.to_string());
+            // A held preemption gets a daemon-side limit too, so a killed valvectl cannot leave
+            // the process frozen for longer than it asked for.
+            let max_hold_ms = hold.map(|h| (h + Duration::from_secs(1)).as_millis() as u64);
+            let data = daemon_call(
+                cli,
+                &Request::Preempt {
+                    pid,
+                    gpu,
+                    max_hold_ms: if *detach { None } else { max_hold_ms },
+                },
+            )?;
+            if *detach {
+                if cli.json {
+                    writeln!(
+                        out,
+                        "{}",
+                        json!({"preempted": data, "resume_command": format!("valvectl resume --pid {pid}")})
+                    )?;
+                } else {
+                    writeln!(out, "preempted pid {pid}: {} channel(s) on {} GPU(s); it stays frozen until `valvectl resume --pid {pid}`", data["channels"], data["gpus"])?;
+                }
+                return Ok(());
+            }
+            if !cli.json {
+                writeln!(
+                    out,
+                    "preempted pid {pid}: {} channel(s) on {} GPU(s){}",
+                    data["channels"],
+                    data["gpus"],
+                    match hold {
+                        Some(d) => format!(", holding for {d:?}"),
+                        None => "; Ctrl-C or SIGTERM resumes it".into(),
+                    }
+                )?;
+                out.flush()?;
+            }
+            let signal = signals.wait(*hold);
+            let resumed = daemon_call(cli, &Request::Resume { pid });
+            let resumed = match resumed {
+                Ok(v) => v,
+                // The daemon's own limit may have resumed it first.
+                Err(CliError::Daemon(8, m)) if m.contains("not preempted") => {
+                    json!({"note": "already resumed by the daemon"})
+                }
+                Err(e) => return Err(e),
+            };
+            if cli.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"preempt": data, "resume": resumed, "ended_by": signal.map(|s| s.as_str()).unwrap_or("timer")})
+                )?;
+            } else {
+                writeln!(out, "resumed pid {pid}")?;
+            }
+            Ok(())
+        }
+        Command::Resume { targets, all } => {
+            let req = if *all {
+                Request::ResumeAll
+            } else {
+                Request::Resume {
+                    pid: targets.pid.expect("dispatched on pid"),
+                }
+            };
+            match daemon_call(cli, &req) {
+                Ok(data) => {
+                    if cli.json {
+                        writeln!(out, "{data}")?;
+                    } else {
+                        writeln!(out, "resumed: {data}")?;
+                    }
+                    Ok(())
+                }
+                Err(CliError::Daemon(code, _)) if *all && code == crate::daemon::EXIT_NO_DAEMON => {
+                    // No daemon: re-enable from its state file directly.
+                    let state = crate::state::StateFile::in_dir(std::path::Path::new(
+                        crate::ipc::DEFAULT_STATE_DIR,
+                    ));
+                    let records = state.load()?;
+                    let ctl = Controller::open()?;
+                    let (n, failures) = crate::state::reenable(&ctl, &records);
+                    if failures.is_empty() {
+                        state.save(&[])?;
+                    }
+                    writeln!(
+                        out,
+                        "daemon not running: re-enabled {n} channel(s) from {}{}",
+                        state.path().display(),
+                        if failures.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; failures: {}", failures.join("; "))
+                        }
+                    )?;
+                    if failures.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(CliError::Daemon(5, failures.join("; ")))
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        _ => unreachable!("only daemon-served commands come here"),
     }
 }
 
@@ -428,6 +713,9 @@ pub fn execute<D: RmDriver>(
             }
             Ok(())
         }
+        Command::Daemon { .. } | Command::Ps | Command::Status => Err(CliError::Usage(
+            "this command is served by the daemon".into(),
+        )),
         Command::Preempt {
             targets,
             hold,
@@ -511,7 +799,8 @@ pub fn execute<D: RmDriver>(
             }
             Ok(())
         }
-        Command::Resume { targets } => {
+        Command::Resume { targets, .. } => {
+            targets.validate()?;
             let t = targets.resolve(&gpus)?;
             let plan = ctl.plan(&t, PreemptMode::Preempt)?;
             let rep = ctl.enable(&plan)?;
@@ -540,6 +829,12 @@ pub fn execute<D: RmDriver>(
             serial,
             schedule_only,
         } => {
+            targets.validate()?;
+            if targets.pid.is_some() {
+                return Err(CliError::Usage(
+                    "bench takes explicit handles, not --pid".into(),
+                ));
+            }
             let t = targets.resolve(&gpus)?;
             let mode = if *schedule_only {
                 PreemptMode::ScheduleOnly
@@ -656,7 +951,18 @@ mod tests {
 
     #[test]
     fn clap_rejects_incomplete_target_sets() {
-        assert!(parse(&["preempt", "--gpu", "0", "--client", "c1"]).is_err());
+        let incomplete = parse(&["preempt", "--gpu", "0", "--client", "c1"]).unwrap();
+        let Command::Preempt { targets, .. } = &incomplete.command else {
+            panic!()
+        };
+        assert!(targets
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--gpu needs --client and --channel"));
+        assert!(parse(&["preempt", "--pid", "7", "--client", "c1"]).is_err());
+        assert!(parse(&["resume", "--all", "--pid", "7"]).is_err());
+        assert!(parse(&["preempt", "--pid", "7", "--gpu", "1", "--for", "1s"]).is_ok());
         assert!(parse(&["preempt", "--client", "c1", "--channel", "5"]).is_err());
         assert!(parse(&[
             "preempt",

@@ -9,9 +9,12 @@
 
 pub mod cli;
 pub mod controller;
+pub mod daemon;
 pub mod driver;
 pub mod error;
 pub mod gpu;
+pub mod ipc;
+pub mod state;
 pub mod stats;
 
 #[cfg(test)]

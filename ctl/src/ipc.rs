@@ -1,0 +1,163 @@
+//! The daemon's protocol: one JSON request line per Unix-socket connection, one JSON reply line.
+//! Used by `valvectl ps|status|preempt --pid|resume --pid|resume --all` and served by `daemon`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the daemon listens by default.
+pub const DEFAULT_SOCKET: &str = "/run/valve/valve.sock";
+/// Where the daemon keeps its state by default.
+pub const DEFAULT_STATE_DIR: &str = "/run/valve";
+
+/// A request to the daemon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Processes the daemon knows, with their GPUs and channels.
+    Ps,
+    /// The daemon's own state.
+    Status,
+    /// Disable all channels of `pid` (on one GPU if `gpu` is given) and keep them disabled.
+    Preempt {
+        /// The process.
+        pid: u32,
+        /// A GPU selector (index, UUID, PCI address), or all of the process's GPUs.
+        gpu: Option<String>,
+        /// Resume by itself after this long (capped by the daemon's own maximum).
+        max_hold_ms: Option<u64>,
+    },
+    /// Enable what the daemon disabled for `pid`.
+    Resume {
+        /// The process.
+        pid: u32,
+    },
+    /// Enable everything the daemon disabled.
+    ResumeAll,
+}
+
+/// Why a request failed; `code` is the exit code valvectl uses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// Exit code (see `valvectl --help`).
+    pub code: i32,
+    /// What went wrong and how to fix it.
+    pub message: String,
+}
+
+/// The daemon's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// The request's result, or null on error.
+    pub data: serde_json::Value,
+    /// Set when the request failed.
+    pub error: Option<ErrorReply>,
+}
+
+impl Reply {
+    /// A success.
+    pub fn ok(data: serde_json::Value) -> Self {
+        Reply { data, error: None }
+    }
+
+    /// A failure.
+    pub fn err(code: i32, message: impl Into<String>) -> Self {
+        Reply {
+            data: serde_json::Value::Null,
+            error: Some(ErrorReply {
+                code,
+                message: message.into(),
+            }),
+        }
+    }
+}
+
+/// Failures of talking to the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    /// Nothing listens on the socket.
+    #[error(
+        "the Valve daemon is not running (no one listens on {0}): start it with \
+         `sudo valvectl daemon` or `sudo systemctl start valve`"
+    )]
+    NotRunning(String),
+    /// The socket exists but this user may not use it.
+    #[error(
+        "permission denied on {0}: run as root or as a member of the group the daemon was \
+         started with (--group)"
+    )]
+    Permission(String),
+    /// Anything else.
+    #[error("talking to the daemon on {socket}: {source}")]
+    Io {
+        /// The socket.
+        socket: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Sends one request and waits for the reply.
+pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, IpcError> {
+    let name = socket.display().to_string();
+    let io = |source: std::io::Error| IpcError::Io {
+        socket: name.clone(),
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            IpcError::NotRunning(name.clone())
+        }
+        std::io::ErrorKind::PermissionDenied => IpcError::Permission(name.clone()),
+        _ => io(e),
+    })?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    let mut line = serde_json::to_string(req).expect("requests serialise");
+    line.push('\n');
+    stream.write_all(line.as_bytes()).map_err(io)?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply).map_err(io)?;
+    serde_json::from_str(&reply)
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_a_stable_wire_form() {
+        let r = Request::Preempt {
+            pid: 42,
+            gpu: Some("0".into()),
+            max_hold_ms: None,
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            s,
+            r#"{"op":"preempt","pid":42,"gpu":"0","max_hold_ms":null}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        assert_eq!(
+            serde_json::to_string(&Request::ResumeAll).unwrap(),
+            r#"{"op":"resume_all"}"#
+        );
+    }
+
+    #[test]
+    fn no_daemon_is_a_named_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = call(
+            &dir.path().join("none.sock"),
+            &Request::Ps,
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(matches!(err, IpcError::NotRunning(_)));
+        assert!(err.to_string().contains("sudo valvectl daemon"));
+    }
+}
