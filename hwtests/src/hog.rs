@@ -92,6 +92,18 @@ pub struct Hog {
 impl Hog {
     /// Starts `hog --mode <mode> <extra>` on `gpu` under the ioctl logger and waits until it runs.
     pub fn start(bins: &Bins, gpu: &GpuInfo, mode: &str, extra: &[&str]) -> Result<Hog> {
+        Self::start_visible(bins, gpu, &gpu.uuid, mode, extra)
+    }
+
+    /// Like [`Hog::start`], with `CUDA_VISIBLE_DEVICES=visible`; the hog uses CUDA device 0 of
+    /// that list, which must be `gpu`.
+    pub fn start_visible(
+        bins: &Bins,
+        gpu: &GpuInfo,
+        visible: &str,
+        mode: &str,
+        extra: &[&str],
+    ) -> Result<Hog> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("valve-hog-{}-{n}", std::process::id());
@@ -102,7 +114,7 @@ impl Hog {
             .args(extra)
             .env("LD_PRELOAD", &bins.logger)
             .env("VALVE_IOCTL_LOG", &log_path)
-            .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
+            .env("CUDA_VISIBLE_DEVICES", visible)
             .env("VALVE_HOG_TRACE", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -4,6 +4,7 @@
 //! Run through `scripts/hwtest.sh`, which builds the CUDA workloads first. Without an NVIDIA
 //! driver it prints a skip message and exits 0.
 
+mod discovery;
 mod experiments;
 mod heartbeat;
 mod hog;
@@ -57,20 +58,26 @@ struct Args {
     /// Skip the multi-GPU experiment.
     #[arg(long)]
     skip_multi: bool,
+    /// Skip the discovery (daemon) experiment.
+    #[arg(long)]
+    skip_discovery: bool,
+    /// Run only the discovery experiment.
+    #[arg(long)]
+    only_discovery: bool,
 }
 
-struct Report {
+pub(crate) struct Report {
     md: String,
     json: serde_json::Map<String, Value>,
     checks: Vec<(String, bool, String)>,
 }
 
 impl Report {
-    fn check(&mut self, name: &str, pass: bool, detail: String) {
+    pub(crate) fn check(&mut self, name: &str, pass: bool, detail: String) {
         println!("[{}] {name}: {detail}", if pass { "PASS" } else { "FAIL" });
         self.checks.push((name.into(), pass, detail));
     }
-    fn line(&mut self, s: &str) {
+    pub(crate) fn line(&mut self, s: &str) {
         println!("{s}");
         self.md.push_str(s);
         self.md.push('\n');
@@ -181,13 +188,76 @@ fn run(args: &Args) -> Result<bool> {
     r.json.insert("gpus".into(), json!(gpus));
     let g0 = &gpus[0];
 
+    if !args.only_discovery {
+        main_experiment(args, &ctl, &bins, g0, &device, &mut r)?;
+    }
+    if !args.skip_subsets && !args.only_discovery {
+        subsets(args, &ctl, &bins, g0, &mut r)?;
+    }
+    if !args.skip_discovery {
+        match &args.valvectl {
+            Some(vc) => {
+                if let Err(e) = discovery::run(&bins, &gpus, vc, &args.out, &mut r) {
+                    r.check("discovery experiment ran", false, format!("{e:#}"));
+                }
+            }
+            None => r.line("\nDiscovery skipped: no --valvectl."),
+        }
+    }
+    if !args.skip_multi && !args.only_discovery && gpus.len() > 1 {
+        multi(args, &ctl, &bins, &gpus, &mut r)?;
+    }
+
+    let all_pass = r.checks.iter().all(|c| c.1);
+    r.line(&format!(
+        "\n## Checks ({})\n",
+        if all_pass {
+            "all passed"
+        } else {
+            "SOME FAILED"
+        }
+    ));
+    let rows: Vec<String> = r
+        .checks
+        .iter()
+        .map(|(n, p, d)| format!("- {} {n}: {d}", if *p { "PASS" } else { "FAIL" }))
+        .collect();
+    for row in rows {
+        let _ = writeln!(r.md, "{row}");
+    }
+    let _ = writeln!(r.md, "\nRun time {:.0} s.", t_start.elapsed().as_secs_f64());
+    r.json.insert("checks".into(), json!(r.checks));
+    std::fs::write(args.out.join("report.md"), &r.md).context("writing report.md")?;
+    std::fs::write(
+        args.out.join("report.json"),
+        serde_json::to_string_pretty(&Value::Object(r.json.clone()))?,
+    )?;
+    println!(
+        "\nSUMMARY: {} of {} checks passed; report in {}",
+        r.checks.iter().filter(|c| c.1).count(),
+        r.checks.len(),
+        args.out.display()
+    );
+    Ok(all_pass)
+}
+
+/// GPU 0: online client alone / time-sliced / preempted, library vs bare-ioctl cycles on two
+/// contexts, the 1 s hold, the hog's checksum, and valvectl against the live hog.
+fn main_experiment(
+    args: &Args,
+    ctl: &Controller,
+    bins: &Bins,
+    g0: &GpuInfo,
+    device: &str,
+    r: &mut Report,
+) -> Result<()> {
     // Online client alone, before any hog exists.
     let online_args = ["--count", "2000", "--think-us", "50", "--kernel-us", "20"];
-    let online_alone = run_online(&bins, g0, &online_args)?;
+    let online_alone = run_online(bins, g0, &online_args)?;
     println!("online alone: {online_alone}");
 
     // The main experiment on GPU 0.
-    let hog = Hog::start(&bins, g0, "persistent", &[])?;
+    let hog = Hog::start(bins, g0, "persistent", &[])?;
     let poller = Poller::start(hog.hb.clone());
     let gobj = hog
         .objects
@@ -207,7 +277,7 @@ fn run(args: &Args) -> Result<bool> {
         "client": hog.objects.client.0, "tsg_sizes": gobj.tsgs.iter().map(|t| t.channels.len()).collect::<Vec<_>>(),
         "channels": gobj.all_channels().iter().map(|c| c.0).collect::<Vec<_>>()}));
     let all = hog.targets(ChannelSet::All, g0.device_instance);
-    let all_plan = plan(&ctl, &all)?;
+    let all_plan = plan(ctl, &all)?;
 
     // valvectl against the live hog: bench, and a wrong handle that must fail cleanly.
     if let Some(vc) = &args.valvectl {
@@ -266,14 +336,14 @@ fn run(args: &Args) -> Result<bool> {
 
     // Online client next to the running hog, then with the hog preempted.
     let online_with_hog = run_online(
-        &bins,
+        bins,
         g0,
         &["--count", "1000", "--think-us", "50", "--kernel-us", "20"],
     )?;
     println!("online with hog: {online_with_hog}");
     let online_preempted = {
         let g = ctl.disable(&all_plan)?;
-        let v = run_online(&bins, g0, &online_args);
+        let v = run_online(bins, g0, &online_args);
         g.enable()?;
         v?
     };
@@ -284,15 +354,15 @@ fn run(args: &Args) -> Result<bool> {
     let gap = Duration::from_millis(5);
     let mut lib_cycles = Vec::new();
     let mut raw_cycles = Vec::new();
-    let mut raw = RawPreempter::new(&ctl, &all)?;
+    let mut raw = RawPreempter::new(ctl, &all)?;
     while lib_cycles.len() < args.cycles {
         let n = 10.min(args.cycles - lib_cycles.len());
-        let mut lib = LibPreempter::new(&ctl, &all_plan, false);
+        let mut lib = LibPreempter::new(ctl, &all_plan, false);
         lib_cycles.extend(run_cycles(&mut lib, &hog, &poller, n, hold, gap)?);
         raw_cycles.extend(run_cycles(&mut raw, &hog, &poller, n, hold, gap)?);
     }
     let long = {
-        let mut lib = LibPreempter::new(&ctl, &all_plan, false);
+        let mut lib = LibPreempter::new(ctl, &all_plan, false);
         cycle(&mut lib, &hog.hb, &poller, Duration::from_secs(1))?
     };
     let lib_stats = stats(&lib_cycles);
@@ -317,16 +387,16 @@ fn run(args: &Args) -> Result<bool> {
 
     // The context the hardware notes measured: 4 resident blocks per SM (528 on an H100).
     let (ref_lib, ref_raw, ref_hog) = {
-        let hog4 = Hog::start(&bins, g0, "persistent", &["--blocks-per-sm", "4"])?;
+        let hog4 = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "4"])?;
         let poller4 = Poller::start(hog4.hb.clone());
         let t4 = hog4.targets(ChannelSet::All, g0.device_instance);
-        let p4 = plan(&ctl, &t4)?;
-        let mut raw4 = RawPreempter::new(&ctl, &t4)?;
+        let p4 = plan(ctl, &t4)?;
+        let mut raw4 = RawPreempter::new(ctl, &t4)?;
         let (mut l, mut w) = (Vec::new(), Vec::new());
         while l.len() < args.cycles {
             let n = 10.min(args.cycles - l.len());
             l.extend(run_cycles(
-                &mut LibPreempter::new(&ctl, &p4, false),
+                &mut LibPreempter::new(ctl, &p4, false),
                 &hog4,
                 &poller4,
                 n,
@@ -429,44 +499,7 @@ fn run(args: &Args) -> Result<bool> {
         format!("{p99_pre:.0} us vs {p99_alone:.0} us alone"),
     );
 
-    if !args.skip_subsets {
-        subsets(args, &ctl, &bins, g0, &mut r)?;
-    }
-    if !args.skip_multi && gpus.len() > 1 {
-        multi(args, &ctl, &bins, &gpus, &mut r)?;
-    }
-
-    let all_pass = r.checks.iter().all(|c| c.1);
-    r.line(&format!(
-        "\n## Checks ({})\n",
-        if all_pass {
-            "all passed"
-        } else {
-            "SOME FAILED"
-        }
-    ));
-    let rows: Vec<String> = r
-        .checks
-        .iter()
-        .map(|(n, p, d)| format!("- {} {n}: {d}", if *p { "PASS" } else { "FAIL" }))
-        .collect();
-    for row in rows {
-        let _ = writeln!(r.md, "{row}");
-    }
-    let _ = writeln!(r.md, "\nRun time {:.0} s.", t_start.elapsed().as_secs_f64());
-    r.json.insert("checks".into(), json!(r.checks));
-    std::fs::write(args.out.join("report.md"), &r.md).context("writing report.md")?;
-    std::fs::write(
-        args.out.join("report.json"),
-        serde_json::to_string_pretty(&Value::Object(r.json.clone()))?,
-    )?;
-    println!(
-        "\nSUMMARY: {} of {} checks passed; report in {}",
-        r.checks.iter().filter(|c| c.1).count(),
-        r.checks.len(),
-        args.out.display()
-    );
-    Ok(all_pass)
+    Ok(())
 }
 
 /// Which channel sets freeze which workloads, and what each costs.

@@ -1,0 +1,281 @@
+//! The discovery test on a GPU host: the real daemon (eBPF) learns CUDA processes' channels, its
+//! `ps` must equal the ioctl logger's ground truth, `preempt --pid` must freeze exactly that
+//! process, and a daemon killed with SIGKILL must be undone by its restart within 1 s.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use valve_ctl::GpuInfo;
+
+use crate::heartbeat::Heartbeat;
+use crate::hog::{Bins, Hog};
+use crate::Report;
+
+/// (RM device instance, client, channels) as a comparable set.
+type Tree = BTreeSet<(u32, u32, Vec<u32>)>;
+
+fn truth(h: &Hog) -> Tree {
+    h.objects
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut c: Vec<u32> = g.all_channels().iter().map(|c| c.0).collect();
+            c.sort();
+            (g.device_instance, h.objects.client.0, c)
+        })
+        .collect()
+}
+
+fn hex(v: &Value) -> u32 {
+    let s = v.as_str().unwrap_or("");
+    u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0)
+}
+
+fn from_ps(ps: &Value, pid: u32) -> Option<Tree> {
+    let p = ps["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["pid"] == pid)?;
+    Some(
+        p["gpus"]
+            .as_array()?
+            .iter()
+            .map(|g| {
+                let mut c: Vec<u32> = g["tsgs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|t| t["channels"].as_array().into_iter().flatten().map(hex))
+                    .collect();
+                c.sort();
+                (
+                    g["device_instance"].as_u64().unwrap_or(u64::MAX) as u32,
+                    hex(&g["client"]),
+                    c,
+                )
+            })
+            .collect(),
+    )
+}
+
+struct Daemon {
+    child: Child,
+}
+
+impl Daemon {
+    fn start(vc: &Path, sock: &Path, state: &Path, log: &Path) -> Result<Daemon> {
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = Command::new(vc)
+            .arg("--socket")
+            .arg(sock)
+            .args(["daemon", "--max-hold", "120s", "--state-dir"])
+            .arg(state)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .context("starting valvectl daemon")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = Command::new(vc)
+                .arg("--socket")
+                .arg(sock)
+                .arg("status")
+                .output()?;
+            if ok.status.success() {
+                return Ok(Daemon { child });
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon did not answer within 20 s: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop(mut self) -> Result<()> {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn vc_json(vc: &Path, sock: &Path, args: &[&str]) -> Result<(i32, Value, String)> {
+    let out = Command::new(vc)
+        .arg("--socket")
+        .arg(sock)
+        .arg("--json")
+        .args(args)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let v = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
+    Ok((
+        out.status.code().unwrap_or(-1),
+        v,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    ))
+}
+
+fn frozen_for(hb: &Heartbeat, d: Duration) -> bool {
+    let a = hb.snapshot();
+    std::thread::sleep(d);
+    a == hb.snapshot()
+}
+
+/// Runs the discovery experiment.
+pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report) -> Result<()> {
+    r.line("\n## Discovery: the eBPF daemon, `ps`, `preempt --pid`, crash recovery\n");
+    if !nix::unistd::geteuid().is_root() {
+        r.line("Skipped: the daemon needs root.");
+        return Ok(());
+    }
+    let dir = PathBuf::from(format!("/tmp/valve-discovery-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (sock, state, log) = (
+        dir.join("valve.sock"),
+        dir.join("state"),
+        out.join("daemon.log"),
+    );
+    let t0 = Instant::now();
+    let daemon = Daemon::start(vc, &sock, &state, &log)?;
+    r.line(&format!(
+        "Daemon answering {:.0} ms after start.",
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
+    let g0 = &gpus[0];
+    let a = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
+    let b = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
+    let c = match gpus.last() {
+        Some(last) if gpus.len() > 1 => {
+            let visible = format!("{},{}", last.uuid, g0.uuid);
+            Some(Hog::start_visible(
+                bins,
+                last,
+                &visible,
+                "persistent",
+                &["--blocks-per-sm", "2"],
+            )?)
+        }
+        _ => None,
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let text = Command::new(vc)
+        .arg("--socket")
+        .arg(&sock)
+        .arg("ps")
+        .output()?;
+    r.line(&format!(
+        "```\n$ valvectl ps\n{}```",
+        String::from_utf8_lossy(&text.stdout)
+    ));
+    let (_, ps, _) = vc_json(vc, &sock, &["ps"])?;
+    let mut hogs: Vec<(&str, &Hog)> =
+        vec![("hog A (GPU 0)", &a), ("hog B (GPU 0, same handles)", &b)];
+    if let Some(c) = &c {
+        hogs.push(("hog C (last GPU, CUDA_VISIBLE_DEVICES reordered)", c));
+    }
+    for (name, h) in &hogs {
+        let want = truth(h);
+        let got = from_ps(&ps, h.pid());
+        r.check(
+            &format!("daemon's registry equals the ground truth for {name}"),
+            got.as_ref() == Some(&want),
+            format!(
+                "{} channel(s) on RM instance(s) {:?}",
+                want.iter().map(|t| t.2.len()).sum::<usize>(),
+                want.iter().map(|t| t.0).collect::<Vec<_>>()
+            ),
+        );
+    }
+
+    let (rc, data, err) = vc_json(
+        vc,
+        &sock,
+        &["preempt", "--pid", &a.pid().to_string(), "--detach"],
+    )?;
+    r.check(
+        "valvectl preempt --pid A --detach",
+        rc == 0,
+        format!(
+            "exit {rc}; {} {}",
+            data["preempted"]["channels"],
+            err.trim()
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    let a_frozen = frozen_for(&a.hb, Duration::from_millis(200));
+    let b_runs = !frozen_for(&b.hb, Duration::from_millis(200));
+    r.check(
+        "preempt --pid freezes exactly that process (A frozen, B on the same GPU runs)",
+        a_frozen && b_runs,
+        format!("A frozen {a_frozen}, B running {b_runs}"),
+    );
+
+    let (rc, _, err) = vc_json(vc, &sock, &["preempt", "--pid", "999999"])?;
+    r.check(
+        "preempt --pid of a missing process: exit 8, named error",
+        rc == 8 && err.contains("no such process"),
+        err.trim().to_string(),
+    );
+
+    // SIGKILL the daemon while A is preempted; A must stay frozen until the restart re-enables it.
+    let mut daemon = daemon;
+    daemon.child.kill()?;
+    daemon.child.wait()?;
+    let still = frozen_for(&a.hb, Duration::from_millis(200));
+    let before = a.hb.counter(0);
+    let t_restart = Instant::now();
+    let daemon2 = Daemon::start(vc, &sock, &state, &log)?;
+    let mut resumed_after = None;
+    while t_restart.elapsed() < Duration::from_secs(5) {
+        if a.hb.counter(0) != before {
+            resumed_after = Some(t_restart.elapsed());
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    r.check(
+        "daemon killed with SIGKILL while A is preempted: the restart re-enables A within 1 s",
+        still && resumed_after.is_some_and(|d| d <= Duration::from_secs(1)),
+        format!(
+            "A stayed frozen while no daemon ran: {still}; heartbeat back {} after the restart began",
+            resumed_after.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3)).unwrap_or("NEVER".into())
+        ),
+    );
+    let (_, status, _) = vc_json(vc, &sock, &["status"])?;
+    r.line(&format!(
+        "Restarted daemon's status: recovered_at_start = {}, recovery_failures = {}.",
+        status["recovered_at_start"], status["recovery_failures"]
+    ));
+    daemon2.stop()?;
+    let mut ok = true;
+    for h in [Some(a), Some(b), c].into_iter().flatten() {
+        ok &= h.finish()?["checksum_ok"].as_bool() == Some(true);
+    }
+    r.check("discovery hogs' checksums correct", ok, String::new());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
