@@ -479,11 +479,13 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
                 "PID", "COMM", "GPU", "CLIENT", "TSGS", "CHANNELS"
             )?;
             for p in data["processes"].as_array().into_iter().flatten() {
+                // serde_json values ignore width specifiers: format them as strings first.
+                let pid = p["pid"].to_string();
                 if p["discoverable"] == false {
                     writeln!(
                         out,
                         "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} {}",
-                        p["pid"],
+                        pid,
                         p["comm"].as_str().unwrap_or(""),
                         "-",
                         "-",
@@ -506,12 +508,12 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
                     writeln!(
                         out,
                         "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} {state}",
-                        p["pid"],
+                        pid,
                         p["comm"].as_str().unwrap_or(""),
                         gpu,
                         g["client"].as_str().unwrap_or(""),
                         g["tsgs"].as_array().map(|t| t.len()).unwrap_or(0),
-                        g["channels"]
+                        g["channels"].to_string()
                     )?;
                 }
             }
