@@ -4,7 +4,7 @@
 # Rust itself (>= 1.85, with rustfmt and clippy) comes from rustup and is not installed here.
 set -euo pipefail
 
-packages=(build-essential clang llvm libelf-dev zlib1g-dev pkg-config python3 ca-certificates xz-utils)
+packages=(build-essential clang llvm libelf-dev zlib1g-dev pkg-config linux-libc-dev python3 ca-certificates xz-utils)
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then
