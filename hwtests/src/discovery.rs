@@ -12,7 +12,7 @@ use serde_json::Value;
 use valve_ctl::GpuInfo;
 
 use crate::heartbeat::Heartbeat;
-use crate::hog::{Bins, Hog};
+use crate::hog::{run_online, Bins, Hog};
 use crate::Report;
 
 /// (RM device instance, client, channels) as a comparable set.
@@ -159,12 +159,41 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
         dir.join("state"),
         out.join("daemon.log"),
     );
+    // CUDA context creation without, then with the daemon watching (interleaving would need a
+    // daemon restart per sample; 10 each, medians compared).
+    let init = |n: usize| -> Result<Vec<f64>> {
+        (0..n)
+            .map(|_| {
+                let v = run_online(bins, &gpus[0], &["--count", "1", "--think-us", "0"])?;
+                v["context_init_us"]
+                    .as_f64()
+                    .context("online printed no context_init_us")
+            })
+            .collect()
+    };
+    let without = valve_ctl::stats::summarize_us(&init(10)?);
     let t0 = Instant::now();
     let daemon = Daemon::start(vc, &sock, &state, &log)?;
     r.line(&format!(
         "Daemon answering {:.0} ms after start.",
         t0.elapsed().as_secs_f64() * 1e3
     ));
+    let with = valve_ctl::stats::summarize_us(&init(10)?);
+    let slower = with.p50_us / without.p50_us - 1.0;
+    r.line(&format!(
+        "CUDA context creation (cudaSetDevice + cudaFree(0)), 10 runs each: p50 {:.1} ms without the daemon, {:.1} ms with it ({:+.1}%).",
+        without.p50_us / 1e3, with.p50_us / 1e3, slower * 100.0
+    ));
+    r.check(
+        "CUDA context creation with the daemon running is at most 2% slower",
+        slower <= 0.02,
+        format!(
+            "{:+.2}% (p50 {:.0} vs {:.0} us)",
+            slower * 100.0,
+            with.p50_us,
+            without.p50_us
+        ),
+    );
     let g0 = &gpus[0];
     let a = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
     let b = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
