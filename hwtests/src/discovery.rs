@@ -159,29 +159,28 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
         dir.join("state"),
         out.join("daemon.log"),
     );
-    // CUDA context creation without, then with the daemon watching (interleaving would need a
-    // daemon restart per sample; 10 each, medians compared).
-    let init = |n: usize| -> Result<Vec<f64>> {
-        (0..n)
-            .map(|_| {
-                let v = run_online(bins, &gpus[0], &["--count", "1", "--think-us", "0"])?;
-                v["context_init_us"]
-                    .as_f64()
-                    .context("online printed no context_init_us")
-            })
-            .collect()
+    // CUDA context creation without and with the daemon watching, interleaved (the daemon is
+    // started and stopped between samples) so that drift hits both alike.
+    let init = || -> Result<f64> {
+        let v = run_online(bins, &gpus[0], &["--count", "1", "--think-us", "0"])?;
+        v["context_init_us"]
+            .as_f64()
+            .context("online printed no context_init_us")
     };
-    let without = valve_ctl::stats::summarize_us(&init(10)?);
-    let t0 = Instant::now();
-    let daemon = Daemon::start(vc, &sock, &state, &log)?;
-    r.line(&format!(
-        "Daemon answering {:.0} ms after start.",
-        t0.elapsed().as_secs_f64() * 1e3
-    ));
-    let with = valve_ctl::stats::summarize_us(&init(10)?);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        without.push(init()?);
+        let d = Daemon::start(vc, &sock, &state, &log)?;
+        with.push(init()?);
+        d.stop()?;
+    }
+    let (without, with) = (
+        valve_ctl::stats::summarize_us(&without),
+        valve_ctl::stats::summarize_us(&with),
+    );
     let slower = with.p50_us / without.p50_us - 1.0;
     r.line(&format!(
-        "CUDA context creation (cudaSetDevice + cudaFree(0)), 10 runs each: p50 {:.1} ms without the daemon, {:.1} ms with it ({:+.1}%).",
+        "CUDA context creation (cudaSetDevice + cudaFree(0)), 10 interleaved pairs: p50 {:.1} ms without the daemon, {:.1} ms with it ({:+.1}%).",
         without.p50_us / 1e3, with.p50_us / 1e3, slower * 100.0
     ));
     r.check(
@@ -194,6 +193,12 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
             without.p50_us
         ),
     );
+    let t0 = Instant::now();
+    let daemon = Daemon::start(vc, &sock, &state, &log)?;
+    r.line(&format!(
+        "Daemon answering {:.0} ms after start.",
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
     let g0 = &gpus[0];
     let a = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
     let b = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
