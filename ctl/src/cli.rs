@@ -107,6 +107,13 @@ pub enum Command {
     },
     /// List the GPU processes the daemon knows: GPUs, client, TSGs, channels, state.
     Ps,
+    /// Check what this node supports: driver (open module?), GSP, device-file exposure, root,
+    /// BPF, and (root) channel control on a self-started CUDA test load, including whether the
+    /// driver serialises preemption across GPUs (stock) or not (patched).
+    Doctor,
+    /// (internal) The CUDA test load `doctor` starts.
+    #[command(hide = true)]
+    TestLoad,
     /// The daemon's state: uptime, events seen, what is preempted.
     Status,
     /// Preempt and resume in a loop and print p50/p99/max of each step.
@@ -436,6 +443,38 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
         )
         .map_err(|e| CliError::Daemon(e.code, e.message)),
         Command::Ps | Command::Status => client_command(cli, out, signals),
+        Command::TestLoad => match crate::doctor::test_load() {
+            0 => Ok(()),
+            code => Err(CliError::Daemon(code, "the CUDA test load failed".into())),
+        },
+        Command::Doctor => {
+            let exe = std::env::current_exe().map_err(CliError::Io)?;
+            let findings = crate::doctor::run(&exe);
+            if cli.json {
+                writeln!(out, "{}", json!({"findings": findings}))?;
+            } else {
+                for f in &findings {
+                    let tag = match f.status {
+                        crate::doctor::Status::Ok => "ok  ",
+                        crate::doctor::Status::Warn => "WARN",
+                        crate::doctor::Status::Fail => "FAIL",
+                        crate::doctor::Status::Skip => "skip",
+                    };
+                    writeln!(out, "[{tag}] {:<16} {}", f.check, f.detail)?;
+                }
+            }
+            if findings
+                .iter()
+                .any(|f| f.status == crate::doctor::Status::Fail)
+            {
+                Err(CliError::Daemon(
+                    1,
+                    "doctor found problems (FAIL lines above)".into(),
+                ))
+            } else {
+                Ok(())
+            }
+        }
         Command::Preempt { targets, .. } if targets.pid.is_some() => {
             client_command(cli, out, signals)
         }
@@ -715,8 +754,12 @@ pub fn execute<D: RmDriver>(
             }
             Ok(())
         }
-        Command::Daemon { .. } | Command::Ps | Command::Status => Err(CliError::Usage(
-            "this command is served by the daemon".into(),
+        Command::Daemon { .. }
+        | Command::Ps
+        | Command::Status
+        | Command::Doctor
+        | Command::TestLoad => Err(CliError::Usage(
+            "this command does not run against a controller".into(),
         )),
         Command::Preempt {
             targets,

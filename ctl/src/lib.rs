@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod controller;
 pub mod daemon;
+pub mod doctor;
 pub mod driver;
 pub mod error;
 pub mod gpu;

@@ -1,0 +1,413 @@
+//! `valvectl doctor`: what this node supports (driver, GSP, BPF, root, device-file exposure) and,
+//! with a self-started CUDA test load, whether channel control works and whether the driver
+//! serialises it across GPUs (stock: global lock) or not (patched: per-GPU lock).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use valve_ebpf::{Registry, WatchConfig, Watcher};
+
+use crate::controller::{ChannelTarget, Controller, PreemptMode};
+use crate::driver::DriverInfo;
+use crate::stats::summarize_us;
+
+/// A check's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Works, but something needs attention.
+    Warn,
+    /// Valve cannot work here until this is fixed.
+    Fail,
+    /// Not checked (and why).
+    Skip,
+}
+
+/// One line of the doctor's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    /// What was checked.
+    pub check: &'static str,
+    /// The outcome.
+    pub status: Status,
+    /// What was found, and the fix where there is one.
+    pub detail: String,
+}
+
+fn finding(check: &'static str, status: Status, detail: impl Into<String>) -> Finding {
+    Finding {
+        check,
+        status,
+        detail: detail.into(),
+    }
+}
+
+/// GSP state from a `/proc/driver/nvidia/gpus/<bus>/information` file: `Some(true)` when its
+/// "GPU Firmware" line names a version, `Some(false)` for "N/A", `None` without the line.
+pub fn parse_gsp(information: &str) -> Option<bool> {
+    let line = information
+        .lines()
+        .find(|l| l.trim_start().starts_with("GPU Firmware:"))?;
+    let value = line.split_once(':')?.1.trim();
+    Some(!value.is_empty() && !value.eq_ignore_ascii_case("N/A"))
+}
+
+/// The lock the driver takes for FIFO_DISABLE_CHANNELS, judged from the p50 wall time of one
+/// GPU and of `n` GPUs disabled in parallel.
+pub fn classify_lock(single_us: f64, parallel_us: f64, n: usize) -> (&'static str, String) {
+    let ratio = parallel_us / single_us;
+    let detail = format!(
+        "{n} GPUs in parallel take {parallel_us:.0} us, one GPU {single_us:.0} us ({ratio:.2}x)"
+    );
+    if ratio >= 0.6 * n as f64 {
+        ("stock: global lock", detail)
+    } else if ratio <= 1.0 + 0.25 * (n as f64 - 1.0) {
+        ("patched: per-GPU lock", detail)
+    } else {
+        ("unclear", detail)
+    }
+}
+
+fn device_files() -> Vec<(String, u32)> {
+    let mut v = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/dev") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let is_nv = name == "nvidiactl"
+                || (name.starts_with("nvidia")
+                    && name[6..].chars().all(|c| c.is_ascii_digit())
+                    && name.len() > 6);
+            if is_nv {
+                if let Ok(m) = e.metadata() {
+                    v.push((format!("/dev/{name}"), m.permissions().mode() & 0o777));
+                }
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+/// Runs every check. `test_load` is the command that starts the CUDA test load (normally
+/// `valvectl test-load`).
+pub fn run(test_load: &std::path::Path) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let driver = DriverInfo::read();
+    match &driver {
+        Ok(d) if d.open_module => out.push(finding(
+            "driver",
+            Status::Ok,
+            format!("{} (open kernel module)", d.version),
+        )),
+        Ok(d) => out.push(finding(
+            "driver",
+            Status::Fail,
+            format!(
+                "{}: proprietary module; Valve needs the open kernel module of the same version",
+                d.version
+            ),
+        )),
+        Err(e) => out.push(finding("driver", Status::Fail, e.to_string())),
+    }
+    // GSP, per GPU.
+    let mut gsp = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc/driver/nvidia/gpus") {
+        for e in dir.flatten() {
+            let info = std::fs::read_to_string(e.path().join("information")).unwrap_or_default();
+            gsp.push((
+                e.file_name().to_string_lossy().to_string(),
+                parse_gsp(&info),
+            ));
+        }
+    }
+    gsp.sort();
+    if gsp.is_empty() {
+        out.push(finding(
+            "gsp",
+            Status::Skip,
+            "no /proc/driver/nvidia/gpus entries",
+        ));
+    } else {
+        let on = gsp.iter().filter(|g| g.1 == Some(true)).count();
+        let status = if on == gsp.len() {
+            Status::Ok
+        } else {
+            Status::Warn
+        };
+        out.push(finding(
+            "gsp",
+            status,
+            format!(
+                "GSP firmware on {on} of {} GPU(s){}",
+                gsp.len(),
+                if on == gsp.len() {
+                    "; the driver patch's ROUTE_TO_PHYSICAL path applies"
+                } else {
+                    "; without GSP the driver patch does not apply to those GPUs"
+                }
+            ),
+        ));
+    }
+    // Exposure.
+    let files = device_files();
+    let open: Vec<&(String, u32)> = files.iter().filter(|f| f.1 & 0o006 == 0o006).collect();
+    if files.is_empty() {
+        out.push(finding(
+            "device files",
+            Status::Fail,
+            "no /dev/nvidiactl or /dev/nvidiaN: the driver is not loaded or not visible here",
+        ));
+    } else if !open.is_empty() {
+        out.push(finding("device files", Status::Warn, format!(
+            "{} of {} NVIDIA device files are world read-writable (e.g. {} {:o}): FIFO_DISABLE_CHANNELS is non-privileged and RM handles are predictable, so ANY local user can freeze ANY other user's GPU work. Restrict them (nvidia module options NVreg_DeviceFileUID/GID/Mode) to the users who run GPU jobs",
+            open.len(), files.len(), open[0].0, open[0].1)));
+    } else {
+        out.push(finding(
+            "device files",
+            Status::Ok,
+            format!("{} files, none world-writable", files.len()),
+        ));
+    }
+    let root = nix::unistd::geteuid().is_root();
+    out.push(finding("root", if root { Status::Ok } else { Status::Warn }, if root { "running as root".to_string() } else { "not root: the daemon and the BPF/test-load checks below need root (sudo valvectl doctor)".to_string() }));
+    let ctl = match Controller::open() {
+        Ok(c) => {
+            out.push(finding(
+                "rm client",
+                Status::Ok,
+                format!("Valve's RM client opened {} GPU(s)", c.gpus().len()),
+            ));
+            Some(c)
+        }
+        Err(e) => {
+            out.push(finding("rm client", Status::Fail, e.to_string()));
+            None
+        }
+    };
+    if !root {
+        out.push(finding("bpf", Status::Skip, "needs root"));
+        out.push(finding(
+            "channel control",
+            Status::Skip,
+            "needs root (the test load's channels are learned with BPF)",
+        ));
+        return out;
+    }
+    let watcher = match Watcher::start(WatchConfig::default()) {
+        Ok(w) => {
+            out.push(finding("bpf", Status::Ok, "BPF programs loaded on syscalls/sys_enter_ioctl, sys_exit_ioctl and sched_process_exit"));
+            w
+        }
+        Err(e) => {
+            out.push(finding("bpf", Status::Fail, e.to_string()));
+            return out;
+        }
+    };
+    let Some(ctl) = ctl else { return out };
+    match channel_checks(&ctl, &watcher, test_load) {
+        Ok(mut f) => out.append(&mut f),
+        Err(e) => out.push(finding("channel control", Status::Fail, e)),
+    }
+    out
+}
+
+fn channel_checks(
+    ctl: &Controller,
+    watcher: &Watcher,
+    test_load: &std::path::Path,
+) -> Result<Vec<Finding>, String> {
+    let mut child = Command::new(test_load)
+        .arg("test-load")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting the CUDA test load: {e}"))?;
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    let result = (|| {
+        if !line.starts_with("ready") {
+            return Err(format!(
+                "the CUDA test load did not start (it printed {:?}); is libcuda.so.1 installed?",
+                line.trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let mut reg = Registry::new();
+        for ev in watcher.drain() {
+            reg.apply(&ev);
+        }
+        let pid = child.id();
+        let gpus = ctl.gpus();
+        let mut per_gpu: Vec<Vec<ChannelTarget>> = Vec::new();
+        for g in &gpus {
+            let t: Vec<ChannelTarget> = reg
+                .channels(pid, g.device_instance)
+                .into_iter()
+                .map(|(client, channel)| ChannelTarget {
+                    gpu: g.index,
+                    client,
+                    channel,
+                })
+                .collect();
+            per_gpu.push(t);
+        }
+        let mut out = Vec::new();
+        let mut single = Vec::new();
+        for (i, t) in per_gpu.iter().enumerate() {
+            if t.is_empty() {
+                out.push(finding(
+                    "channel control",
+                    Status::Fail,
+                    format!("GPU {i}: the test load's channels were not observed"),
+                ));
+                continue;
+            }
+            let plan = ctl
+                .plan(t, PreemptMode::Preempt)
+                .map_err(|e| e.to_string())?;
+            let mut walls = Vec::new();
+            for _ in 0..20 {
+                let t0 = Instant::now();
+                let g = ctl.disable(&plan).map_err(|e| format!("GPU {i}: {e}"))?;
+                walls.push(t0.elapsed().as_secs_f64() * 1e6);
+                g.enable().map_err(|e| format!("GPU {i}: {e}"))?;
+            }
+            let s = summarize_us(&walls);
+            single.push(s.p50_us);
+            out.push(finding("channel control", Status::Ok, format!("GPU {i} ({}): disable/enable of {} test-load channel(s) works; disable p50 {:.0} us", gpus[i].name, t.len(), s.p50_us)));
+        }
+        let all: Vec<ChannelTarget> = per_gpu.iter().flatten().copied().collect();
+        let n = per_gpu.iter().filter(|t| !t.is_empty()).count();
+        if n >= 2 {
+            let plan = ctl
+                .plan(&all, PreemptMode::Preempt)
+                .map_err(|e| e.to_string())?;
+            let mut walls = Vec::new();
+            for _ in 0..20 {
+                let t0 = Instant::now();
+                let g = ctl.disable(&plan).map_err(|e| e.to_string())?;
+                walls.push(t0.elapsed().as_secs_f64() * 1e6);
+                g.enable().map_err(|e| e.to_string())?;
+            }
+            let mut s = single.clone();
+            s.sort_by(f64::total_cmp);
+            let (verdict, detail) = classify_lock(s[s.len() / 2], summarize_us(&walls).p50_us, n);
+            let status = if verdict.starts_with("patched") {
+                Status::Ok
+            } else {
+                Status::Warn
+            };
+            out.push(finding("multi-GPU lock", status, format!("{verdict}: {detail}{}", if verdict.starts_with("stock") { "; apply the driver patch (scripts/patch-driver.sh) so GPUs preempt in parallel" } else { "" })));
+        } else {
+            out.push(finding(
+                "multi-GPU lock",
+                Status::Skip,
+                "needs channels on 2 or more GPUs",
+            ));
+        }
+        Ok(out)
+    })();
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"\n");
+    }
+    drop(child.stdin.take());
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// `valvectl test-load`: creates a CUDA context on every GPU through libcuda (loaded at run time),
+/// runs a memset on each so its channels exist, prints `ready N` and waits for stdin to close.
+pub fn test_load() -> i32 {
+    type Fn1 = unsafe extern "C" fn(u32) -> i32;
+    type FnCount = unsafe extern "C" fn(*mut i32) -> i32;
+    type FnGet = unsafe extern "C" fn(*mut i32, i32) -> i32;
+    type FnRetain = unsafe extern "C" fn(*mut *mut libc::c_void, i32) -> i32;
+    type FnSetCurrent = unsafe extern "C" fn(*mut libc::c_void) -> i32;
+    type FnAlloc = unsafe extern "C" fn(*mut u64, usize) -> i32;
+    type FnMemset = unsafe extern "C" fn(u64, u8, usize) -> i32;
+    type FnSync = unsafe extern "C" fn() -> i32;
+    // SAFETY: dlopen with a constant NUL-terminated name; a null result is handled.
+    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    if lib.is_null() {
+        eprintln!("test-load: libcuda.so.1 not found: install the NVIDIA user-space driver");
+        return 1;
+    }
+    let sym = |name: &std::ffi::CStr| {
+        // SAFETY: `lib` is a live handle from dlopen; `name` is NUL-terminated.
+        let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+        if p.is_null() {
+            eprintln!("test-load: libcuda lacks {name:?}");
+            std::process::exit(1);
+        }
+        p
+    };
+    // SAFETY: each symbol is transmuted to the C signature the CUDA driver API documents for it
+    // (cuInit, cuDeviceGetCount, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent,
+    // cuMemAlloc_v2, cuMemsetD8_v2, cuCtxSynchronize); all pointers passed are to live locals.
+    unsafe {
+        let init: Fn1 = std::mem::transmute(sym(c"cuInit"));
+        let count: FnCount = std::mem::transmute(sym(c"cuDeviceGetCount"));
+        let get: FnGet = std::mem::transmute(sym(c"cuDeviceGet"));
+        let retain: FnRetain = std::mem::transmute(sym(c"cuDevicePrimaryCtxRetain"));
+        let set_current: FnSetCurrent = std::mem::transmute(sym(c"cuCtxSetCurrent"));
+        let alloc: FnAlloc = std::mem::transmute(sym(c"cuMemAlloc_v2"));
+        let memset: FnMemset = std::mem::transmute(sym(c"cuMemsetD8_v2"));
+        let sync: FnSync = std::mem::transmute(sym(c"cuCtxSynchronize"));
+        let check = |what: &str, r: i32| {
+            if r != 0 {
+                eprintln!("test-load: {what} failed with CUDA error {r}");
+                std::process::exit(1);
+            }
+        };
+        check("cuInit", init(0));
+        let mut n = 0;
+        check("cuDeviceGetCount", count(&mut n));
+        for i in 0..n {
+            let mut dev = 0;
+            check("cuDeviceGet", get(&mut dev, i));
+            let mut ctx = std::ptr::null_mut();
+            check("cuDevicePrimaryCtxRetain", retain(&mut ctx, dev));
+            check("cuCtxSetCurrent", set_current(ctx));
+            let mut ptr = 0u64;
+            check("cuMemAlloc", alloc(&mut ptr, 1 << 20));
+            check("cuMemsetD8", memset(ptr, 0, 1 << 20));
+            check("cuCtxSynchronize", sync());
+        }
+        println!("ready {n}");
+    }
+    let _ = std::io::stdout().flush();
+    let mut buf = String::new();
+    let _ = std::io::stdin().read_line(&mut buf);
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gsp_line_parsing() {
+        let on =
+            "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-1\nGPU Firmware: \t 580.159.04\n";
+        assert_eq!(parse_gsp(on), Some(true));
+        assert_eq!(parse_gsp("Model: x\nGPU Firmware: \t N/A\n"), Some(false));
+        assert_eq!(parse_gsp("Model: x\n"), None);
+    }
+
+    #[test]
+    fn lock_classification() {
+        // Measured on 2xH200 with the stock driver: 1791 us for 2 GPUs vs ~825 us for one.
+        assert_eq!(classify_lock(825.0, 1791.0, 2).0, "stock: global lock");
+        assert_eq!(classify_lock(825.0, 2500.0, 4).0, "stock: global lock");
+        assert_eq!(classify_lock(825.0, 900.0, 2).0, "patched: per-GPU lock");
+        assert_eq!(classify_lock(825.0, 1000.0, 4).0, "patched: per-GPU lock");
+        assert_eq!(classify_lock(825.0, 1500.0, 4).0, "unclear");
+    }
+}
