@@ -482,35 +482,45 @@ fn bench_ioctl_cost() {
     );
     drop(w);
 
-    // Full path: stash, read back at exit, ring buffer, decode on the polling thread.
-    let w = start_or_skip(WatchConfig {
-        device_major: MEM_MAJOR,
-        test_accept_enotty: true,
-        ..WatchConfig::default()
-    })
-    .unwrap();
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let me = std::process::id();
-    let drainer = std::thread::scope(|sc| {
-        let h = sc.spawn(|| {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                n += w.drain().iter().filter(|e| e.pid == me).count() as u64;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            n + w.drain().iter().filter(|e| e.pid == me).count() as u64
+    // Full path: stash, read back at exit, ring buffer, decode on the polling thread; once with
+    // a wake-up per event (the default) and once batched (what the daemon uses).
+    for batched in [false, true] {
+        let w = start_or_skip(WatchConfig {
+            device_major: MEM_MAJOR,
+            test_accept_enotty: true,
+            batched_delivery: batched,
+            poll_interval: if batched {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(50)
+            },
+            ..WatchConfig::default()
+        })
+        .unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let me = std::process::id();
+        let drainer = std::thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += w.drain().iter().filter(|e| e.pid == me).count() as u64;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                n + w.drain().iter().filter(|e| e.pid == me).count() as u64
+            });
+            let full = ns_per_ioctl(fd, NV_IOCTL_RM_ALLOC_NVOS64, N);
+            std::thread::sleep(Duration::from_millis(300));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let delivered = h.join().unwrap();
+            (full, delivered)
         });
-        let full = ns_per_ioctl(fd, NV_IOCTL_RM_ALLOC_NVOS64, N);
-        std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let delivered = h.join().unwrap();
-        (full, delivered)
-    });
-    let (full, delivered) = drainer;
-    println!(
-        "watcher, watched major, reported:  RM_ALLOC {full:7.1} ns (+{:.1}); {delivered} of {} events delivered, stats {:?}",
+        let (full, delivered) = drainer;
+        println!(
+        "watcher, watched major, reported{}: RM_ALLOC {full:7.1} ns (+{:.1}); {delivered} of {} events delivered, stats {:?}",
+        if batched { ", batched" } else { "" },
         full - base_rm,
         5 * N,
         w.stats()
     );
+    }
 }
