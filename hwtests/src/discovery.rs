@@ -19,13 +19,17 @@ use crate::Report;
 type Tree = BTreeSet<(u32, u32, Vec<u32>)>;
 
 fn truth(h: &Hog) -> Tree {
-    h.objects
+    truth_of(&h.objects)
+}
+
+fn truth_of(objects: &crate::ioctl_log::ProcessObjects) -> Tree {
+    objects
         .gpus
         .iter()
         .map(|g| {
             let mut c: Vec<u32> = g.all_channels().iter().map(|c| c.0).collect();
             c.sort();
-            (g.device_instance, h.objects.client.0, c)
+            (g.device_instance, objects.client.0, c)
         })
         .collect()
 }
@@ -145,6 +149,75 @@ fn frozen_for(hb: &Heartbeat, d: Duration) -> bool {
     a == hb.snapshot()
 }
 
+/// A process with channels on every GPU (`valvectl test-load`): registry vs ground truth, and
+/// `preempt --pid` on all its GPUs at once.
+fn multi_gpu_process(
+    bins: &Bins,
+    gpus: &[GpuInfo],
+    vc: &Path,
+    sock: &Path,
+    dir: &Path,
+    r: &mut Report,
+) -> Result<()> {
+    use std::io::{BufRead, Write};
+    let log = dir.join("test-load.ioctl.log");
+    let mut child = Command::new(vc)
+        .arg("test-load")
+        .env("LD_PRELOAD", &bins.logger)
+        .env("VALVE_IOCTL_LOG", &log)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let pid = child.id();
+    let result = (|| -> Result<()> {
+        if !line.starts_with("ready") {
+            bail!("valvectl test-load did not start: {line:?}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let want = truth_of(&crate::ioctl_log::parse(
+            &std::fs::read_to_string(&log)?,
+            pid,
+        )?);
+        let (_, ps, _) = vc_json(vc, sock, &["ps"])?;
+        let got = from_ps(&ps, pid);
+        r.check(
+            "daemon's registry equals the ground truth for a process with channels on every GPU",
+            got.as_ref() == Some(&want) && want.len() == gpus.len(),
+            format!(
+                "{} GPU(s), {} channel(s)",
+                want.len(),
+                want.iter().map(|t| t.2.len()).sum::<usize>()
+            ),
+        );
+        let (rc, data, err) = vc_json(
+            vc,
+            sock,
+            &["preempt", "--pid", &pid.to_string(), "--detach"],
+        )?;
+        let (rc2, _, err2) = vc_json(vc, sock, &["resume", "--pid", &pid.to_string()])?;
+        r.check(
+            "preempt --pid covers all GPUs of a multi-GPU process, resume undoes it",
+            rc == 0 && rc2 == 0 && data["preempted"]["gpus"].as_u64() == Some(gpus.len() as u64),
+            format!(
+                "preempted {} channel(s) on {} GPU(s) in {} us wall; {}{}",
+                data["preempted"]["channels"],
+                data["preempted"]["gpus"],
+                data["preempted"]["disable"]["wall"],
+                err.trim(),
+                err2.trim()
+            ),
+        );
+        Ok(())
+    })();
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"\n");
+    }
+    let _ = child.wait();
+    result
+}
+
 /// Runs the discovery experiment.
 pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report) -> Result<()> {
     r.line("\n## Discovery: the eBPF daemon, `ps`, `preempt --pid`, crash recovery\n");
@@ -168,7 +241,7 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
             .context("online printed no context_init_us")
     };
     let (mut without, mut with) = (Vec::new(), Vec::new());
-    for _ in 0..10 {
+    for _ in 0..30 {
         without.push(init()?);
         let d = Daemon::start(vc, &sock, &state, &log)?;
         with.push(init()?);
@@ -180,7 +253,7 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
     );
     let slower = with.p50_us / without.p50_us - 1.0;
     r.line(&format!(
-        "CUDA context creation (cudaSetDevice + cudaFree(0)), 10 interleaved pairs: p50 {:.1} ms without the daemon, {:.1} ms with it ({:+.1}%).",
+        "CUDA context creation (cudaSetDevice + cudaFree(0)), 30 interleaved pairs: p50 {:.1} ms without the daemon, {:.1} ms with it ({:+.1}%).",
         without.p50_us / 1e3, with.p50_us / 1e3, slower * 100.0
     ));
     r.check(
@@ -243,6 +316,10 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
                 want.iter().map(|t| t.0).collect::<Vec<_>>()
             ),
         );
+    }
+
+    if gpus.len() > 1 {
+        multi_gpu_process(bins, gpus, vc, &sock, &dir, r)?;
     }
 
     let (rc, data, err) = vc_json(
