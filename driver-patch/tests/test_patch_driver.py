@@ -1,0 +1,200 @@
+"""Tests of patch_driver.py on SYNTHETIC source trees written here in the shapes of the 525-595
+branches (the real files are NVIDIA's and are never copied into this repository)."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+APPLIER = os.path.join(HERE, "..", "patch_driver.py")
+
+# Flag bit layouts: 525-550 and 560+ (values as in those branches' control.h).
+OLD_BITS = {"NON_PRIVILEGED": 0x10, "GPU_LOCK_DEVICE_ONLY": 0x40, "ROUTE_TO_PHYSICAL": 0x200, "API_LOCK_READONLY": 0x800}
+NEW_BITS = {"NON_PRIVILEGED": 0x8, "GPU_LOCK_DEVICE_ONLY": 0x10, "ROUTE_TO_PHYSICAL": 0x40, "API_LOCK_READONLY": 0x100,
+            "GSP_PLUGIN_FOR_VGPU_GSP": 0x10000}
+
+
+def write(path, data, mode="w"):
+    with open(path, mode) as f:
+        f.write(data)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def control_h(bits):
+    lines = ["// synthetic control.h for tests", "#define RMCTRL_FLAGS_NONE                 0x000000000"]
+    lines += [f"#define RMCTRL_FLAGS_{k:<28} 0x{v:09x}" for k, v in bits.items()]
+    return "\n".join(lines) + "\n"
+
+
+def entry(index, method_id, flags, func, amp=""):
+    return f"""    {{               /*  [{index}] */
+#if NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG({flags:#x}u)
+        /*pFunc=*/      (void (*)(void)) NULL,
+#else
+        /*pFunc=*/      (void (*)(void)) {amp}{func}_IMPL,
+#endif // NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG({flags:#x}u)
+        /*flags=*/      {flags:#x}u,
+        /*accessRight=*/0x0u,
+        /*methodId=*/   {method_id:#x}u,
+        /*paramSize=*/  sizeof(SYNTHETIC_PARAMS),
+        /*pClassInfo=*/ &(__nvoc_class_def_Subdevice.classInfo),
+#if NV_PRINTF_STRINGS_ALLOWED
+        /*func=*/       "{func}"
+#endif
+    }},
+"""
+
+
+def generated(flags, amp="", extra=()):
+    body = "// synthetic generated table\nstatic const struct NVOC_EXPORTED_METHOD_DEF table[] = {\n"
+    body += entry(211, 0x2080110A, 0x10, "subdeviceCtrlCmdDecoyA", amp)
+    body += entry(212, 0x2080110B, flags, "subdeviceCtrlCmdFifoDisableChannels", amp)
+    body += entry(213, 0x20801B0B, 0x10, "subdeviceCtrlCmdDecoyB", amp)
+    for e in extra:
+        body += e
+    return body + "};\n"
+
+
+def make_tree(root, version, bits, flags, amp="", extra=(), control=True):
+    os.makedirs(os.path.join(root, "src/nvidia/generated"))
+    os.makedirs(os.path.join(root, "src/nvidia/inc/kernel/rmapi"))
+    write(os.path.join(root, "version.mk"), f"NVIDIA_VERSION = {version}\n")
+    if control:
+        write(os.path.join(root, "src/nvidia/inc/kernel/rmapi/control.h"), control_h(bits))
+    write(os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c"), generated(flags, amp, extra))
+    return root
+
+
+def run(*args):
+    r = subprocess.run([sys.executable, APPLIER, *args], capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def gen_text(root):
+    return read(os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c"))
+
+
+class Applier(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def tree(self, name, *a, **kw):
+        return make_tree(os.path.join(self.dir, name), *a, **kw)
+
+    def assert_one_line_changed(self, before, after, old, new):
+        b, a = before.splitlines(), after.splitlines()
+        diff = [(x, y) for x, y in zip(b, a) if x != y]
+        self.assertEqual(len(b), len(a))
+        self.assertEqual(len(diff), 1, diff)
+        self.assertIn(f"/*flags=*/      {old:#x}u,", diff[0][0])
+        self.assertIn(f"/*flags=*/      {new:#x}u,", diff[0][1])
+
+    def test_each_branch_shape_gets_its_own_bit(self):
+        cases = [("525.147.05", OLD_BITS, 0x10, 0x50, ""), ("535.261.03", OLD_BITS, 0x810, 0x850, ""),
+                 ("560.35.03", NEW_BITS, 0x108, 0x118, ""), ("580.142", NEW_BITS, 0x10108, 0x10118, "&"),
+                 ("595.45.04", NEW_BITS, 0x10108, 0x10118, "&")]
+        for version, bits, old, new, amp in cases:
+            with self.subTest(version=version):
+                root = self.tree(version, version, bits, old, amp)
+                before = gen_text(root)
+                code, out = run("--src", root)
+                self.assertEqual(code, 0, out)
+                self.assertIn(version, out)
+                self.assert_one_line_changed(before, gen_text(root), old, new)
+
+    def test_route_to_physical_option(self):
+        root = self.tree("t", "580.142", NEW_BITS, 0x10108, "&")
+        before = gen_text(root)
+        code, out = run("--src", root, "--flag", "route-to-physical")
+        self.assertEqual(code, 0, out)
+        self.assert_one_line_changed(before, gen_text(root), 0x10108, 0x10148)
+
+    def test_idempotent_and_check_codes(self):
+        root = self.tree("t", "535.261.03", OLD_BITS, 0x810)
+        code, out = run("--src", root, "--check")
+        self.assertEqual(code, 10, out)
+        self.assertIn("not patched", out)
+        self.assertEqual(run("--src", root)[0], 0)
+        once = gen_text(root)
+        code, out = run("--src", root)
+        self.assertEqual(code, 0)
+        self.assertIn("already patched", out)
+        self.assertEqual(gen_text(root), once)
+        self.assertEqual(run("--src", root, "--check")[0], 0)
+
+    def test_check_changes_nothing(self):
+        root = self.tree("t", "570.211.01", NEW_BITS, 0x108)
+        before = gen_text(root)
+        run("--src", root, "--check")
+        self.assertEqual(gen_text(root), before)
+
+    def test_emitted_patch_is_one_line_and_stable(self):
+        root = self.tree("t", "580.142", NEW_BITS, 0x10108, "&")
+        p1, p2 = os.path.join(self.dir, "1.patch"), os.path.join(self.dir, "2.patch")
+        self.assertEqual(run("--src", root, "--emit-patch", p1)[0], 0)
+        self.assertEqual(run("--src", root, "--emit-patch", p2)[0], 0)  # already patched
+        text = read(p1)
+        self.assertEqual(text, read(p2))
+        changed = [l for l in text.splitlines() if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+        self.assertEqual(changed, ["-        /*flags=*/      0x10108u,", "+        /*flags=*/      0x10118u,"])
+
+    def test_refusals_change_nothing(self):
+        # Two entries with the method id.
+        root = self.tree("dup", "580.142", NEW_BITS, 0x10108, extra=[entry(300, 0x2080110B, 0x8, "dup")])
+        before = gen_text(root)
+        code, out = run("--src", root)
+        self.assertEqual(code, 4, out)
+        self.assertIn("2 entries", out)
+        self.assertEqual(gen_text(root), before)
+        # No such entry.
+        root = self.tree("none", "580.142", NEW_BITS, 0x10108)
+        path = os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c")
+        write(path, gen_text(root).replace("0x2080110bu", "0x2080110cu"))
+        code, out = run("--src", root)
+        self.assertEqual(code, 4, out)
+        self.assertIn("no exported-method entry", out)
+        # Entry without a flags line.
+        root = self.tree("noflags", "580.142", NEW_BITS, 0x10108)
+        path = os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c")
+        text = gen_text(root)
+        i = text.index("0x2080110bu")
+        j = text.rindex("/*flags=*/", 0, i)
+        write(path, text[:j] + "/*flagz=*/" + text[j + 10:])
+        code, out = run("--src", root)
+        self.assertEqual(code, 4, out)
+        self.assertIn("0 /*flags=*/ lines", out)
+        # control.h without the flag.
+        root = self.tree("noctl", "580.142", {"NON_PRIVILEGED": 8}, 0x10108)
+        code, out = run("--src", root)
+        self.assertEqual(code, 4, out)
+        self.assertIn("does not define RMCTRL_FLAGS_GPU_LOCK_DEVICE_ONLY", out)
+        # control.h missing.
+        root = self.tree("nocontrol", "580.142", NEW_BITS, 0x10108, control=False)
+        self.assertEqual(run("--src", root)[0], 4)
+
+    def test_refuses_packaged_and_proprietary_trees(self):
+        root = os.path.join(self.dir, "NVIDIA-Linux-x86_64-580.142")
+        os.makedirs(os.path.join(root, "kernel/nvidia"))
+        write(os.path.join(root, "kernel/nvidia/nv-kernel.o_binary"), b"\x7fELF", "wb")
+        code, out = run("--src", root)
+        self.assertEqual(code, 3, out)
+        self.assertIn("prebuilt resource manager", out)
+        empty = os.path.join(self.dir, "empty")
+        os.makedirs(empty)
+        code, out = run("--src", empty)
+        self.assertEqual(code, 4)
+        self.assertIn("not an open-gpu-kernel-modules tree", out)
+        self.assertEqual(run("--src", os.path.join(self.dir, "missing"))[0], 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
