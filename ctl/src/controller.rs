@@ -280,8 +280,23 @@ impl<D: RmDriver> Controller<D> {
     /// Disables (and, in [`PreemptMode::Preempt`], preempts) the plan's channels on all its GPUs
     /// at once. On failure, whatever this call disabled is enabled again before returning.
     pub fn disable<'a>(&'a self, plan: &'a PreemptPlan) -> Result<DisabledChannels<'a, D>> {
+        self.disable_with(plan, false)
+    }
+
+    /// Like [`Self::disable`], but one GPU after another on this thread, stopping at the first
+    /// failure (for comparison with the parallel path; with the stock driver's global lock it
+    /// is the faster of the two).
+    pub fn disable_serial<'a>(&'a self, plan: &'a PreemptPlan) -> Result<DisabledChannels<'a, D>> {
+        self.disable_with(plan, true)
+    }
+
+    fn disable_with<'a>(
+        &'a self,
+        plan: &'a PreemptPlan,
+        serial: bool,
+    ) -> Result<DisabledChannels<'a, D>> {
         let started = Instant::now();
-        let results = self.issue(plan, true, started);
+        let results = self.issue(plan, true, started, serial);
         let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.1.is_ok());
         if let Some((gpu, Err((done_chunks, err)))) = failed.into_iter().next() {
             // Roll back: enable every chunk that went through, on every GPU.
@@ -334,7 +349,7 @@ impl<D: RmDriver> Controller<D> {
     /// `valvectl` run). Tries every GPU even if one fails; returns the first failure.
     pub fn enable(&self, plan: &PreemptPlan) -> Result<BatchReport> {
         let started = Instant::now();
-        let results = self.issue(plan, false, started);
+        let results = self.issue(plan, false, started, false);
         let mut gpus = Vec::with_capacity(results.len());
         let mut first_err = None;
         for (_, r) in results {
@@ -396,7 +411,8 @@ impl<D: RmDriver> Controller<D> {
         })
     }
 
-    /// Issues a plan on all its GPUs: inline for one GPU; otherwise the calling thread takes the
+    /// Issues a plan on all its GPUs: inline for one GPU, or with `serial` one GPU after
+    /// another (a disable stops at the first failure); otherwise the calling thread takes the
     /// first GPU and one spawned thread each of the others, all released together by a barrier.
     #[allow(clippy::type_complexity)]
     fn issue(
@@ -404,12 +420,22 @@ impl<D: RmDriver> Controller<D> {
         plan: &PreemptPlan,
         disable: bool,
         started: Instant,
+        serial: bool,
     ) -> Vec<(usize, Result<GpuTiming, (usize, Error)>)> {
         let Some((first, rest)) = plan.batches.split_first() else {
             return Vec::new();
         };
-        if rest.is_empty() {
-            return vec![(first.slot, self.issue_gpu(first, disable, started))];
+        if rest.is_empty() || serial {
+            let mut results = Vec::with_capacity(plan.batches.len());
+            for batch in &plan.batches {
+                let r = self.issue_gpu(batch, disable, started);
+                let failed = r.is_err();
+                results.push((batch.slot, r));
+                if failed && disable {
+                    break;
+                }
+            }
+            return results;
         }
         let barrier = Barrier::new(plan.batches.len());
         std::thread::scope(|s| {
@@ -432,42 +458,6 @@ impl<D: RmDriver> Controller<D> {
                     .map(|h| h.join().expect("GPU issue thread panicked")),
             );
             results
-        })
-    }
-
-    /// Disables the plan one GPU after another on this thread (for comparison with [`Self::disable`]).
-    pub fn disable_serial<'a>(&'a self, plan: &'a PreemptPlan) -> Result<DisabledChannels<'a, D>> {
-        let started = Instant::now();
-        let mut gpus = Vec::with_capacity(plan.batches.len());
-        for (n, batch) in plan.batches.iter().enumerate() {
-            match self.issue_gpu(batch, true, started) {
-                Ok(t) => gpus.push(t),
-                Err((done, err)) => {
-                    for b in &plan.batches[..n] {
-                        for c in &b.chunks {
-                            let _ = self.issue_chunk(b.slot, c, false);
-                        }
-                    }
-                    for c in &batch.chunks[..done] {
-                        let _ = self.issue_chunk(batch.slot, c, false);
-                    }
-                    return Err(Error::PreemptFailed {
-                        gpu: batch.slot,
-                        cause: Box::new(err),
-                        rollback: "earlier GPUs were enabled again".into(),
-                    });
-                }
-            }
-        }
-        Ok(DisabledChannels {
-            ctl: self,
-            plan,
-            disable_report: BatchReport {
-                gpus,
-                wall: started.elapsed(),
-                started_at: Some(started),
-            },
-            enabled: false,
         })
     }
 }
