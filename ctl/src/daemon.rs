@@ -2,7 +2,8 @@
 //! registry of every CUDA process's channels, and serves pid-based preempt/resume over a socket.
 //!
 //! Everything it disables is written to `/run/valve/disabled.json` *before* the disable, so a
-//! restarted daemon re-enables it (a SIGKILLed daemon must not leave a job frozen). `DaemonCore`
+//! restarted daemon re-enables it (a SIGKILLed daemon must not leave a job frozen); the events
+//! that built the registry are journaled there too, so a restart still knows running processes. `DaemonCore`
 //! holds the logic and is tested with the fake RM; `run` adds the socket, BPF and signals.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +22,7 @@ use crate::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
 use crate::driver::{NvDriver, RmDriver};
 use crate::gpu::GpuSelector;
 use crate::ipc::{Reply, Request};
+use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::state::{reenable, DisabledRecord, StateFile};
 
 /// Exit code: the daemon is not running.
@@ -46,6 +48,7 @@ pub struct DaemonCore<D: RmDriver> {
     preempted: BTreeMap<u32, Preempted>,
     pre_existing: BTreeSet<u32>,
     state: StateFile,
+    journal: Journal,
     max_hold: Option<Duration>,
     started: Instant,
     events: u64,
@@ -53,6 +56,8 @@ pub struct DaemonCore<D: RmDriver> {
     pub recovered: usize,
     /// Records of the previous run that could not be re-enabled.
     pub recovery_failures: Vec<String>,
+    /// Processes whose registry entries were restored from the journal at start.
+    pub restored: Vec<u32>,
 }
 
 fn comm(pid: u32) -> String {
@@ -102,21 +107,50 @@ impl<D: RmDriver> DaemonCore<D> {
         max_hold: Option<Duration>,
         pre_existing: BTreeSet<u32>,
     ) -> crate::error::Result<Self> {
+        Self::with_start_time(ctl, state, max_hold, pre_existing, process_start_time)
+    }
+
+    /// [`DaemonCore::new`] with the way process start times are read (for tests).
+    pub fn with_start_time(
+        ctl: Controller<D>,
+        state: StateFile,
+        max_hold: Option<Duration>,
+        mut pre_existing: BTreeSet<u32>,
+        start_time: StartTimeFn,
+    ) -> crate::error::Result<Self> {
         let leftover = state.load()?;
         let (recovered, recovery_failures) = reenable(&ctl, &leftover);
         state.save(&[])?;
+        let dir = state
+            .path()
+            .parent()
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let mut journal = Journal::in_dir(&dir, start_time);
+        let mut registry = Registry::new();
+        let restored = journal.restore(&mut registry)?;
+        for pid in &restored {
+            pre_existing.remove(pid);
+        }
         Ok(DaemonCore {
             ctl,
-            registry: Registry::new(),
+            registry,
             preempted: BTreeMap::new(),
             pre_existing,
             state,
+            journal,
             max_hold,
             started: Instant::now(),
             events: 0,
             recovered,
             recovery_failures,
+            restored,
         })
+    }
+
+    /// Writes the journal now (at shutdown).
+    pub fn flush_journal(&mut self) -> crate::error::Result<()> {
+        self.journal.flush()
     }
 
     /// The controller.
@@ -136,7 +170,8 @@ impl<D: RmDriver> DaemonCore<D> {
     /// Folds one watcher event into the registry.
     pub fn on_event(&mut self, ev: &RmEvent) {
         self.events += 1;
-        self.registry.apply(ev);
+        let applied = self.registry.apply(ev);
+        self.journal.record(ev, &applied);
         if ev.kind == RmEventKind::Exit {
             self.pre_existing.remove(&ev.pid);
             // Its channels are gone with it: nothing left to re-enable.
@@ -150,6 +185,9 @@ impl<D: RmDriver> DaemonCore<D> {
 
     /// Resumes preemptions whose hold limit has passed; returns their pids.
     pub fn expire(&mut self, now: Instant) -> Vec<u32> {
+        if let Err(e) = self.journal.flush_if_due(now, Duration::from_millis(500)) {
+            tracing::error!("writing the registry journal: {e}");
+        }
         let due: Vec<u32> = self
             .preempted
             .iter()
@@ -180,6 +218,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 "state_file": self.state.path(),
                 "recovered_at_start": self.recovered,
                 "recovery_failures": self.recovery_failures,
+                "restored_from_journal": self.restored,
                 "gpus": self.ctl.gpus(),
             })),
             Request::Preempt {
@@ -525,6 +564,12 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
         pre_existing,
     )
     .map_err(|e| derr(1, format!("recovering state: {e}")))?;
+    if !core.restored.is_empty() {
+        tracing::warn!(
+            "restored {} running process(es) from the registry journal",
+            core.restored.len()
+        );
+    }
     if core.recovered > 0 || !core.recovery_failures.is_empty() {
         tracing::warn!(
             "re-enabled {} channel(s) a previous daemon had disabled; failures: {:?}",
@@ -587,6 +632,9 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
         }
     };
     let r = core.resume_all();
+    if let Err(e) = core.flush_journal() {
+        tracing::error!("writing the registry journal: {e}");
+    }
     let _ = std::fs::remove_file(&cfg.socket);
     drop(watcher);
     match (result, r.error) {
@@ -677,9 +725,90 @@ mod tests {
         ev
     }
 
+    /// Every test pid "runs" and was started at tick 42.
+    fn always_running(_: u32) -> Option<u64> {
+        Some(42)
+    }
+
+    fn started_later(_: u32) -> Option<u64> {
+        Some(43)
+    }
+
     fn core(rm: &Arc<FakeRm>, dir: &Path, max_hold: Option<Duration>) -> DaemonCore<Arc<FakeRm>> {
+        core_with(rm, dir, max_hold, always_running)
+    }
+
+    fn core_with(
+        rm: &Arc<FakeRm>,
+        dir: &Path,
+        max_hold: Option<Duration>,
+        start_time: StartTimeFn,
+    ) -> DaemonCore<Arc<FakeRm>> {
         let ctl = Controller::with_driver(rm.clone()).unwrap();
-        DaemonCore::new(ctl, StateFile::in_dir(dir), max_hold, BTreeSet::new()).unwrap()
+        DaemonCore::with_start_time(
+            ctl,
+            StateFile::in_dir(dir),
+            max_hold,
+            BTreeSet::new(),
+            start_time,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_restarted_daemon_still_knows_running_processes_but_not_reused_pids() {
+        let rm = Arc::new(FakeRm::host(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = core(&rm, dir.path(), None);
+        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 4) {
+            first.on_event(&e);
+        }
+        first.flush_journal().unwrap();
+        drop(first);
+        // Same pid, same start time: restored, and preempt --pid works on it.
+        let mut second = core(&rm, dir.path(), None);
+        assert_eq!(second.restored, vec![PID_A]);
+        let r = second.handle(Request::Preempt {
+            pid: PID_A,
+            gpu: None,
+            max_hold_ms: None,
+        });
+        assert_eq!(r.data["channels"], 4, "{r:?}");
+        assert!(second
+            .handle(Request::Resume { pid: PID_A })
+            .error
+            .is_none());
+        second.flush_journal().unwrap();
+        drop(second);
+        // The pid now belongs to a process started later: nothing is inherited.
+        let mut third = core_with(&rm, dir.path(), None, started_later);
+        assert!(third.restored.is_empty());
+        let r = third.handle(Request::Preempt {
+            pid: PID_A,
+            gpu: None,
+            max_hold_ms: None,
+        });
+        assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
+        assert!(rm.disabled().is_empty());
+    }
+
+    #[test]
+    fn the_journal_forgets_exited_processes() {
+        let rm = Arc::new(FakeRm::host(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = core(&rm, dir.path(), None);
+        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 2) {
+            first.on_event(&e);
+        }
+        first.on_event(&RmEvent {
+            ts_ns: 0,
+            pid: PID_A,
+            tid: PID_A,
+            kind: RmEventKind::Exit,
+        });
+        first.flush_journal().unwrap();
+        drop(first);
+        assert!(core(&rm, dir.path(), None).restored.is_empty());
     }
 
     const PID_A: u32 = 4_000_001;

@@ -15,6 +15,7 @@ pub mod driver;
 pub mod error;
 pub mod gpu;
 pub mod ipc;
+pub mod journal;
 pub mod state;
 pub mod stats;
 

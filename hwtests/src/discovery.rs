@@ -376,10 +376,18 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
             resumed_after.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3)).unwrap_or("NEVER".into())
         ),
     );
+    let (_, ps2, _) = vc_json(vc, &sock, &["ps"])?;
+    let kept =
+        from_ps(&ps2, a.pid()) == Some(truth(&a)) && from_ps(&ps2, b.pid()) == Some(truth(&b));
+    r.check(
+        "the restarted daemon still knows the processes started before it (registry journal)",
+        kept,
+        format!("A and B listed with all their channels after the restart: {kept}"),
+    );
     let (_, status, _) = vc_json(vc, &sock, &["status"])?;
     r.line(&format!(
-        "Restarted daemon's status: recovered_at_start = {}, recovery_failures = {}.",
-        status["recovered_at_start"], status["recovery_failures"]
+        "Restarted daemon's status: recovered_at_start = {}, recovery_failures = {}, restored_from_journal = {}.",
+        status["recovered_at_start"], status["recovery_failures"], status["restored_from_journal"]
     ));
     daemon2.stop()?;
     let mut ok = true;
