@@ -3,7 +3,8 @@
 an open-gpu-kernel-modules tree, so RM takes only the target GPU's lock for it instead of every GPU's.
 
 The entry is found by its method id, the flag's bit is read from the same tree's control.h, exactly
-one line changes, and a second run changes nothing. See docs/driver-patch.md for why this flag."""
+one line changes, and a second run changes nothing. See docs/driver-patch.md for why this flag and
+why a tree whose entry lacks API_LOCK_READONLY (the 525 branch) is refused."""
 import argparse
 import difflib
 import hashlib
@@ -18,6 +19,7 @@ FLAGS = {
     "gpu-lock-device-only": "RMCTRL_FLAGS_GPU_LOCK_DEVICE_ONLY",
     "route-to-physical": "RMCTRL_FLAGS_ROUTE_TO_PHYSICAL",
 }
+API_LOCK_READONLY = "RMCTRL_FLAGS_API_LOCK_READONLY"
 # Exit codes (documented in --help).
 OK, USAGE, PROPRIETARY, UNSUPPORTED, NOT_PATCHED = 0, 2, 3, 4, 10
 
@@ -34,11 +36,18 @@ class Refusal(Exception):
         self.code = code
 
 
+def read_text(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
 def read_version(src):
-    for name in ("version.mk", "src/nvidia/version.mk"):
+    """NVIDIA_VERSION from version.mk, else NV_VERSION_STRING from nvVer.h, else "unknown"."""
+    for name, pattern in (("version.mk", r"^NVIDIA_VERSION\s*=\s*(\S+)"),
+                          ("src/common/inc/nvVer.h", r'^#define\s+NV_VERSION_STRING\s+"([^"]+)"')):
         path = os.path.join(src, name)
         if os.path.exists(path):
-            m = re.search(r"^NVIDIA_VERSION\s*=\s*(\S+)", open(path, encoding="utf-8", errors="replace").read(), re.M)
+            m = re.search(pattern, read_text(path), re.M)
             if m:
                 return m.group(1)
     return "unknown"
@@ -69,23 +78,8 @@ def check_tree(src):
     return gen, ctl
 
 
-def plan(src, flag_key):
-    """Returns (version, path, lines, index of the flags line, old value, new value, flag name, bit)."""
-    gen, ctl = check_tree(src)
-    flag_name = FLAGS[flag_key]
-    bits = flag_bits(open(ctl, encoding="utf-8", errors="replace").read())
-    if flag_name not in bits:
-        raise Refusal(UNSUPPORTED, f"{CONTROL_H} does not define {flag_name}: unknown driver version layout")
-    bit = bits[flag_name]
-    if bit == 0 or bit & (bit - 1):
-        raise Refusal(UNSUPPORTED, f"{flag_name} is {bit:#x} in {CONTROL_H}, not a single bit")
-    lines = open(gen, encoding="utf-8", errors="surrogateescape").read().splitlines(keepends=True)
-    hits = [i for i, l in enumerate(lines) if (m := METHOD_RE.search(l)) and int(m.group(1), 16) == METHOD_ID]
-    if not hits:
-        raise Refusal(UNSUPPORTED, f"{GENERATED} has no exported-method entry with methodId {METHOD_ID:#x}")
-    if len(hits) > 1:
-        raise Refusal(UNSUPPORTED, f"{GENERATED} has {len(hits)} entries with methodId {METHOD_ID:#x}; refusing to guess")
-    at = hits[0]
+def entry_flags_line(lines, at):
+    """Index of the single /*flags=*/ line of the entry whose /*methodId=*/ line is `at`."""
     flag_lines = []
     for i in range(at - 1, max(at - 16, -1), -1):
         if ENTRY_START_RE.match(lines[i]) or METHOD_RE.search(lines[i]):
@@ -95,8 +89,47 @@ def plan(src, flag_key):
     if len(flag_lines) != 1:
         raise Refusal(UNSUPPORTED, f"the {METHOD_ID:#x} entry in {GENERATED} (line {at + 1}) has "
                                    f"{len(flag_lines)} /*flags=*/ lines; expected exactly one")
-    idx = flag_lines[0]
+    return flag_lines[0]
+
+
+def plan(src, flag_key):
+    """Returns (version, path, lines, index of the flags line, old value, new value, flag name, bit).
+
+    Raises Refusal for anything the one-line change would not be right for."""
+    gen, ctl = check_tree(src)
+    flag_name = FLAGS[flag_key]
+    bits = flag_bits(read_text(ctl))
+    for needed in (flag_name, API_LOCK_READONLY):
+        if needed not in bits:
+            raise Refusal(UNSUPPORTED, f"{CONTROL_H} does not define {needed}: unknown driver version layout")
+    bit = bits[flag_name]
+    if bit == 0 or bit & (bit - 1):
+        raise Refusal(UNSUPPORTED, f"{flag_name} is {bit:#x} in {CONTROL_H}, not a single bit")
+    with open(gen, encoding="utf-8", errors="surrogateescape") as f:
+        lines = f.read().splitlines(keepends=True)
+    # The entry's flags value is repeated in `#if NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG(...)` lines. Changing
+    # only the /*flags=*/ line is complete only while that macro ignores its argument, as it does in every
+    # generated file of 525-595 (defined as (0) in the file itself). Anything else: do not guess.
+    macro = [l for l in lines if re.match(r"\s*#\s*define\s+NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG\b", l)]
+    if len(macro) != 1 or not re.match(r"\s*#\s*define\s+NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG\(x\)\s+\(0\)\s*$",
+                                          macro[0]):
+        raise Refusal(UNSUPPORTED, f"{GENERATED} does not define NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG(x) as (0); "
+                                   "the flags value may matter elsewhere in the file, so a one-line change is not safe")
+    hits = [i for i, l in enumerate(lines) if (m := METHOD_RE.search(l)) and int(m.group(1), 16) == METHOD_ID]
+    if not hits:
+        raise Refusal(UNSUPPORTED, f"{GENERATED} has no exported-method entry with methodId {METHOD_ID:#x}")
+    if len(hits) > 1:
+        raise Refusal(UNSUPPORTED, f"{GENERATED} has {len(hits)} entries with methodId {METHOD_ID:#x}; refusing to guess")
+    idx = entry_flags_line(lines, hits[0])
     old = int(FLAGS_RE.match(lines[idx].rstrip("\r\n")).group("hex"), 16)
+    # GPU_LOCK_DEVICE_ONLY narrows only the GPU lock. If the control also takes the API lock for write (the 525
+    # branch: flags lack API_LOCK_READONLY), calls for different GPUs still run one at a time behind that lock,
+    # so the patch would change nothing measurable: refuse rather than pretend.
+    if flag_key == "gpu-lock-device-only" and not old & bit and not old & bits[API_LOCK_READONLY]:
+        raise Refusal(UNSUPPORTED, f"the entry's flags {old:#x} lack {API_LOCK_READONLY} "
+                                   f"({bits[API_LOCK_READONLY]:#x}): RM takes the API lock for write for this control "
+                                   "in this version, so a per-GPU lock would not let GPUs be preempted in parallel. "
+                                   "Use a 535 or newer driver (see docs/driver-patch.md)")
     return read_version(src), gen, lines, idx, old, old | bit, flag_name, bit
 
 
@@ -112,50 +145,74 @@ def unified_diff(lines, idx, new_line):
     return "".join(difflib.unified_diff(lines, after, "a/" + GENERATED, "b/" + GENERATED, n=3))
 
 
+def write_file(path, text):
+    with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as f:
+        f.write(text)
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode("utf-8", errors="surrogateescape")).hexdigest()
+
+
+HELP_EPILOG = """exit codes (the same with and without --check):
+   0  patched: the flag is set now, was set already ("already patched"), or (--check) is set
+  10  --check only: not patched (the entry lacks the flag); nothing changed
+   2  usage error, or --src is not a directory
+   3  refused: a prebuilt or proprietary driver (*.o_binary, no src/nvidia), not the source
+   4  unsupported: a tree this applier does not understand or will not patch (files missing,
+      no entry or several entries for the method id, flags not parseable, flag not defined,
+      or a 525-branch entry where the per-GPU lock would not help); nothing changed
+"""
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="patch-driver.sh",
         description="Apply Valve's one-line patch to an open-gpu-kernel-modules source tree: the "
                     "FIFO_DISABLE_CHANNELS control (0x2080110b) gets a flag that makes RM lock only the "
                     "target GPU, so preempting N GPUs costs about one GPU's time instead of N.",
-        epilog="exit codes: 0 patched now, already patched, or (--check) patched; 2 usage; "
-               "3 a prebuilt/proprietary driver, not the source; 4 a tree this applier does not "
-               "understand (nothing changed); 10 (--check) not patched",
+        epilog=HELP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", required=True, help="root of the open-gpu-kernel-modules tree (with src/nvidia and kernel-open)")
     p.add_argument("--check", action="store_true", help="report patched / not patched / unsupported; change nothing")
     p.add_argument("--flag", choices=sorted(FLAGS), default="gpu-lock-device-only",
-                   help="the flag to add (default: gpu-lock-device-only; see docs/driver-patch.md)")
+                   help="the flag to add (default: gpu-lock-device-only; route-to-physical is for experiments "
+                        "only, see docs/driver-patch.md)")
     p.add_argument("--emit-patch", metavar="FILE", help="also write the change as a unified diff to FILE")
     args = p.parse_args(argv)
     try:
         version, gen, lines, idx, old, new, flag_name, bit = plan(args.src, args.flag)
     except Refusal as e:
-        print(f"patch-driver: {e}", file=sys.stderr)
+        word = {PROPRIETARY: "refused", UNSUPPORTED: "unsupported"}.get(e.code, "error")
+        print(f"patch-driver: {word}: {e}", file=sys.stderr)
         return e.code
+    if args.flag == "route-to-physical":
+        print("patch-driver: warning: ROUTE_TO_PHYSICAL sends the control to GSP before the kernel-side check of "
+              "pRunlistPreemptEvent, and (550+) makes it fail on vGPU guests; use only for experiments",
+              file=sys.stderr)
     where = f"{GENERATED}:{idx + 1}"
-    print(f"driver {version}: FIFO_DISABLE_CHANNELS entry at {where}, flags {old:#x}, {flag_name} = {bit:#x}")
-    new_line = patched_line(lines[idx], new)
+    print(f"driver {version}: FIFO_DISABLE_CHANNELS entry (methodId {METHOD_ID:#x}) at {where}")
+    print(f"old flags {old:#x}; {flag_name} = {bit:#x} (from {CONTROL_H}); new flags {new:#x}")
     if old == new:
         print(f"already patched ({flag_name} is set); nothing changed")
         if args.emit_patch:
             # The patch relative to the unpatched line, so the emitted file is the same either way.
             unpatched = list(lines)
             unpatched[idx] = patched_line(lines[idx], old & ~bit)
-            open(args.emit_patch, "w").write(unified_diff(unpatched, idx, lines[idx]))
+            write_file(args.emit_patch, unified_diff(unpatched, idx, lines[idx]))
         return OK
     if args.check:
         print(f"not patched: flags {old:#x} lack {flag_name}; run without --check to set it ({old:#x} -> {new:#x})")
         return NOT_PATCHED
+    new_line = patched_line(lines[idx], new)
     diff = unified_diff(lines, idx, new_line)
     lines[idx] = new_line
     tmp = gen + ".valve-tmp"
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="") as f:
-        f.writelines(lines)
+    write_file(tmp, "".join(lines))
     os.replace(tmp, gen)
     if args.emit_patch:
-        open(args.emit_patch, "w").write(diff)
-    print(f"patched: {where} flags {old:#x} -> {new:#x} (sha256 of the change: {hashlib.sha256(diff.encode()).hexdigest()})")
+        write_file(args.emit_patch, diff)
+    print(f"patched: {where} flags {old:#x} -> {new:#x} (sha256 of the change: {sha256(diff)})")
     return OK
 
 

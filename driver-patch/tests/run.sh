@@ -2,7 +2,7 @@
 # Tests of the driver-patch applier on synthetic trees; prints "N passed, M failed".
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out=$(python3 -W error::ResourceWarning -m unittest -v "$here/test_patch_driver.py" 2>&1)
+out=$(PYTHONDONTWRITEBYTECODE=1 python3 -W error::ResourceWarning -m unittest -v "$here/test_patch_driver.py" 2>&1)
 rc=$?
 echo "$out" | grep -E "\.\.\. |^(FAIL|ERROR):" | head -40
 total=$(echo "$out" | sed -n 's/^Ran \([0-9]*\) tests\?.*/\1/p')

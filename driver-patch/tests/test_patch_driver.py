@@ -50,23 +50,32 @@ def entry(index, method_id, flags, func, amp=""):
 """
 
 
-def generated(flags, amp="", extra=()):
-    body = "// synthetic generated table\nstatic const struct NVOC_EXPORTED_METHOD_DEF table[] = {\n"
+MACRO = "#define NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG(x)      (0)\n"
+
+
+def generated(flags, amp="", extra=(), macro=MACRO):
+    body = "// synthetic generated table\n" + macro
+    body += "static const struct NVOC_EXPORTED_METHOD_DEF table[] = {\n"
     body += entry(211, 0x2080110A, 0x10, "subdeviceCtrlCmdDecoyA", amp)
     body += entry(212, 0x2080110B, flags, "subdeviceCtrlCmdFifoDisableChannels", amp)
     body += entry(213, 0x20801B0B, 0x10, "subdeviceCtrlCmdDecoyB", amp)
+    body += entry(214, 0x2080110B0, 0x810, "subdeviceCtrlCmdDecoyLongerId", amp)
     for e in extra:
         body += e
-    return body + "};\n"
+    body += "};\n\n// decoys outside the table: a comment naming the id, and a similar id\n"
+    body += "    // subdeviceCtrlCmdFifoDisableChannels -- exported (id=0x2080110b)\n"
+    body += f"#if !NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG({flags:#x}u)\n#endif\n"
+    body += "static const unsigned similar = 0x2080110bau; /*methodId=*/ /* 0x2080110b0u */\n"
+    return body
 
 
-def make_tree(root, version, bits, flags, amp="", extra=(), control=True):
+def make_tree(root, version, bits, flags, amp="", extra=(), control=True, macro=MACRO):
     os.makedirs(os.path.join(root, "src/nvidia/generated"))
     os.makedirs(os.path.join(root, "src/nvidia/inc/kernel/rmapi"))
     write(os.path.join(root, "version.mk"), f"NVIDIA_VERSION = {version}\n")
     if control:
         write(os.path.join(root, "src/nvidia/inc/kernel/rmapi/control.h"), control_h(bits))
-    write(os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c"), generated(flags, amp, extra))
+    write(os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c"), generated(flags, amp, extra, macro))
     return root
 
 
@@ -99,7 +108,7 @@ class Applier(unittest.TestCase):
         self.assertIn(f"/*flags=*/      {new:#x}u,", diff[0][1])
 
     def test_each_branch_shape_gets_its_own_bit(self):
-        cases = [("525.147.05", OLD_BITS, 0x10, 0x50, ""), ("535.261.03", OLD_BITS, 0x810, 0x850, ""),
+        cases = [("535.261.03", OLD_BITS, 0x810, 0x850, ""), ("550.163.01", OLD_BITS, 0x810, 0x850, ""),
                  ("560.35.03", NEW_BITS, 0x108, 0x118, ""), ("580.142", NEW_BITS, 0x10108, 0x10118, "&"),
                  ("595.45.04", NEW_BITS, 0x10108, 0x10118, "&")]
         for version, bits, old, new, amp in cases:
@@ -180,6 +189,45 @@ class Applier(unittest.TestCase):
         # control.h missing.
         root = self.tree("nocontrol", "580.142", NEW_BITS, 0x10108, control=False)
         self.assertEqual(run("--src", root)[0], 4)
+
+    def test_525_shape_is_refused_for_the_default_flag(self):
+        # 525: the entry lacks API_LOCK_READONLY, so the API lock still serialises every GPU.
+        root = self.tree("t", "525.147.05", OLD_BITS, 0x10)
+        before = gen_text(root)
+        for extra in ((), ("--check",)):
+            code, out = run("--src", root, *extra)
+            self.assertEqual(code, 4, out)
+            self.assertIn("unsupported", out)
+            self.assertIn("RMCTRL_FLAGS_API_LOCK_READONLY", out)
+        self.assertEqual(gen_text(root), before)
+        # The experimental flag is still possible there (its own bit, read from control.h), with a warning.
+        code, out = run("--src", root, "--flag", "route-to-physical")
+        self.assertEqual(code, 0, out)
+        self.assertIn("warning", out)
+        self.assert_one_line_changed(before, gen_text(root), 0x10, 0x210)
+
+    def test_refuses_when_the_disable_macro_reads_the_flags(self):
+        root = self.tree("t", "580.142", NEW_BITS, 0x10108, "&",
+                         macro="#define NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG(x)      ((x) & 0x10)\n")
+        before = gen_text(root)
+        code, out = run("--src", root)
+        self.assertEqual(code, 4, out)
+        self.assertIn("NVOC_EXPORTED_METHOD_DISABLED_BY_FLAG", out)
+        self.assertEqual(gen_text(root), before)
+
+    def test_version_from_nvver_h_and_help(self):
+        root = self.tree("t", "580.142", NEW_BITS, 0x10108, "&")
+        os.remove(os.path.join(root, "version.mk"))
+        os.makedirs(os.path.join(root, "src/common/inc"))
+        write(os.path.join(root, "src/common/inc/nvVer.h"), '#define NV_VERSION_STRING "580.999"\n')
+        code, out = run("--src", root, "--check")
+        self.assertEqual(code, 10, out)
+        self.assertIn("driver 580.999", out)
+        self.assertIn("old flags 0x10108", out)
+        code, out = run("--help")
+        self.assertEqual(code, 0)
+        for c in (" 0 ", "10 ", " 2 ", " 3 ", " 4 "):
+            self.assertIn(c, out)
 
     def test_refuses_packaged_and_proprietary_trees(self):
         root = os.path.join(self.dir, "NVIDIA-Linux-x86_64-580.142")
