@@ -6,10 +6,12 @@
 //! P have on GPU G".
 
 pub mod event;
+pub mod launch;
 pub mod registry;
 mod skel;
 pub mod watcher;
 
 pub use event::{AllocEvent, DecodeError, FreeEvent, RmEvent, RmEventKind};
+pub use launch::{find_libcuda, LaunchConfig, LaunchCounts, LaunchEdge, LaunchWatcher};
 pub use registry::Registry;
 pub use watcher::{WatchConfig, WatchError, WatchStats, Watcher, NVIDIA_MAJOR};

@@ -100,7 +100,7 @@ pub enum WatchError {
 }
 
 impl WatchError {
-    fn bpf(what: &'static str, source: libbpf_rs::Error) -> WatchError {
+    pub(crate) fn bpf(what: &'static str, source: libbpf_rs::Error) -> WatchError {
         match source.kind() {
             ErrorKind::PermissionDenied => WatchError::PermissionDenied {
                 what,

@@ -318,6 +318,11 @@ fn real_events_build_the_registry() {
         allocs.iter().all(|a| a.object.0 != T9),
         "refused/wrong-device TSG leaked"
     );
+    // The counters are refreshed by the polling thread every poll_interval: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while watcher.stats().rm_status_nonzero == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(watcher.stats().rm_status_nonzero, 1);
 
     // The registry as it stood just before the exit event.

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//
+// launch_watch: counts CUDA work submissions of processes by uprobes on libcuda's exported launch
+// entry points (kernel launches and graph launches, every variant), and reports the first launch
+// after an idle gap (the online process's idle->busy edge) to a ring buffer.
+//
+// The attach cookie says which kind of entry point fired (1 kernel launch, 2 graph launch).
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+// Only count processes in `watched` (when nonzero), else every process using libcuda.
+const volatile __u8 filter_pids = 0;
+// A launch this long (ns) after the process's previous one is an idle->busy edge.
+const volatile __u64 edge_gap_ns = 1000000;
+
+#define KIND_KERNEL 1
+#define KIND_GRAPH 2
+
+struct launch_stats {
+	__u64 kernel_launches;
+	__u64 graph_launches;
+	__u64 last_ns;
+	__u64 edges;
+};
+
+struct launch_edge {
+	__u32 pid;
+	__u32 kind;
+	__u64 ts_ns;
+	__u64 idle_ns; // gap since the previous launch (0 for a process's first launch)
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} watched SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct launch_stats);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} edges SEC(".maps");
+
+SEC("uprobe")
+int cuda_launch(void *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (filter_pids && !bpf_map_lookup_elem(&watched, &pid))
+		return 0;
+	__u64 kind = bpf_get_attach_cookie(ctx);
+	__u64 now = bpf_ktime_get_ns();
+	struct launch_stats *s = bpf_map_lookup_elem(&stats, &pid);
+	if (!s) {
+		struct launch_stats zero = {};
+		bpf_map_update_elem(&stats, &pid, &zero, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&stats, &pid);
+		if (!s)
+			return 0;
+	}
+	__u64 last = s->last_ns;
+	if (kind == KIND_GRAPH)
+		__sync_fetch_and_add(&s->graph_launches, 1);
+	else
+		__sync_fetch_and_add(&s->kernel_launches, 1);
+	s->last_ns = now;
+	if (last == 0 || now - last >= edge_gap_ns) {
+		__sync_fetch_and_add(&s->edges, 1);
+		struct launch_edge e = {
+			.pid = pid,
+			.kind = (__u32)kind,
+			.ts_ns = now,
+			.idle_ns = last ? now - last : 0,
+		};
+		bpf_ringbuf_output(&edges, &e, sizeof(e), 0);
+	}
+	return 0;
+}

@@ -1,0 +1,311 @@
+//! Online activity detection: uprobes on libcuda's launch entry points (kernel and graph launches,
+//! every variant) count each process's GPU work submissions and report idle->busy edges.
+//!
+//! Works for launches made through the CUDA runtime too (it calls these exported symbols through
+//! pointers from cuGetProcAddress), without touching the application.
+
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeOpts};
+
+use crate::watcher::WatchError;
+
+#[allow(clippy::all, clippy::pedantic, missing_docs, unsafe_op_in_unsafe_fn)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/launch_watch.skel.rs"));
+}
+use skel::LaunchWatchSkelBuilder;
+
+/// libcuda entry points that submit kernels (cookie 1) or graphs (cookie 2).
+pub const LAUNCH_SYMBOLS: [(&str, u64); 10] = [
+    ("cuLaunchKernel", 1),
+    ("cuLaunchKernel_ptsz", 1),
+    ("cuLaunchKernelEx", 1),
+    ("cuLaunchKernelEx_ptsz", 1),
+    ("cuLaunchCooperativeKernel", 1),
+    ("cuLaunchCooperativeKernel_ptsz", 1),
+    ("cuLaunchCooperativeKernelMultiDevice", 1),
+    ("cuLaunchGrid", 1),
+    ("cuGraphLaunch", 2),
+    ("cuGraphLaunch_ptsz", 2),
+];
+
+/// How to start a [`LaunchWatcher`].
+#[derive(Clone, Debug)]
+pub struct LaunchConfig {
+    /// The libcuda file to probe (resolve `libcuda.so.1` with [`find_libcuda`]).
+    pub library: PathBuf,
+    /// Count only these processes (more can be added with [`LaunchWatcher::watch`]); empty: all.
+    pub pids: Vec<u32>,
+    /// When `pids` is empty, still filter (start with nobody watched).
+    pub filter: bool,
+    /// A launch this long after the process's previous one is an idle->busy edge.
+    pub edge_gap: Duration,
+}
+
+/// Launch counters of one process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchCounts {
+    /// Kernel launches (all variants).
+    pub kernel_launches: u64,
+    /// Graph launches.
+    pub graph_launches: u64,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the latest launch.
+    pub last_ns: u64,
+    /// Idle->busy edges.
+    pub edges: u64,
+}
+
+/// An idle->busy edge: the first launch of `pid` after at least `edge_gap` without one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchEdge {
+    /// The process.
+    pub pid: u32,
+    /// true for a graph launch.
+    pub graph: bool,
+    /// When (CLOCK_MONOTONIC ns).
+    pub ts_ns: u64,
+    /// The idle gap before it (0 for the process's first launch).
+    pub idle_ns: u64,
+}
+
+/// Attached uprobes; detaches on drop.
+pub struct LaunchWatcher {
+    stats: MapHandle,
+    watched: MapHandle,
+    edges: Mutex<Receiver<LaunchEdge>>,
+    attached: Vec<&'static str>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// `libcuda.so.1` as the dynamic loader would find it, with symlinks resolved (uprobes attach to
+/// the real file).
+pub fn find_libcuda() -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if line.trim_start().starts_with("libcuda.so.1 ") && line.contains("x86-64") {
+                if let Some(p) = line.split("=> ").nth(1) {
+                    candidates.push(PathBuf::from(p.trim()));
+                }
+            }
+        }
+    }
+    for dir in [
+        "/usr/local/nvidia/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/local/cuda/compat",
+    ] {
+        candidates.push(Path::new(dir).join("libcuda.so.1"));
+    }
+    candidates
+        .into_iter()
+        .find_map(|p| std::fs::canonicalize(p).ok())
+}
+
+/// Whether `image` (an ELF file) contains `name` as a whole NUL-terminated string, as its
+/// string table would; libbpf then decides whether it is really an exported function.
+fn names_symbol(image: &[u8], name: &str) -> bool {
+    let mut needle = Vec::with_capacity(name.len() + 2);
+    needle.push(0);
+    needle.extend_from_slice(name.as_bytes());
+    needle.push(0);
+    image.windows(needle.len()).any(|w| w == needle.as_slice())
+}
+
+fn parse_counts(v: &[u8]) -> LaunchCounts {
+    let u = |i: usize| u64::from_ne_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    LaunchCounts {
+        kernel_launches: u(0),
+        graph_launches: u(1),
+        last_ns: u(2),
+        edges: u(3),
+    }
+}
+
+impl LaunchWatcher {
+    /// Loads the program and attaches it to every launch symbol `cfg.library` exports.
+    pub fn start(cfg: LaunchConfig) -> Result<LaunchWatcher, WatchError> {
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("launch-watch".into())
+            .spawn(move || run(cfg, ready_tx, tx, stop2))
+            .map_err(|e| WatchError::Thread(e.to_string()))?;
+        match ready_rx.recv() {
+            Ok(Ok((stats, watched, attached))) => Ok(LaunchWatcher {
+                stats,
+                watched,
+                edges: Mutex::new(rx),
+                attached,
+                stop,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(WatchError::Thread("the launch watcher thread died".into())),
+        }
+    }
+
+    /// The symbols the probes are attached to.
+    pub fn attached(&self) -> &[&'static str] {
+        &self.attached
+    }
+
+    /// Adds a process to the filter.
+    pub fn watch(&self, pid: u32) -> Result<(), WatchError> {
+        self.watched
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .map_err(|e| WatchError::bpf("adding a pid to the filter", e))
+    }
+
+    /// Launch counters of `pid` (zero if it launched nothing).
+    pub fn counts(&self, pid: u32) -> LaunchCounts {
+        match self.stats.lookup(&pid.to_ne_bytes(), MapFlags::ANY) {
+            Ok(Some(v)) if v.len() >= 32 => parse_counts(&v),
+            _ => LaunchCounts::default(),
+        }
+    }
+
+    /// The next idle->busy edge, waiting up to `timeout`.
+    pub fn next_edge(&self, timeout: Duration) -> Option<LaunchEdge> {
+        let rx = self.edges.lock().unwrap_or_else(PoisonError::into_inner);
+        rx.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for LaunchWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type Ready = Result<(MapHandle, MapHandle, Vec<&'static str>), WatchError>;
+
+fn run(
+    cfg: LaunchConfig,
+    ready: SyncSender<Ready>,
+    tx: mpsc::Sender<LaunchEdge>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut storage = MaybeUninit::uninit();
+    let setup = || -> Result<_, WatchError> {
+        let mut open = LaunchWatchSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(|e| WatchError::bpf("opening the launch-watch BPF object", e))?;
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.filter_pids = u8::from(cfg.filter || !cfg.pids.is_empty());
+            ro.edge_gap_ns = cfg.edge_gap.as_nanos() as u64;
+        }
+        let skel = open
+            .load()
+            .map_err(|e| WatchError::bpf("loading the launch-watch BPF program", e))?;
+        for pid in &cfg.pids {
+            skel.maps
+                .watched
+                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .map_err(|e| WatchError::bpf("filling the pid filter", e))?;
+        }
+        let image = std::fs::read(&cfg.library)
+            .map_err(|e| WatchError::Thread(format!("reading {}: {e}", cfg.library.display())))?;
+        let mut links = Vec::new();
+        let mut attached = Vec::new();
+        let mut last_err = None;
+        for (sym, cookie) in LAUNCH_SYMBOLS {
+            // Skip names the library does not carry at all (libbpf would warn for each).
+            if !names_symbol(&image, sym) {
+                continue;
+            }
+            let opts = UprobeOpts {
+                cookie,
+                func_name: Some(sym.to_string()),
+                ..Default::default()
+            };
+            match skel
+                .progs
+                .cuda_launch
+                .attach_uprobe_with_opts(-1, &cfg.library, 0, opts)
+            {
+                Ok(link) => {
+                    links.push(link);
+                    attached.push(sym);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        if attached.is_empty() {
+            return Err(match last_err {
+                Some(e) => WatchError::bpf("attaching uprobes to the launch entry points", e),
+                None => WatchError::Thread(format!(
+                    "{} exports none of libcuda's launch entry points: is it libcuda?",
+                    cfg.library.display()
+                )),
+            });
+        }
+        let stats = MapHandle::try_from(&skel.maps.stats)
+            .map_err(|e| WatchError::bpf("duplicating the stats map", e))?;
+        let watched = MapHandle::try_from(&skel.maps.watched)
+            .map_err(|e| WatchError::bpf("duplicating the pid filter map", e))?;
+        let mut rb = RingBufferBuilder::new();
+        rb.add(&skel.maps.edges, move |data: &[u8]| {
+            if data.len() >= 24 {
+                let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
+                let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
+                let _ = tx.send(LaunchEdge {
+                    pid: u32_at(0),
+                    graph: u32_at(4) == 2,
+                    ts_ns: u64_at(8),
+                    idle_ns: u64_at(16),
+                });
+            }
+            0
+        })
+        .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
+        let rb = rb
+            .build()
+            .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
+        Ok((skel, links, rb, stats, watched, attached))
+    };
+    let (_skel, _links, rb, stats, watched, attached) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok((stats, watched, attached)));
+    while !stop.load(Ordering::Relaxed) {
+        let _ = rb.poll(Duration::from_millis(50));
+    }
+    let _ = rb.consume();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbol_names_match_whole_strings_only() {
+        let image = b"\x7fELF\0cuLaunchKernel_ptsz\0cuGraphLaunch\0";
+        assert!(names_symbol(image, "cuLaunchKernel_ptsz"));
+        assert!(names_symbol(image, "cuGraphLaunch"));
+        assert!(!names_symbol(image, "cuLaunchKernel"));
+        assert!(!names_symbol(image, "cuGraphLaunch_ptsz"));
+    }
+}

@@ -1,0 +1,183 @@
+//! Real uprobes in CI: a synthetic library exporting libcuda's launch symbols is compiled here,
+//! called from this process, and the launch watcher must count exactly those calls.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use valve_ebpf::{LaunchConfig, LaunchWatcher};
+
+const FAKE_LIBCUDA: &str = r#"
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned smem, void *stream, void **params, void **extra)
+{ (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem;
+  (void)stream; (void)params; (void)extra; return 0; }
+int cuGraphLaunch(void *exec, void *stream) { (void)exec; (void)stream; return 0; }
+"#;
+
+type Launch = unsafe extern "C" fn(
+    *mut u8,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut u8,
+    *mut *mut u8,
+    *mut *mut u8,
+) -> i32;
+type GraphLaunch = unsafe extern "C" fn(*mut u8, *mut u8) -> i32;
+
+struct FakeCuda {
+    path: PathBuf,
+    launch: Launch,
+    graph: GraphLaunch,
+    _dir: tempfile::TempDir,
+}
+
+fn fake_cuda() -> FakeCuda {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("fake.c");
+    std::fs::write(&src, FAKE_LIBCUDA).unwrap();
+    let path = dir.path().join("libfakecuda.so");
+    let ok = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0", "-o"])
+        .arg(&path)
+        .arg(&src)
+        .status()
+        .expect("cc runs");
+    assert!(ok.success());
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: dlopen/dlsym on a library built just above; the symbols have the C signatures the
+    // function pointer types declare.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null());
+        let launch = libc::dlsym(h, c"cuLaunchKernel".as_ptr());
+        let graph = libc::dlsym(h, c"cuGraphLaunch".as_ptr());
+        assert!(!launch.is_null() && !graph.is_null());
+        FakeCuda {
+            path,
+            launch: std::mem::transmute::<*mut libc::c_void, Launch>(launch),
+            graph: std::mem::transmute::<*mut libc::c_void, GraphLaunch>(graph),
+            _dir: dir,
+        }
+    }
+}
+
+fn call(f: &FakeCuda, kernels: u32, graphs: u32) {
+    let null = std::ptr::null_mut();
+    for _ in 0..kernels {
+        // SAFETY: the fake ignores its arguments.
+        unsafe {
+            (f.launch)(
+                null,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                null,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+    }
+    for _ in 0..graphs {
+        // SAFETY: as above.
+        unsafe { (f.graph)(null, null) };
+    }
+}
+
+fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: uprobes need root");
+        return None;
+    }
+    match LaunchWatcher::start(LaunchConfig {
+        library: lib.to_path_buf(),
+        pids,
+        filter: true,
+        edge_gap: Duration::from_millis(5),
+    }) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            println!("SKIP: uprobes unavailable here: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn counts_kernel_and_graph_launches_and_reports_idle_edges() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start(&f.path, vec![me]) else {
+        return;
+    };
+    assert!(w.attached().contains(&"cuLaunchKernel"));
+    assert!(w.attached().contains(&"cuGraphLaunch"));
+    call(&f, 1000, 10);
+    let c = w.counts(me);
+    assert_eq!((c.kernel_launches, c.graph_launches), (1000, 10), "{c:?}");
+    let first = w
+        .next_edge(Duration::from_secs(2))
+        .expect("first launch is an edge");
+    assert_eq!((first.pid, first.graph, first.idle_ns), (me, false, 0));
+    std::thread::sleep(Duration::from_millis(20));
+    call(&f, 0, 1);
+    let edge = w
+        .next_edge(Duration::from_secs(2))
+        .expect("a launch after 20 ms idle is an edge");
+    assert!(edge.graph && edge.idle_ns >= 5_000_000, "{edge:?}");
+    assert!(
+        w.next_edge(Duration::from_millis(50)).is_none(),
+        "back-to-back launches are no edges"
+    );
+    assert_eq!(w.counts(me).edges, 2);
+}
+
+#[test]
+fn other_processes_are_not_counted() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start(&f.path, vec![1]) else {
+        return;
+    };
+    call(&f, 100, 1);
+    assert_eq!(w.counts(me).kernel_launches, 0);
+    w.watch(me).unwrap();
+    call(&f, 7, 0);
+    assert_eq!(w.counts(me).kernel_launches, 7);
+}
+
+/// Cost of the uprobe per launch (run: `cargo test -p valve-ebpf --release --test launch_watch
+/// -- --ignored --nocapture`).
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn bench_uprobe_cost_per_launch() {
+    let f = fake_cuda();
+    let n = 200_000;
+    let time = |f: &FakeCuda| {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                call(f, n, 0);
+                t.elapsed().as_nanos() as f64 / f64::from(n)
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let base = time(&f);
+    let Some(w) = start(&f.path, vec![std::process::id()]) else {
+        return;
+    };
+    let probed = time(&f);
+    println!(
+        "launch call: {base:.0} ns without the uprobe, {probed:.0} ns with it (+{:.0} ns)",
+        probed - base
+    );
+    drop(w);
+}
