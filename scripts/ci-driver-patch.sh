@@ -4,6 +4,9 @@
 # the machine's apt configuration is not changed), apply the patch, check it, compare its hash
 # with driver-patch/releases.tsv, and compile the patched translation unit with the tree's own
 # build rules (unpatched and patched, to show the change reaches the object file).
+# It also downloads the binary package nvidia-open-kernel-source (the same upstream version) and
+# checks that the applier refuses it: that package ships the resource manager prebuilt
+# (nv-kernel.o_binary), so it cannot carry the patch; the source package can.
 # Skips (exit 0) when not root or without apt. Work dir: $VALVE_DRIVER_CI_DIR or /var/tmp/valve-driver-ci.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,9 +52,25 @@ set -e
 second=$("$repo/scripts/patch-driver.sh" --src "$tree")
 echo "$second" | grep -q "already patched" || { echo "ci-driver-patch: second run was not a no-op"; exit 1; }
 sha=$(sha256sum "$work/valve.patch" | cut -d' ' -f1)
-want=$(awk -F'\t' -v v="$upstream" '$1 == v && $7 ~ /Debian/ {print $6}' "$repo/driver-patch/releases.tsv")
+want=$(awk -F'\t' -v v="$upstream" '$1 == v && $8 ~ /^Debian/ {print $7}' "$repo/driver-patch/releases.tsv")
 [ "$sha" = "$want" ] || { echo "ci-driver-patch: patch sha256 $sha != releases.tsv ${want:-<none for $upstream>}"; exit 1; }
 echo "patch hash matches releases.tsv ($sha)"
+
+# The binary package: apt-get download, unpack only what the applier looks at, expect a refusal (3).
+mkdir -p "$work/bin"
+deb=$(ls "$work"/bin/nvidia-open-kernel-source_*.deb 2>/dev/null | head -1 || true)
+if [ -z "$deb" ]; then
+  (cd "$work/bin" && apt-get -qq "${apt_opts[@]}" download nvidia-open-kernel-source)
+  deb=$(ls "$work"/bin/nvidia-open-kernel-source_*.deb | head -1)
+fi
+rm -rf "$work/bin/tree" && mkdir -p "$work/bin/tree"
+dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/bin" ./usr/src/nvidia-open-kernel.tar.xz
+tar -C "$work/bin/tree" -xf "$work/bin/usr/src/nvidia-open-kernel.tar.xz" --wildcards '*/nvidia/nv-kernel.o_binary' '*/Makefile'
+set +e
+"$repo/scripts/patch-driver.sh" --src "$work/bin/tree" --check >"$work/bin/out" 2>&1; rc=$?
+set -e
+[ "$rc" = 3 ] || { cat "$work/bin/out"; echo "ci-driver-patch: $(basename "$deb") gave exit $rc, expected 3 (refused)"; exit 1; }
+echo "$(basename "$deb") (prebuilt RM) is refused as expected: $(head -c 120 "$work/bin/out")..."
 
 make -s -C "$tree/src/nvidia" "$obj" -j"$(nproc)" >/dev/null
 if cmp -s "$work/unpatched.o" "$tree/src/nvidia/$obj"; then

@@ -8,6 +8,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 APPLIER = os.path.join(HERE, "..", "patch_driver.py")
+BUILDER = os.path.join(HERE, "..", "..", "scripts", "build-driver.sh")
 
 # Flag bit layouts: 525-550 and 560+ (values as in those branches' control.h).
 OLD_BITS = {"NON_PRIVILEGED": 0x10, "GPU_LOCK_DEVICE_ONLY": 0x40, "ROUTE_TO_PHYSICAL": 0x200, "API_LOCK_READONLY": 0x800}
@@ -242,6 +243,85 @@ class Applier(unittest.TestCase):
         self.assertEqual(code, 4)
         self.assertIn("not an open-gpu-kernel-modules tree", out)
         self.assertEqual(run("--src", os.path.join(self.dir, "missing"))[0], 2)
+
+
+# A stand-in for the tree's top-level Makefile: records the goals and arguments, makes the .ko files.
+FAKE_MAKEFILE = """modules:
+\techo "modules $(SYSSRC) $(SYSOUT)" >> make.log
+\ttouch kernel-open/nvidia.ko kernel-open/nvidia-uvm.ko
+modules_install:
+\techo modules_install >> make.log
+"""
+
+
+class BuildDriver(unittest.TestCase):
+    """build-driver.sh on synthetic trees whose Makefile only records what it was asked to do."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.headers = os.path.join(self.dir, "headers")
+        os.makedirs(self.headers)
+        write(os.path.join(self.headers, "Makefile"), "# fake kernel headers\n")
+        # Stubs that record any attempt to load or unload a module (the script must never do it).
+        self.bin = os.path.join(self.dir, "bin")
+        self.calls = os.path.join(self.dir, "module-calls")
+        os.makedirs(self.bin)
+        for tool in ("rmmod", "modprobe", "insmod", "nvidia-smi", "dkms", "mokutil"):
+            record = f"echo {tool} \"$@\" >> {self.calls}\n" if tool in ("rmmod", "modprobe", "insmod") else ""
+            write(os.path.join(self.bin, tool), f"#!/bin/sh\n{record}exit 1\n")
+            os.chmod(os.path.join(self.bin, tool), 0o755)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def tree(self, version, bits, flags):
+        root = make_tree(os.path.join(self.dir, version), version, bits, flags)
+        os.makedirs(os.path.join(root, "kernel-open"))
+        write(os.path.join(root, "Makefile"), FAKE_MAKEFILE)
+        return root
+
+    def build(self, *args):
+        env = dict(os.environ, PATH=f"{self.bin}:/usr/bin:/bin")
+        r = subprocess.run(["bash", BUILDER, *args], capture_output=True, text=True, env=env)
+        return r.returncode, r.stdout + r.stderr
+
+    def test_patches_builds_and_reminds_without_loading(self):
+        root = self.tree("580.142", NEW_BITS, 0x10108)
+        code, out = self.build("--src", root, "--kernel-headers", self.headers, "--kernel-output", "/o", "--jobs", "1")
+        self.assertEqual(code, 0, out)
+        self.assertIn("0x10108 -> 0x10118", out)
+        self.assertIn("REMINDER", out)
+        self.assertEqual(read(os.path.join(root, "make.log")), f"modules {self.headers} /o\n")
+        self.assertTrue(os.path.exists(os.path.join(root, "kernel-open/nvidia.ko")))
+        self.assertFalse(os.path.exists(self.calls), "build-driver.sh ran a module (un)loading command")
+
+    def test_refused_tree_builds_nothing(self):
+        root = self.tree("525.147.05", OLD_BITS, 0x10)
+        code, out = self.build("--src", root, "--kernel-headers", self.headers)
+        self.assertEqual(code, 4, out)
+        self.assertIn("nothing built", out)
+        self.assertFalse(os.path.exists(os.path.join(root, "make.log")))
+
+    def test_version_mismatch_is_refused_unless_forced(self):
+        root = self.tree("580.142", NEW_BITS, 0x10108)
+        smi = os.path.join(self.bin, "nvidia-smi")
+        write(smi, "#!/bin/sh\necho 580.159.04\n")
+        code, out = self.build("--src", root, "--kernel-headers", self.headers)
+        self.assertEqual(code, 1, out)
+        self.assertIn("source version 580.142 != installed driver 580.159.04", out)
+        self.assertFalse(os.path.exists(os.path.join(root, "make.log")))
+        code, out = self.build("--src", root, "--kernel-headers", self.headers, "--force")
+        self.assertEqual(code, 0, out)
+
+    def test_missing_headers_and_usage(self):
+        root = self.tree("580.142", NEW_BITS, 0x10108)
+        code, out = self.build("--src", root, "--kernel-headers", os.path.join(self.dir, "nope"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("no kernel headers", out)
+        self.assertEqual(self.build("--src", root, "--sign-key", "k")[0], 2)
+        self.assertEqual(self.build()[0], 2)
+        self.assertFalse(os.path.exists(os.path.join(root, "make.log")))
 
 
 if __name__ == "__main__":
