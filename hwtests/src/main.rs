@@ -9,6 +9,7 @@ mod experiments;
 mod heartbeat;
 mod hog;
 mod ioctl_log;
+mod launch;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -64,11 +65,14 @@ struct Args {
     /// Run only the discovery experiment.
     #[arg(long)]
     only_discovery: bool,
+    /// Run only the launch-detection (uprobe) experiment.
+    #[arg(long)]
+    only_launch: bool,
 }
 
 pub(crate) struct Report {
     md: String,
-    json: serde_json::Map<String, Value>,
+    pub(crate) json: serde_json::Map<String, Value>,
     checks: Vec<(String, bool, String)>,
 }
 
@@ -188,10 +192,19 @@ fn run(args: &Args) -> Result<bool> {
     r.json.insert("gpus".into(), json!(gpus));
     let g0 = &gpus[0];
 
-    if !args.only_discovery {
+    let only = args.only_discovery || args.only_launch;
+    if !only {
         main_experiment(args, &ctl, &bins, g0, &device, &mut r)?;
     }
-    if !args.skip_subsets && !args.only_discovery {
+    if !args.only_discovery {
+        if let Err(e) = launch::run(&bins, g0, &mut r) {
+            r.check("launch-detection experiment ran", false, format!("{e:#}"));
+        }
+    }
+    if args.only_launch {
+        return finish(args, r, t_start);
+    }
+    if !args.skip_subsets && !only {
         subsets(args, &ctl, &bins, g0, &mut r)?;
     }
     if !args.skip_discovery {
@@ -204,10 +217,15 @@ fn run(args: &Args) -> Result<bool> {
             None => r.line("\nDiscovery skipped: no --valvectl."),
         }
     }
-    if !args.skip_multi && !args.only_discovery && gpus.len() > 1 {
+    if !args.skip_multi && !only && gpus.len() > 1 {
         multi(args, &ctl, &bins, &gpus, &mut r)?;
     }
 
+    finish(args, r, t_start)
+}
+
+/// Writes the checks, report.md and report.json; returns whether every check passed.
+fn finish(args: &Args, mut r: Report, t_start: Instant) -> Result<bool> {
     let all_pass = r.checks.iter().all(|c| c.1);
     r.line(&format!(
         "\n## Checks ({})\n",
