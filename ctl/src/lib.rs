@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod driver;
 pub mod error;
+pub mod gate;
 pub mod gpu;
 pub mod ipc;
 pub mod journal;

@@ -1,0 +1,267 @@
+//! The gate's decision logic (issue 5): preempt offline work on the online process's idle->busy
+//! edge, resume it only after online has been idle for a cooldown of twice the longest recent gap
+//! between its iterations, so one online request is preempted against at most once.
+//!
+//! Pure and clock-free: it is fed launch times and ticks, and answers with actions. Wiring it to
+//! the launch watcher and the daemon is the next step (not done yet).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Tuning of the gate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GateConfig {
+    /// The shortest cooldown.
+    pub cooldown_floor: Duration,
+    /// The longest cooldown, and the one used until a first request has been seen to end (before
+    /// that, only prefill gaps are known and a short cooldown would resume mid-request). Gaps at
+    /// or above it count as "between requests", not iterations.
+    pub cooldown_ceiling: Duration,
+    /// Cooldown = factor x the longest recent inter-iteration gap (2 in the paper).
+    pub gap_factor: f64,
+    /// How many recent gaps the maximum is taken over (so the cooldown can shrink again).
+    pub gap_window: usize,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            cooldown_floor: Duration::from_millis(1),
+            cooldown_ceiling: Duration::from_millis(200),
+            gap_factor: 2.0,
+            gap_window: 512,
+        }
+    }
+}
+
+/// What the gate wants done now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Disable the offline processes' channels.
+    Preempt,
+    /// Enable them again.
+    Resume,
+}
+
+/// The gate's state.
+#[derive(Clone, Debug)]
+pub struct GatePolicy {
+    cfg: GateConfig,
+    preempted: bool,
+    last_launch_ns: Option<u64>,
+    gaps: VecDeque<u64>,
+    preemptions: u64,
+    /// Whether a request has been seen to end (a resume happened): gaps are trusted from then on.
+    learned: bool,
+    /// A resume happened since the last launch: the gap now ending lies between requests.
+    resumed_in_gap: bool,
+}
+
+impl GatePolicy {
+    /// A gate that starts with offline running.
+    pub fn new(cfg: GateConfig) -> Self {
+        GatePolicy {
+            cfg,
+            preempted: false,
+            last_launch_ns: None,
+            gaps: VecDeque::new(),
+            preemptions: 0,
+            learned: false,
+            resumed_in_gap: false,
+        }
+    }
+
+    /// Whether offline is currently preempted.
+    pub fn preempted(&self) -> bool {
+        self.preempted
+    }
+
+    /// Preemptions so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// The current cooldown: factor x the longest recent inter-iteration gap, clamped.
+    pub fn cooldown(&self) -> Duration {
+        if !self.learned {
+            return self.cfg.cooldown_ceiling;
+        }
+        let longest = self.gaps.iter().copied().max().unwrap_or(0);
+        let ns = (longest as f64 * self.cfg.gap_factor) as u64;
+        Duration::from_nanos(ns).clamp(self.cfg.cooldown_floor, self.cfg.cooldown_ceiling)
+    }
+
+    /// An online launch at `ts_ns`. Returns [`Action::Preempt`] on the idle->busy edge.
+    pub fn on_launch(&mut self, ts_ns: u64) -> Option<Action> {
+        if let Some(last) = self.last_launch_ns {
+            let gap = ts_ns.saturating_sub(last);
+            // A gap the gate resumed in is between requests, not between iterations. (With launch
+            // times alone an iteration gap longer than the cooldown looks the same; explicit
+            // busy/idle signals from the serving framework are what settle that.)
+            if !self.resumed_in_gap && gap < self.cfg.cooldown_ceiling.as_nanos() as u64 {
+                self.gaps.push_back(gap);
+                if self.gaps.len() > self.cfg.gap_window {
+                    self.gaps.pop_front();
+                }
+            }
+        }
+        self.resumed_in_gap = false;
+        self.last_launch_ns = Some(ts_ns.max(self.last_launch_ns.unwrap_or(0)));
+        if self.preempted {
+            None
+        } else {
+            self.preempted = true;
+            self.preemptions += 1;
+            Some(Action::Preempt)
+        }
+    }
+
+    /// Time passes (`now_ns`). Returns [`Action::Resume`] once online has been idle for the cooldown.
+    pub fn on_tick(&mut self, now_ns: u64) -> Option<Action> {
+        let last = self.last_launch_ns?;
+        if self.preempted && now_ns.saturating_sub(last) >= self.cooldown().as_nanos() as u64 {
+            self.preempted = false;
+            self.learned = true;
+            self.resumed_in_gap = true;
+            Some(Action::Resume)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+
+    /// Drives the gate through one request: a prefill burst, then `decode` iterations of a few
+    /// launches each separated by `gap`, ticking every 100 us. Returns the actions in order.
+    fn request(
+        g: &mut GatePolicy,
+        start: u64,
+        decode: usize,
+        gap: u64,
+    ) -> (Vec<(u64, Action)>, u64) {
+        let mut t = start;
+        let mut out = Vec::new();
+        let launch = |g: &mut GatePolicy, t: u64, out: &mut Vec<(u64, Action)>| {
+            if let Some(a) = g.on_launch(t) {
+                out.push((t, a));
+            }
+        };
+        for _ in 0..20 {
+            launch(g, t, &mut out);
+            t += 5 * US;
+        }
+        for _ in 0..decode {
+            let until = t + gap;
+            while t < until {
+                if let Some(a) = g.on_tick(t) {
+                    out.push((t, a));
+                }
+                t += 100 * US;
+            }
+            for _ in 0..4 {
+                launch(g, t, &mut out);
+                t += 10 * US;
+            }
+        }
+        (out, t)
+    }
+
+    #[test]
+    fn one_preemption_per_request_and_resume_after_the_cooldown() {
+        let mut g = GatePolicy::new(GateConfig::default());
+        // First request: nothing learned, so the cooldown is the ceiling (200 ms); one preemption.
+        let start = 10 * MS;
+        let (actions, end) = request(&mut g, start, 30, 2 * MS);
+        assert_eq!(actions, vec![(start, Action::Preempt)], "{actions:?}");
+        assert_eq!(g.cooldown(), Duration::from_millis(200));
+        assert_eq!(g.on_tick(end + 100 * MS), None);
+        assert_eq!(g.on_tick(end + 200 * MS), Some(Action::Resume));
+        let mut t = end + 250 * MS;
+        for _ in 0..5 {
+            let (actions, end) = request(&mut g, t, 30, 2 * MS);
+            // Exactly one preemption, at the request's first launch, and no resume inside it.
+            assert_eq!(actions, vec![(t, Action::Preempt)], "{actions:?}");
+            assert!(g.preempted());
+            // The cooldown learned from the 2 ms decode gaps: about 4 ms.
+            let cd = g.cooldown();
+            assert!(
+                cd >= Duration::from_millis(4) && cd < Duration::from_micros(4300),
+                "{cd:?}"
+            );
+            // Idle after the request: resumed once the cooldown has passed, not before.
+            assert_eq!(g.on_tick(end + 3 * MS), None);
+            assert_eq!(g.on_tick(end + 5 * MS), Some(Action::Resume));
+            assert_eq!(g.on_tick(end + 6 * MS), None);
+            t = end + 50 * MS;
+        }
+        assert_eq!(g.preemptions(), 6);
+    }
+
+    /// A gate that has seen one request end (so it trusts learned gaps).
+    fn learned(cfg: GateConfig) -> GatePolicy {
+        let mut g = GatePolicy::new(cfg);
+        g.on_launch(0);
+        assert_eq!(
+            g.on_tick(cfg.cooldown_ceiling.as_nanos() as u64),
+            Some(Action::Resume)
+        );
+        g.last_launch_ns = None;
+        g.gaps.clear();
+        g.resumed_in_gap = false;
+        g
+    }
+
+    #[test]
+    fn cooldown_starts_at_the_ceiling_and_is_clamped() {
+        let cfg = GateConfig {
+            cooldown_floor: Duration::from_millis(1),
+            cooldown_ceiling: Duration::from_millis(10),
+            ..GateConfig::default()
+        };
+        assert_eq!(GatePolicy::new(cfg).cooldown(), Duration::from_millis(10));
+        let mut g = learned(cfg);
+        assert_eq!(g.cooldown(), Duration::from_millis(1));
+        g.on_launch(0);
+        g.on_launch(100 * US); // 2 x 0.1 ms is below the floor
+        assert_eq!(g.cooldown(), Duration::from_millis(1));
+        g.on_launch(100 * US + 8 * MS); // 2 x 8 ms is above the ceiling
+        assert_eq!(g.cooldown(), Duration::from_millis(10));
+        // A gap at or above the ceiling is between requests: not learned.
+        let mut h = learned(cfg);
+        h.on_launch(0);
+        h.on_launch(50 * MS);
+        assert_eq!(h.cooldown(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn the_window_lets_the_cooldown_shrink_again() {
+        let cfg = GateConfig {
+            gap_window: 4,
+            ..GateConfig::default()
+        };
+        let mut g = learned(cfg);
+        let mut t = 0;
+        g.on_launch(t);
+        t += 20 * MS;
+        g.on_launch(t); // one long iteration gap
+        assert_eq!(g.cooldown(), Duration::from_millis(40));
+        for _ in 0..4 {
+            t += MS;
+            g.on_launch(t);
+        }
+        assert_eq!(g.cooldown(), Duration::from_millis(2));
+    }
+
+    #[test]
+    fn ticks_before_any_launch_do_nothing() {
+        let mut g = GatePolicy::new(GateConfig::default());
+        assert_eq!(g.on_tick(123 * MS), None);
+        assert!(!g.preempted());
+    }
+}
