@@ -767,6 +767,7 @@ pub fn execute<D: RmDriver>(
             detach,
             schedule_only,
         } => {
+            targets.validate()?;
             let t = targets.resolve(&gpus)?;
             let mode = if *schedule_only {
                 PreemptMode::ScheduleOnly
@@ -1134,6 +1135,17 @@ mod tests {
         assert_eq!(e.exit_code(), 5);
         assert!(e.to_string().contains("NV_ERR_INVALID_CHANNEL"), "{e}");
         assert!(ctl.driver().disabled().is_empty());
+
+        let args: Vec<String> = ["preempt", "--gpu", "0", "--client", "c1d00042"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let e = exec(&ctl, &args).0.unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains("--gpu needs --client and --channel"),
+            "{e}"
+        );
 
         let args: Vec<String> = ["resume", "--gpu", "9", "--client", "1", "--channel", "2"]
             .iter()
