@@ -64,6 +64,19 @@ for v in "$loaded" "$userspace"; do
 done
 [ -n "$loaded$userspace" ] || echo "NOTE: no installed NVIDIA driver found to compare with; make sure user space will be ${src_version:-the same version}"
 
+# 1b. GSP. The open module runs every GPU through GSP firmware (Turing and newer only) and the patch relies on it:
+# on a GPU without GSP the control returns NOT_SUPPORTED with or without the patch. Warn (the tree cannot tell):
+# a proprietary module loaded now means the install would switch this machine to the open module.
+if [ -r /proc/driver/nvidia/version ] && ! grep -q "Open Kernel Module" /proc/driver/nvidia/version; then
+  echo "WARNING: the loaded NVIDIA module is the proprietary one. Installing the patched open module replaces it: it supports only"
+  echo "         Turing and newer GPUs and always runs them with GSP firmware. Check every GPU here before installing."
+fi
+fw_dirs="/lib/firmware $(cat /sys/module/firmware_class/parameters/path 2>/dev/null || true)"
+if [ -n "$src_version" ] && ! ls $(for d in $fw_dirs; do echo "$d/nvidia/$src_version/gsp_"'*.bin'; done) >/dev/null 2>&1; then
+  echo "WARNING: no GSP firmware for $src_version (nvidia/$src_version/gsp_*.bin under: $fw_dirs). The open module cannot"
+  echo "         start a GPU without it; it comes with the user-space driver package of the same version."
+fi
+
 # 2. Kernel headers: given explicitly, or those of the running kernel (NVIDIA's makefile finds them).
 make_args=()
 kbuild="/lib/modules/$(uname -r)/build"
@@ -136,9 +149,26 @@ fi
 # 7. Install.
 if [ "$install" = 1 ]; then
   [ "$(id -u)" = 0 ] || die "--install needs root"
+  marker=$(mktemp); trap 'rm -f "$marker"' EXIT
   make -C "$src" modules_install "${make_args[@]}"
   depmod -a "$(uname -r)"
   echo "installed the patched modules for kernel $(uname -r). The running driver is unchanged."
+  # Another nvidia.ko (DKMS puts its own in updates/, which depmod prefers) may shadow the one just installed:
+  # check what modprobe would load, and that it carries the patched flags.
+  if command -v modinfo >/dev/null; then
+    resolved=$(modinfo -k "$(uname -r)" -n nvidia 2>/dev/null || true)
+    if [ -z "$resolved" ] || [ ! "$resolved" -nt "$marker" ]; then
+      echo "WARNING: modprobe would load ${resolved:-no nvidia module}, not the module just installed: remove or move that"
+      echo "         file (or its DKMS module, see below), run depmod -a $(uname -r), and rerun this script."
+    elif [ "${resolved%.ko}" != "$resolved" ]; then
+      want=$("$here/scripts/patch-driver.sh" --src "$src" --check 2>/dev/null | sed -n 's/.*new flags \(0x[0-9a-f]*\)$/\1/p')
+      got=$(python3 "$here/driver-patch/entry_flags.py" "$resolved" 2>/dev/null || true)
+      [ "$got" = "$want" ] && echo "modprobe will load $resolved, which carries the patched flags $got" \
+        || echo "WARNING: $resolved carries flags ${got:-unreadable}, expected $want"
+    else
+      echo "modprobe will load $resolved (the module just installed; compressed, flags not read)"
+    fi
+  fi
   if command -v dkms >/dev/null; then
     managed=$(dkms status 2>/dev/null | grep -i '^nvidia' || true)
     if [ -n "$managed" ]; then

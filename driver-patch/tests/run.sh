@@ -6,8 +6,12 @@ out=$(PYTHONDONTWRITEBYTECODE=1 python3 -W error::ResourceWarning -m unittest -v
 rc=$?
 echo "$out" | grep -E "\.\.\. |^(FAIL|ERROR):" | head -40
 total=$(echo "$out" | sed -n 's/^Ran \([0-9]*\) tests\?.*/\1/p')
-bad=$(echo "$out" | sed -n 's/^FAILED (\(.*\))/\1/p' | grep -o '[0-9]\+' | awk '{s+=$1} END {print s+0}')
+bad=$(echo "$out" | sed -n 's/^FAILED (\(.*\))/\1/p' | grep -o '\(failures\|errors\)=[0-9]\+' | cut -d= -f2 | awk '{s+=$1} END {print s+0}')
 bad=${bad:-0}
 if [ -z "$total" ]; then echo "$out" | tail -20; echo "0 passed, 1 failed"; exit 1; fi
-echo "$((total - bad)) passed, $bad failed"
+skipped=$(echo "$out" | sed -n 's/.*skipped=\([0-9]*\).*/\1/p' | tail -1)
+skipped=${skipped:-0}
+summary="$((total - bad - skipped)) passed, $bad failed"
+[ "$skipped" = 0 ] || summary="$summary, $skipped skipped (--install test needs root)"
+echo "$summary"
 exit $rc

@@ -1,6 +1,7 @@
 """Tests of patch_driver.py on SYNTHETIC source trees written here in the shapes of the 525-595
 branches (the real files are NVIDIA's and are never copied into this repository)."""
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,20 @@ class Applier(unittest.TestCase):
         code, out = run("--src", root)
         self.assertEqual(code, 4, out)
         self.assertIn("0 /*flags=*/ lines", out)
+        # Flags not a hex literal, and an entry with two flags lines: not parseable, refused.
+        for name, bad in (("symbolic", "/*flags=*/      (RMCTRL_FLAGS_NON_PRIVILEGED | 0x100u),"),
+                          ("twice", "/*flags=*/      0x10108u,\n        /*flags=*/      0x10108u,")):
+            with self.subTest(name):
+                root = self.tree(name, "580.142", NEW_BITS, 0x10108)
+                path = os.path.join(root, "src/nvidia/generated/g_subdevice_nvoc.c")
+                text = gen_text(root)
+                j = text.rindex("/*flags=*/", 0, text.index("0x2080110bu"))
+                write(path, text[:j] + bad + text[text.index("\n", j):])
+                before = gen_text(root)
+                code, out = run("--src", root)
+                self.assertEqual(code, 4, out)
+                self.assertIn(f"has {0 if name == 'symbolic' else 2} /*flags=*/ lines", out)
+                self.assertEqual(gen_text(root), before)
         # control.h without the flag.
         root = self.tree("noctl", "580.142", {"NON_PRIVILEGED": 8}, 0x10108)
         code, out = run("--src", root)
@@ -251,6 +266,7 @@ FAKE_MAKEFILE = """modules:
 \ttouch kernel-open/nvidia.ko kernel-open/nvidia-uvm.ko
 modules_install:
 \techo modules_install >> make.log
+\tif [ -n "$(VALVE_TEST_KO)" ]; then cp "$(VALVE_TEST_KO_SRC)" "$(VALVE_TEST_KO)"; fi
 """
 
 
@@ -267,7 +283,7 @@ class BuildDriver(unittest.TestCase):
         self.bin = os.path.join(self.dir, "bin")
         self.calls = os.path.join(self.dir, "module-calls")
         os.makedirs(self.bin)
-        for tool in ("rmmod", "modprobe", "insmod", "nvidia-smi", "dkms", "mokutil"):
+        for tool in ("rmmod", "modprobe", "insmod", "nvidia-smi", "dkms", "mokutil", "depmod", "modinfo"):
             record = f"echo {tool} \"$@\" >> {self.calls}\n" if tool in ("rmmod", "modprobe", "insmod") else ""
             write(os.path.join(self.bin, tool), f"#!/bin/sh\n{record}exit 1\n")
             os.chmod(os.path.join(self.bin, tool), 0o755)
@@ -281,8 +297,8 @@ class BuildDriver(unittest.TestCase):
         write(os.path.join(root, "Makefile"), FAKE_MAKEFILE)
         return root
 
-    def build(self, *args):
-        env = dict(os.environ, PATH=f"{self.bin}:/usr/bin:/bin")
+    def build(self, *args, **extra_env):
+        env = dict(os.environ, PATH=f"{self.bin}:/usr/bin:/bin", **extra_env)
         r = subprocess.run(["bash", BUILDER, *args], capture_output=True, text=True, env=env)
         return r.returncode, r.stdout + r.stderr
 
@@ -294,6 +310,37 @@ class BuildDriver(unittest.TestCase):
         self.assertIn("REMINDER", out)
         self.assertEqual(read(os.path.join(root, "make.log")), f"modules {self.headers} /o\n")
         self.assertTrue(os.path.exists(os.path.join(root, "kernel-open/nvidia.ko")))
+        self.assertFalse(os.path.exists(self.calls), "build-driver.sh ran a module (un)loading command")
+
+    @unittest.skipUnless(os.geteuid() == 0, "--install needs root")
+    def test_install_checks_what_modprobe_would_load(self):
+        # The fake modules_install copies a module image carrying the given flags where the modinfo stub points;
+        # depmod and modinfo are stubs, so nothing on this machine is installed or indexed.
+        root = self.tree("580.142", NEW_BITS, 0x10108)
+        installed = os.path.join(self.dir, "lib/modules/kernel/drivers/video/nvidia.ko")
+        os.makedirs(os.path.dirname(installed))
+        write(os.path.join(self.bin, "modinfo"), f"#!/bin/sh\necho {installed}\n")
+        write(os.path.join(self.bin, "depmod"), f"#!/bin/sh\necho depmod \"$@\" >> {self.dir}/depmod-calls\n")
+        for flags, expect in ((0x10118, "which carries the patched flags 0x10118"),
+                              (0x10108, f"WARNING: {installed} carries flags 0x10108, expected 0x10118")):
+            with self.subTest(flags=hex(flags)):
+                image = os.path.join(self.dir, "image.ko")
+                write(image, b"\0" * 16 + struct.pack("<QIII", 0, flags, 0, 0x2080110B), "wb")
+                code, out = self.build("--src", root, "--kernel-headers", self.headers, "--install", "--allow-unsigned",
+                                       VALVE_TEST_KO=installed, VALVE_TEST_KO_SRC=image)
+                self.assertEqual(code, 0, out)
+                self.assertIn(expect, out)
+                self.assertIn("REMINDER", out)
+        # A module elsewhere (DKMS's updates/) that was not just written shadows the patched one.
+        shadow = os.path.join(self.dir, "updates-dkms-nvidia.ko")
+        write(shadow, "")
+        os.utime(shadow, (1, 1))
+        write(os.path.join(self.bin, "modinfo"), f"#!/bin/sh\necho {shadow}\n")
+        code, out = self.build("--src", root, "--kernel-headers", self.headers, "--install", "--allow-unsigned")
+        self.assertEqual(code, 0, out)
+        self.assertIn(f"WARNING: modprobe would load {shadow}, not the module just installed", out)
+        self.assertIn("modules_install", read(os.path.join(root, "make.log")))
+        self.assertIn("depmod -a", read(os.path.join(self.dir, "depmod-calls")))
         self.assertFalse(os.path.exists(self.calls), "build-driver.sh ran a module (un)loading command")
 
     def test_refused_tree_builds_nothing(self):
