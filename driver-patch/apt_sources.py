@@ -17,8 +17,10 @@ def one_line_entries(path):
         words = line.split()[1:]
         opts = ""
         if words and words[0].startswith("["):
-            while not words[0].endswith("]"):
+            while words and not words[0].endswith("]"):
                 opts += words.pop(0) + " "
+            if not words:
+                continue  # an unterminated [options] block: not an entry apt would use either
             opts += words.pop(0)
         if len(words) >= 3:
             yield opts, words[0], [words[1]], words[2:]
