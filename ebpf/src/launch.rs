@@ -80,7 +80,8 @@ pub struct LaunchEdge {
 pub struct LaunchWatcher {
     stats: MapHandle,
     watched: MapHandle,
-    edges: Mutex<Receiver<LaunchEdge>>,
+    /// Edges, unless they go to a sink given to [`LaunchWatcher::start_with`].
+    edges: Mutex<Option<Receiver<LaunchEdge>>>,
     attached: Vec<&'static str>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -133,21 +134,35 @@ fn parse_counts(v: &[u8]) -> LaunchCounts {
 }
 
 impl LaunchWatcher {
-    /// Loads the program and attaches it to every launch symbol `cfg.library` exports.
+    /// Loads the program and attaches it to every launch symbol `cfg.library` exports; edges are
+    /// read with [`LaunchWatcher::next_edge`].
     pub fn start(cfg: LaunchConfig) -> Result<LaunchWatcher, WatchError> {
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (tx, rx) = mpsc::channel();
+        let mut w = Self::start_with(cfg, move |e| {
+            let _ = tx.send(e);
+        })?;
+        w.edges = Mutex::new(Some(rx));
+        Ok(w)
+    }
+
+    /// Like [`LaunchWatcher::start`], but every edge is handed to `sink` on the watcher's thread
+    /// as soon as the ring buffer delivers it (for a consumer that waits on a channel of its own).
+    pub fn start_with(
+        cfg: LaunchConfig,
+        sink: impl FnMut(LaunchEdge) + Send + 'static,
+    ) -> Result<LaunchWatcher, WatchError> {
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("launch-watch".into())
-            .spawn(move || run(cfg, ready_tx, tx, stop2))
+            .spawn(move || run(cfg, ready_tx, sink, stop2))
             .map_err(|e| WatchError::Thread(e.to_string()))?;
         match ready_rx.recv() {
             Ok(Ok((stats, watched, attached))) => Ok(LaunchWatcher {
                 stats,
                 watched,
-                edges: Mutex::new(rx),
+                edges: Mutex::new(None),
                 attached,
                 stop,
                 thread: Some(thread),
@@ -172,6 +187,12 @@ impl LaunchWatcher {
             .map_err(|e| WatchError::bpf("adding a pid to the filter", e))
     }
 
+    /// Removes a process from the filter (and its counters).
+    pub fn unwatch(&self, pid: u32) {
+        let _ = self.watched.delete(&pid.to_ne_bytes());
+        let _ = self.stats.delete(&pid.to_ne_bytes());
+    }
+
     /// Launch counters of `pid` (zero if it launched nothing).
     pub fn counts(&self, pid: u32) -> LaunchCounts {
         match self.stats.lookup(&pid.to_ne_bytes(), MapFlags::ANY) {
@@ -180,10 +201,11 @@ impl LaunchWatcher {
         }
     }
 
-    /// The next idle->busy edge, waiting up to `timeout`.
+    /// The next idle->busy edge, waiting up to `timeout` (always `None` when the edges go to
+    /// the sink of [`LaunchWatcher::start_with`]).
     pub fn next_edge(&self, timeout: Duration) -> Option<LaunchEdge> {
         let rx = self.edges.lock().unwrap_or_else(PoisonError::into_inner);
-        rx.recv_timeout(timeout).ok()
+        rx.as_ref()?.recv_timeout(timeout).ok()
     }
 }
 
@@ -201,7 +223,7 @@ type Ready = Result<(MapHandle, MapHandle, Vec<&'static str>), WatchError>;
 fn run(
     cfg: LaunchConfig,
     ready: SyncSender<Ready>,
-    tx: mpsc::Sender<LaunchEdge>,
+    mut sink: impl FnMut(LaunchEdge) + Send + 'static,
     stop: Arc<AtomicBool>,
 ) {
     let mut storage = MaybeUninit::uninit();
@@ -267,7 +289,7 @@ fn run(
             if data.len() >= 24 {
                 let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
                 let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
-                let _ = tx.send(LaunchEdge {
+                sink(LaunchEdge {
                     pid: u32_at(0),
                     graph: u32_at(4) == 2,
                     ts_ns: u64_at(8),

@@ -1,9 +1,9 @@
-//! The gate's decision logic (issue 5): preempt offline work on the online process's idle->busy
-//! edge, resume it only after online has been idle for a cooldown of twice the longest recent gap
-//! between its iterations, so one online request is preempted against at most once.
+//! The gate's decision logic: preempt offline work on the online process's idle->busy edge, resume
+//! it after online has been idle for 2x the longest recent gap between its iterations.
 //!
-//! Pure and clock-free: it is fed launch times and ticks, and answers with actions. Wiring it to
-//! the launch watcher and the daemon is the next step (not done yet).
+//! Pure and clock-free, so one online request is provably preempted against at most once: it is
+//! fed launch edges, explicit busy/idle signals and ticks, and answers with actions.
+//! [`super::runtime`] drives it from the uprobe launch watcher inside the daemon.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -21,6 +21,9 @@ pub struct GateConfig {
     pub gap_factor: f64,
     /// How many recent gaps the maximum is taken over (so the cooldown can shrink again).
     pub gap_window: usize,
+    /// A fixed cooldown instead of the learned one (`Some(0)`: resume as soon as a tick finds
+    /// online idle, i.e. preempt on every burst of launches and resume at once).
+    pub fixed_cooldown: Option<Duration>,
 }
 
 impl Default for GateConfig {
@@ -30,6 +33,7 @@ impl Default for GateConfig {
             cooldown_ceiling: Duration::from_millis(200),
             gap_factor: 2.0,
             gap_window: 512,
+            fixed_cooldown: None,
         }
     }
 }
@@ -55,6 +59,8 @@ pub struct GatePolicy {
     learned: bool,
     /// A resume happened since the last launch: the gap now ending lies between requests.
     resumed_in_gap: bool,
+    /// The serving framework said "busy" and has not said "idle" yet: no resume on ticks.
+    pinned: bool,
 }
 
 impl GatePolicy {
@@ -68,6 +74,7 @@ impl GatePolicy {
             preemptions: 0,
             learned: false,
             resumed_in_gap: false,
+            pinned: false,
         }
     }
 
@@ -83,6 +90,9 @@ impl GatePolicy {
 
     /// The current cooldown: factor x the longest recent inter-iteration gap, clamped.
     pub fn cooldown(&self) -> Duration {
+        if let Some(fixed) = self.cfg.fixed_cooldown {
+            return fixed;
+        }
         if !self.learned {
             return self.cfg.cooldown_ceiling;
         }
@@ -91,10 +101,37 @@ impl GatePolicy {
         Duration::from_nanos(ns).clamp(self.cfg.cooldown_floor, self.cfg.cooldown_ceiling)
     }
 
-    /// An online launch at `ts_ns`. Returns [`Action::Preempt`] on the idle->busy edge.
+    /// Whether an explicit "busy" signal holds offline preempted.
+    pub fn pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// The latest online launch seen, if any.
+    pub fn last_launch_ns(&self) -> Option<u64> {
+        self.last_launch_ns
+    }
+
+    /// When a tick would resume offline (`None`: not preempted, pinned, or no launch yet).
+    pub fn resume_due_ns(&self) -> Option<u64> {
+        if !self.preempted || self.pinned {
+            return None;
+        }
+        let last = self.last_launch_ns?;
+        Some(last.saturating_add(self.cooldown().as_nanos() as u64))
+    }
+
+    /// An online launch at `ts_ns`, the gap measured from the previous launch seen here.
+    /// Returns [`Action::Preempt`] on the idle->busy edge.
     pub fn on_launch(&mut self, ts_ns: u64) -> Option<Action> {
-        if let Some(last) = self.last_launch_ns {
-            let gap = ts_ns.saturating_sub(last);
+        let idle = self.last_launch_ns.map(|last| ts_ns.saturating_sub(last));
+        self.on_edge(ts_ns, idle)
+    }
+
+    /// An online launch at `ts_ns` after `idle_ns` without one (as the launch watcher reports
+    /// idle->busy edges; `None` for a process's first launch). Returns [`Action::Preempt`] when
+    /// offline is running.
+    pub fn on_edge(&mut self, ts_ns: u64, idle_ns: Option<u64>) -> Option<Action> {
+        if let Some(gap) = idle_ns.filter(|&g| g > 0) {
             // A gap the gate resumed in is between requests, not between iterations. (With launch
             // times alone an iteration gap longer than the cooldown looks the same; explicit
             // busy/idle signals from the serving framework are what settle that.)
@@ -106,7 +143,39 @@ impl GatePolicy {
             }
         }
         self.resumed_in_gap = false;
+        self.saw_launch(ts_ns);
+        self.preempt()
+    }
+
+    /// A launch that was not an edge (read from the watcher's counters): only moves the idle
+    /// clock forward.
+    pub fn saw_launch(&mut self, ts_ns: u64) {
         self.last_launch_ns = Some(ts_ns.max(self.last_launch_ns.unwrap_or(0)));
+    }
+
+    /// The serving framework says a request is in flight: preempt now and stay preempted until
+    /// [`Self::on_idle`], whatever the launch gaps look like.
+    pub fn on_busy(&mut self, now_ns: u64) -> Option<Action> {
+        self.pinned = true;
+        self.saw_launch(now_ns);
+        self.preempt()
+    }
+
+    /// The serving framework says no request is in flight: resume at once (no cooldown needed,
+    /// it knows). The gap now starting lies between requests.
+    pub fn on_idle(&mut self) -> Option<Action> {
+        self.pinned = false;
+        if self.preempted {
+            self.preempted = false;
+            self.learned = true;
+            self.resumed_in_gap = true;
+            Some(Action::Resume)
+        } else {
+            None
+        }
+    }
+
+    fn preempt(&mut self) -> Option<Action> {
         if self.preempted {
             None
         } else {
@@ -118,8 +187,8 @@ impl GatePolicy {
 
     /// Time passes (`now_ns`). Returns [`Action::Resume`] once online has been idle for the cooldown.
     pub fn on_tick(&mut self, now_ns: u64) -> Option<Action> {
-        let last = self.last_launch_ns?;
-        if self.preempted && now_ns.saturating_sub(last) >= self.cooldown().as_nanos() as u64 {
+        let due = self.resume_due_ns()?;
+        if now_ns >= due {
             self.preempted = false;
             self.learned = true;
             self.resumed_in_gap = true;
@@ -263,5 +332,59 @@ mod tests {
         let mut g = GatePolicy::new(GateConfig::default());
         assert_eq!(g.on_tick(123 * MS), None);
         assert!(!g.preempted());
+    }
+
+    #[test]
+    fn edges_carry_their_own_gap() {
+        let mut g = learned(GateConfig::default());
+        assert_eq!(g.on_edge(10 * MS, None), Some(Action::Preempt));
+        // Launches between edges only move the clock; the next edge's idle gap is what is learned.
+        g.saw_launch(10 * MS + 20 * US);
+        assert_eq!(g.on_edge(12 * MS, Some(1_980 * US)), None);
+        assert_eq!(g.cooldown(), Duration::from_micros(3_960));
+        assert_eq!(g.resume_due_ns(), Some(12 * MS + 3_960 * US));
+        g.saw_launch(13 * MS);
+        assert_eq!(
+            g.on_tick(16 * MS),
+            None,
+            "the idle clock restarted at 13 ms"
+        );
+        assert_eq!(g.on_tick(13 * MS + 3_960 * US), Some(Action::Resume));
+    }
+
+    #[test]
+    fn busy_pins_until_idle_and_idle_resumes_at_once() {
+        let mut g = GatePolicy::new(GateConfig::default());
+        assert_eq!(g.on_busy(MS), Some(Action::Preempt));
+        assert!(g.pinned());
+        // Launches and long silences do not resume a pinned gate.
+        assert_eq!(g.on_edge(2 * MS, Some(MS)), None);
+        assert_eq!(g.on_tick(10_000 * MS), None);
+        assert_eq!(g.resume_due_ns(), None);
+        assert_eq!(g.on_idle(), Some(Action::Resume));
+        assert!(!g.preempted() && !g.pinned());
+        assert_eq!(g.on_idle(), None, "idle twice is harmless");
+        // The gap after an explicit idle is between requests: only the 1 ms one is learned.
+        assert_eq!(g.on_edge(150 * MS, Some(148 * MS)), Some(Action::Preempt));
+        assert_eq!(g.cooldown(), Duration::from_millis(2));
+        assert_eq!(g.preemptions(), 2);
+    }
+
+    #[test]
+    fn a_fixed_cooldown_ignores_the_gaps() {
+        let cfg = GateConfig {
+            fixed_cooldown: Some(Duration::ZERO),
+            ..GateConfig::default()
+        };
+        let mut g = GatePolicy::new(cfg);
+        let mut preemptions = 0;
+        // Every burst is preempted and resumed at the next tick: frequent preemption.
+        for i in 0..10 {
+            let t = i * 2 * MS;
+            preemptions += usize::from(g.on_edge(t, Some(2 * MS)).is_some());
+            assert_eq!(g.on_tick(t + 100 * US), Some(Action::Resume));
+        }
+        assert_eq!(preemptions, 10);
+        assert_eq!(g.cooldown(), Duration::ZERO);
     }
 }
