@@ -27,9 +27,9 @@ Exit codes:
   4    permission denied on the NVIDIA device files
   5    the driver rejected the request (e.g. unknown client or channel handle); nothing was left disabled
   6    no such GPU
-  7    the Valve daemon is not running (for ps, status, --pid, resume --all)
+  7    the Valve daemon is not running (for ps, status, --pid, resume --all, gate)
   8    no such process, process has no GPU channels, or it started before the daemon
-  9    BPF or the ioctl tracepoints are unavailable (daemon)
+  9    BPF, the ioctl tracepoints or uprobes on libcuda are unavailable (daemon, gate start)
   130  `bench` interrupted (channels were resumed)
 
 Handles are hexadecimal, with or without 0x (as RM prints them: c1d00042, 0x5c000020).
@@ -44,7 +44,9 @@ Examples:
   sudo valvectl daemon --group valve --max-hold 30s      # discovery; see `valvectl ps`
   valvectl ps
   valvectl preempt --pid 4242 --for 2s                   # all of its GPUs, in parallel
-  valvectl resume --all";
+  valvectl resume --all
+  valvectl gate start --online 4242 --offline-label batch  # offline runs only while 4242 idles
+  valvectl gate status; valvectl gate stop";
 
 /// Valve: freeze and release other processes' GPU channels on NVIDIA GPUs.
 #[derive(Debug, Parser)]
@@ -116,6 +118,20 @@ pub enum Command {
     TestLoad,
     /// The daemon's state: uptime, events seen, what is preempted.
     Status,
+    /// Workload-aware gating (runs inside the daemon): offline processes run only while the
+    /// online ones are idle.
+    ///
+    /// The daemon watches the online processes' kernel and graph launches with uprobes on
+    /// libcuda (no change to them). On the first launch after an idle gap it preempts every
+    /// offline process on all their GPUs at once; it resumes them once online has been idle for
+    /// a cooldown of 2x the longest recent gap between its iterations, so one online request is
+    /// preempted against at most once. A serving framework can also say `busy`/`idle` itself.
+    /// Only processes named as offline are ever frozen; online ones never are. If the daemon
+    /// dies, its restart re-enables offline.
+    Gate {
+        #[command(subcommand)]
+        action: GateCommand,
+    },
     /// Preempt and resume in a loop and print p50/p99/max of each step.
     Bench {
         #[command(flatten)]
@@ -136,6 +152,65 @@ pub enum Command {
         #[arg(long)]
         schedule_only: bool,
     },
+}
+
+/// `valvectl gate ...`.
+#[derive(Debug, Subcommand)]
+pub enum GateCommand {
+    /// Start gating (returns at once; the gate runs in the daemon until `gate stop`).
+    ///
+    /// Labels are the `VALVE_LABEL` environment variable of a process (e.g. `VALVE_LABEL=batch
+    /// python train.py`); labelled processes that start later are picked up within a second.
+    #[command(after_help = "Examples:
+  valvectl gate start --online 4242 --offline 5151,5252
+  valvectl gate start --online-label serving --offline-label batch
+  valvectl gate start --online 4242 --offline 5151 --cooldown-floor 2ms --cooldown-ceiling 100ms")]
+    Start {
+        /// Online (latency-critical) processes by pid.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_name = "PID",
+            required_unless_present = "online_label"
+        )]
+        online: Vec<u32>,
+        /// Online processes by label (VALVE_LABEL in their environment).
+        #[arg(long, value_name = "LABEL")]
+        online_label: Option<String>,
+        /// Offline (preemptible) processes by pid; they must have started after the daemon.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_name = "PID",
+            required_unless_present = "offline_label"
+        )]
+        offline: Vec<u32>,
+        /// Offline processes by label (VALVE_LABEL in their environment).
+        #[arg(long, value_name = "LABEL")]
+        offline_label: Option<String>,
+        /// The shortest cooldown before offline is resumed.
+        #[arg(long, value_parser = parse_duration, default_value = "1ms", value_name = "DURATION")]
+        cooldown_floor: Duration,
+        /// The longest cooldown; also the one used until a first online request has been seen
+        /// to end, and gaps this long count as "between requests".
+        #[arg(long, value_parser = parse_duration, default_value = "200ms", value_name = "DURATION")]
+        cooldown_ceiling: Duration,
+        /// Cooldown = this factor x the longest recent gap between online iterations.
+        #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
+        gap_factor: f64,
+        /// Use this cooldown instead of learning it (0ms: preempt on every burst of launches
+        /// and resume at once; for comparison, it hurts online latency).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        fixed_cooldown: Option<Duration>,
+    },
+    /// Stop gating; offline is resumed. Prints the final counts.
+    Stop,
+    /// What the gate has done: preemptions, resumes, cooldown, latencies.
+    Status,
+    /// For a serving framework: a request is in flight (preempt now, hold until `idle`).
+    Busy,
+    /// For a serving framework: no request is in flight (resume offline now).
+    Idle,
 }
 
 /// Which channels: one GPU and client with `--gpu/--client/--channel`, or any mix with `--target`.
@@ -442,7 +517,7 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
             signals,
         )
         .map_err(|e| CliError::Daemon(e.code, e.message)),
-        Command::Ps | Command::Status => client_command(cli, out, signals),
+        Command::Ps | Command::Status | Command::Gate { .. } => client_command(cli, out, signals),
         Command::TestLoad => match crate::doctor::test_load() {
             0 => Ok(()),
             code => Err(CliError::Daemon(code, "the CUDA test load failed".into())),
@@ -503,9 +578,120 @@ fn daemon_call(cli: &Cli, req: &Request) -> Result<serde_json::Value, CliError> 
     }
 }
 
+fn gate_request(action: &GateCommand) -> Request {
+    let us = |d: &Duration| d.as_micros() as u64;
+    match action {
+        GateCommand::Start {
+            online,
+            online_label,
+            offline,
+            offline_label,
+            cooldown_floor,
+            cooldown_ceiling,
+            gap_factor,
+            fixed_cooldown,
+        } => Request::GateStart(crate::ipc::GateSpec {
+            online: online.clone(),
+            online_label: online_label.clone(),
+            offline: offline.clone(),
+            offline_label: offline_label.clone(),
+            cooldown_floor_us: Some(us(cooldown_floor)),
+            cooldown_ceiling_us: Some(us(cooldown_ceiling)),
+            gap_factor: Some(*gap_factor),
+            fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
+        }),
+        GateCommand::Stop => Request::GateStop,
+        GateCommand::Status => Request::GateStatus,
+        GateCommand::Busy => Request::OnlineBusy,
+        GateCommand::Idle => Request::OnlineIdle,
+    }
+}
+
+/// The gate's status as a few human lines.
+fn print_gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Result<()> {
+    if v["running"] != true {
+        writeln!(out, "gate: not running")?;
+        if v.get("preemptions").is_none() {
+            return Ok(());
+        }
+    } else {
+        let who = |pids: &serde_json::Value, label: &serde_json::Value| {
+            let mut s = pids.to_string();
+            if let Some(l) = label.as_str() {
+                s.push_str(&format!(" (label {l})"));
+            }
+            s
+        };
+        writeln!(
+            out,
+            "gate: running; offline {}{}",
+            if v["preempted"] == true {
+                "PREEMPTED"
+            } else {
+                "running"
+            },
+            if v["pinned"] == true {
+                " (held by a busy signal)"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            out,
+            "online pids {}; offline pids {}: {} channel(s) on {} GPU(s)",
+            who(&v["online_pids"], &v["online_label"]),
+            who(&v["offline_pids"], &v["offline_label"]),
+            v["offline_channels"],
+            v["offline_gpus"]
+        )?;
+    }
+    let f = |k: &str, p: &str| v[k][p].as_f64().unwrap_or(0.0);
+    writeln!(
+        out,
+        "preemptions {}, resumes {}, online edges {}, offline preempted {:.2} s in all; cooldown now {:.2} ms",
+        v["preemptions"],
+        v["resumes"],
+        v["edges"],
+        v["preempted_s"].as_f64().unwrap_or(0.0),
+        v["cooldown_us"].as_f64().unwrap_or(0.0) / 1e3
+    )?;
+    writeln!(
+        out,
+        "disable p50/p99 {:.0}/{:.0} us, enable {:.0}/{:.0} us, online launch -> offline stopped {:.0}/{:.0} us",
+        f("disable_us", "p50_us"),
+        f("disable_us", "p99_us"),
+        f("enable_us", "p50_us"),
+        f("enable_us", "p99_us"),
+        f("edge_to_disable_us", "p50_us"),
+        f("edge_to_disable_us", "p99_us")
+    )?;
+    if let Some(e) = v["last_error"].as_str() {
+        writeln!(out, "errors {}, latest: {e}", v["errors"])?;
+    }
+    if let Some(n) = v["note"].as_str() {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}
+
 /// Commands served by the daemon.
 fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(), CliError> {
     match &cli.command {
+        Command::Gate { action } => {
+            let data = daemon_call(cli, &gate_request(action))?;
+            if cli.json {
+                writeln!(out, "{data}")?;
+            } else if matches!(action, GateCommand::Busy | GateCommand::Idle) {
+                writeln!(
+                    out,
+                    "sent: online {}",
+                    data["signal"].as_str().unwrap_or("")
+                )?;
+            } else {
+                print_gate_status(out, &data)?;
+            }
+            Ok(())
+        }
         Command::Ps => {
             let data = daemon_call(cli, &Request::Ps)?;
             if cli.json {
@@ -757,6 +943,7 @@ pub fn execute<D: RmDriver>(
         Command::Daemon { .. }
         | Command::Ps
         | Command::Status
+        | Command::Gate { .. }
         | Command::Doctor
         | Command::TestLoad => Err(CliError::Usage(
             "this command does not run against a controller".into(),
@@ -993,6 +1180,76 @@ mod tests {
         assert_eq!(t.client, 0xc1d0_0042);
         assert_eq!(t.channels, vec![0x5c00_0030, 0x5c00_0031]);
         assert!(parse_target("0:c1d00042").is_err());
+    }
+
+    #[test]
+    fn gate_start_needs_both_sides_and_carries_its_tuning() {
+        assert!(parse(&["gate", "start", "--online", "1"]).is_err());
+        assert!(parse(&["gate", "start", "--offline", "1"]).is_err());
+        let cli = parse(&[
+            "gate",
+            "start",
+            "--online",
+            "10,11",
+            "--offline-label",
+            "batch",
+            "--fixed-cooldown",
+            "0ms",
+            "--cooldown-floor",
+            "2ms",
+        ])
+        .unwrap();
+        let Command::Gate { action } = &cli.command else {
+            panic!("{cli:?}")
+        };
+        let Request::GateStart(spec) = gate_request(action) else {
+            panic!()
+        };
+        assert_eq!(spec.online, vec![10, 11]);
+        assert!(spec.offline.is_empty());
+        assert_eq!(spec.offline_label.as_deref(), Some("batch"));
+        assert_eq!(spec.fixed_cooldown_us, Some(0));
+        assert_eq!(spec.cooldown_floor_us, Some(2_000));
+        assert_eq!(spec.cooldown_ceiling_us, Some(200_000));
+        assert_eq!(spec.gap_factor, Some(2.0));
+        for (sub, req) in [
+            ("stop", Request::GateStop),
+            ("status", Request::GateStatus),
+            ("busy", Request::OnlineBusy),
+            ("idle", Request::OnlineIdle),
+        ] {
+            let cli = parse(&["gate", sub]).unwrap();
+            let Command::Gate { action } = &cli.command else {
+                panic!()
+            };
+            assert_eq!(gate_request(action), req);
+        }
+    }
+
+    #[test]
+    fn gate_status_prints_what_an_operator_needs() {
+        let v = serde_json::json!({"running": true, "preempted": true, "pinned": false,
+            "online_pids": [10], "online_label": null, "offline_pids": [20, 21],
+            "offline_label": "batch", "offline_channels": 40, "offline_gpus": 2,
+            "preemptions": 7, "resumes": 6, "edges": 90, "preempted_s": 1.5, "cooldown_us": 4200.0,
+            "disable_us": {"p50_us": 650.0, "p99_us": 700.0},
+            "enable_us": {"p50_us": 400.0, "p99_us": 450.0},
+            "edge_to_disable_us": {"p50_us": 700.0, "p99_us": 800.0}, "errors": 0,
+            "last_error": null});
+        let mut out = Vec::new();
+        print_gate_status(&mut out, &v).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("offline PREEMPTED"), "{text}");
+        assert!(
+            text.contains("[20,21] (label batch): 40 channel(s) on 2 GPU(s)"),
+            "{text}"
+        );
+        assert!(text.contains("preemptions 7, resumes 6"), "{text}");
+        assert!(text.contains("cooldown now 4.20 ms"), "{text}");
+        assert!(text.contains("stopped 700/800 us"), "{text}");
+        let mut out = Vec::new();
+        print_gate_status(&mut out, &serde_json::json!({"running": false})).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "gate: not running\n");
     }
 
     #[test]

@@ -25,6 +25,9 @@ use crate::ipc::{Reply, Request};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::state::{reenable, DisabledRecord, StateFile};
 
+mod gate;
+pub use gate::{process_label, GateStarter, LABEL_VAR};
+
 /// Exit code: the daemon is not running.
 pub const EXIT_NO_DAEMON: i32 = 7;
 /// Exit code: no such process, no GPU channels, or not discoverable.
@@ -58,6 +61,8 @@ pub struct DaemonCore<D: RmDriver> {
     pub recovery_failures: Vec<String>,
     /// Processes whose registry entries were restored from the journal at start.
     pub restored: Vec<u32>,
+    gate: Option<gate::ActiveGate>,
+    gate_starter: Option<GateStarter>,
 }
 
 fn comm(pid: u32) -> String {
@@ -145,6 +150,8 @@ impl<D: RmDriver> DaemonCore<D> {
             recovered,
             recovery_failures,
             restored,
+            gate: None,
+            gate_starter: None,
         })
     }
 
@@ -159,10 +166,12 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     fn save(&self) -> crate::error::Result<()> {
+        // What the gate may disable counts too: a restart must not leave it frozen.
         let all: Vec<DisabledRecord> = self
             .preempted
             .values()
             .flat_map(|p| p.records.iter().cloned())
+            .chain(self.gate.iter().flat_map(|g| g.records.iter().cloned()))
             .collect();
         self.state.save(&all)
     }
@@ -220,14 +229,25 @@ impl<D: RmDriver> DaemonCore<D> {
                 "recovery_failures": self.recovery_failures,
                 "restored_from_journal": self.restored,
                 "gpus": self.ctl.gpus(),
+                "gate": self.gate_status().data,
             })),
             Request::Preempt {
                 pid,
                 gpu,
                 max_hold_ms,
             } => self.preempt(pid, gpu.as_deref(), max_hold_ms.map(Duration::from_millis)),
-            Request::Resume { pid } => self.resume(pid),
+            Request::Resume { pid } => {
+                let r = self.resume(pid);
+                // Back under the gate, if it names the process.
+                self.refresh_gate(Instant::now(), true);
+                r
+            }
             Request::ResumeAll => self.resume_all(),
+            Request::GateStart(spec) => self.gate_start(spec),
+            Request::GateStop => self.gate_stop(),
+            Request::GateStatus => self.gate_status(),
+            Request::OnlineBusy => self.gate_signal(true),
+            Request::OnlineIdle => self.gate_signal(false),
         }
     }
 
@@ -368,6 +388,8 @@ impl<D: RmDriver> DaemonCore<D> {
             self.preempted.remove(&pid);
             return Reply::err(1, format!("not preempting: cannot record it ({e})"));
         }
+        // A gated process is the operator's from now on: the gate must not enable it again.
+        self.sync_gate();
         let outcome = {
             let p = self.preempted.get(&pid).expect("inserted");
             self.ctl
@@ -521,6 +543,36 @@ fn serve_one<D: RmDriver>(core: &mut DaemonCore<D>, stream: UnixStream, gid: Opt
     let _ = writer.write_all(out.as_bytes());
 }
 
+/// The uprobe launch watcher reports idle->busy edges after this much silence; each carries its
+/// gap, which is what the policy learns iteration gaps from.
+pub const GATE_EDGE_GAP: Duration = Duration::from_micros(200);
+
+/// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points.
+fn real_gate_starter(
+    cfg: crate::gate::GateConfig,
+) -> Result<crate::gate::runtime::GateHandle, String> {
+    crate::gate::runtime::spawn(cfg, |tx| {
+        let library = valve_ebpf::find_libcuda().ok_or(
+            "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
+             the gate watches online launches with uprobes on it",
+        )?;
+        let watcher = valve_ebpf::LaunchWatcher::start_with(
+            valve_ebpf::LaunchConfig {
+                library,
+                pids: Vec::new(),
+                filter: true,
+                edge_gap: GATE_EDGE_GAP,
+            },
+            move |e| {
+                let _ = tx.send(crate::gate::GateInput::Edge(e));
+            },
+        )
+        .map_err(|e| format!("attaching uprobes to libcuda: {e}"))?;
+        let ctl = Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
+        Ok((ctl, watcher))
+    })
+}
+
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
 pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
     if !nix::unistd::geteuid().is_root() {
@@ -597,11 +649,13 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
         core.pre_existing.len(),
         cfg.socket.display()
     );
+    core.set_gate_starter(Box::new(real_gate_starter));
     let result = loop {
         while let Some(ev) = watcher.poll(Duration::ZERO) {
             core.on_event(&ev);
         }
         core.expire(Instant::now());
+        core.refresh_gate(Instant::now(), false);
         if !watcher.is_alive() {
             break Err(derr(
                 EXIT_BPF,
@@ -631,6 +685,9 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
             break Ok(());
         }
     };
+    if core.gate.is_some() {
+        let _ = core.gate_stop();
+    }
     let r = core.resume_all();
     if let Err(e) = core.flush_journal() {
         tracing::error!("writing the registry journal: {e}");
@@ -1042,6 +1099,195 @@ mod tests {
         assert_eq!(rm.disabled().len(), 6);
         let r = c.handle(Request::ResumeAll);
         assert!(r.error.is_none());
+        assert!(rm.disabled().is_empty());
+    }
+
+    /// A launch source that reports nothing, or panics when asked (a gate thread that dies).
+    struct QuietLaunches {
+        panic: bool,
+    }
+
+    impl crate::gate::LaunchSource for QuietLaunches {
+        fn watch(&mut self, _pid: u32) -> Result<(), String> {
+            Ok(())
+        }
+        fn unwatch(&mut self, _pid: u32) {}
+        fn last_launch_ns(&self, _pid: u32) -> u64 {
+            assert!(!self.panic, "launch source failed");
+            0
+        }
+    }
+
+    type EdgeSender =
+        Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<crate::gate::GateInput>>>>;
+
+    fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter, EdgeSender) {
+        let rm = rm.clone();
+        let edges: EdgeSender = Default::default();
+        let edges2 = edges.clone();
+        let starter = Box::new(move |cfg| {
+            let (rm, edges) = (rm.clone(), edges2.clone());
+            crate::gate::runtime::spawn(cfg, move |tx| {
+                *edges.lock().unwrap() = Some(tx);
+                let ctl = Controller::with_driver(rm).map_err(|e| e.to_string())?;
+                Ok((ctl, QuietLaunches { panic }))
+            })
+        });
+        (starter, edges)
+    }
+
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while !cond() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "timed out waiting: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn gate_spec(online: u32, offline: u32) -> Request {
+        Request::GateStart(crate::ipc::GateSpec {
+            online: vec![online],
+            offline: vec![offline],
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn the_gate_freezes_only_offline_and_records_it_first() {
+        let rm = Arc::new(FakeRm::host(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(&rm, dir.path(), None);
+        let (starter, _) = fake_starter(&rm, false);
+        c.set_gate_starter(starter);
+        // Offline: this test process; online: pid 1 (both alive). Another process with the
+        // same object handles must never be touched.
+        let me = std::process::id();
+        for e in cuda_process(&rm, me, 0xc1d0_0010, &[0], 4) {
+            c.on_event(&e);
+        }
+        for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 4) {
+            c.on_event(&e);
+        }
+        // Bad specs are refused with their exit codes, and nothing starts.
+        let code = |r: Reply| r.error.map(|e| e.code);
+        let only_online = Request::GateStart(crate::ipc::GateSpec {
+            online: vec![1],
+            ..Default::default()
+        });
+        assert_eq!(code(c.handle(only_online)), Some(2));
+        assert_eq!(code(c.handle(gate_spec(1, 1))), Some(2));
+        assert_eq!(code(c.handle(gate_spec(1, 4_199_999))), Some(EXIT_PROCESS));
+        assert_eq!(code(c.handle(Request::GateStop)), Some(1));
+        assert_eq!(code(c.handle(Request::OnlineBusy)), Some(1));
+        assert_eq!(c.handle(Request::GateStatus).data["running"], false);
+
+        let r = c.handle(gate_spec(1, me));
+        assert!(r.error.is_none(), "{r:?}");
+        assert_eq!(r.data["offline_channels"], 4);
+        assert_eq!(
+            code(c.handle(gate_spec(1, me))),
+            Some(1),
+            "one gate at a time"
+        );
+        let recorded = StateFile::in_dir(dir.path()).load().unwrap();
+        assert!(recorded
+            .iter()
+            .any(|r| r.pid == me && r.channels.len() == 4));
+        assert!(rm.disabled().is_empty(), "recorded, not yet disabled");
+
+        assert!(c.handle(Request::OnlineBusy).error.is_none());
+        wait_for("busy disables", || rm.disabled().len() == 4);
+        assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0010));
+        assert!(c.handle(Request::OnlineIdle).error.is_none());
+        wait_for("idle enables", || rm.disabled().is_empty());
+
+        // A manual preempt of a gated process is the operator's: the gate's resume leaves it.
+        assert!(c.handle(Request::OnlineBusy).error.is_none());
+        wait_for("busy disables", || rm.disabled().len() == 4);
+        let r = c.handle(Request::Preempt {
+            pid: me,
+            gpu: None,
+            max_hold_ms: None,
+        });
+        assert!(r.error.is_none(), "{r:?}");
+        assert!(c.handle(Request::OnlineIdle).error.is_none());
+        let st = c.handle(Request::GateStatus).data;
+        wait_for("the gate resumed", || {
+            c.handle(Request::GateStatus).data["resumes"] == 2
+        });
+        assert_eq!(st["offline_channels"], 0);
+        assert_eq!(rm.disabled().len(), 4, "still held by the manual preempt");
+        assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+        assert!(rm.disabled().is_empty());
+        assert_eq!(c.handle(Request::GateStatus).data["offline_channels"], 4);
+
+        // Status shows the gate; stop resumes and clears the records.
+        assert!(c.handle(Request::OnlineBusy).error.is_none());
+        wait_for("busy disables", || rm.disabled().len() == 4);
+        assert_eq!(c.handle(Request::Status).data["gate"]["running"], true);
+        let r = c.handle(Request::GateStop);
+        assert!(r.error.is_none());
+        assert_eq!(r.data["running"], false);
+        assert_eq!(r.data["preemptions"], 3);
+        assert!(rm.disabled().is_empty());
+        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
+        let rm = Arc::new(FakeRm::host(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(&rm, dir.path(), None);
+        let (starter, edges) = fake_starter(&rm, true);
+        c.set_gate_starter(starter);
+        let me = std::process::id();
+        for e in cuda_process(&rm, me, 0xc1d0_0010, &[0], 4) {
+            c.on_event(&e);
+        }
+        assert!(c.handle(gate_spec(1, me)).error.is_none());
+        // An online launch edge: the gate disables, then its launch source fails (panics) when
+        // the cooldown check asks it for the latest launch.
+        let tx = edges.lock().unwrap().clone().unwrap();
+        tx.send(crate::gate::GateInput::Edge(valve_ebpf::LaunchEdge {
+            pid: 1,
+            graph: false,
+            ts_ns: 1,
+            idle_ns: 0,
+        }))
+        .unwrap();
+        wait_for("the gate thread dies", || {
+            c.gate.as_ref().is_some_and(|g| g.handle_finished())
+        });
+        c.refresh_gate(Instant::now(), false);
+        assert!(c.gate.is_none());
+        assert!(rm.disabled().is_empty());
+        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_restart_reenables_what_a_killed_daemon_gate_held() {
+        let rm = Arc::new(FakeRm::host(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(&rm, dir.path(), None);
+        let (starter, _) = fake_starter(&rm, false);
+        c.set_gate_starter(starter);
+        let me = std::process::id();
+        for e in cuda_process(&rm, me, 0xc1d0_0010, &[0], 4) {
+            c.on_event(&e);
+        }
+        assert!(c.handle(gate_spec(1, me)).error.is_none());
+        assert!(c.handle(Request::OnlineBusy).error.is_none());
+        wait_for("busy disables", || rm.disabled().len() == 4);
+        // SIGKILL: neither the daemon nor the gate thread gets to clean up.
+        let g = c.gate.take().unwrap();
+        std::mem::forget(g);
+        std::mem::forget(c);
+        assert_eq!(rm.disabled().len(), 4);
+        let second = core(&rm, dir.path(), None);
+        assert_eq!(second.recovered, 4);
         assert!(rm.disabled().is_empty());
     }
 }

@@ -14,7 +14,7 @@ pub const DEFAULT_SOCKET: &str = "/run/valve/valve.sock";
 pub const DEFAULT_STATE_DIR: &str = "/run/valve";
 
 /// A request to the daemon.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Processes the daemon knows, with their GPUs and channels.
@@ -37,6 +37,45 @@ pub enum Request {
     },
     /// Enable everything the daemon disabled.
     ResumeAll,
+    /// Start gating: offline runs only while online is idle.
+    GateStart(GateSpec),
+    /// Stop gating (offline is resumed); the reply is the final status.
+    GateStop,
+    /// The gate's status (`running: false` when there is none).
+    GateStatus,
+    /// From a serving framework: an online request is in flight (preempt now, hold until idle).
+    OnlineBusy,
+    /// From a serving framework: no online request is in flight (resume now).
+    OnlineIdle,
+}
+
+/// What to gate and how, for [`Request::GateStart`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GateSpec {
+    /// Online processes by pid.
+    #[serde(default)]
+    pub online: Vec<u32>,
+    /// Online processes by label (`VALVE_LABEL=<label>` in their environment).
+    #[serde(default)]
+    pub online_label: Option<String>,
+    /// Offline processes by pid.
+    #[serde(default)]
+    pub offline: Vec<u32>,
+    /// Offline processes by label.
+    #[serde(default)]
+    pub offline_label: Option<String>,
+    /// Shortest cooldown, us.
+    #[serde(default)]
+    pub cooldown_floor_us: Option<u64>,
+    /// Longest cooldown (and the one used until a first request ended), us.
+    #[serde(default)]
+    pub cooldown_ceiling_us: Option<u64>,
+    /// Cooldown = factor x the longest recent inter-iteration gap.
+    #[serde(default)]
+    pub gap_factor: Option<f64>,
+    /// A fixed cooldown instead of the learned one, us.
+    #[serde(default)]
+    pub fixed_cooldown_us: Option<u64>,
 }
 
 /// Why a request failed; `code` is the exit code valvectl uses.
@@ -145,6 +184,26 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Request::ResumeAll).unwrap(),
             r#"{"op":"resume_all"}"#
+        );
+        // What a serving framework writes to the socket, one line per connection.
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"online_busy"}"#).unwrap(),
+            Request::OnlineBusy
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"online_idle"}"#).unwrap(),
+            Request::OnlineIdle
+        );
+        let g: Request =
+            serde_json::from_str(r#"{"op":"gate_start","online":[1],"offline_label":"batch"}"#)
+                .unwrap();
+        assert_eq!(
+            g,
+            Request::GateStart(GateSpec {
+                online: vec![1],
+                offline_label: Some("batch".into()),
+                ..GateSpec::default()
+            })
         );
     }
 

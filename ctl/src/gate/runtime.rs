@@ -34,6 +34,8 @@ pub enum GateInput {
     Offline(Vec<DisabledRecord>),
     /// The online processes (replaces the previous set).
     Online(BTreeSet<u32>),
+    /// Answer on this channel once every earlier input has been applied.
+    Sync(mpsc::SyncSender<()>),
     /// Enable everything and end the thread.
     Stop,
 }
@@ -241,6 +243,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             }
             GateInput::Offline(records) => self.set_offline(records),
             GateInput::Online(pids) => self.set_online(pids),
+            GateInput::Sync(ack) => {
+                let _ = ack.try_send(());
+            }
             GateInput::Stop => return false,
         }
         self.update(|_| {});
