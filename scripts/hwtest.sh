@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Valve's hardware test, for a GPU host: builds the CUDA workloads with the host's nvcc, then runs
-# valve-hwtest (preemption latency, frozen checks, online interference, channel subsets, multi-GPU).
+# valve-hwtest (preemption latency, frozen checks, online interference, the gate benchmark,
+# channel subsets, multi-GPU).
 #
 # Usage: scripts/hwtest.sh [valve-hwtest options...]
 #   VALVE_BIN=DIR   directory with prebuilt valvectl and valve-hwtest (default: .carry/bin, else

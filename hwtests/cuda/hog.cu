@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "gpu_clock.cuh"
 
 using namespace valve;
 
@@ -36,11 +37,7 @@ static HogHeader* g_hdr = nullptr;
     }                                                                                  \
   } while (0)
 
-__device__ __forceinline__ uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using valve::globaltimer;
 
 // One block = one heartbeat slot. Runs until *stop is nonzero or, when max_iters >= 0, for
 // max_iters iterations (graph mode). Slot 0 (the one the runner's poller watches) is written every

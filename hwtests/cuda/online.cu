@@ -12,29 +12,11 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "gpu_clock.cuh"
 
-#define CK(call)                                                                        \
-  do {                                                                                  \
-    cudaError_t err_ = (call);                                                          \
-    if (err_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "online: %s failed: %s\n", #call, cudaGetErrorString(err_)); \
-      std::exit(2);                                                                     \
-    }                                                                                   \
-  } while (0)
+#define CK(call) VALVE_CUDA_CHECK("online", call)
 
-__device__ __forceinline__ uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// Spins for `ns` nanoseconds of GPU time.
-__global__ void spin_kernel(uint64_t ns, uint32_t* sink) {
-  const uint64_t t0 = globaltimer();
-  uint32_t x = threadIdx.x;
-  while (globaltimer() - t0 < ns) x = x * 1664525u + 1013904223u;
-  if (x == 0xFFFFFFFFu) *sink = x;  // keeps the loop from being optimised away
-}
+using valve::spin_kernel;
 
 [[noreturn]] static void usage() {
   std::fprintf(stderr,

@@ -39,7 +39,8 @@ fn hex(v: &Value) -> u32 {
     u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0)
 }
 
-fn from_ps(ps: &Value, pid: u32) -> Option<Tree> {
+/// The channels `valvectl --json ps` lists for `pid`, by GPU (`None`: not listed).
+pub(crate) fn from_ps(ps: &Value, pid: u32) -> Option<Tree> {
     let p = ps["processes"]
         .as_array()?
         .iter()
@@ -66,12 +67,14 @@ fn from_ps(ps: &Value, pid: u32) -> Option<Tree> {
     )
 }
 
-struct Daemon {
+/// A `valvectl daemon` on its own socket and state directory, stopped with SIGTERM on drop.
+pub(crate) struct Daemon {
     child: Child,
 }
 
 impl Daemon {
-    fn start(vc: &Path, sock: &Path, state: &Path, log: &Path) -> Result<Daemon> {
+    /// Starts it (stderr appended to `log`) and waits until `valvectl status` answers.
+    pub(crate) fn start(vc: &Path, sock: &Path, state: &Path, log: &Path) -> Result<Daemon> {
         let err = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -105,7 +108,8 @@ impl Daemon {
         }
     }
 
-    fn stop(mut self) -> Result<()> {
+    /// SIGTERM, then waits for it to exit.
+    pub(crate) fn stop(mut self) -> Result<()> {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
@@ -127,7 +131,8 @@ impl Drop for Daemon {
     }
 }
 
-fn vc_json(vc: &Path, sock: &Path, args: &[&str]) -> Result<(i32, Value, String)> {
+/// `valvectl --socket <sock> --json <args>`: (exit code, parsed stdout or null, stderr).
+pub(crate) fn vc_json(vc: &Path, sock: &Path, args: &[&str]) -> Result<(i32, Value, String)> {
     let out = Command::new(vc)
         .arg("--socket")
         .arg(sock)

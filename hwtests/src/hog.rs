@@ -29,19 +29,22 @@ pub struct Bins {
     pub hog: PathBuf,
     /// `online` executable.
     pub online: PathBuf,
+    /// `serving` executable (the gate benchmark's online client).
+    pub serving: PathBuf,
     /// `libvalve_ioctl_log.so`.
     pub logger: PathBuf,
 }
 
 impl Bins {
-    /// The three files in `dir`.
+    /// The four files in `dir`.
     pub fn in_dir(dir: &Path) -> Result<Self> {
         let b = Bins {
             hog: dir.join("hog"),
             online: dir.join("online"),
+            serving: dir.join("serving"),
             logger: dir.join("libvalve_ioctl_log.so"),
         };
-        for p in [&b.hog, &b.online, &b.logger] {
+        for p in [&b.hog, &b.online, &b.serving, &b.logger] {
             if !p.exists() {
                 bail!(
                     "{} is missing: build the workloads with hwtests/cuda/build.sh",

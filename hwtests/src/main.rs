@@ -6,6 +6,7 @@
 
 mod discovery;
 mod experiments;
+mod gate;
 mod heartbeat;
 mod hog;
 mod ioctl_log;
@@ -25,11 +26,11 @@ use valve_ctl::{Controller, DriverInfo, GpuInfo};
 use experiments::{cycle, plan, stats, Cycle, CycleStats, LibPreempter, Preempter, RawPreempter};
 use hog::{run_online, Bins, ChannelSet, Hog, Poller};
 
-/// Valve hardware test: preemption latency, frozen checks, online interference, channel subsets,
-/// multi-GPU serial vs parallel.
+/// Valve hardware test: preemption latency, frozen checks, online interference, the gate
+/// benchmark, channel subsets, multi-GPU serial vs parallel.
 #[derive(Parser, Debug)]
 struct Args {
-    /// Directory with hog, online and libvalve_ioctl_log.so (from hwtests/cuda/build.sh).
+    /// Directory with hog, online, serving and libvalve_ioctl_log.so (from hwtests/cuda/build.sh).
     #[arg(long)]
     bins: PathBuf,
     /// valvectl binary, to exercise the CLI against a live hog.
@@ -68,6 +69,12 @@ struct Args {
     /// Run only the launch-detection (uprobe) experiment.
     #[arg(long)]
     only_launch: bool,
+    /// Skip the gate benchmark (online serving next to an offline hog under `valvectl gate`).
+    #[arg(long)]
+    skip_gate: bool,
+    /// Run only the gate benchmark.
+    #[arg(long)]
+    only_gate: bool,
 }
 
 pub(crate) struct Report {
@@ -192,16 +199,29 @@ fn run(args: &Args) -> Result<bool> {
     r.json.insert("gpus".into(), json!(gpus));
     let g0 = &gpus[0];
 
-    let only = args.only_discovery || args.only_launch;
+    let only = args.only_discovery || args.only_launch || args.only_gate;
     if !only {
         main_experiment(args, &ctl, &bins, g0, &device, &mut r)?;
     }
-    if !args.only_discovery {
+    if !args.only_discovery && !args.only_gate {
         if let Err(e) = launch::run(&bins, g0, &mut r) {
             r.check("launch-detection experiment ran", false, format!("{e:#}"));
         }
     }
     if args.only_launch {
+        return finish(args, r, t_start);
+    }
+    if (!args.skip_gate || args.only_gate) && !args.only_discovery {
+        match &args.valvectl {
+            Some(vc) => {
+                if let Err(e) = gate::run(&bins, g0, vc, &args.out, &mut r) {
+                    r.check("gate benchmark ran", false, format!("{e:#}"));
+                }
+            }
+            None => r.line("\nGate benchmark skipped: no --valvectl."),
+        }
+    }
+    if args.only_gate {
         return finish(args, r, t_start);
     }
     if !args.skip_subsets && !only {
