@@ -1147,6 +1147,23 @@ mod tests {
         }
     }
 
+    /// A daemon core with a fake gate starter and this test process as a CUDA process with 4
+    /// channels on GPU 0 (offline candidates must be alive).
+    fn gated_core(
+        rm: &Arc<FakeRm>,
+        dir: &Path,
+        panic: bool,
+    ) -> (DaemonCore<Arc<FakeRm>>, EdgeSender, u32) {
+        let mut c = core(rm, dir, None);
+        let (starter, edges) = fake_starter(rm, panic);
+        c.set_gate_starter(starter);
+        let me = std::process::id();
+        for e in cuda_process(rm, me, 0xc1d0_0010, &[0], 4) {
+            c.on_event(&e);
+        }
+        (c, edges, me)
+    }
+
     fn gate_spec(online: u32, offline: u32) -> Request {
         Request::GateStart(crate::ipc::GateSpec {
             online: vec![online],
@@ -1159,15 +1176,9 @@ mod tests {
     fn the_gate_freezes_only_offline_and_records_it_first() {
         let rm = Arc::new(FakeRm::host(1));
         let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), None);
-        let (starter, _) = fake_starter(&rm, false);
-        c.set_gate_starter(starter);
         // Offline: this test process; online: pid 1 (both alive). Another process with the
         // same object handles must never be touched.
-        let me = std::process::id();
-        for e in cuda_process(&rm, me, 0xc1d0_0010, &[0], 4) {
-            c.on_event(&e);
-        }
+        let (mut c, _, me) = gated_core(&rm, dir.path(), false);
         for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 4) {
             c.on_event(&e);
         }
@@ -1237,16 +1248,52 @@ mod tests {
     }
 
     #[test]
+    fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
+        let rm = Arc::new(FakeRm::host(1));
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+        // A labelled CUDA process (a real child, so /proc has its environment) and this
+        // unlabelled one, which the registry also lists with channels.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env(LABEL_VAR, "batch")
+            .spawn()
+            .unwrap();
+        let kid = child.id();
+        for e in cuda_process(&rm, kid, 0xc1d0_0030, &[0], 3) {
+            c.on_event(&e);
+        }
+        let r = c.handle(Request::GateStart(crate::ipc::GateSpec {
+            online: vec![me],
+            offline_label: Some("batch".into()),
+            ..Default::default()
+        }));
+        assert!(r.error.is_none(), "{r:?}");
+        assert_eq!(r.data["offline_pids"], serde_json::json!([kid]));
+        assert_eq!(r.data["offline_channels"], 3);
+        assert!(c.handle(Request::OnlineBusy).error.is_none());
+        wait_for("busy disables", || rm.disabled().len() == 3);
+        assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0030));
+        assert!(c.handle(Request::GateStop).error.is_none());
+        assert!(rm.disabled().is_empty());
+        // A process labelled offline but named online is never frozen.
+        let r = c.handle(Request::GateStart(crate::ipc::GateSpec {
+            online: vec![kid],
+            offline_label: Some("batch".into()),
+            ..Default::default()
+        }));
+        assert!(r.error.is_none(), "{r:?}");
+        assert_eq!(r.data["offline_channels"], 0);
+        assert!(c.handle(Request::GateStop).error.is_none());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
     fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
         let rm = Arc::new(FakeRm::host(1));
         let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), None);
-        let (starter, edges) = fake_starter(&rm, true);
-        c.set_gate_starter(starter);
-        let me = std::process::id();
-        for e in cuda_process(&rm, me, 0xc1d0_0010, &[0], 4) {
-            c.on_event(&e);
-        }
+        let (mut c, edges, me) = gated_core(&rm, dir.path(), true);
         assert!(c.handle(gate_spec(1, me)).error.is_none());
         // An online launch edge: the gate disables, then its launch source fails (panics) when
         // the cooldown check asks it for the latest launch.
@@ -1271,13 +1318,7 @@ mod tests {
     fn a_restart_reenables_what_a_killed_daemon_gate_held() {
         let rm = Arc::new(FakeRm::host(1));
         let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), None);
-        let (starter, _) = fake_starter(&rm, false);
-        c.set_gate_starter(starter);
-        let me = std::process::id();
-        for e in cuda_process(&rm, me, 0xc1d0_0010, &[0], 4) {
-            c.on_event(&e);
-        }
+        let (mut c, _, me) = gated_core(&rm, dir.path(), false);
         assert!(c.handle(gate_spec(1, me)).error.is_none());
         assert!(c.handle(Request::OnlineBusy).error.is_none());
         wait_for("busy disables", || rm.disabled().len() == 4);

@@ -16,7 +16,7 @@ use valve_ctl::GpuInfo;
 
 use crate::discovery::{from_ps, vc_json, Daemon};
 use crate::heartbeat::Heartbeat;
-use crate::hog::{Bins, Hog};
+use crate::hog::{Bins, Hog, HOG_LABEL};
 use crate::Report;
 
 /// Seconds of Poisson arrivals per configuration (`--duration-s` below).
@@ -542,6 +542,7 @@ fn experiment(
         sampler: &sampler,
     };
     let with_hog = configurations(&ctx, &href);
+    let signals = signals_and_labels(&ctx, &href);
     // Never leave the hog frozen, whatever happened above.
     let mut rescued = false;
     if !ticking(&hog.hb, Duration::from_millis(500)) {
@@ -555,6 +556,7 @@ fn experiment(
     let (channels, rate_before, rate_after, rows) = with_hog?;
     let hog_result = hog_result?;
     daemon_stop?;
+    let signals = signals?;
 
     let alone_row = Row::new("online alone", Ok(alone), None, 1.0);
     let a = alone_row.outcome.as_ref().map(|o| o.serving.clone());
@@ -655,6 +657,23 @@ fn experiment(
             }
         ),
     );
+    r.line(&format!(
+        "\nSignals and labels: `valvectl gate start --online <valve-hwtest> --offline-label {HOG_LABEL}` gated offline pid(s) {:?} (the hog is pid {}); after `valvectl gate busy` the hog's heartbeat was seen still (20 ms without a change, which includes starting valvectl) {:.0} ms after the command started, and it stayed frozen for {} ms with no online launches; `valvectl gate idle` resumed it.",
+        signals.offline_pids, signals.hog_pid, signals.busy_to_frozen_ms, SIGNAL_HOLD.as_millis()
+    ));
+    r.check(
+        "gate start --offline-label finds the offline process by VALVE_LABEL",
+        signals.offline_pids == vec![signals.hog_pid],
+        format!("offline pids {:?}", signals.offline_pids),
+    );
+    r.check(
+        "gate busy freezes offline until gate idle, which resumes it",
+        signals.frozen && signals.held && signals.resumed,
+        format!(
+            "frozen {}, held {}, resumed {}",
+            signals.frozen, signals.held, signals.resumed
+        ),
+    );
     let checksum_ok =
         hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
     r.check(
@@ -719,6 +738,83 @@ fn configurations(ctx: &Ctx, hog: &HogRef) -> Result<WithHog> {
     }
     let rate_after = hog_rate(hog.hb);
     Ok((channels, rate_before, rate_after, rows))
+}
+
+/// How long the busy signal's hold is watched.
+const SIGNAL_HOLD: Duration = Duration::from_millis(300);
+
+/// What the signal-and-label phase saw.
+struct Signals {
+    hog_pid: u32,
+    offline_pids: Vec<u32>,
+    busy_to_frozen_ms: f64,
+    frozen: bool,
+    held: bool,
+    resumed: bool,
+}
+
+/// Whether the heartbeat stops (no change for 20 ms) within `timeout`.
+fn freezes(hb: &Heartbeat, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let c = hb.counter(0);
+        std::thread::sleep(Duration::from_millis(20));
+        if hb.counter(0) == c {
+            return true;
+        }
+    }
+    false
+}
+
+/// A gate whose offline side is named by label (the hog's VALVE_LABEL) and whose online side is
+/// this runner (it launches nothing), driven by explicit `busy`/`idle` signals.
+fn signals_and_labels(ctx: &Ctx, hog: &HogRef) -> Result<Signals> {
+    let me = std::process::id().to_string();
+    let (rc, st, err) = vc_json(
+        ctx.vc,
+        ctx.sock,
+        &[
+            "gate",
+            "start",
+            "--online",
+            &me,
+            "--offline-label",
+            HOG_LABEL,
+        ],
+    )?;
+    if rc != 0 {
+        bail!(
+            "valvectl gate start --offline-label: exit {rc}: {}",
+            err.trim()
+        );
+    }
+    let offline_pids: Vec<u32> = st["offline_pids"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_u64().map(|p| p as u32))
+        .collect();
+    let t0 = Instant::now();
+    let (rc, _, err) = vc_json(ctx.vc, ctx.sock, &["gate", "busy"])?;
+    let frozen = rc == 0 && freezes(hog.hb, Duration::from_secs(1));
+    let busy_to_frozen_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let c = hog.hb.counter(0);
+    std::thread::sleep(SIGNAL_HOLD);
+    let held = frozen && hog.hb.counter(0) == c;
+    let (rc2, _, err2) = vc_json(ctx.vc, ctx.sock, &["gate", "idle"])?;
+    let resumed = rc2 == 0 && ticking(hog.hb, Duration::from_secs(1));
+    let _ = vc_json(ctx.vc, ctx.sock, &["gate", "stop"]);
+    if rc != 0 || rc2 != 0 {
+        bail!("gate busy/idle failed: {} {}", err.trim(), err2.trim());
+    }
+    Ok(Signals {
+        hog_pid: hog.pid,
+        offline_pids,
+        busy_to_frozen_ms,
+        frozen,
+        held,
+        resumed,
+    })
 }
 
 /// Whether the hog runs; if it does not (a failed `gate stop`), stops any gate and resumes it

@@ -79,6 +79,9 @@ impl ChannelSet {
     ];
 }
 
+/// Every hog carries `VALVE_LABEL=<this>`, so a gate can name it by label.
+pub const HOG_LABEL: &str = "valve-hwtest-hog";
+
 /// A running hog.
 pub struct Hog {
     child: Child,
@@ -119,6 +122,7 @@ impl Hog {
             .env("VALVE_IOCTL_LOG", &log_path)
             .env("CUDA_VISIBLE_DEVICES", visible)
             .env("VALVE_HOG_TRACE", "1")
+            .env("VALVE_LABEL", HOG_LABEL)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -424,7 +424,7 @@ fn main_experiment(
         hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
 
     // The context the hardware notes measured: 4 resident blocks per SM (528 on an H100).
-    let (ref_lib, ref_raw, ref_hog) = {
+    let (ref_lib, ref_raw, ref_hog, order_rows) = {
         let hog4 = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "4"])?;
         let poller4 = Poller::start(hog4.hb.clone());
         let t4 = hog4.targets(ChannelSet::All, g0.device_instance);
@@ -444,8 +444,9 @@ fn main_experiment(
             w.extend(run_cycles(&mut raw4, &hog4, &poller4, n, hold, gap)?);
         }
         drop(raw4);
+        let order_rows = channel_orders(ctl, &hog4, &poller4, g0, hold, gap)?;
         drop(poller4);
-        (stats(&l), stats(&w), hog4.finish()?)
+        (stats(&l), stats(&w), hog4.finish()?, order_rows)
     };
     let ref_ok = ref_hog["checksum_ok"].as_bool() == Some(true);
     r.line(&format!("\n## Preemption of a full CUDA context ({} channels), GPU 0\n\nPersistent hog; {} cycles per path (library and bare ioctl interleaved in blocks of 10), hold {} ms, 5 ms between cycles; plus one 1 s hold. Two contexts: every SM at full occupancy ({} blocks of 256 threads), and 4 blocks per SM ({} blocks, the context the hardware notes measured).\n",
@@ -463,6 +464,18 @@ fn main_experiment(
         lib_stats.disable_call.p50_us - raw_stats.disable_ioctl.p50_us));
     r.line(&format!("1 s hold: frozen = {}, GPU stop {:.0} us after issue, resumed {} us after enable issue. Hog checksum after {} preemptions: {}.",
         long.frozen, long.stop_us, long.resume_us.map(us).unwrap_or("NEVER".into()), 2 * args.cycles + 1, if checksum_ok { "correct" } else { "WRONG" }));
+    r.line("\nDoes the order of the 20 channels in the disable list matter? Bare ioctl, 4 blocks/SM context, 60 cycles per order, interleaved in blocks of 10:\n\n| order | disable ioctl p50/p99 (us) | GPU stop p50 | enable ioctl p50 | frozen every hold |\n|---|---|---|---|---|");
+    for (name, s) in &order_rows {
+        r.line(&format!(
+            "| {name} | {}/{} | {} | {} | {} |",
+            us(s.disable_ioctl.p50_us),
+            us(s.disable_ioctl.p99_us),
+            us(s.stop.p50_us),
+            us(s.enable_ioctl.p50_us),
+            if s.not_frozen == 0 { "yes" } else { "NO" }
+        ));
+    }
+    r.json.insert("channel_orders".into(), json!(order_rows));
     r.json.insert(
         "main_4_blocks_per_sm".into(),
         json!({"library": ref_lib, "raw_ioctl": ref_raw, "hog": ref_hog}),
@@ -538,6 +551,69 @@ fn main_experiment(
     );
 
     Ok(())
+}
+
+/// The same 20 channels in four orders (the library sorts by handle), bare ioctl: does GSP's
+/// cost depend on whether the running (compute) TSG comes first or last?
+fn channel_orders(
+    ctl: &Controller,
+    hog: &Hog,
+    poller: &Poller,
+    g0: &GpuInfo,
+    hold: Duration,
+    gap: Duration,
+) -> Result<Vec<(String, CycleStats)>> {
+    let Some(g) = hog
+        .objects
+        .gpus
+        .iter()
+        .find(|g| g.device_instance == g0.device_instance)
+    else {
+        return Ok(Vec::new());
+    };
+    let target = |c: &valve_ctl::bindings::ChannelHandle| valve_ctl::ChannelTarget {
+        gpu: g0.index,
+        client: hog.objects.client,
+        channel: *c,
+    };
+    let mut sorted: Vec<_> = g.all_channels().iter().map(target).collect();
+    sorted.sort();
+    let compute: Vec<_> = g
+        .compute_tsg()
+        .map(|t| t.channels.iter().map(|c| target(&c.0)).collect())
+        .unwrap_or_default();
+    let rest: Vec<_> = sorted
+        .iter()
+        .copied()
+        .filter(|t| !compute.contains(t))
+        .collect();
+    let orders: Vec<(String, Vec<valve_ctl::ChannelTarget>)> = vec![
+        (
+            "sorted by handle (the library's order)".into(),
+            sorted.clone(),
+        ),
+        ("reversed".into(), sorted.iter().rev().copied().collect()),
+        (
+            "compute TSG first".into(),
+            [compute.clone(), rest.clone()].concat(),
+        ),
+        ("compute TSG last".into(), [rest, compute].concat()),
+    ];
+    let mut preempters = orders
+        .iter()
+        .map(|(_, t)| RawPreempter::new(ctl, t))
+        .collect::<Result<Vec<_>>>()?;
+    let mut cycles: Vec<Vec<Cycle>> = vec![Vec::new(); orders.len()];
+    for _ in 0..6 {
+        for (i, p) in preempters.iter_mut().enumerate() {
+            cycles[i].extend(run_cycles(p, hog, poller, 10, hold, gap)?);
+        }
+    }
+    Ok(orders
+        .into_iter()
+        .zip(cycles)
+        .map(|((name, _), c)| (name, stats(&c)))
+        .collect())
 }
 
 /// Which channel sets freeze which workloads, and what each costs.

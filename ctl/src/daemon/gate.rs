@@ -152,7 +152,9 @@ impl<D: RmDriver> DaemonCore<D> {
             labels: BTreeMap::new(),
             labels_scanned: None,
         });
-        self.refresh_gate(Instant::now(), true);
+        // The reply must show the sets the gate thread works with, not a status from before it
+        // applied them.
+        self.sync_gate();
         let status = self.gate_status();
         let waiting: Vec<u32> = self
             .gate

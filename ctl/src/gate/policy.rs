@@ -165,14 +165,16 @@ impl GatePolicy {
     /// it knows). The gap now starting lies between requests.
     pub fn on_idle(&mut self) -> Option<Action> {
         self.pinned = false;
-        if self.preempted {
-            self.preempted = false;
-            self.learned = true;
-            self.resumed_in_gap = true;
-            Some(Action::Resume)
-        } else {
-            None
-        }
+        self.preempted.then(|| self.resume())
+    }
+
+    /// Offline resumes: a request has been seen to end, and the gap now running lies between
+    /// requests (not learned as an iteration gap).
+    fn resume(&mut self) -> Action {
+        self.preempted = false;
+        self.learned = true;
+        self.resumed_in_gap = true;
+        Action::Resume
     }
 
     fn preempt(&mut self) -> Option<Action> {
@@ -188,14 +190,7 @@ impl GatePolicy {
     /// Time passes (`now_ns`). Returns [`Action::Resume`] once online has been idle for the cooldown.
     pub fn on_tick(&mut self, now_ns: u64) -> Option<Action> {
         let due = self.resume_due_ns()?;
-        if now_ns >= due {
-            self.preempted = false;
-            self.learned = true;
-            self.resumed_in_gap = true;
-            Some(Action::Resume)
-        } else {
-            None
-        }
+        (now_ns >= due).then(|| self.resume())
     }
 }
 
