@@ -167,23 +167,13 @@ pub enum GateCommand {
   valvectl gate start --online 4242 --offline 5151 --cooldown-floor 2ms --cooldown-ceiling 100ms")]
     Start {
         /// Online (latency-critical) processes by pid.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_name = "PID",
-            required_unless_present = "online_label"
-        )]
+        #[arg(long, value_delimiter = ',', value_name = "PID")]
         online: Vec<u32>,
         /// Online processes by label (VALVE_LABEL in their environment).
         #[arg(long, value_name = "LABEL")]
         online_label: Option<String>,
         /// Offline (preemptible) processes by pid; they must have started after the daemon.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_name = "PID",
-            required_unless_present = "offline_label"
-        )]
+        #[arg(long, value_delimiter = ',', value_name = "PID")]
         offline: Vec<u32>,
         /// Offline processes by label (VALVE_LABEL in their environment).
         #[arg(long, value_name = "LABEL")]
@@ -578,9 +568,9 @@ fn daemon_call(cli: &Cli, req: &Request) -> Result<serde_json::Value, CliError> 
     }
 }
 
-fn gate_request(action: &GateCommand) -> Request {
+fn gate_request(action: &GateCommand) -> Result<Request, CliError> {
     let us = |d: &Duration| d.as_micros() as u64;
-    match action {
+    Ok(match action {
         GateCommand::Start {
             online,
             online_label,
@@ -590,21 +580,36 @@ fn gate_request(action: &GateCommand) -> Request {
             cooldown_ceiling,
             gap_factor,
             fixed_cooldown,
-        } => Request::GateStart(crate::ipc::GateSpec {
-            online: online.clone(),
-            online_label: online_label.clone(),
-            offline: offline.clone(),
-            offline_label: offline_label.clone(),
-            cooldown_floor_us: Some(us(cooldown_floor)),
-            cooldown_ceiling_us: Some(us(cooldown_ceiling)),
-            gap_factor: Some(*gap_factor),
-            fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
-        }),
+        } => {
+            if online.is_empty() && online_label.is_none() {
+                return Err(CliError::Usage(
+                    "name the online processes: --online PID[,PID...] or --online-label LABEL"
+                        .into(),
+                ));
+            }
+            if offline.is_empty() && offline_label.is_none() {
+                return Err(CliError::Usage(
+                    "name the offline processes: --offline PID[,PID...] or --offline-label LABEL \
+                     (nothing else is ever frozen)"
+                        .into(),
+                ));
+            }
+            Request::GateStart(crate::ipc::GateSpec {
+                online: online.clone(),
+                online_label: online_label.clone(),
+                offline: offline.clone(),
+                offline_label: offline_label.clone(),
+                cooldown_floor_us: Some(us(cooldown_floor)),
+                cooldown_ceiling_us: Some(us(cooldown_ceiling)),
+                gap_factor: Some(*gap_factor),
+                fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
+            })
+        }
         GateCommand::Stop => Request::GateStop,
         GateCommand::Status => Request::GateStatus,
         GateCommand::Busy => Request::OnlineBusy,
         GateCommand::Idle => Request::OnlineIdle,
-    }
+    })
 }
 
 /// The gate's status as a few human lines.
@@ -678,7 +683,7 @@ fn print_gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Res
 fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(), CliError> {
     match &cli.command {
         Command::Gate { action } => {
-            let data = daemon_call(cli, &gate_request(action))?;
+            let data = daemon_call(cli, &gate_request(action)?)?;
             if cli.json {
                 writeln!(out, "{data}")?;
             } else if matches!(action, GateCommand::Busy | GateCommand::Idle) {
@@ -1184,8 +1189,32 @@ mod tests {
 
     #[test]
     fn gate_start_needs_both_sides_and_carries_its_tuning() {
-        assert!(parse(&["gate", "start", "--online", "1"]).is_err());
-        assert!(parse(&["gate", "start", "--offline", "1"]).is_err());
+        let request = |args: &[&str]| {
+            let cli = parse(args).unwrap();
+            let Command::Gate { action } = &cli.command else {
+                panic!("{cli:?}")
+            };
+            gate_request(action)
+        };
+        let missing = request(&["gate", "start", "--online", "1"]).unwrap_err();
+        assert_eq!(missing.exit_code(), 2);
+        assert!(
+            missing
+                .to_string()
+                .contains("--offline PID[,PID...] or --offline-label LABEL"),
+            "{missing}"
+        );
+        let missing = request(&["gate", "start", "--offline", "1"]).unwrap_err();
+        assert!(missing.to_string().contains("--online-label"), "{missing}");
+        assert!(request(&[
+            "gate",
+            "start",
+            "--online-label",
+            "a",
+            "--offline-label",
+            "b"
+        ])
+        .is_ok());
         let cli = parse(&[
             "gate",
             "start",
@@ -1202,7 +1231,7 @@ mod tests {
         let Command::Gate { action } = &cli.command else {
             panic!("{cli:?}")
         };
-        let Request::GateStart(spec) = gate_request(action) else {
+        let Request::GateStart(spec) = gate_request(action).unwrap() else {
             panic!()
         };
         assert_eq!(spec.online, vec![10, 11]);
@@ -1222,7 +1251,7 @@ mod tests {
             let Command::Gate { action } = &cli.command else {
                 panic!()
             };
-            assert_eq!(gate_request(action), req);
+            assert_eq!(gate_request(action).unwrap(), req);
         }
     }
 

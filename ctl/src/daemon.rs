@@ -238,8 +238,9 @@ impl<D: RmDriver> DaemonCore<D> {
             } => self.preempt(pid, gpu.as_deref(), max_hold_ms.map(Duration::from_millis)),
             Request::Resume { pid } => {
                 let r = self.resume(pid);
-                // Back under the gate, if it names the process.
-                self.refresh_gate(Instant::now(), true);
+                // Back under the gate, if it names the process (applied before the reply, so a
+                // gate that holds offline preempted has re-frozen it by then).
+                self.sync_gate();
                 r
             }
             Request::ResumeAll => self.resume_all(),
