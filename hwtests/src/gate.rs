@@ -17,7 +17,9 @@ use valve_ctl::GpuInfo;
 use crate::discovery::{from_ps, vc_json, Daemon};
 use crate::heartbeat::Heartbeat;
 use crate::hog::{Bins, Hog, HOG_LABEL};
+// The clock `serving` reports its window in (CLOCK_MONOTONIC ns).
 use crate::Report;
+use valve_ctl::gate::runtime::monotonic_ns as mono_ns;
 
 /// Seconds of Poisson arrivals per configuration (`--duration-s` below).
 const DURATION_S: f64 = 10.0;
@@ -51,13 +53,6 @@ const SERVING_ARGS: [&str; 20] = [
 const MAX_P99_INCREASE_PCT: f64 = 3.0;
 const MAX_PREEMPTIONS_PER_REQUEST: f64 = 1.0;
 const MIN_HARVEST: f64 = 0.80;
-
-/// CLOCK_MONOTONIC in ns: the clock `serving` reports its window in.
-fn mono_ns() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always available");
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
-}
 
 /// Whether the heartbeat's slot 0 advances within `timeout`.
 fn ticking(hb: &Heartbeat, timeout: Duration) -> bool {

@@ -103,7 +103,7 @@ pub struct GateStatus {
     pub last_error: Option<String>,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Samples {
     disable: Vec<f64>,
     enable: Vec<f64>,
@@ -111,8 +111,9 @@ struct Samples {
     edge_to_disable: Vec<f64>,
 }
 
-/// Samples kept per series; older ones are dropped (status then covers the latest ones).
-const MAX_SAMPLES: usize = 100_000;
+/// Samples kept per series; older ones are dropped (status then covers the latest ones). Small
+/// enough that copying them out for a status holds the lock for microseconds.
+const MAX_SAMPLES: usize = 10_000;
 
 fn push(v: &mut Vec<f64>, x: f64) {
     if v.len() >= MAX_SAMPLES {
@@ -128,16 +129,18 @@ pub struct SharedStatus {
     samples: Samples,
 }
 
-impl SharedStatus {
-    /// A snapshot with the latency summaries filled in.
-    pub fn snapshot(&self) -> GateStatus {
-        let mut s = self.status.clone();
-        s.disable_us = summarize_us(&self.samples.disable);
-        s.enable_us = summarize_us(&self.samples.enable);
-        s.reaction_us = summarize_us(&self.samples.reaction);
-        s.edge_to_disable_us = summarize_us(&self.samples.edge_to_disable);
-        s
-    }
+/// A snapshot of `shared` with the latency summaries filled in. Only the copy happens under the
+/// lock, so a status request never holds up the gate thread for the sorting.
+fn snapshot(shared: &Mutex<SharedStatus>) -> GateStatus {
+    let (mut s, samples) = {
+        let g = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        (g.status.clone(), g.samples.clone())
+    };
+    s.disable_us = summarize_us(&samples.disable);
+    s.enable_us = summarize_us(&samples.enable);
+    s.reaction_us = summarize_us(&samples.reaction);
+    s.edge_to_disable_us = summarize_us(&samples.edge_to_disable);
+    s
 }
 
 /// CLOCK_MONOTONIC in ns, the clock of the uprobe timestamps (`bpf_ktime_get_ns`).
@@ -220,12 +223,14 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
 
     /// Handles one input at `now_ns`; returns false on [`GateInput::Stop`].
     pub fn handle(&mut self, input: GateInput, now_ns: u64) -> bool {
+        let mut edges = 0;
         match input {
             GateInput::Edge(e) => {
                 if !self.online.contains(&e.pid) {
                     return true;
                 }
-                self.update(|s| s.edges += 1);
+                // Counted after the disable: nothing that can wait on a lock comes before it.
+                edges = 1;
                 let idle = (e.idle_ns > 0).then_some(e.idle_ns);
                 if self.policy.on_edge(e.ts_ns, idle) == Some(Action::Preempt) {
                     self.disable(Some(e.ts_ns));
@@ -248,13 +253,14 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             }
             GateInput::Stop => return false,
         }
-        self.update(|_| {});
+        self.update(|s| s.edges += edges);
         true
     }
 
     /// Time passes: resumes offline once online has been idle for the cooldown.
     pub fn tick(&mut self, now_ns: u64) {
-        if self.policy.resume_due_ns().is_none() {
+        // Later launches can only push the due time out, so before it nothing needs reading.
+        if self.policy.resume_due_ns().is_none_or(|due| now_ns < due) {
             return;
         }
         // Launches that were not edges (closer together than the edge gap) still count.
@@ -550,10 +556,7 @@ impl GateHandle {
 
     /// The gate's status now.
     pub fn status(&self) -> GateStatus {
-        self.shared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .snapshot()
+        snapshot(&self.shared)
     }
 
     /// Whether the thread has ended (it should only after [`Self::stop`]).
@@ -680,11 +683,15 @@ mod tests {
         launches.0.lock().unwrap().insert(ONLINE, 15 * MS);
         rt.tick(150 * MS);
         assert_eq!(rm.disabled().len(), 60);
-        assert_eq!(rt.wait_for(150 * MS), Duration::from_millis(65));
+        // The counters are read once the edge's cooldown is over: the 15 ms launch extends it.
+        assert_eq!(rt.wait_for(150 * MS), Duration::from_millis(60));
+        rt.tick(210 * MS);
+        assert_eq!(rm.disabled().len(), 60);
+        assert_eq!(rt.wait_for(210 * MS), Duration::from_millis(5));
         rt.tick(215 * MS);
         assert!(rm.disabled().is_empty());
         assert!(!rt.offline_disabled());
-        let st = rt.shared.lock().unwrap().snapshot();
+        let st = snapshot(&rt.shared);
         assert_eq!((st.preemptions, st.resumes, st.edges), (1, 1, 1));
         assert_eq!(st.offline_channels, 60);
         assert_eq!(st.offline_gpus, 2);
@@ -781,7 +788,7 @@ mod tests {
         assert_eq!(rm.disabled().len(), 40, "the live processes are frozen");
         rt.handle(GateInput::Idle, 2 * MS);
         assert!(rm.disabled().is_empty());
-        let st = rt.shared.lock().unwrap().snapshot();
+        let st = snapshot(&rt.shared);
         assert!(st.errors >= 1 && st.last_error.is_some());
     }
 
