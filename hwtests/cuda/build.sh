@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the hardware-test workloads into OUTDIR: hog, online and serving (nvcc, sm_90 by default; set
+# Builds the hardware-test workloads into OUTDIR: hog, online, serving and memstream.ptx (nvcc, sm_90 by default; set
 # CUDA_ARCH to change) and libvalve_ioctl_log.so (gcc). With --cpu-only, only the gcc/g++ parts
 # and their self-tests (what CI can build without CUDA).
 set -euo pipefail
@@ -26,4 +26,5 @@ arch="${CUDA_ARCH:-sm_90}"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/hog" "$here/hog.cu"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/online" "$here/online.cu"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/serving" "$here/serving.cu"
-echo "built hog, online, serving, libvalve_ioctl_log.so in $out"
+"$nvcc_bin" -O2 -arch="$arch" -ptx -o "$out/memstream.ptx" "$here/memstream.cu"
+echo "built hog, online, serving, memstream.ptx, libvalve_ioctl_log.so in $out"

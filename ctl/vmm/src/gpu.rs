@@ -1,0 +1,91 @@
+//! A CUDA device by ordinal, and the allocation properties Valve uses for shareable memory.
+//! No context is created here: physical memory can be created and exported without one.
+
+use cudarc::driver::sys::{
+    self, CUdevice, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationGranularity_flags,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemLocation,
+    CUmemLocationType,
+};
+
+use crate::check::{check, init};
+
+/// One GPU, as CUDA numbers it (respecting `CUDA_VISIBLE_DEVICES`).
+#[derive(Clone, Copy, Debug)]
+pub struct Gpu {
+    ordinal: i32,
+    device: CUdevice,
+}
+
+impl Gpu {
+    /// Initialises CUDA and looks the device up.
+    pub fn open(ordinal: u32) -> crate::Result<Gpu> {
+        init()?;
+        let ordinal = i32::try_from(ordinal)
+            .map_err(|_| crate::VmmError::Invalid(format!("GPU ordinal {ordinal} is too large")))?;
+        let mut device: CUdevice = 0;
+        // SAFETY: `device` is a valid out-pointer for the duration of the call.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut device, ordinal)
+        })?;
+        Ok(Gpu { ordinal, device })
+    }
+
+    /// The CUDA ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal as u32
+    }
+
+    /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> crate::Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 128];
+        // SAFETY: the buffer is writable for its full length, which is passed.
+        check("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, self.device)
+        })?;
+        // SAFETY: cuDeviceGetName NUL-terminates within the given length.
+        let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(s.to_string_lossy().into_owned())
+    }
+
+    /// The smallest size and alignment of a physical handle on this device (2 MiB on Hopper).
+    pub fn granularity(&self) -> crate::Result<usize> {
+        let prop = self.alloc_prop();
+        let mut g = 0usize;
+        // SAFETY: `prop` and `g` are valid for the call.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        Ok(g)
+    }
+
+    /// Pinned device memory on this GPU, exportable as a POSIX file descriptor.
+    pub(crate) fn alloc_prop(&self) -> CUmemAllocationProp {
+        // SAFETY: CUmemAllocationProp is a plain C struct for which all-zero is the documented
+        // "no extra flags" value; the fields that matter are set below.
+        let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes =
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location = self.location();
+        prop
+    }
+
+    fn location(&self) -> CUmemLocation {
+        CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.ordinal,
+        }
+    }
+
+    /// Read-write access for this GPU.
+    pub(crate) fn access_desc(&self) -> CUmemAccessDesc {
+        CUmemAccessDesc {
+            location: self.location(),
+            flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        }
+    }
+}
