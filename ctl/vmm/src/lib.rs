@@ -11,6 +11,7 @@ pub mod fdpass;
 mod gpu;
 mod physical;
 mod va;
+pub mod wire;
 
 pub use check::VmmError;
 pub use gpu::Gpu;
