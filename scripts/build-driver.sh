@@ -162,7 +162,7 @@ if [ "$install" = 1 ]; then
       echo "         file (or its DKMS module, see below), run depmod -a $(uname -r), and rerun this script."
     elif [ "${resolved%.ko}" != "$resolved" ]; then
       want=$("$here/scripts/patch-driver.sh" --src "$src" --check 2>/dev/null | sed -n 's/.*new flags \(0x[0-9a-f]*\)$/\1/p')
-      got=$(python3 "$here/driver-patch/entry_flags.py" "$resolved" 2>/dev/null || true)
+      got=$("$here/scripts/patch-driver.sh" entry-flags "$resolved" 2>/dev/null || true)
       [ "$got" = "$want" ] && echo "modprobe will load $resolved, which carries the patched flags $got" \
         || echo "WARNING: $resolved carries flags ${got:-unreadable}, expected $want"
     else

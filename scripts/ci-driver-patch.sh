@@ -27,7 +27,7 @@ work="${VALVE_DRIVER_CI_DIR:-/var/tmp/valve-driver-ci}"
 mkdir -p "$work/lists/partial" "$work/src"
 start=$(date +%s)
 
-python3 "$repo/driver-patch/apt_sources.py" > "$work/sources.list"
+"$repo/scripts/patch-driver.sh" apt-sources > "$work/sources.list"
 sed 's/^deb /deb-src /' "$work/sources.list" >> "$work/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
           -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o APT::Sandbox::User=root)
@@ -85,8 +85,8 @@ echo "$(basename "$deb") (prebuilt RM) is refused as expected: $(head -c 120 "$w
 make -s -C "$tree/src/nvidia" "$obj" -j"$(nproc)" >/dev/null
 row=$(awk -F'\t' -v v="$upstream" '$1 == v && $8 ~ /^Debian/ {print $4, $5}' "$repo/driver-patch/releases.tsv")
 old_flags=${row% *} new_flags=${row#* }
-before=$(python3 "$repo/driver-patch/entry_flags.py" "$work/unpatched.o")
-after=$(python3 "$repo/driver-patch/entry_flags.py" "$tree/src/nvidia/$obj")
+before=$("$repo/scripts/patch-driver.sh" entry-flags "$work/unpatched.o")
+after=$("$repo/scripts/patch-driver.sh" entry-flags "$tree/src/nvidia/$obj")
 [ "$before" = "$old_flags" ] && [ "$after" = "$new_flags" ] \
   || { echo "ci-driver-patch: compiled entry flags $before -> $after, expected $old_flags -> $new_flags"; exit 1; }
 echo "compiled $obj with the tree's own rules: the entry's flags are $before unpatched, $after patched"
@@ -109,7 +109,7 @@ if [ "$full" = 1 ]; then
   t0=$(date +%s)
   make -C "$tree" modules -j"$(nproc)" SYSSRC="$syssrc" SYSOUT="$sysout" >"$work/full-build.log" 2>&1 \
     || { tail -20 "$work/full-build.log"; echo "ci-driver-patch: full build failed (log: $work/full-build.log)"; exit 1; }
-  ko_flags=$(python3 "$repo/driver-patch/entry_flags.py" "$tree/kernel-open/nvidia.ko")
+  ko_flags=$("$repo/scripts/patch-driver.sh" entry-flags "$tree/kernel-open/nvidia.ko")
   [ "$ko_flags" = "$new_flags" ] || { echo "ci-driver-patch: nvidia.ko carries flags $ko_flags, expected $new_flags"; exit 1; }
   echo "full build passed in $(( $(date +%s) - t0 )) s: $(ls "$tree"/kernel-open/*.ko | wc -l) modules; nvidia.ko carries flags $ko_flags"
 fi

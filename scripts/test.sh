@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Valve's test command (what CI runs): formatting, clippy, every crate's tests, the CUDA workloads'
-# CPU self-tests and the driver-patch tests. Hardware tests are scripts/hwtest.sh, on a GPU host.
+# Valve's test command (what CI runs): formatting, clippy, every crate's tests (the driver-patch
+# fixtures among them), the CUDA workloads' CPU self-tests and the driver-patch CI proof.
+# Hardware tests are scripts/hwtest.sh, on a GPU host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +12,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
 
-for t in hwtests/cuda/selftest.sh driver-patch/tests/run.sh scripts/ci-driver-patch.sh; do
+for t in hwtests/cuda/selftest.sh scripts/ci-driver-patch.sh; do
   if [ -f "$t" ]; then
     echo "== $t"
     bash "$t"
