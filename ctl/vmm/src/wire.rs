@@ -4,7 +4,7 @@
 //! Both the daemon's pool and the client library use these functions, so the framing in
 //! `docs/memory.md` ("The pool protocol") is implemented once.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use serde_json::Value;
@@ -28,6 +28,55 @@ pub fn seqpacket_pair() -> crate::Result<(UnixStream, UnixStream)> {
         source: e.into(),
     })?;
     Ok((UnixStream::from(a), UnixStream::from(b)))
+}
+
+fn seqpacket_socket() -> crate::Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| VmmError::Os {
+        op: "socket(AF_UNIX, SOCK_SEQPACKET)",
+        source: e.into(),
+    })
+}
+
+/// Listens on a SOCK_SEQPACKET socket at `path` (the pool socket). The caller removes a stale
+/// file first and sets the mode.
+pub fn listen(path: &std::path::Path) -> crate::Result<std::os::unix::net::UnixListener> {
+    use nix::sys::socket::{bind, listen as listen_on, Backlog, UnixAddr};
+    let fd = seqpacket_socket()?;
+    let addr = UnixAddr::new(path).map_err(|e| VmmError::Os {
+        op: "socket path",
+        source: e.into(),
+    })?;
+    bind(fd.as_raw_fd(), &addr).map_err(|e| VmmError::Os {
+        op: "binding the pool socket",
+        source: e.into(),
+    })?;
+    listen_on(&fd, Backlog::new(128).unwrap_or(Backlog::MAXCONN)).map_err(|e| VmmError::Os {
+        op: "listening on the pool socket",
+        source: e.into(),
+    })?;
+    Ok(std::os::unix::net::UnixListener::from(fd))
+}
+
+/// Connects to the SOCK_SEQPACKET socket at `path`.
+pub fn connect(path: &std::path::Path) -> crate::Result<UnixStream> {
+    use nix::sys::socket::{connect as connect_to, UnixAddr};
+    let fd = seqpacket_socket()?;
+    let addr = UnixAddr::new(path).map_err(|e| VmmError::Os {
+        op: "socket path",
+        source: e.into(),
+    })?;
+    connect_to(fd.as_raw_fd(), &addr).map_err(|e| VmmError::Os {
+        op: "connecting to the pool socket",
+        source: e.into(),
+    })?;
+    Ok(UnixStream::from(fd))
 }
 
 /// Sends `msg` with `fds`, in as many parts as the descriptors need.
@@ -122,6 +171,22 @@ mod tests {
         assert_eq!(got["op"], "grow");
         assert_eq!(got["parts"], 3);
         assert_eq!(fds.len(), 600);
+    }
+
+    #[test]
+    fn a_listening_socket_keeps_message_boundaries() {
+        let dir = std::env::temp_dir().join(format!("valve-wire-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pool.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = listen(&path).unwrap();
+        let c = connect(&path).unwrap();
+        let (s, _) = l.accept().unwrap();
+        send(&c, &serde_json::json!({"a": 1}), &[]).unwrap();
+        send(&c, &serde_json::json!({"b": 2}), &[]).unwrap();
+        assert_eq!(recv(&s).unwrap().unwrap().0["a"], 1);
+        assert_eq!(recv(&s).unwrap().unwrap().0["b"], 2);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
