@@ -24,7 +24,7 @@ if [ -z "$bin" ]; then
 fi
 if [ -z "$bin" ]; then
   echo "no prebuilt binaries: building with cargo"
-  cargo build --release -p valve-ctl -p valve-hwtests
+  cargo build --release -p valvectl -p valve-hwtests
   bin=target/release
 fi
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use valve_ctl::GpuInfo;
+use valve::GpuInfo;
 
 use crate::heartbeat::Heartbeat;
 use crate::hog::{run_online, Bins, Hog};
@@ -253,8 +253,8 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
         d.stop()?;
     }
     let (without, with) = (
-        valve_ctl::stats::summarize_us(&without),
-        valve_ctl::stats::summarize_us(&with),
+        valve::stats::summarize_us(&without),
+        valve::stats::summarize_us(&with),
     );
     let slower = with.p50_us / without.p50_us - 1.0;
     r.line(&format!(

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
-use valve_ctl::bindings::{
+use valve::bindings::{
     self as b, ClientHandle, Nv2080FifoDisableChannelsParams, Nvos54Control, SubdeviceHandle,
 };
-use valve_ctl::stats::{summarize_us, Summary};
-use valve_ctl::{ChannelTarget, Controller, DisabledChannels, PreemptMode, PreemptPlan};
+use valve::stats::{summarize_us, Summary};
+use valve::{ChannelTarget, Controller, DisabledChannels, PreemptMode, PreemptPlan};
 
 use crate::heartbeat::Heartbeat;
 use crate::hog::{now_ns, Poller};

@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use valve_ctl::GpuInfo;
+use valve::GpuInfo;
 
 use crate::discovery::{from_ps, vc_json, Daemon};
 use crate::heartbeat::Heartbeat;
 use crate::hog::{Bins, Hog, HOG_LABEL};
+
 // The clock `serving` reports its window in (CLOCK_MONOTONIC ns).
 use crate::Report;
-use valve_ctl::gate::runtime::monotonic_ns as mono_ns;
+use valve::stats::monotonic_ns as mono_ns;
 
 /// Seconds of Poisson arrivals per configuration (`--duration-s` below).
 const DURATION_S: f64 = 10.0;

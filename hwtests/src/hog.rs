@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use valve_ctl::{ChannelTarget, GpuInfo};
+use valve::{ChannelTarget, GpuInfo};
 
 use crate::heartbeat::Heartbeat;
 use crate::ioctl_log::{self, ProcessObjects};

@@ -2,10 +2,11 @@
 //! online client's kernel launches (made through the CUDA runtime) and graph launches, and what
 //! a probe costs per launch is measured against the same client without probes.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use serde_json::json;
-use std::time::Duration;
-use valve_ctl::GpuInfo;
+use valve::GpuInfo;
 use valve_ebpf::{find_libcuda, LaunchConfig, LaunchWatcher};
 
 use crate::hog::{run_online, Bins};

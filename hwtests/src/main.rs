@@ -1,5 +1,5 @@
 //! `valve-hwtest`: Valve's hardware test. On a GPU host it starts real CUDA workloads, learns
-//! their RM handles, preempts them through `valve-ctl` and reports measured latencies.
+//! their RM handles, preempts them through the `valve` library and reports measured latencies.
 //!
 //! Run through `scripts/hwtest.sh`, which builds the CUDA workloads first. Without an NVIDIA
 //! driver it prints a skip message and exits 0.
@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::{json, Value};
-use valve_ctl::stats::summarize_us;
-use valve_ctl::{Controller, DriverInfo, GpuInfo};
+use valve::stats::summarize_us;
+use valve::{Controller, DriverInfo, GpuInfo};
 
 use experiments::{cycle, plan, stats, Cycle, CycleStats, LibPreempter, Preempter, RawPreempter};
 use hog::{run_online, Bins, ChannelSet, Hog, Poller};
@@ -571,7 +571,7 @@ fn channel_orders(
     else {
         return Ok(Vec::new());
     };
-    let target = |c: &valve_ctl::bindings::ChannelHandle| valve_ctl::ChannelTarget {
+    let target = |c: &valve::bindings::ChannelHandle| valve::ChannelTarget {
         gpu: g0.index,
         client: hog.objects.client,
         channel: *c,
@@ -587,7 +587,7 @@ fn channel_orders(
         .copied()
         .filter(|t| !compute.contains(t))
         .collect();
-    let orders: Vec<(String, Vec<valve_ctl::ChannelTarget>)> = vec![
+    let orders: Vec<(String, Vec<valve::ChannelTarget>)> = vec![
         (
             "sorted by handle (the library's order)".into(),
             sorted.clone(),

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use valve_ctl::{ChannelTarget, Controller, NvDriver, PreemptMode, PreemptPlan};
+use valve::{ChannelTarget, Controller, NvDriver, PreemptMode, PreemptPlan};
 use valve_ebpf::{Registry, WatchConfig, Watcher};
 
 pub struct Discovery {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use valve_ctl::stats::summarize_us;
-use valve_ctl::{Controller, NvDriver, PreemptPlan};
+use valve::stats::summarize_us;
+use valve::{Controller, NvDriver, PreemptPlan};
 use valve_vmm::{Gpu, PhysicalHandle};
 
 use crate::discover::Discovery;

@@ -1,22 +1,20 @@
 //! `valvectl`: the operator's command line over the library (list GPUs, preempt, resume, bench).
-//! Parsing, output and exit codes live here; `bin/valvectl.rs` only calls [`run`].
+//! Parsing, output and exit codes live here; `main.rs` only calls [`run`].
 
 use std::io::Write;
-use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use nix::sys::signal::{SigSet, Signal};
-use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::signal::Signal;
 use serde_json::json;
+use valve::controller::{BatchReport, ChannelTarget, Controller, PreemptMode};
+use valve::driver::{DriverInfo, RmDriver};
+use valve::error::Error;
+use valve::gpu::{GpuInfo, GpuSelector};
+use valve::stats::{summarize, Summary};
+use valve::Signals;
+use valve_daemon::protocol::{IpcError, Request};
 use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
-
-use crate::controller::{BatchReport, ChannelTarget, Controller, PreemptMode};
-use crate::driver::{DriverInfo, RmDriver};
-use crate::error::Error;
-use crate::gpu::{GpuInfo, GpuSelector};
-use crate::ipc::{IpcError, Request};
-use crate::stats::{summarize, Summary};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -56,7 +54,7 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
     /// The daemon's socket (for ps, status, --pid, resume --all, daemon).
-    #[arg(long, global = true, env = "VALVE_SOCKET", default_value = crate::ipc::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "VALVE_SOCKET", default_value = valve_daemon::protocol::DEFAULT_SOCKET)]
     pub socket: std::path::PathBuf,
     #[command(subcommand)]
     pub command: Command,
@@ -98,7 +96,7 @@ pub enum Command {
     /// re-enabled from its state file if a previous run died.
     Daemon {
         /// Directory of the state file (disabled.json).
-        #[arg(long, default_value = crate::ipc::DEFAULT_STATE_DIR)]
+        #[arg(long, default_value = valve_daemon::protocol::DEFAULT_STATE_DIR)]
         state_dir: std::path::PathBuf,
         /// Group whose members may use the socket besides root.
         #[arg(long)]
@@ -386,75 +384,8 @@ impl CliError {
             CliError::Usage(_) => 2,
             CliError::Interrupted(_) => 130,
             CliError::Io(_) => 1,
-            CliError::Valve(e) => match e {
-                Error::DriverMissing { .. } | Error::NotOpenModule { .. } => 3,
-                Error::Permission { .. } => 4,
-                Error::Rm { .. } | Error::PreemptFailed { .. } => 5,
-                Error::UnknownGpu { .. } => 6,
-                Error::NoChannels => 2,
-                Error::Os { .. } => 1,
-            },
+            CliError::Valve(e) => e.exit_code(),
             CliError::Daemon(code, _) => *code,
-        }
-    }
-}
-
-/// Signals that end a hold or a benchmark, blocked and read from a signalfd so that channels are
-/// always resumed before exit.
-pub struct Signals {
-    fd: SignalFd,
-}
-
-impl Signals {
-    /// Blocks SIGINT, SIGTERM and SIGHUP for this thread and threads it starts later.
-    pub fn install() -> Result<Self, CliError> {
-        let mut mask = SigSet::empty();
-        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-            mask.add(s);
-        }
-        let os = |e: nix::Error| {
-            CliError::Valve(Error::Os {
-                op: "setting up signal handling".into(),
-                source: e.into(),
-            })
-        };
-        mask.thread_block().map_err(os)?;
-        let fd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-            .map_err(os)?;
-        Ok(Signals { fd })
-    }
-
-    /// Waits until a signal arrives or `timeout` passes (`None`: forever).
-    pub fn wait(&self, timeout: Option<Duration>) -> Option<Signal> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if let Ok(Some(info)) = self.fd.read_signal() {
-                return Signal::try_from(info.ssi_signo as i32).ok();
-            }
-            let left = match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    d - now
-                }
-                None => Duration::from_secs(60),
-            };
-            let ms = left.as_millis().clamp(1, 60_000) as u16;
-            let mut fds = [nix::poll::PollFd::new(
-                self.fd.as_fd(),
-                nix::poll::PollFlags::POLLIN,
-            )];
-            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms));
-        }
-    }
-
-    /// A signal that is already pending, without waiting.
-    pub fn pending(&self) -> Option<Signal> {
-        match self.fd.read_signal() {
-            Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32).ok(),
-            _ => None,
         }
     }
 }
@@ -476,7 +407,9 @@ pub fn run() -> i32 {
         }
     };
     let json = cli.json;
-    let result = Signals::install().and_then(|signals| dispatch(&cli, &signals));
+    let result = Signals::install()
+        .map_err(CliError::from)
+        .and_then(|signals| dispatch(&cli, &signals));
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -497,8 +430,8 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
             state_dir,
             group,
             max_hold,
-        } => crate::daemon::run(
-            &crate::daemon::DaemonConfig {
+        } => valve_daemon::run(
+            &valve_daemon::DaemonConfig {
                 socket: cli.socket.clone(),
                 state_dir: state_dir.clone(),
                 group: group.clone(),
@@ -554,14 +487,15 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
 }
 
 fn daemon_call(cli: &Cli, req: &Request) -> Result<serde_json::Value, CliError> {
-    let reply = crate::ipc::call(&cli.socket, req, Duration::from_secs(10)).map_err(|e| {
-        let code = match e {
-            IpcError::NotRunning(_) => crate::daemon::EXIT_NO_DAEMON,
-            IpcError::Permission(_) => 4,
-            IpcError::Io { .. } => 1,
-        };
-        CliError::Daemon(code, e.to_string())
-    })?;
+    let reply =
+        valve_daemon::protocol::call(&cli.socket, req, Duration::from_secs(10)).map_err(|e| {
+            let code = match e {
+                IpcError::NotRunning(_) => valve_daemon::EXIT_NO_DAEMON,
+                IpcError::Permission(_) => 4,
+                IpcError::Io { .. } => 1,
+            };
+            CliError::Daemon(code, e.to_string())
+        })?;
     match reply.error {
         Some(e) => Err(CliError::Daemon(e.code, e.message)),
         None => Ok(reply.data),
@@ -594,7 +528,7 @@ fn gate_request(action: &GateCommand) -> Result<Request, CliError> {
                         .into(),
                 ));
             }
-            Request::GateStart(crate::ipc::GateSpec {
+            Request::GateStart(valve_daemon::protocol::GateSpec {
                 online: online.clone(),
                 online_label: online_label.clone(),
                 offline: offline.clone(),
@@ -852,14 +786,14 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
                     }
                     Ok(())
                 }
-                Err(CliError::Daemon(code, _)) if *all && code == crate::daemon::EXIT_NO_DAEMON => {
+                Err(CliError::Daemon(code, _)) if *all && code == valve_daemon::EXIT_NO_DAEMON => {
                     // No daemon: re-enable from its state file directly.
-                    let state = crate::state::StateFile::in_dir(std::path::Path::new(
-                        crate::ipc::DEFAULT_STATE_DIR,
+                    let state = valve::state::StateFile::in_dir(std::path::Path::new(
+                        valve_daemon::protocol::DEFAULT_STATE_DIR,
                     ));
                     let records = state.load()?;
                     let ctl = Controller::open()?;
-                    let (n, failures) = crate::state::reenable(&ctl, &records);
+                    let (n, failures) = valve::state::reenable(&ctl, &records);
                     if failures.is_empty() {
                         state.save(&[])?;
                     }
@@ -1162,7 +1096,7 @@ pub fn execute<D: RmDriver>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::FakeRm;
+    use valve::fake::FakeRm;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("valvectl").chain(args.iter().copied()))

@@ -91,6 +91,19 @@ impl Error {
         }
     }
 
+    /// The exit code `valvectl` documents for this failure (`valvectl --help`); the daemon
+    /// answers with the same codes.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::DriverMissing { .. } | Error::NotOpenModule { .. } => 3,
+            Error::Permission { .. } => 4,
+            Error::Rm { .. } | Error::PreemptFailed { .. } => 5,
+            Error::UnknownGpu { .. } => 6,
+            Error::NoChannels => 2,
+            Error::Os { .. } => 1,
+        }
+    }
+
     /// The RM status behind this error, looking through [`Error::PreemptFailed`].
     pub fn rm_status(&self) -> Option<RmStatus> {
         match self {

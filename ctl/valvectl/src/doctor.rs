@@ -8,11 +8,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use valve::controller::{ChannelTarget, Controller, PreemptMode};
+use valve::driver::DriverInfo;
+use valve::stats::summarize_us;
 use valve_ebpf::{Registry, WatchConfig, Watcher};
-
-use crate::controller::{ChannelTarget, Controller, PreemptMode};
-use crate::driver::DriverInfo;
-use crate::stats::summarize_us;
 
 /// A check's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -9,13 +9,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use valve::driver::RmDriver;
+use valve::state::{reenable, DisabledRecord};
 
-use super::{alive, DaemonCore, EXIT_BPF, EXIT_PROCESS};
-use crate::driver::RmDriver;
-use crate::gate::runtime::GateHandle;
-use crate::gate::{GateConfig, GateInput};
-use crate::ipc::{GateSpec, Reply};
-use crate::state::{reenable, DisabledRecord};
+use super::runtime::GateHandle;
+use super::{GateConfig, GateInput};
+use crate::core::{alive, DaemonCore, EXIT_BPF, EXIT_PROCESS};
+use crate::protocol::{GateSpec, Reply};
 
 /// The environment variable that labels a process for `--online-label` / `--offline-label`.
 pub const LABEL_VAR: &str = "VALVE_LABEL";
@@ -28,11 +28,11 @@ pub type GateStarter = Box<dyn Fn(GateConfig) -> Result<GateHandle, String> + Se
 const LABEL_RESCAN: Duration = Duration::from_secs(1);
 
 /// A running gate as the daemon sees it.
-pub(super) struct ActiveGate {
+pub(crate) struct ActiveGate {
     handle: GateHandle,
     spec: GateSpec,
     /// The offline channels last sent to the gate thread (and recorded in the state file).
-    pub(super) records: Vec<DisabledRecord>,
+    pub(crate) records: Vec<DisabledRecord>,
     online: BTreeSet<u32>,
     labels: BTreeMap<u32, Option<String>>,
     labels_scanned: Option<Instant>,
@@ -40,7 +40,7 @@ pub(super) struct ActiveGate {
 
 impl ActiveGate {
     /// Whether the gate thread has ended.
-    pub(super) fn handle_finished(&self) -> bool {
+    pub(crate) fn handle_finished(&self) -> bool {
         self.handle.is_finished()
     }
 }
@@ -94,7 +94,7 @@ impl<D: RmDriver> DaemonCore<D> {
         self.gate_starter = Some(starter);
     }
 
-    pub(super) fn gate_start(&mut self, spec: GateSpec) -> Reply {
+    pub(crate) fn gate_start(&mut self, spec: GateSpec) -> Reply {
         if self.gate.is_some() {
             return Reply::err(
                 1,
@@ -178,7 +178,7 @@ impl<D: RmDriver> DaemonCore<D> {
         Reply::ok(data)
     }
 
-    pub(super) fn gate_status(&self) -> Reply {
+    pub(crate) fn gate_status(&self) -> Reply {
         match &self.gate {
             Some(g) => {
                 let mut v = json!(g.handle.status());
@@ -210,7 +210,7 @@ impl<D: RmDriver> DaemonCore<D> {
         Reply::ok(json!(status))
     }
 
-    pub(super) fn gate_signal(&mut self, busy: bool) -> Reply {
+    pub(crate) fn gate_signal(&mut self, busy: bool) -> Reply {
         match &self.gate {
             Some(g) => {
                 g.handle.send(if busy {
@@ -321,7 +321,7 @@ impl<D: RmDriver> DaemonCore<D> {
 
     /// Tells the gate thread the current sets and waits until it has applied them (so that a
     /// manual preempt/resume of a gated process does not race with the gate's own enable).
-    pub(super) fn sync_gate(&mut self) {
+    pub(crate) fn sync_gate(&mut self) {
         self.refresh_gate(Instant::now(), true);
         if let Some(g) = &self.gate {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);

@@ -13,13 +13,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use valve::controller::{Controller, PreemptMode, PreemptPlan};
+use valve::driver::RmDriver;
+use valve::state::{reenable, targets_of, DisabledRecord};
+pub use valve::stats::monotonic_ns;
+use valve::stats::{summarize_us, Summary};
 use valve_ebpf::LaunchEdge;
 
 use super::policy::{Action, GateConfig, GatePolicy};
-use crate::controller::{Controller, PreemptMode, PreemptPlan};
-use crate::driver::RmDriver;
-use crate::state::{reenable, targets_of, DisabledRecord};
-use crate::stats::{summarize_us, Summary};
 
 /// What the gate thread is told.
 #[derive(Clone, Debug)]
@@ -141,14 +142,6 @@ fn snapshot(shared: &Mutex<SharedStatus>) -> GateStatus {
     s.reaction_us = summarize_us(&samples.reaction);
     s.edge_to_disable_us = summarize_us(&samples.edge_to_disable);
     s
-}
-
-/// CLOCK_MONOTONIC in ns, the clock of the uprobe timestamps (`bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
-        Ok(ts) => ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64,
-        Err(_) => 0,
-    }
 }
 
 /// The gate's state without the thread: feed it inputs and ticks with explicit times.
@@ -596,7 +589,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::fake::FakeRm;
+    use valve::fake::FakeRm;
     use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
 
     const MS: u64 = 1_000_000;

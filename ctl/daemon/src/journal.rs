@@ -9,11 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use valve::error::{Error, Result};
 use valve_ebpf::registry::Applied;
 use valve_ebpf::{AllocEvent, FreeEvent, Registry, RmEvent, RmEventKind};
 use valve_ioctl_bindings::{ClientHandle, ObjectHandle};
-
-use crate::error::{Error, Result};
 
 /// One registry-relevant event, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

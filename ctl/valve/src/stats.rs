@@ -1,5 +1,5 @@
-//! Latency summaries (p50/p99/max) for benchmarks and the hardware tests.
-//! Percentiles are nearest-rank over the sorted samples: sorted[ceil(p*n)-1].
+//! Latency summaries (p50/p99/max) for benchmarks and the hardware tests, and the clock the
+//! gate and the hardware tests share. Percentiles are nearest-rank: sorted[ceil(p*n)-1].
 
 use std::time::Duration;
 
@@ -53,6 +53,14 @@ pub fn summarize_us(samples: &[f64]) -> Summary {
         } else {
             sorted.iter().sum::<f64>() / n as f64
         },
+    }
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of the uprobe timestamps (`bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64,
+        Err(_) => 0,
     }
 }
 

@@ -15,18 +15,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use valve::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
+use valve::driver::{NvDriver, RmDriver};
+use valve::gpu::GpuSelector;
+use valve::state::{reenable, DisabledRecord, StateFile};
+use valve::Signals;
 use valve_ebpf::{Registry, RmEvent, RmEventKind, WatchConfig, Watcher};
 
-use crate::cli::Signals;
-use crate::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
-use crate::driver::{NvDriver, RmDriver};
-use crate::gpu::GpuSelector;
-use crate::ipc::{Reply, Request};
+use crate::gate::supervisor::{self as gate, GateStarter};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
-use crate::state::{reenable, DisabledRecord, StateFile};
-
-mod gate;
-pub use gate::{process_label, GateStarter, LABEL_VAR};
+use crate::protocol::{Reply, Request};
 
 /// Exit code: the daemon is not running.
 pub const EXIT_NO_DAEMON: i32 = 7;
@@ -37,7 +35,7 @@ pub const EXIT_BPF: i32 = 9;
 /// Exit code: RM refused (as in the CLI).
 pub const EXIT_RM: i32 = 5;
 
-struct Preempted {
+pub(crate) struct Preempted {
     records: Vec<DisabledRecord>,
     plan: PreemptPlan,
     since: Instant,
@@ -46,10 +44,10 @@ struct Preempted {
 
 /// The daemon's state and request handling, independent of sockets and BPF.
 pub struct DaemonCore<D: RmDriver> {
-    ctl: Controller<D>,
-    registry: Registry,
-    preempted: BTreeMap<u32, Preempted>,
-    pre_existing: BTreeSet<u32>,
+    pub(crate) ctl: Controller<D>,
+    pub(crate) registry: Registry,
+    pub(crate) preempted: BTreeMap<u32, Preempted>,
+    pub(crate) pre_existing: BTreeSet<u32>,
     state: StateFile,
     journal: Journal,
     max_hold: Option<Duration>,
@@ -61,17 +59,17 @@ pub struct DaemonCore<D: RmDriver> {
     pub recovery_failures: Vec<String>,
     /// Processes whose registry entries were restored from the journal at start.
     pub restored: Vec<u32>,
-    gate: Option<gate::ActiveGate>,
-    gate_starter: Option<GateStarter>,
+    pub(crate) gate: Option<gate::ActiveGate>,
+    pub(crate) gate_starter: Option<GateStarter>,
 }
 
-fn comm(pid: u32) -> String {
+pub(crate) fn comm(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
@@ -111,7 +109,7 @@ impl<D: RmDriver> DaemonCore<D> {
         state: StateFile,
         max_hold: Option<Duration>,
         pre_existing: BTreeSet<u32>,
-    ) -> crate::error::Result<Self> {
+    ) -> valve::error::Result<Self> {
         Self::with_start_time(ctl, state, max_hold, pre_existing, process_start_time)
     }
 
@@ -122,7 +120,7 @@ impl<D: RmDriver> DaemonCore<D> {
         max_hold: Option<Duration>,
         mut pre_existing: BTreeSet<u32>,
         start_time: StartTimeFn,
-    ) -> crate::error::Result<Self> {
+    ) -> valve::error::Result<Self> {
         let leftover = state.load()?;
         let (recovered, recovery_failures) = reenable(&ctl, &leftover);
         state.save(&[])?;
@@ -156,7 +154,7 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     /// Writes the journal now (at shutdown).
-    pub fn flush_journal(&mut self) -> crate::error::Result<()> {
+    pub fn flush_journal(&mut self) -> valve::error::Result<()> {
         self.journal.flush()
     }
 
@@ -165,7 +163,7 @@ impl<D: RmDriver> DaemonCore<D> {
         &self.ctl
     }
 
-    fn save(&self) -> crate::error::Result<()> {
+    pub(crate) fn save(&self) -> valve::error::Result<()> {
         // What the gate may disable counts too: a restart must not leave it frozen.
         let all: Vec<DisabledRecord> = self
             .preempted
@@ -298,7 +296,7 @@ impl<D: RmDriver> DaemonCore<D> {
         Reply::ok(json!({ "processes": procs }))
     }
 
-    fn no_channels_reason(&self, pid: u32) -> String {
+    pub(crate) fn no_channels_reason(&self, pid: u32) -> String {
         if !alive(pid) {
             format!("no such process: {pid}")
         } else if self.pre_existing.contains(&pid) {
@@ -589,7 +587,7 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
             _ => return Err(derr(2, format!("no such group: {name}"))),
         },
     };
-    if crate::ipc::call(&cfg.socket, &Request::Status, Duration::from_secs(1)).is_ok() {
+    if crate::protocol::call(&cfg.socket, &Request::Status, Duration::from_secs(1)).is_ok() {
         return Err(derr(
             1,
             format!("another daemon already serves {}", cfg.socket.display()),
@@ -597,7 +595,7 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
     }
     let ctl = Controller::<NvDriver>::open().map_err(|e| {
         let message = format!("opening the driver: {e}");
-        derr(crate::cli::CliError::Valve(e).exit_code(), message)
+        derr(e.exit_code(), message)
     })?;
     std::fs::create_dir_all(&cfg.state_dir)
         .map_err(|e| derr(1, format!("creating {}: {e}", cfg.state_dir.display())))?;
@@ -707,7 +705,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::fake::FakeRm;
+    use valve::fake::FakeRm;
     use valve_ebpf::{AllocEvent, FreeEvent};
     use valve_ioctl_bindings::{self as b, ChannelHandle, ClientHandle, ObjectHandle};
 
@@ -1166,7 +1164,7 @@ mod tests {
     }
 
     fn gate_spec(online: u32, offline: u32) -> Request {
-        Request::GateStart(crate::ipc::GateSpec {
+        Request::GateStart(crate::protocol::GateSpec {
             online: vec![online],
             offline: vec![offline],
             ..Default::default()
@@ -1185,7 +1183,7 @@ mod tests {
         }
         // Bad specs are refused with their exit codes, and nothing starts.
         let code = |r: Reply| r.error.map(|e| e.code);
-        let only_online = Request::GateStart(crate::ipc::GateSpec {
+        let only_online = Request::GateStart(crate::protocol::GateSpec {
             online: vec![1],
             ..Default::default()
         });
@@ -1257,14 +1255,14 @@ mod tests {
         // unlabelled one, which the registry also lists with channels.
         let mut child = std::process::Command::new("sleep")
             .arg("30")
-            .env(LABEL_VAR, "batch")
+            .env(crate::gate::LABEL_VAR, "batch")
             .spawn()
             .unwrap();
         let kid = child.id();
         for e in cuda_process(&rm, kid, 0xc1d0_0030, &[0], 3) {
             c.on_event(&e);
         }
-        let r = c.handle(Request::GateStart(crate::ipc::GateSpec {
+        let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
             online: vec![me],
             offline_label: Some("batch".into()),
             ..Default::default()
@@ -1278,7 +1276,7 @@ mod tests {
         assert!(c.handle(Request::GateStop).error.is_none());
         assert!(rm.disabled().is_empty());
         // A process labelled offline but named online is never frozen.
-        let r = c.handle(Request::GateStart(crate::ipc::GateSpec {
+        let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
             online: vec![kid],
             offline_label: Some("batch".into()),
             ..Default::default()

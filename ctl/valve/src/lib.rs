@@ -6,22 +6,22 @@
 //! FIFO_DISABLE_CHANNELS parameter blocks (64 channels each); [`Controller::disable`] issues them,
 //! one thread per GPU, and returns a [`DisabledChannels`] guard whose `Drop` re-enables them.
 //! The ioctls sit behind the [`RmDriver`] trait: [`NvDriver`] is the real device files.
+//!
+//! Besides that: the state file of what was disabled ([`state`]), latency summaries ([`stats`])
+//! and the signalfd that ends a hold ([`signals`]). No CLI, socket or BPF code lives here: the
+//! daemon is `valve-daemon`, the command line `valvectl`. With the `fake` feature, [`fake`] is an
+//! in-memory RM for other crates' tests.
 
-pub mod cli;
 pub mod controller;
-pub mod daemon;
-pub mod doctor;
 pub mod driver;
 pub mod error;
-pub mod gate;
 pub mod gpu;
-pub mod ipc;
-pub mod journal;
+pub mod signals;
 pub mod state;
 pub mod stats;
 
-#[cfg(test)]
-pub(crate) mod fake;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 
 pub use controller::{
     BatchReport, ChannelTarget, Controller, DisabledChannels, GpuTiming, PreemptMode, PreemptPlan,
@@ -29,4 +29,5 @@ pub use controller::{
 pub use driver::{DriverInfo, NvDriver, RmCallError, RmDriver};
 pub use error::Error;
 pub use gpu::{GpuInfo, GpuSelector};
+pub use signals::Signals;
 pub use valve_ioctl_bindings as bindings;

@@ -1,3 +1,0 @@
-fn main() {
-    std::process::exit(valve_ctl::cli::run());
-}

@@ -1,0 +1,9 @@
+//! `valvectl`, Valve's command line: list GPUs, preempt and resume channels or processes, bench,
+//! run the daemon and the gate, check the node. [`cli::run`] parses and dispatches.
+
+mod cli;
+mod doctor;
+
+fn main() {
+    std::process::exit(cli::run());
+}
