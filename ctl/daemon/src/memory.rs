@@ -1,7 +1,95 @@
-//! The daemon's GPU memory pool (issue 10): its place in the daemon, not built yet.
+//! The daemon's GPU memory pool (issue 10): shareable physical memory in fixed-size handles,
+//! lent to registered online and offline processes, and taken back from offline for online.
 //!
-//! Nothing is here until it is built. The pool will own each GPU's shareable physical memory in
-//! fixed-size handles, hand them to registered online and offline processes over the socket
-//! (new [`crate::protocol`] requests), and take memory back from offline, coordinated with its
-//! preemption, when online needs more. Like [`crate::gate`], it will be driven from
-//! [`crate::DaemonCore`]; the CUDA memory primitives it builds on are `valve-vmm` (`ctl/vmm`).
+//! - [`ledger`]: who holds which handle; the rules for lending and taking back (pure).
+//! - [`backing`]: real memory (CUDA VMM handles created without a CUDA context; NVML).
+//! - [`reclaim`]: freeze offline, ask its client library for k handles, kill it past the
+//!   deadline, thaw.
+//! - [`server`]: the pool socket (`docs/memory.md`, "The pool protocol").
+//!
+//! Why it is built this way, and the measurements behind the choices: `docs/memory.md`.
+
+pub mod backing;
+pub mod ledger;
+pub mod reclaim;
+pub mod server;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The pool's settings (`valvectl daemon --pool ...`).
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// The pool socket.
+    pub socket: PathBuf,
+    /// GPUs to pool, as (Valve's GPU index, PCI address).
+    pub gpus: Vec<(usize, String)>,
+    /// Bytes per handle (default 64 MiB: docs/memory.md says why).
+    pub handle_bytes: usize,
+    /// The most each GPU's pool may hold.
+    pub max_bytes: u64,
+    /// Device memory the pool always leaves to others (contexts, non-pool allocations).
+    pub keep_free_bytes: u64,
+    /// How long an offline client has to give memory back before it is killed.
+    pub reclaim_deadline: Duration,
+    /// The daemon's control socket (reclaims preempt through it).
+    pub daemon_socket: PathBuf,
+    /// Group allowed on the socket besides root.
+    pub gid: Option<u32>,
+}
+
+/// The running pool; dropping it stops the server and releases the daemon's handles (clients
+/// keep what they mapped until they unmap or exit).
+pub struct PoolHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    socket: PathBuf,
+}
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Opens every GPU's backing, binds the socket and starts the server thread.
+pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle, String> {
+    let mut ledger = ledger::Ledger::default();
+    for (index, pci) in &cfg.gpus {
+        let b = backing::CudaBacking::open(pci, cfg.handle_bytes)
+            .map_err(|e| format!("pool on GPU {index} ({pci}): {e}"))?;
+        ledger.add_gpu(*index, Box::new(b), cfg.max_bytes, cfg.keep_free_bytes);
+    }
+    if let Some(dir) = cfg.socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = valve_vmm::wire::listen(&cfg.socket).map_err(|e| e.to_string())?;
+    let mode = if cfg.gid.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("setting the mode of {}: {e}", cfg.socket.display()))?;
+    if let Some(gid) = cfg.gid {
+        nix::unistd::chown(&cfg.socket, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(|e| format!("giving {} to group {gid}: {e}", cfg.socket.display()))?;
+    }
+    let freezer = reclaim::DaemonSocketFreezer {
+        socket: cfg.daemon_socket.clone(),
+        max_hold: Duration::from_secs(2),
+    };
+    let mut srv = server::PoolServer::new(ledger, listener, allowed, Box::new(freezer), cfg.reclaim_deadline);
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("valve-pool".into())
+        .spawn(move || srv.run(&s2, Duration::from_millis(50)))
+        .map_err(|e| format!("starting the pool thread: {e}"))?;
+    Ok(PoolHandle { stop, thread: Some(thread), socket: cfg.socket.clone() })
+}

@@ -30,6 +30,38 @@ impl Gpu {
         Ok(Gpu { ordinal, device })
     }
 
+    /// The device at PCI address `bus_id` (as `valvectl gpus` and NVML print it, e.g.
+    /// `00000000:19:00.0`; case and the domain's width do not matter). CUDA's own numbering
+    /// depends on `CUDA_DEVICE_ORDER` and `CUDA_VISIBLE_DEVICES`; the PCI address does not.
+    pub fn open_pci(bus_id: &str) -> crate::Result<Gpu> {
+        init()?;
+        let mut count = 0;
+        // SAFETY: `count` is a valid out-pointer.
+        check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+        let want = normalize_pci(bus_id);
+        for ordinal in 0..count.max(0) as u32 {
+            let gpu = Gpu::open(ordinal)?;
+            if normalize_pci(&gpu.pci_bus_id()?) == want {
+                return Ok(gpu);
+            }
+        }
+        Err(crate::VmmError::Invalid(format!(
+            "no CUDA device at PCI {bus_id} (is it hidden by CUDA_VISIBLE_DEVICES?)"
+        )))
+    }
+
+    /// Its PCI address as CUDA prints it.
+    pub fn pci_bus_id(&self) -> crate::Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is writable for its full length, which is passed.
+        check("cuDeviceGetPCIBusId", unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.device)
+        })?;
+        // SAFETY: cuDeviceGetPCIBusId NUL-terminates within the given length.
+        let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(s.to_string_lossy().into_owned())
+    }
+
     /// The CUDA ordinal.
     pub fn ordinal(&self) -> u32 {
         self.ordinal as u32
@@ -87,5 +119,29 @@ impl Gpu {
             location: self.location(),
             flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         }
+    }
+}
+
+/// `0000:19:00.0`, `00000000:19:00.0` and `0000:19:00.0` in any case compare equal.
+pub(crate) fn normalize_pci(s: &str) -> String {
+    let s = s.trim().to_ascii_lowercase();
+    match s.split_once(':') {
+        Some((domain, rest)) if rest.contains(':') => {
+            let d = u32::from_str_radix(domain, 16).unwrap_or(u32::MAX);
+            format!("{d:08x}:{rest}")
+        }
+        _ => format!("00000000:{s}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pci_addresses_compare_by_value() {
+        use super::normalize_pci as n;
+        assert_eq!(n("00000000:19:00.0"), n("0000:19:00.0"));
+        assert_eq!(n("0000:1A:00.0"), n("00000000:1a:00.0"));
+        assert_eq!(n("19:00.0"), n("0000:19:00.0"));
+        assert_ne!(n("0000:19:00.0"), n("0000:1a:00.0"));
     }
 }

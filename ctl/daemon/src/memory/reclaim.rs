@@ -1,0 +1,251 @@
+//! Taking memory back from offline processes: freeze them, ask each for k handles on its callback
+//! connection, wait until a deadline, kill those that do not answer, thaw the rest.
+//!
+//! Freezing goes through a [`Freezer`]; the daemon's is [`DaemonSocketFreezer`], which asks the
+//! daemon's own control socket, so the preemption is recorded in the state file before it happens
+//! and is undone by a restarted daemon, exactly like `valvectl preempt --pid`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use valve_vmm::wire;
+
+use super::ledger::{ClientId, HandleId};
+
+/// Stops and restarts a process's GPU work.
+pub trait Freezer: Send {
+    /// Disables every channel of `pid`; when this returns Ok, none of its kernels runs.
+    fn freeze(&mut self, pid: u32) -> Result<(), String>;
+    /// Enables them again.
+    fn thaw(&mut self, pid: u32) -> Result<(), String>;
+    /// Ends a process that did not give memory back in time (SIGKILL).
+    fn kill(&mut self, pid: u32) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Freezes through the daemon's control socket (preempt/resume by pid).
+pub struct DaemonSocketFreezer {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// The daemon resumes by itself after this long, should the pool thread die mid-reclaim.
+    pub max_hold: Duration,
+}
+
+impl DaemonSocketFreezer {
+    fn call(&self, req: Value) -> Result<Value, String> {
+        let stream = UnixStream::connect(&self.socket)
+            .map_err(|e| format!("daemon socket {}: {e}", self.socket.display()))?;
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        (&stream)
+            .write_all(format!("{req}\n").as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(&stream)
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let reply: Value = serde_json::from_str(&line).map_err(|e| format!("daemon reply: {e}"))?;
+        match reply.get("error").filter(|e| !e.is_null()) {
+            Some(e) => Err(e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("daemon error")
+                .to_string()),
+            None => Ok(reply),
+        }
+    }
+}
+
+impl Freezer for DaemonSocketFreezer {
+    fn freeze(&mut self, pid: u32) -> Result<(), String> {
+        self.call(
+            json!({"op": "preempt", "pid": pid, "max_hold_ms": self.max_hold.as_millis() as u64}),
+        )
+        .map(|_| ())
+    }
+    fn thaw(&mut self, pid: u32) -> Result<(), String> {
+        self.call(json!({"op": "resume", "pid": pid})).map(|_| ())
+    }
+}
+
+/// One offline process to take `count` handles from.
+pub struct Target {
+    /// Its pool client.
+    pub client: ClientId,
+    /// Its pid.
+    pub pid: u32,
+    /// Handles wanted.
+    pub count: usize,
+    /// Its callback connection, if it attached one.
+    pub callback: Option<UnixStream>,
+}
+
+/// What a reclaim got.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Clients that answered in time with valid handles, and those handles.
+    pub returned: Vec<(ClientId, Vec<HandleId>)>,
+    /// Clients killed for not answering (their handles may be taken).
+    pub killed: Vec<ClientId>,
+    /// Clients skipped because they could not be frozen.
+    pub not_frozen: Vec<ClientId>,
+}
+
+/// Counters for `status` and metrics.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ReclaimStats {
+    /// Reclaims run.
+    pub reclaims: u64,
+    /// Handles taken from offline.
+    pub handles: u64,
+    /// Offline processes killed for missing the deadline.
+    pub killed: u64,
+    /// Freeze failures.
+    pub freeze_failures: u64,
+    /// Time from the start of a reclaim to the handles being transferable, last reclaim, us.
+    pub last_us: u64,
+}
+
+/// Runs reclaims.
+pub struct Reclaimer {
+    freezer: Box<dyn Freezer>,
+    deadline: Duration,
+    next_rid: u64,
+    stats: ReclaimStats,
+}
+
+/// Thaws every pid it holds when dropped, so no path out of a reclaim leaves offline frozen.
+struct Frozen<'a> {
+    freezer: &'a mut dyn Freezer,
+    pids: Vec<u32>,
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            if let Err(e) = self.freezer.thaw(pid) {
+                tracing::warn!(pid, "thawing after a reclaim failed: {e}");
+            }
+        }
+    }
+}
+
+impl Reclaimer {
+    /// A reclaimer that waits `deadline` for offline's answers.
+    pub fn new(freezer: Box<dyn Freezer>, deadline: Duration) -> Reclaimer {
+        Reclaimer {
+            freezer,
+            deadline,
+            next_rid: 0,
+            stats: ReclaimStats::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ReclaimStats {
+        self.stats.clone()
+    }
+
+    /// Freezes the targets, asks them, collects valid answers (`valid(client, handles)` checks
+    /// the handles are the client's), kills the silent, and thaws the others.
+    pub fn run(
+        &mut self,
+        targets: Vec<Target>,
+        valid: impl Fn(ClientId, &[HandleId]) -> bool,
+    ) -> Outcome {
+        let started = Instant::now();
+        self.stats.reclaims += 1;
+        let mut out = Outcome::default();
+        let mut frozen = Frozen {
+            freezer: self.freezer.as_mut(),
+            pids: Vec::new(),
+        };
+        let mut asked = Vec::new();
+        for t in targets {
+            if let Err(e) = frozen.freezer.freeze(t.pid) {
+                tracing::warn!(
+                    pid = t.pid,
+                    "cannot freeze offline process for a reclaim: {e}"
+                );
+                self.stats.freeze_failures += 1;
+                out.not_frozen.push(t.client);
+                continue;
+            }
+            frozen.pids.push(t.pid);
+            self.next_rid += 1;
+            let sent = t.callback.as_ref().is_some_and(|s| {
+                wire::send(
+                    s,
+                    &json!({"op": "reclaim", "rid": self.next_rid, "count": t.count}),
+                    &[],
+                )
+                .is_ok()
+            });
+            asked.push((t, self.next_rid, sent));
+        }
+        let deadline = started + self.deadline;
+        for (t, rid, sent) in asked {
+            let answer = if sent {
+                wait_answer(t.callback.as_ref(), rid, deadline)
+            } else {
+                None
+            };
+            match answer {
+                Some(h) if h.len() == t.count && valid(t.client, &h) => {
+                    self.stats.handles += h.len() as u64;
+                    out.returned.push((t.client, h));
+                }
+                _ => {
+                    tracing::error!(
+                        pid = t.pid,
+                        "offline process did not give memory back in {:?}: killing it",
+                        self.deadline
+                    );
+                    frozen.freezer.kill(t.pid);
+                    self.stats.killed += 1;
+                    out.killed.push(t.client);
+                }
+            }
+        }
+        self.stats.last_us = started.elapsed().as_micros() as u64;
+        drop(frozen);
+        out
+    }
+}
+
+/// Waits until `deadline` for `{"rid": rid, "ok": true, "handles": [...]}` on `sock`.
+fn wait_answer(sock: Option<&UnixStream>, rid: u64, deadline: Instant) -> Option<Vec<HandleId>> {
+    let sock = sock?;
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        let mut fds = [nix::poll::PollFd::new(
+            sock.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let ms = (left.as_millis() as u16).max(1);
+        if nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)).ok()? == 0 {
+            return None;
+        }
+        let (msg, _) = wire::recv(sock).ok()??;
+        if msg.get("rid").and_then(Value::as_u64) != Some(rid) {
+            continue; // a stale answer to an earlier, timed-out request
+        }
+        if msg.get("ok") != Some(&Value::Bool(true)) {
+            return None;
+        }
+        return msg
+            .get("handles")?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_u64().and_then(|h| HandleId::try_from(h).ok()))
+            .collect();
+    }
+}

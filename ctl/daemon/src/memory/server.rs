@@ -1,0 +1,768 @@
+//! The pool socket: registers client processes, grows and shrinks their memory, and reclaims
+//! from offline for online (freeze, ask, transfer, thaw). One thread, one poll loop.
+//!
+//! Protocol: `docs/memory.md`, "The pool protocol". Connections are identified by SO_PEERCRED;
+//! a control connection that closes unregisters its process and frees what it held.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use valve_vmm::wire;
+
+use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role};
+use super::reclaim::{Freezer, Reclaimer, Target};
+
+/// Most connections served at once; more are closed at accept.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Who may connect: a peer passes if this returns true for its stream.
+pub type PeerCheck = Box<dyn Fn(&UnixStream) -> bool + Send>;
+
+enum Kind {
+    /// Connected, said nothing yet.
+    New,
+    /// A registered process's requests.
+    Control(ClientId),
+    /// The daemon's requests to a process.
+    Callback(ClientId),
+}
+
+struct Conn {
+    stream: UnixStream,
+    pid: u32,
+    kind: Kind,
+}
+
+/// The pool server's state.
+pub struct PoolServer {
+    ledger: Ledger,
+    listener: UnixListener,
+    conns: BTreeMap<RawFd, Conn>,
+    tokens: BTreeMap<ClientId, u64>,
+    allowed: PeerCheck,
+    reclaimer: Reclaimer,
+}
+
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .map(|c| c.pid() as u32)
+}
+
+fn random_token() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_ne_bytes(b) | 1
+}
+
+fn err_reply(code: i32, message: impl Into<String>) -> Value {
+    json!({"ok": false, "code": code, "error": message.into()})
+}
+
+fn pool_err(e: PoolError) -> Value {
+    err_reply(e.code(), e.to_string())
+}
+
+impl PoolServer {
+    /// A server on `listener` over `ledger`, freezing offline processes with `freezer`.
+    pub fn new(
+        ledger: Ledger,
+        listener: UnixListener,
+        allowed: PeerCheck,
+        freezer: Box<dyn Freezer>,
+        deadline: Duration,
+    ) -> PoolServer {
+        PoolServer {
+            ledger,
+            listener,
+            conns: BTreeMap::new(),
+            tokens: BTreeMap::new(),
+            allowed,
+            reclaimer: Reclaimer::new(freezer, deadline),
+        }
+    }
+
+    /// Serves until `stop` is set (checked every `tick`).
+    pub fn run(&mut self, stop: &AtomicBool, tick: Duration) {
+        let _ = self.listener.set_nonblocking(true);
+        while !stop.load(Ordering::Relaxed) {
+            for fd in self.ready(tick) {
+                if fd == self.listener.as_raw_fd() {
+                    self.accept();
+                } else {
+                    self.serve(fd);
+                }
+            }
+        }
+    }
+
+    /// The descriptors with something to read (or hung up) within `tick`.
+    fn ready(&self, tick: Duration) -> Vec<RawFd> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        let order: Vec<RawFd> = self.conns.keys().copied().collect();
+        fds.extend(
+            self.conns
+                .values()
+                .map(|c| PollFd::new(c.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        let ms = tick.as_millis().min(60_000) as u16;
+        if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) <= 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, p) in fds.iter().enumerate() {
+            if p.revents().is_some_and(|r| !r.is_empty()) {
+                out.push(if i == 0 {
+                    self.listener.as_raw_fd()
+                } else {
+                    order[i - 1]
+                });
+            }
+        }
+        out
+    }
+
+    fn accept(&mut self) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            if self.conns.len() >= MAX_CONNECTIONS || !(self.allowed)(&stream) {
+                continue; // dropped: closed
+            }
+            let Some(pid) = peer_pid(&stream) else {
+                continue;
+            };
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            self.conns.insert(
+                stream.as_raw_fd(),
+                Conn {
+                    stream,
+                    pid,
+                    kind: Kind::New,
+                },
+            );
+        }
+    }
+
+    fn serve(&mut self, fd: RawFd) {
+        let Some(conn) = self.conns.get(&fd) else {
+            return;
+        };
+        if matches!(conn.kind, Kind::Callback(_)) {
+            // The daemon speaks first on callback connections; anything readable here outside a
+            // reclaim is a hang-up or noise.
+            let mut probe = [0u8; 1];
+            use std::io::Read;
+            if matches!((&conn.stream).read(&mut probe), Ok(0) | Err(_)) {
+                self.drop_conn(fd);
+            }
+            return;
+        }
+        match wire::recv(&conn.stream) {
+            Ok(Some((msg, _fds))) => {
+                let (reply, attach) = self.handle(fd, &msg);
+                if let Some(reply) = reply {
+                    self.answer(fd, reply);
+                }
+                if let Some((client, reply_fds)) = attach {
+                    self.send_fds(fd, client, reply_fds);
+                }
+            }
+            Ok(None) => self.drop_conn(fd),
+            Err(e) => self.answer(fd, err_reply(2, format!("bad request: {e}"))),
+        }
+    }
+
+    fn answer(&mut self, fd: RawFd, reply: Value) {
+        if reply.is_null() {
+            return; // answered already, with descriptors
+        }
+        if let Some(c) = self.conns.get(&fd) {
+            if wire::send(&c.stream, &reply, &[]).is_err() {
+                self.drop_conn(fd);
+            }
+        }
+    }
+
+    /// Sends a reply that carries descriptors of `handles` (grow).
+    fn send_fds(&mut self, fd: RawFd, client: ClientId, (reply, handles): (Value, Vec<HandleId>)) {
+        let Ok(gpu) = self.ledger.client(client).map(|c| c.gpu) else {
+            return;
+        };
+        let sent = match (self.ledger.fds(gpu, &handles), self.conns.get(&fd)) {
+            (Ok(fds), Some(c)) => wire::send_borrowed(&c.stream, &reply, &fds).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            self.drop_conn(fd);
+        }
+    }
+
+    fn drop_conn(&mut self, fd: RawFd) {
+        let Some(conn) = self.conns.remove(&fd) else {
+            return;
+        };
+        if let Kind::Control(client) = conn.kind {
+            let freed = self.ledger.unregister(client);
+            self.tokens.remove(&client);
+            tracing::info!(
+                pid = conn.pid,
+                client,
+                freed = freed.len(),
+                "pool client gone; its memory is free again"
+            );
+            let callbacks: Vec<RawFd> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| matches!(c.kind, Kind::Callback(id) if id == client))
+                .map(|(&f, _)| f)
+                .collect();
+            for f in callbacks {
+                self.conns.remove(&f);
+            }
+        }
+    }
+
+    /// One request: a reply, or a reply with descriptors to attach (sent by the caller).
+    #[allow(clippy::type_complexity)]
+    fn handle(
+        &mut self,
+        fd: RawFd,
+        msg: &Value,
+    ) -> (Option<Value>, Option<(ClientId, (Value, Vec<HandleId>))>) {
+        let op = msg.get("op").and_then(Value::as_str).unwrap_or("");
+        let conn = &self.conns[&fd];
+        let (pid, kind) = (conn.pid, &conn.kind);
+        match (kind, op) {
+            (Kind::New, "register") => (Some(self.register(fd, pid, msg)), None),
+            (Kind::New, "attach") => (Some(self.attach(fd, pid, msg)), None),
+            (Kind::New, "status") | (Kind::Control(_), "status") => (Some(self.status()), None),
+            (Kind::New, _) => (Some(err_reply(13, "not registered: the first message on a pool connection is `register` (or `attach`)")), None),
+            (Kind::Control(c), "grow") => {
+                let c = *c;
+                match self.grow(c, msg) {
+                    Ok(with_fds) => (None, Some((c, with_fds))),
+                    Err(e) => (Some(e), None),
+                }
+            }
+            (Kind::Control(c), "shrink") => (Some(self.shrink(*c, msg)), None),
+            (Kind::Control(_), other) => (Some(err_reply(2, format!("unknown op `{other}`: register, grow, shrink, usage, status"))), None),
+            (Kind::Callback(_), _) => (None, None),
+        }
+    }
+
+    fn register(&mut self, fd: RawFd, pid: u32, msg: &Value) -> Value {
+        let role = match msg.get("role").and_then(Value::as_str) {
+            Some("online") => Role::Online,
+            Some("offline") => Role::Offline,
+            _ => return err_reply(2, "register needs \"role\": \"online\" or \"offline\""),
+        };
+        let Some(gpu) = msg
+            .get("gpu")
+            .and_then(|g| g.as_u64().or_else(|| g.as_str()?.parse().ok()))
+        else {
+            return err_reply(2, "register needs \"gpu\": the GPU index (e.g. 0)");
+        };
+        let premap = msg.get("premap").and_then(Value::as_bool).unwrap_or(true);
+        let gpu = gpu as usize;
+        let client = match self.ledger.register(pid, role, gpu, premap) {
+            Ok(c) => c,
+            Err(e) => return pool_err(e),
+        };
+        let token = random_token();
+        self.tokens.insert(client, token);
+        if let Some(c) = self.conns.get_mut(&fd) {
+            c.kind = Kind::Control(client);
+        }
+        let info = self.ledger.client(client).expect("just registered");
+        json!({"ok": true, "client": client, "token": token.to_string(), "gpu_index": gpu,
+               "premapped": info.premapped,
+               "handle_bytes": self.ledger.handle_bytes(gpu).unwrap_or(0),
+               "pool_capacity_handles": self.ledger.max_handles(gpu).unwrap_or(0)})
+    }
+
+    fn attach(&mut self, fd: RawFd, pid: u32, msg: &Value) -> Value {
+        let client = msg.get("client").and_then(Value::as_u64).unwrap_or(0);
+        let token = msg
+            .get("token")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<u64>().ok());
+        let owner = self.ledger.client(client).map(|c| c.pid).ok();
+        if token.is_none() || self.tokens.get(&client) != token.as_ref() || owner != Some(pid) {
+            return err_reply(13, "attach refused: wrong client, token or process");
+        }
+        if let Some(c) = self.conns.get_mut(&fd) {
+            c.kind = Kind::Callback(client);
+        }
+        if let Some(info) = self.ledger.client(client).ok().filter(|c| c.premapped) {
+            let (gpu, all) = (
+                info.gpu,
+                self.ledger.all_handles(info.gpu).unwrap_or_default(),
+            );
+            return self.attach_reply_with_pool(fd, client, gpu, all);
+        }
+        json!({"ok": true})
+    }
+
+    /// A premapped online client attaching gets every existing handle with the reply.
+    fn attach_reply_with_pool(
+        &mut self,
+        fd: RawFd,
+        client: ClientId,
+        gpu: usize,
+        all: Vec<HandleId>,
+    ) -> Value {
+        let handles = self.ledger.mark_sent(client, &all);
+        let reply = json!({"ok": true, "event": "pool_handles", "handles": handles});
+        let sent = match (self.ledger.fds(gpu, &handles), self.conns.get(&fd)) {
+            (Ok(fds), Some(c)) => wire::send_borrowed(&c.stream, &reply, &fds).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            self.drop_conn(fd);
+        }
+        Value::Null // already answered
+    }
+
+    /// Sends newly created handles to every premapped online client on `gpu` (but `except`,
+    /// which gets them with its own reply) over its callback connection.
+    fn announce(&mut self, gpu: usize, created: &[HandleId], except: Option<ClientId>) {
+        if created.is_empty() {
+            return;
+        }
+        for client in self.ledger.premapped_clients(gpu) {
+            if Some(client) == except {
+                continue;
+            }
+            let Some(fd) = self.callback_of(client) else {
+                continue;
+            };
+            let handles = self.ledger.mark_sent(client, created);
+            let msg = json!({"event": "pool_handles", "handles": handles});
+            let sent = match (self.ledger.fds(gpu, &handles), self.conns.get(&fd)) {
+                (Ok(fds), Some(c)) => wire::send_borrowed(&c.stream, &msg, &fds).is_ok(),
+                _ => false,
+            };
+            if !sent {
+                self.drop_conn(fd);
+            }
+        }
+    }
+
+    fn callback_of(&self, client: ClientId) -> Option<RawFd> {
+        self.conns
+            .iter()
+            .find(|(_, c)| matches!(c.kind, Kind::Callback(id) if id == client))
+            .map(|(&fd, _)| fd)
+    }
+
+    fn shrink(&mut self, client: ClientId, msg: &Value) -> Value {
+        let Some(handles) = handle_list(msg) else {
+            return err_reply(2, "shrink needs \"handles\": [ids]");
+        };
+        match self.ledger.release(client, &handles) {
+            Ok(()) => json!({"ok": true, "released": handles.len()}),
+            Err(e) => pool_err(e),
+        }
+    }
+
+    fn status(&self) -> Value {
+        let clients: Vec<Value> = self
+            .ledger
+            .clients()
+            .map(|(id, c)| json!({"client": id, "pid": c.pid, "role": c.role, "gpu": c.gpu, "handles": c.held.len()}))
+            .collect();
+        json!({"ok": true, "gpus": self.ledger.usage(), "clients": clients, "reclaims": self.reclaimer.stats()})
+    }
+}
+
+fn handle_list(msg: &Value) -> Option<Vec<HandleId>> {
+    msg.get("handles")?
+        .as_array()?
+        .iter()
+        .map(|v| v.as_u64().and_then(|h| HandleId::try_from(h).ok()))
+        .collect()
+}
+
+impl PoolServer {
+    /// `grow`: take free memory, reclaim the rest from offline for online, and say which
+    /// descriptors travel with the reply (every handle for a client that maps on demand; only
+    /// handles it has not been sent yet for a premapped one).
+    fn grow(&mut self, client: ClientId, msg: &Value) -> Result<(Value, Vec<HandleId>), Value> {
+        let count = msg
+            .get("count")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| err_reply(2, "grow needs \"count\""))? as usize;
+        let started = Instant::now();
+        let taken = self.ledger.take(client, count).map_err(pool_err)?;
+        let mut handles = taken.handles.clone();
+        let mut reclaimed = Vec::new();
+        if taken.short > 0 {
+            let gpu = self.ledger.client(client).map_err(pool_err)?.gpu;
+            reclaimed = self.reclaim(gpu, taken.short, client);
+            handles.extend(&reclaimed);
+        }
+        let gpu = self.ledger.client(client).map_err(pool_err)?.gpu;
+        self.announce(gpu, &taken.created, Some(client));
+        // A client maps each handle once: premapped online clients were sent most of the pool
+        // already; offline clients map on demand and are sent every handle again after a shrink.
+        let premapped = self.ledger.client(client).map_err(pool_err)?.premapped;
+        let with_fds = if premapped {
+            self.ledger.mark_sent(client, &handles)
+        } else {
+            handles.clone()
+        };
+        let reply = json!({"ok": true, "handles": handles, "fds_for": with_fds,
+                           "reclaimed": reclaimed.len(), "short": count - handles.len(),
+                           "elapsed_us": started.elapsed().as_micros() as u64});
+        Ok((reply, with_fds))
+    }
+
+    /// Frees `short` handles on `gpu` from offline processes and gives them to `to`.
+    fn reclaim(&mut self, gpu: usize, short: usize, to: ClientId) -> Vec<HandleId> {
+        let targets: Vec<Target> = self
+            .ledger
+            .reclaim_plan(gpu, short)
+            .into_iter()
+            .map(|(client, count)| Target {
+                client,
+                pid: self.ledger.client(client).map(|c| c.pid).unwrap_or(0),
+                count,
+                callback: self
+                    .conns
+                    .values()
+                    .find(|c| matches!(c.kind, Kind::Callback(id) if id == client))
+                    .and_then(|c| c.stream.try_clone().ok()),
+            })
+            .collect();
+        let ledger = &self.ledger;
+        let outcome = self.reclaimer.run(targets, |client, handles| {
+            ledger
+                .client(client)
+                .is_ok_and(|c| handles.iter().all(|h| c.held.contains(h)))
+        });
+        let mut got = Vec::new();
+        for (client, handles) in outcome.returned {
+            if self.ledger.transfer(client, &handles, to).is_ok() {
+                got.extend(handles);
+            }
+        }
+        for client in outcome.killed {
+            // Its process is dead or dying with its channels still disabled, so its mappings can
+            // no longer be used: its handles are free to hand over.
+            self.ledger.unregister(client);
+            self.tokens.remove(&client);
+        }
+        let still = short.saturating_sub(got.len());
+        if still > 0 {
+            if let Ok(t) = self.ledger.take(to, still) {
+                got.extend(t.handles);
+            }
+        }
+        got
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::ledger::tests::ledger;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<String>>>);
+
+    impl Log {
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    impl Freezer for Log {
+        fn freeze(&mut self, pid: u32) -> Result<(), String> {
+            self.0.lock().unwrap().push(format!("freeze {pid}"));
+            Ok(())
+        }
+        fn thaw(&mut self, pid: u32) -> Result<(), String> {
+            self.0.lock().unwrap().push(format!("thaw {pid}"));
+            Ok(())
+        }
+        fn kill(&mut self, pid: u32) {
+            self.0.lock().unwrap().push(format!("kill {pid}"));
+        }
+    }
+
+    struct Running {
+        dir: PathBuf,
+        stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<()>>,
+        log: Log,
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    use std::path::PathBuf;
+
+    /// A pool server over a GPU with `device_mib` of memory, on a socket in a temp dir.
+    fn start(device_mib: u64) -> Running {
+        let dir = std::env::temp_dir().join(format!(
+            "valve-pool-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = wire::listen(&dir.join("pool.sock")).unwrap();
+        let log = Log::default();
+        let mut server = PoolServer::new(
+            ledger(device_mib, 1 << 20),
+            listener,
+            Box::new(|_: &UnixStream| true),
+            Box::new(log.clone()),
+            Duration::from_millis(200),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || server.run(&s2, Duration::from_millis(5)));
+        Running {
+            dir,
+            stop,
+            thread: Some(thread),
+            log,
+        }
+    }
+
+    fn connect(r: &Running) -> UnixStream {
+        wire::connect(&r.dir.join("pool.sock")).unwrap()
+    }
+
+    fn call(s: &UnixStream, v: Value) -> (Value, usize) {
+        wire::send(s, &v, &[]).unwrap();
+        let (reply, fds) = wire::recv(s).unwrap().unwrap();
+        (reply, fds.len())
+    }
+
+    fn register(r: &Running, role: &str) -> (UnixStream, u64, String) {
+        let s = connect(r);
+        let (reply, _) = call(&s, json!({"op": "register", "role": role, "gpu": 0}));
+        assert_eq!(reply["ok"], true, "{reply}");
+        let token = reply["token"].as_str().unwrap().to_string();
+        (s, reply["client"].as_u64().unwrap(), token)
+    }
+
+    #[test]
+    fn register_grow_shrink_and_status() {
+        let r = start(64 * 11);
+        let (off, _, _) = register(&r, "offline");
+        let (reply, fds) = call(&off, json!({"op": "grow", "count": 4}));
+        assert_eq!(
+            (reply["handles"].as_array().unwrap().len(), fds),
+            (4, 4),
+            "{reply}"
+        );
+        let (reply, _) = call(&off, json!({"op": "shrink", "handles": [0, 1]}));
+        assert_eq!(reply["released"], 2);
+        let (reply, _) = call(&off, json!({"op": "shrink", "handles": [0]}));
+        assert_eq!(reply["code"], 14, "{reply}");
+        let (st, _) = call(&off, json!({"op": "status"}));
+        assert_eq!(st["gpus"][0]["offline"], 2, "{st}");
+        assert_eq!(st["gpus"][0]["free"], 2);
+    }
+
+    #[test]
+    fn bad_requests_get_named_errors_and_change_nothing() {
+        let r = start(1024);
+        let s = connect(&r);
+        assert_eq!(call(&s, json!({"op": "grow", "count": 1})).0["code"], 13);
+        assert_eq!(call(&s, json!({"op": "status"})).0["ok"], true, "status needs no registration");
+        assert_eq!(
+            call(&s, json!({"op": "register", "role": "boss", "gpu": 0})).0["code"],
+            2
+        );
+        assert_eq!(
+            call(&s, json!({"op": "register", "role": "online", "gpu": 7})).0["code"],
+            6
+        );
+        valve_vmm::fdpass::send(&s, b"{not json", &[]).unwrap();
+        let (reply, _) = wire::recv(&s).unwrap().unwrap();
+        assert_eq!(reply["code"], 2, "{reply}");
+        let (reply, _) = call(&s, json!({"op": "register", "role": "online", "gpu": 0}));
+        assert_eq!(
+            reply["ok"], true,
+            "the connection survives bad input: {reply}"
+        );
+        assert_eq!(
+            call(&s, json!({"op": "grow", "count": 1_000_000})).0["code"],
+            11
+        );
+        assert_eq!(call(&s, json!({"op": "launch"})).0["code"], 2);
+        let other = connect(&r);
+        let bad = json!({"op": "attach", "client": reply["client"], "token": "12345"});
+        assert_eq!(call(&other, bad).0["code"], 13, "a wrong token is refused");
+    }
+
+    #[test]
+    fn a_closed_connection_frees_what_the_process_held() {
+        let r = start(64 * 11);
+        let (off, _, _) = register(&r, "offline");
+        assert_eq!(call(&off, json!({"op": "grow", "count": 10})).1, 10);
+        drop(off);
+        let (on, _, _) = register(&r, "online");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let (st, _) = call(&on, json!({"op": "status"}));
+            if st["gpus"][0]["free"] == 10 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "memory never came back: {st}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// An offline client's callback side: answers each reclaim with the first handles it holds,
+    /// or (if `silent`) never answers.
+    fn offline_callback(r: &Running, client: u64, token: &str, held: Vec<u64>, silent: bool) {
+        let cb = connect(r);
+        let (reply, _) = call(
+            &cb,
+            json!({"op": "attach", "client": client, "token": token}),
+        );
+        assert_eq!(reply["ok"], true, "{reply}");
+        std::thread::spawn(move || {
+            while let Ok(Some((req, _))) = wire::recv(&cb) {
+                if silent {
+                    continue;
+                }
+                let k = req["count"].as_u64().unwrap() as usize;
+                let give: Vec<u64> = held[..k].to_vec();
+                let answer = json!({"rid": req["rid"], "ok": true, "handles": give});
+                wire::send(&cb, &answer, &[]).unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn online_grows_into_offline_memory_with_offline_frozen_around_the_swap() {
+        let r = start(64 * 11); // 10 handles
+        let (off, off_id, token) = register(&r, "offline");
+        let (reply, _) = call(&off, json!({"op": "grow", "count": 10}));
+        let held: Vec<u64> = reply["handles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        offline_callback(&r, off_id, &token, held, false);
+        let (on, on_id, on_token) = register(&r, "online");
+        let on_cb = connect(&r);
+        let (attached, fds) = call(
+            &on_cb,
+            json!({"op": "attach", "client": on_id, "token": on_token}),
+        );
+        assert_eq!(
+            (attached["event"].as_str(), fds),
+            (Some("pool_handles"), 10),
+            "premapped online maps the whole pool: {attached}"
+        );
+        let (reply, fds) = call(&on, json!({"op": "grow", "count": 3}));
+        assert_eq!(reply["handles"], json!([0, 1, 2]), "{reply}");
+        assert_eq!(
+            (reply["reclaimed"].as_u64(), fds),
+            (Some(3), 0),
+            "it has every descriptor already"
+        );
+        let me = std::process::id();
+        assert_eq!(
+            r.log.take(),
+            vec![format!("freeze {me}"), format!("thaw {me}")]
+        );
+        let (st, _) = call(&on, json!({"op": "status"}));
+        assert_eq!(
+            (
+                st["gpus"][0]["online"].as_u64(),
+                st["gpus"][0]["offline"].as_u64()
+            ),
+            (Some(3), Some(7)),
+            "{st}"
+        );
+        assert_eq!(
+            call(&off, json!({"op": "shrink", "handles": [0]})).0["code"],
+            14,
+            "offline no longer holds it"
+        );
+    }
+
+    #[test]
+    fn new_handles_are_announced_to_premapped_online_clients() {
+        let r = start(64 * 11);
+        let (on, on_id, token) = register(&r, "online");
+        let cb = connect(&r);
+        let (attached, fds) = call(
+            &cb,
+            json!({"op": "attach", "client": on_id, "token": token}),
+        );
+        assert_eq!((attached["handles"].clone(), fds), (json!([]), 0));
+        let (off, _, _) = register(&r, "offline");
+        assert_eq!(call(&off, json!({"op": "grow", "count": 4})).1, 4);
+        let (event, fds) = wire::recv(&cb).unwrap().unwrap();
+        assert_eq!(
+            (event["handles"].clone(), fds.len()),
+            (json!([0, 1, 2, 3]), 4),
+            "{event}"
+        );
+        let (reply, fds) = call(&on, json!({"op": "grow", "count": 2}));
+        assert_eq!(
+            (reply["handles"].clone(), fds),
+            (json!([4, 5]), 2),
+            "created for online: sent with the reply"
+        );
+    }
+
+    #[test]
+    fn an_offline_process_that_does_not_answer_is_killed_and_its_memory_goes_to_online() {
+        let r = start(64 * 11);
+        let (off, off_id, token) = register(&r, "offline");
+        call(&off, json!({"op": "grow", "count": 10}));
+        offline_callback(&r, off_id, &token, Vec::new(), true);
+        let (on, _, _) = register(&r, "online");
+        let t = Instant::now();
+        let (reply, _) = call(&on, json!({"op": "grow", "count": 2}));
+        // The deadline is 200 ms; poll's millisecond rounding may end it a fraction early.
+        assert!(
+            t.elapsed() >= Duration::from_millis(190),
+            "returned before the deadline: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(reply["handles"].as_array().unwrap().len(), 2, "{reply}");
+        let me = std::process::id();
+        assert_eq!(
+            r.log.take(),
+            vec![
+                format!("freeze {me}"),
+                format!("kill {me}"),
+                format!("thaw {me}")
+            ]
+        );
+        let (st, _) = call(&on, json!({"op": "status"}));
+        assert_eq!(st["reclaims"]["killed"], 1);
+        assert_eq!(
+            st["gpus"][0]["offline"], 0,
+            "the killed process holds nothing: {st}"
+        );
+    }
+}
