@@ -1,41 +1,28 @@
-//! `valvectl daemon`: one per node, root. Owns Valve's RM client, the eBPF watcher and the
-//! registry of every CUDA process's channels, and serves pid-based preempt/resume over a socket.
+//! The daemon's logic without sockets or BPF: the registry of every CUDA process's channels,
+//! what is preempted (by pid, with hold limits), and the answer to each socket request.
 //!
-//! Everything it disables is written to `/run/valve/disabled.json` *before* the disable, so a
-//! restarted daemon re-enables it (a SIGKILLed daemon must not leave a job frozen); the events
-//! that built the registry are journaled there too, so a restart still knows running processes. `DaemonCore`
-//! holds the logic and is tested with the fake RM; `run` adds the socket, BPF and signals.
+//! Everything it disables is written to the state file *before* the disable, so a restarted
+//! daemon re-enables it (a SIGKILLed daemon must not leave a job frozen); the events that built
+//! the registry are journaled, so a restart still knows running processes. Tests drive
+//! [`DaemonCore`] with the fake RM; [`crate::run`] adds the socket, BPF and signals.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use valve::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
-use valve::driver::{NvDriver, RmDriver};
+use valve::driver::RmDriver;
 use valve::gpu::GpuSelector;
 use valve::state::{reenable, DisabledRecord, StateFile};
-use valve::Signals;
-use valve_ebpf::{Registry, RmEvent, RmEventKind, WatchConfig, Watcher};
+use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
-use crate::gate::supervisor::{self as gate, GateStarter};
+use crate::gate::supervisor::{ActiveGate, GateStarter};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
-use crate::protocol::{Reply, Request};
+use crate::procfs::{alive, comm};
+use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
 
-/// Exit code: the daemon is not running.
-pub const EXIT_NO_DAEMON: i32 = 7;
-/// Exit code: no such process, no GPU channels, or not discoverable.
-pub const EXIT_PROCESS: i32 = 8;
-/// Exit code: BPF or the ioctl tracepoints are unavailable.
-pub const EXIT_BPF: i32 = 9;
-/// Exit code: RM refused (as in the CLI).
-pub const EXIT_RM: i32 = 5;
-
-pub(crate) struct Preempted {
+struct Preempted {
     records: Vec<DisabledRecord>,
     plan: PreemptPlan,
     since: Instant,
@@ -44,9 +31,9 @@ pub(crate) struct Preempted {
 
 /// The daemon's state and request handling, independent of sockets and BPF.
 pub struct DaemonCore<D: RmDriver> {
-    pub(crate) ctl: Controller<D>,
-    pub(crate) registry: Registry,
-    pub(crate) preempted: BTreeMap<u32, Preempted>,
+    ctl: Controller<D>,
+    registry: Registry,
+    preempted: BTreeMap<u32, Preempted>,
     pub(crate) pre_existing: BTreeSet<u32>,
     state: StateFile,
     journal: Journal,
@@ -59,47 +46,8 @@ pub struct DaemonCore<D: RmDriver> {
     pub recovery_failures: Vec<String>,
     /// Processes whose registry entries were restored from the journal at start.
     pub restored: Vec<u32>,
-    pub(crate) gate: Option<gate::ActiveGate>,
-    pub(crate) gate_starter: Option<GateStarter>,
-}
-
-pub(crate) fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-pub(crate) fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Processes that have an NVIDIA device file open now (other than this one): at daemon start,
-/// these are the ones whose RM objects the watcher never saw.
-pub fn nvidia_users() -> BTreeSet<u32> {
-    let me = std::process::id();
-    let mut out = BTreeSet::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
-            continue;
-        };
-        if fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path())
-                .map(|t| t.to_string_lossy().starts_with("/dev/nvidia"))
-                .unwrap_or(false)
-        }) {
-            out.insert(pid);
-        }
-    }
-    out
+    gate: Option<ActiveGate>,
+    gate_starter: Option<GateStarter>,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -163,7 +111,7 @@ impl<D: RmDriver> DaemonCore<D> {
         &self.ctl
     }
 
-    pub(crate) fn save(&self) -> valve::error::Result<()> {
+    fn save(&self) -> valve::error::Result<()> {
         // What the gate may disable counts too: a restart must not leave it frozen.
         let all: Vec<DisabledRecord> = self
             .preempted
@@ -296,7 +244,7 @@ impl<D: RmDriver> DaemonCore<D> {
         Reply::ok(json!({ "processes": procs }))
     }
 
-    pub(crate) fn no_channels_reason(&self, pid: u32) -> String {
+    fn no_channels_reason(&self, pid: u32) -> String {
         if !alive(pid) {
             format!("no such process: {pid}")
         } else if self.pre_existing.contains(&pid) {
@@ -461,873 +409,139 @@ impl<D: RmDriver> DaemonCore<D> {
             Reply::err(EXIT_RM, failures.join("; "))
         }
     }
-}
 
-/// How the daemon is started.
-#[derive(Clone, Debug)]
-pub struct DaemonConfig {
-    /// The socket path.
-    pub socket: PathBuf,
-    /// Where `disabled.json` lives.
-    pub state_dir: PathBuf,
-    /// A group whose members may use the socket (besides root).
-    pub group: Option<String>,
-    /// The longest any preemption may last.
-    pub max_hold: Option<Duration>,
-}
-
-/// Failure to start or run the daemon, with its exit code.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct DaemonError {
-    /// Exit code.
-    pub code: i32,
-    /// What and how to fix it.
-    pub message: String,
-}
-
-fn derr(code: i32, message: impl Into<String>) -> DaemonError {
-    DaemonError {
-        code,
-        message: message.into(),
-    }
-}
-
-fn peer_allowed(stream: &UnixStream, gid: Option<u32>) -> bool {
-    let Ok(cred) = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
-    else {
-        return false;
-    };
-    if cred.uid() == 0 {
-        return true;
-    }
-    let Some(gid) = gid else { return false };
-    if cred.gid() == gid {
-        return true;
-    }
-    // Supplementary groups of the peer process.
-    std::fs::read_to_string(format!("/proc/{}/status", cred.pid()))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Groups:"))
-                .map(|l| l.split_whitespace().skip(1).any(|g| g.parse() == Ok(gid)))
-        })
-        .unwrap_or(false)
-}
-
-fn serve_one<D: RmDriver>(core: &mut DaemonCore<D>, stream: UnixStream, gid: Option<u32>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut writer = match stream.try_clone() {
-        Ok(w) => w,
-        Err(_) => return,
-    };
-    let reply = if !peer_allowed(&stream, gid) {
-        Reply::err(
-            4,
-            "permission denied: only root or the daemon's --group may use Valve",
-        )
-    } else {
-        let mut line = String::new();
-        match BufReader::new(stream).read_line(&mut line) {
-            Ok(_) => match serde_json::from_str::<Request>(&line) {
-                Ok(req) => core.handle(req),
-                Err(e) => Reply::err(2, format!("bad request: {e}")),
-            },
-            Err(e) => Reply::err(1, format!("reading the request: {e}")),
+    /// At exit: stops the gate, resumes everything this daemon disabled and writes the journal.
+    /// The reply names what could not be resumed.
+    pub fn shutdown(&mut self) -> Reply {
+        if self.gate.is_some() {
+            let _ = self.gate_stop();
         }
-    };
-    let mut out = serde_json::to_string(&reply).expect("replies serialise");
-    out.push('\n');
-    let _ = writer.write_all(out.as_bytes());
-}
-
-/// The uprobe launch watcher reports idle->busy edges after this much silence; each carries its
-/// gap, which is what the policy learns iteration gaps from.
-pub const GATE_EDGE_GAP: Duration = Duration::from_micros(200);
-
-/// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points.
-fn real_gate_starter(
-    cfg: crate::gate::GateConfig,
-) -> Result<crate::gate::runtime::GateHandle, String> {
-    crate::gate::runtime::spawn(cfg, |tx| {
-        let library = valve_ebpf::find_libcuda().ok_or(
-            "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
-             the gate watches online launches with uprobes on it",
-        )?;
-        let watcher = valve_ebpf::LaunchWatcher::start_with(
-            valve_ebpf::LaunchConfig {
-                library,
-                pids: Vec::new(),
-                filter: true,
-                edge_gap: GATE_EDGE_GAP,
-            },
-            move |e| {
-                let _ = tx.send(crate::gate::GateInput::Edge(e));
-            },
-        )
-        .map_err(|e| format!("attaching uprobes to libcuda: {e}"))?;
-        let ctl = Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
-        Ok((ctl, watcher))
-    })
-}
-
-/// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
-pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(derr(
-            4,
-            "the daemon must run as root (it loads BPF programs and owns /run/valve): sudo valvectl daemon",
-        ));
-    }
-    let gid = match &cfg.group {
-        None => None,
-        Some(name) => match nix::unistd::Group::from_name(name) {
-            Ok(Some(g)) => Some(g.gid.as_raw()),
-            _ => return Err(derr(2, format!("no such group: {name}"))),
-        },
-    };
-    if crate::protocol::call(&cfg.socket, &Request::Status, Duration::from_secs(1)).is_ok() {
-        return Err(derr(
-            1,
-            format!("another daemon already serves {}", cfg.socket.display()),
-        ));
-    }
-    let ctl = Controller::<NvDriver>::open().map_err(|e| {
-        let message = format!("opening the driver: {e}");
-        derr(e.exit_code(), message)
-    })?;
-    std::fs::create_dir_all(&cfg.state_dir)
-        .map_err(|e| derr(1, format!("creating {}: {e}", cfg.state_dir.display())))?;
-    let pre_existing = nvidia_users();
-    // Batched delivery keeps the consumer wake-up (~2 us) off every RM call of every CUDA
-    // process; the registry then lags the ioctls by at most 2 ms.
-    let watcher = Watcher::start(WatchConfig {
-        batched_delivery: true,
-        poll_interval: Duration::from_millis(2),
-        ..WatchConfig::default()
-    })
-    .map_err(|e| derr(EXIT_BPF, format!("starting the eBPF watcher: {e}")))?;
-    let mut core = DaemonCore::new(
-        ctl,
-        StateFile::in_dir(&cfg.state_dir),
-        cfg.max_hold,
-        pre_existing,
-    )
-    .map_err(|e| derr(1, format!("recovering state: {e}")))?;
-    if !core.restored.is_empty() {
-        tracing::warn!(
-            "restored {} running process(es) from the registry journal",
-            core.restored.len()
-        );
-    }
-    if core.recovered > 0 || !core.recovery_failures.is_empty() {
-        tracing::warn!(
-            "re-enabled {} channel(s) a previous daemon had disabled; failures: {:?}",
-            core.recovered,
-            core.recovery_failures
-        );
-    }
-    let _ = std::fs::remove_file(&cfg.socket);
-    if let Some(dir) = cfg.socket.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let listener = UnixListener::bind(&cfg.socket)
-        .map_err(|e| derr(1, format!("listening on {}: {e}", cfg.socket.display())))?;
-    let mode = if gid.is_some() { 0o660 } else { 0o600 };
-    let _ = std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(mode));
-    if let Some(g) = gid {
-        let _ = nix::unistd::chown(&cfg.socket, None, Some(nix::unistd::Gid::from_raw(g)));
-    }
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| derr(1, format!("socket: {e}")))?;
-    eprintln!(
-        "valvectl daemon: watching RM ioctls, {} GPU(s), {} process(es) started before the daemon, socket {}",
-        core.controller().gpus().len(),
-        core.pre_existing.len(),
-        cfg.socket.display()
-    );
-    core.set_gate_starter(Box::new(real_gate_starter));
-    let result = loop {
-        while let Some(ev) = watcher.poll(Duration::ZERO) {
-            core.on_event(&ev);
+        let r = self.resume_all();
+        if let Err(e) = self.flush_journal() {
+            tracing::error!("writing the registry journal: {e}");
         }
-        core.expire(Instant::now());
-        core.refresh_gate(Instant::now(), false);
-        if !watcher.is_alive() {
-            break Err(derr(
-                EXIT_BPF,
-                "the eBPF watcher stopped; exiting so the service restarts",
+        r
+    }
+}
+
+/// The gate (`gate start|stop|status|busy|idle`, and its upkeep in the main loop). The gate
+/// itself is [`crate::gate`]; here its offline set is recorded before the gate thread gets it.
+impl<D: RmDriver> DaemonCore<D> {
+    /// Sets how gate threads are started (without one, `gate start` is refused).
+    pub fn set_gate_starter(&mut self, starter: GateStarter) {
+        self.gate_starter = Some(starter);
+    }
+
+    fn gate_start(&mut self, spec: GateSpec) -> Reply {
+        if self.gate.is_some() {
+            return Reply::err(
+                1,
+                "a gate is already running (see `valvectl gate status`); stop it first with \
+                 `valvectl gate stop`",
+            );
+        }
+        let not_discoverable = |pid: u32| {
+            self.pre_existing
+                .contains(&pid)
+                .then(|| self.no_channels_reason(pid))
+        };
+        let gate = match ActiveGate::start(spec, self.gate_starter.as_ref(), not_discoverable) {
+            Ok(g) => g,
+            Err(reply) => return reply,
+        };
+        self.gate = Some(gate);
+        // The reply must show the sets the gate thread works with, not a status from before it
+        // applied them.
+        self.sync_gate();
+        let status = self.gate_status();
+        let waiting = self
+            .gate
+            .as_ref()
+            .map(ActiveGate::waiting)
+            .unwrap_or_default();
+        let mut data = status.data;
+        if !waiting.is_empty() {
+            data["note"] = json!(format!(
+                "offline pid(s) {waiting:?} have no GPU channels yet; they are gated as soon as \
+                 they create them"
             ));
         }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = stream.set_nonblocking(false);
-                // Events that arrived before the request must be in the registry.
-                while let Some(ev) = watcher.poll(Duration::ZERO) {
-                    core.on_event(&ev);
-                }
-                serve_one(&mut core, stream, gid);
-                continue;
+        Reply::ok(data)
+    }
+
+    fn gate_status(&self) -> Reply {
+        match &self.gate {
+            Some(g) => Reply::ok(g.status()),
+            None => Reply::ok(json!({"running": false})),
+        }
+    }
+
+    /// Stops the gate (its thread enables offline) and drops its records.
+    pub fn gate_stop(&mut self) -> Reply {
+        let Some(g) = self.gate.take() else {
+            return Reply::err(
+                1,
+                "no gate is running (start one with `valvectl gate start`)",
+            );
+        };
+        let status = g.stop(&self.ctl);
+        if let Err(e) = self.save() {
+            tracing::error!("updating the state file: {e}");
+        }
+        Reply::ok(status)
+    }
+
+    fn gate_signal(&mut self, busy: bool) -> Reply {
+        match &self.gate {
+            Some(g) => Reply::ok(g.signal(busy)),
+            None => Reply::err(
+                1,
+                "no gate is running: start one with `valvectl gate start` before sending \
+                 busy/idle signals",
+            ),
+        }
+    }
+
+    /// Brings the gate thread's online and offline sets up to date (labels are looked up again
+    /// at most once a second unless `force`), and notices a gate thread that died.
+    pub fn refresh_gate(&mut self, now: Instant, force: bool) {
+        let Some(g) = self.gate.as_mut() else { return };
+        if g.handle_finished() {
+            let records = std::mem::take(&mut g.records);
+            self.gate = None;
+            let (n, failures) = reenable(&self.ctl, &records);
+            tracing::error!(
+                "the gate thread ended unexpectedly; re-enabled {n} offline channel(s), \
+                 failures: {failures:?}"
+            );
+            if let Err(e) = self.save() {
+                tracing::error!("updating the state file: {e}");
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => tracing::warn!("accept: {e}"),
+            return;
         }
-        let mut fds = [nix::poll::PollFd::new(
-            listener.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5u8));
-        if let Some(sig) = signals.pending() {
-            eprintln!("valvectl daemon: {sig}: resuming everything and exiting");
-            break Ok(());
+        let preempted = &self.preempted;
+        let Some(update) = g.refresh(now, force, &self.registry, |p| preempted.contains_key(&p))
+        else {
+            return;
+        };
+        // Recorded before the gate thread may disable them.
+        if let Err(e) = self.save() {
+            tracing::error!("recording the gate's offline channels: {e}");
         }
-    };
-    if core.gate.is_some() {
-        let _ = core.gate_stop();
+        if let Some(g) = &self.gate {
+            g.apply(update);
+        }
     }
-    let r = core.resume_all();
-    if let Err(e) = core.flush_journal() {
-        tracing::error!("writing the registry journal: {e}");
-    }
-    let _ = std::fs::remove_file(&cfg.socket);
-    drop(watcher);
-    match (result, r.error) {
-        (Err(e), _) => Err(e),
-        (Ok(()), Some(e)) => Err(derr(e.code, e.message)),
-        (Ok(()), None) => Ok(()),
+
+    /// Tells the gate thread the current sets and waits until it has applied them (so that a
+    /// manual preempt/resume of a gated process does not race with the gate's own enable).
+    fn sync_gate(&mut self) {
+        self.refresh_gate(Instant::now(), true);
+        if let Some(g) = &self.gate {
+            g.sync();
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use valve::fake::FakeRm;
-    use valve_ebpf::{AllocEvent, FreeEvent};
-    use valve_ioctl_bindings::{self as b, ChannelHandle, ClientHandle, ObjectHandle};
-
-    fn alloc(
-        pid: u32,
-        client: u32,
-        parent: u32,
-        object: u32,
-        class: u32,
-        extra: Option<u32>,
-    ) -> RmEvent {
-        RmEvent {
-            ts_ns: 0,
-            pid,
-            tid: pid,
-            kind: RmEventKind::Alloc(AllocEvent {
-                client: ClientHandle(client),
-                parent: ObjectHandle(parent),
-                object: ObjectHandle(object),
-                class,
-                extra,
-                minor: 255,
-                nvos64: true,
-            }),
-        }
-    }
-
-    /// A CUDA-13-like process on the given device instances: client, device per GPU, one TSG
-    /// of `n` channels per GPU. Returns its events and registers its channels with the fake RM.
-    fn cuda_process(rm: &FakeRm, pid: u32, client: u32, instances: &[u32], n: u32) -> Vec<RmEvent> {
-        let mut ev = vec![alloc(pid, 0, 0, client, b::NV01_ROOT_CLIENT, None)];
-        for (k, &inst) in instances.iter().enumerate() {
-            let base = 0x5c00_0000 + 0x100 * k as u32;
-            let (dev, tsg) = (base + 1, base + 2);
-            ev.push(alloc(
-                pid,
-                client,
-                client,
-                dev,
-                b::NV01_DEVICE_0,
-                Some(inst),
-            ));
-            ev.push(alloc(
-                pid,
-                client,
-                dev,
-                tsg,
-                b::KEPLER_CHANNEL_GROUP_A,
-                None,
-            ));
-            let chans: Vec<ChannelHandle> =
-                (0..n).map(|i| ChannelHandle(base + 0x10 + i)).collect();
-            for c in &chans {
-                ev.push(alloc(
-                    pid,
-                    client,
-                    tsg,
-                    c.0,
-                    b::HOPPER_CHANNEL_GPFIFO_A,
-                    None,
-                ));
-                ev.push(alloc(
-                    pid,
-                    client,
-                    c.0,
-                    c.0 + 0x80,
-                    b::HOPPER_COMPUTE_A,
-                    None,
-                ));
-            }
-            rm.add_channels(ClientHandle(client), inst, &chans);
-        }
-        ev
-    }
-
-    /// Every test pid "runs" and was started at tick 42.
-    fn always_running(_: u32) -> Option<u64> {
-        Some(42)
-    }
-
-    fn started_later(_: u32) -> Option<u64> {
-        Some(43)
-    }
-
-    fn core(rm: &Arc<FakeRm>, dir: &Path, max_hold: Option<Duration>) -> DaemonCore<Arc<FakeRm>> {
-        core_with(rm, dir, max_hold, always_running)
-    }
-
-    fn core_with(
-        rm: &Arc<FakeRm>,
-        dir: &Path,
-        max_hold: Option<Duration>,
-        start_time: StartTimeFn,
-    ) -> DaemonCore<Arc<FakeRm>> {
-        let ctl = Controller::with_driver(rm.clone()).unwrap();
-        DaemonCore::with_start_time(
-            ctl,
-            StateFile::in_dir(dir),
-            max_hold,
-            BTreeSet::new(),
-            start_time,
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn a_restarted_daemon_still_knows_running_processes_but_not_reused_pids() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let mut first = core(&rm, dir.path(), None);
-        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 4) {
-            first.on_event(&e);
-        }
-        first.flush_journal().unwrap();
-        drop(first);
-        // Same pid, same start time: restored, and preempt --pid works on it.
-        let mut second = core(&rm, dir.path(), None);
-        assert_eq!(second.restored, vec![PID_A]);
-        let r = second.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert_eq!(r.data["channels"], 4, "{r:?}");
-        assert!(second
-            .handle(Request::Resume { pid: PID_A })
-            .error
-            .is_none());
-        second.flush_journal().unwrap();
-        drop(second);
-        // The pid now belongs to a process started later: nothing is inherited.
-        let mut third = core_with(&rm, dir.path(), None, started_later);
-        assert!(third.restored.is_empty());
-        let r = third.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
-        assert!(rm.disabled().is_empty());
-    }
-
-    #[test]
-    fn the_journal_forgets_exited_processes() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let mut first = core(&rm, dir.path(), None);
-        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 2) {
-            first.on_event(&e);
-        }
-        first.on_event(&RmEvent {
-            ts_ns: 0,
-            pid: PID_A,
-            tid: PID_A,
-            kind: RmEventKind::Exit,
-        });
-        first.flush_journal().unwrap();
-        drop(first);
-        assert!(core(&rm, dir.path(), None).restored.is_empty());
-    }
-
-    const PID_A: u32 = 4_000_001;
-    const PID_B: u32 = 4_000_002;
-
-    #[test]
-    fn preempt_and_resume_by_pid_on_all_its_gpus() {
-        let rm = Arc::new(FakeRm::host(2));
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), None);
-        let insts: Vec<u32> = c
-            .controller()
-            .gpus()
-            .iter()
-            .map(|g| g.device_instance)
-            .collect();
-        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &insts, 5) {
-            c.on_event(&e);
-        }
-        // Same object handles, other client, first GPU only: must not be touched.
-        for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &insts[..1], 5) {
-            c.on_event(&e);
-        }
-        let r = c.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert!(r.error.is_none(), "{r:?}");
-        assert_eq!(r.data["channels"], 10);
-        assert_eq!(r.data["gpus"], 2);
-        let disabled = rm.disabled();
-        assert_eq!(disabled.len(), 10);
-        assert!(disabled.iter().all(|(cl, _)| cl.0 == 0xc1d0_0010));
-        let recorded = StateFile::in_dir(dir.path()).load().unwrap();
-        assert_eq!(recorded.len(), 2);
-        assert!(recorded
-            .iter()
-            .all(|r| r.pid == PID_A && r.channels.len() == 5));
-
-        let ps = c.handle(Request::Ps).data;
-        let a = ps["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pid"] == PID_A)
-            .unwrap();
-        assert_eq!(a["preempted"], true);
-        assert_eq!(a["gpus"].as_array().unwrap().len(), 2);
-
-        let r = c.handle(Request::Resume { pid: PID_A });
-        assert!(r.error.is_none(), "{r:?}");
-        assert!(rm.disabled().is_empty());
-        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
-        assert_eq!(
-            c.handle(Request::Resume { pid: PID_A }).error.unwrap().code,
-            EXIT_PROCESS
-        );
-    }
-
-    #[test]
-    fn gpu_filter_and_process_errors() {
-        let rm = Arc::new(FakeRm::host(2));
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), None);
-        let gpus = c.controller().gpus();
-        let insts: Vec<u32> = gpus.iter().map(|g| g.device_instance).collect();
-        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &insts[..1], 3) {
-            c.on_event(&e);
-        }
-        let idx_of_second = gpus
-            .iter()
-            .find(|g| g.device_instance == insts[1])
-            .unwrap()
-            .index;
-        let r = c.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: Some(idx_of_second.to_string()),
-            max_hold_ms: None,
-        });
-        assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
-        assert!(rm.disabled().is_empty());
-        let r = c.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: Some("9".into()),
-            max_hold_ms: None,
-        });
-        assert_eq!(r.error.unwrap().code, 6);
-
-        let r = c.handle(Request::Preempt {
-            pid: 4_100_000,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert!(r.error.unwrap().message.contains("no such process"));
-        let me = std::process::id();
-        let r = c.handle(Request::Preempt {
-            pid: me,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert!(r.error.unwrap().message.contains("has no GPU channels"));
-        c.pre_existing.insert(me);
-        let r = c.handle(Request::Preempt {
-            pid: me,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        let e = r.error.unwrap();
-        assert_eq!(e.code, EXIT_PROCESS);
-        assert!(
-            e.message.contains("started before the daemon"),
-            "{}",
-            e.message
-        );
-        let ps = c.handle(Request::Ps).data;
-        assert!(ps["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["pid"] == me && p["discoverable"] == false));
-    }
-
-    #[test]
-    fn a_restarted_daemon_reenables_what_a_dead_one_left_disabled() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let mut first = core(&rm, dir.path(), None);
-        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 4) {
-            first.on_event(&e);
-        }
-        assert!(first
-            .handle(Request::Preempt {
-                pid: PID_A,
-                gpu: None,
-                max_hold_ms: None
-            })
-            .error
-            .is_none());
-        assert_eq!(rm.disabled().len(), 4);
-        // The daemon dies without resuming (as with SIGKILL): no Drop logic runs for it.
-        std::mem::forget(first);
-        let second = core(&rm, dir.path(), None);
-        assert_eq!(second.recovered, 4);
-        assert!(rm.disabled().is_empty());
-        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
-    }
-
-    #[test]
-    fn hold_limit_and_process_exit() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), Some(Duration::from_secs(3600)));
-        for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 2) {
-            c.on_event(&e);
-        }
-        for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 2) {
-            c.on_event(&e);
-        }
-        // The request's limit is shorter than the daemon's: it wins.
-        let r = c.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: None,
-            max_hold_ms: Some(0),
-        });
-        assert_eq!(r.data["max_hold_ms"], 0);
-        assert!(c
-            .handle(Request::Preempt {
-                pid: PID_B,
-                gpu: None,
-                max_hold_ms: None
-            })
-            .error
-            .is_none());
-        assert_eq!(rm.disabled().len(), 4);
-        assert_eq!(
-            c.expire(Instant::now() + Duration::from_millis(1)),
-            vec![PID_A]
-        );
-        assert_eq!(rm.disabled().len(), 2);
-        // B exits while preempted: its record goes (its channels died with it).
-        c.on_event(&RmEvent {
-            ts_ns: 0,
-            pid: PID_B,
-            tid: PID_B,
-            kind: RmEventKind::Exit,
-        });
-        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
-        assert_eq!(
-            c.handle(Request::Resume { pid: PID_B }).error.unwrap().code,
-            EXIT_PROCESS
-        );
-        // A freed client takes its channels out of the registry.
-        c.on_event(&RmEvent {
-            ts_ns: 0,
-            pid: PID_A,
-            tid: PID_A,
-            kind: RmEventKind::Free(FreeEvent {
-                client: ClientHandle(0xc1d0_0010),
-                parent: ObjectHandle(0),
-                object: ObjectHandle(0xc1d0_0010),
-                minor: 255,
-            }),
-        });
-        let r = c.handle(Request::Preempt {
-            pid: PID_A,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
-    }
-
-    #[test]
-    fn resume_all_resumes_every_pid() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = core(&rm, dir.path(), None);
-        for (pid, cl) in [(PID_A, 0xc1d0_0010), (PID_B, 0xc1d0_0020)] {
-            for e in cuda_process(&rm, pid, cl, &[0], 3) {
-                c.on_event(&e);
-            }
-            assert!(c
-                .handle(Request::Preempt {
-                    pid,
-                    gpu: None,
-                    max_hold_ms: None
-                })
-                .error
-                .is_none());
-        }
-        assert_eq!(rm.disabled().len(), 6);
-        let r = c.handle(Request::ResumeAll);
-        assert!(r.error.is_none());
-        assert!(rm.disabled().is_empty());
-    }
-
-    /// A launch source that reports nothing, or panics when asked (a gate thread that dies).
-    struct QuietLaunches {
-        panic: bool,
-    }
-
-    impl crate::gate::LaunchSource for QuietLaunches {
-        fn watch(&mut self, _pid: u32) -> Result<(), String> {
-            Ok(())
-        }
-        fn unwatch(&mut self, _pid: u32) {}
-        fn last_launch_ns(&self, _pid: u32) -> u64 {
-            assert!(!self.panic, "launch source failed");
-            0
-        }
-    }
-
-    type EdgeSender =
-        Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<crate::gate::GateInput>>>>;
-
-    fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter, EdgeSender) {
-        let rm = rm.clone();
-        let edges: EdgeSender = Default::default();
-        let edges2 = edges.clone();
-        let starter = Box::new(move |cfg| {
-            let (rm, edges) = (rm.clone(), edges2.clone());
-            crate::gate::runtime::spawn(cfg, move |tx| {
-                *edges.lock().unwrap() = Some(tx);
-                let ctl = Controller::with_driver(rm).map_err(|e| e.to_string())?;
-                Ok((ctl, QuietLaunches { panic }))
-            })
-        });
-        (starter, edges)
-    }
-
-    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-        let t0 = Instant::now();
-        while !cond() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "timed out waiting: {what}"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// A daemon core with a fake gate starter and this test process as a CUDA process with 4
-    /// channels on GPU 0 (offline candidates must be alive).
-    fn gated_core(
-        rm: &Arc<FakeRm>,
-        dir: &Path,
-        panic: bool,
-    ) -> (DaemonCore<Arc<FakeRm>>, EdgeSender, u32) {
-        let mut c = core(rm, dir, None);
-        let (starter, edges) = fake_starter(rm, panic);
-        c.set_gate_starter(starter);
-        let me = std::process::id();
-        for e in cuda_process(rm, me, 0xc1d0_0010, &[0], 4) {
-            c.on_event(&e);
-        }
-        (c, edges, me)
-    }
-
-    fn gate_spec(online: u32, offline: u32) -> Request {
-        Request::GateStart(crate::protocol::GateSpec {
-            online: vec![online],
-            offline: vec![offline],
-            ..Default::default()
-        })
-    }
-
-    #[test]
-    fn the_gate_freezes_only_offline_and_records_it_first() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        // Offline: this test process; online: pid 1 (both alive). Another process with the
-        // same object handles must never be touched.
-        let (mut c, _, me) = gated_core(&rm, dir.path(), false);
-        for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 4) {
-            c.on_event(&e);
-        }
-        // Bad specs are refused with their exit codes, and nothing starts.
-        let code = |r: Reply| r.error.map(|e| e.code);
-        let only_online = Request::GateStart(crate::protocol::GateSpec {
-            online: vec![1],
-            ..Default::default()
-        });
-        assert_eq!(code(c.handle(only_online)), Some(2));
-        assert_eq!(code(c.handle(gate_spec(1, 1))), Some(2));
-        assert_eq!(code(c.handle(gate_spec(1, 4_199_999))), Some(EXIT_PROCESS));
-        assert_eq!(code(c.handle(Request::GateStop)), Some(1));
-        assert_eq!(code(c.handle(Request::OnlineBusy)), Some(1));
-        assert_eq!(c.handle(Request::GateStatus).data["running"], false);
-
-        let r = c.handle(gate_spec(1, me));
-        assert!(r.error.is_none(), "{r:?}");
-        assert_eq!(r.data["offline_channels"], 4);
-        assert_eq!(
-            code(c.handle(gate_spec(1, me))),
-            Some(1),
-            "one gate at a time"
-        );
-        let recorded = StateFile::in_dir(dir.path()).load().unwrap();
-        assert!(recorded
-            .iter()
-            .any(|r| r.pid == me && r.channels.len() == 4));
-        assert!(rm.disabled().is_empty(), "recorded, not yet disabled");
-
-        assert!(c.handle(Request::OnlineBusy).error.is_none());
-        wait_for("busy disables", || rm.disabled().len() == 4);
-        assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0010));
-        assert!(c.handle(Request::OnlineIdle).error.is_none());
-        wait_for("idle enables", || rm.disabled().is_empty());
-
-        // A manual preempt of a gated process is the operator's: the gate's resume leaves it.
-        assert!(c.handle(Request::OnlineBusy).error.is_none());
-        wait_for("busy disables", || rm.disabled().len() == 4);
-        let r = c.handle(Request::Preempt {
-            pid: me,
-            gpu: None,
-            max_hold_ms: None,
-        });
-        assert!(r.error.is_none(), "{r:?}");
-        assert!(c.handle(Request::OnlineIdle).error.is_none());
-        let st = c.handle(Request::GateStatus).data;
-        wait_for("the gate resumed", || {
-            c.handle(Request::GateStatus).data["resumes"] == 2
-        });
-        assert_eq!(st["offline_channels"], 0);
-        assert_eq!(rm.disabled().len(), 4, "still held by the manual preempt");
-        assert!(c.handle(Request::Resume { pid: me }).error.is_none());
-        assert!(rm.disabled().is_empty());
-        assert_eq!(c.handle(Request::GateStatus).data["offline_channels"], 4);
-
-        // Status shows the gate; stop resumes and clears the records.
-        assert!(c.handle(Request::OnlineBusy).error.is_none());
-        wait_for("busy disables", || rm.disabled().len() == 4);
-        assert_eq!(c.handle(Request::Status).data["gate"]["running"], true);
-        let r = c.handle(Request::GateStop);
-        assert!(r.error.is_none());
-        assert_eq!(r.data["running"], false);
-        assert_eq!(r.data["preemptions"], 3);
-        assert!(rm.disabled().is_empty());
-        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
-    }
-
-    #[test]
-    fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let (mut c, _, me) = gated_core(&rm, dir.path(), false);
-        // A labelled CUDA process (a real child, so /proc has its environment) and this
-        // unlabelled one, which the registry also lists with channels.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .env(crate::gate::LABEL_VAR, "batch")
-            .spawn()
-            .unwrap();
-        let kid = child.id();
-        for e in cuda_process(&rm, kid, 0xc1d0_0030, &[0], 3) {
-            c.on_event(&e);
-        }
-        let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
-            online: vec![me],
-            offline_label: Some("batch".into()),
-            ..Default::default()
-        }));
-        assert!(r.error.is_none(), "{r:?}");
-        assert_eq!(r.data["offline_pids"], serde_json::json!([kid]));
-        assert_eq!(r.data["offline_channels"], 3);
-        assert!(c.handle(Request::OnlineBusy).error.is_none());
-        wait_for("busy disables", || rm.disabled().len() == 3);
-        assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0030));
-        assert!(c.handle(Request::GateStop).error.is_none());
-        assert!(rm.disabled().is_empty());
-        // A process labelled offline but named online is never frozen.
-        let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
-            online: vec![kid],
-            offline_label: Some("batch".into()),
-            ..Default::default()
-        }));
-        assert!(r.error.is_none(), "{r:?}");
-        assert_eq!(r.data["offline_channels"], 0);
-        assert!(c.handle(Request::GateStop).error.is_none());
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    #[test]
-    fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let (mut c, edges, me) = gated_core(&rm, dir.path(), true);
-        assert!(c.handle(gate_spec(1, me)).error.is_none());
-        // An online launch edge: the gate disables, then its launch source fails (panics) when
-        // the cooldown check asks it for the latest launch.
-        let tx = edges.lock().unwrap().clone().unwrap();
-        tx.send(crate::gate::GateInput::Edge(valve_ebpf::LaunchEdge {
-            pid: 1,
-            graph: false,
-            ts_ns: 1,
-            idle_ns: 0,
-        }))
-        .unwrap();
-        wait_for("the gate thread dies", || {
-            c.gate.as_ref().is_some_and(|g| g.handle_finished())
-        });
-        c.refresh_gate(Instant::now(), false);
-        assert!(c.gate.is_none());
-        assert!(rm.disabled().is_empty());
-        assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_restart_reenables_what_a_killed_daemon_gate_held() {
-        let rm = Arc::new(FakeRm::host(1));
-        let dir = tempfile::tempdir().unwrap();
-        let (mut c, _, me) = gated_core(&rm, dir.path(), false);
-        assert!(c.handle(gate_spec(1, me)).error.is_none());
-        assert!(c.handle(Request::OnlineBusy).error.is_none());
-        wait_for("busy disables", || rm.disabled().len() == 4);
-        // SIGKILL: neither the daemon nor the gate thread gets to clean up.
-        let g = c.gate.take().unwrap();
-        std::mem::forget(g);
-        std::mem::forget(c);
-        assert_eq!(rm.disabled().len(), 4);
-        let second = core(&rm, dir.path(), None);
-        assert_eq!(second.recovered, 4);
-        assert!(rm.disabled().is_empty());
-    }
-}
+mod tests;

@@ -4,33 +4,44 @@
 //!
 //! # What is inside
 //!
-//! - [`run`] starts it: root check, the driver, the eBPF watcher, recovery of what a previous
-//!   run left disabled, the socket; then it serves until SIGINT/SIGTERM/SIGHUP and resumes
-//!   everything before it returns.
-//! - [`DaemonCore`] (`core`) is the logic without sockets or BPF: the registry, what is
-//!   preempted, hold limits, the state file. Tests drive it with `valve::fake`.
-//! - [`protocol`]: the request and reply types of the socket (one JSON line each way).
+//! - [`run()`] (`run.rs`) starts it: root and group checks, the driver, recovery of what a
+//!   previous run left disabled, the eBPF watcher, the socket; it serves until SIGINT, SIGTERM or
+//!   SIGHUP and resumes everything before it returns. `valvectl daemon` calls it.
+//! - [`server`]: the control socket (who may connect) and the main loop.
+//! - [`DaemonCore`] (`core.rs`): the logic without sockets or BPF: the registry, what is
+//!   preempted, hold limits, the state file, the answer to each request. Tests drive it with the
+//!   fake RM (`valve::fake`).
+//! - [`protocol`]: the request and reply types of the socket (one JSON line each way) and the
+//!   exit codes replies carry.
 //! - [`journal`]: the RM events that built the registry, replayed after a restart.
 //! - [`gate`]: `valvectl gate` (the policy, the gate thread and the daemon's side of it).
+//! - [`procfs`]: what `/proc` says about other processes. [`error`]: why the daemon stopped.
 //!
 //! Everything the daemon disables is written to the state file (`valve::state`) *before* the
 //! disable, so a restarted daemon re-enables it even after a SIGKILL.
 //!
 //! # What comes next
 //!
-//! New roles of the daemon get a module here next to [`gate`], fed by [`DaemonCore`]:
+//! New roles of the daemon get a module here beside [`gate`], owned and fed by [`DaemonCore`],
+//! with their requests in [`protocol`]:
 //! - [`memory`]: the GPU memory pool (issue 10), not built yet;
-//! - metrics (an exporter of the counters `status` and `gate status` report), not built yet;
-//! - the arrival trigger (preempting on an online request's arrival from the network, before
-//!   its first kernel launch), not built yet.
+//! - metrics (Prometheus counters and histograms of what `status` and `gate status` report;
+//!   issue 12), not built yet;
+//! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first
+//!   kernel launch; issue 11), not built yet.
 
 pub mod core;
+pub mod error;
 pub mod gate;
 pub mod journal;
 pub mod memory;
+pub mod procfs;
 pub mod protocol;
+pub mod run;
+pub mod server;
 
-pub use crate::core::{
-    nvidia_users, run, DaemonConfig, DaemonCore, DaemonError, EXIT_BPF, EXIT_NO_DAEMON,
-    EXIT_PROCESS, EXIT_RM, GATE_EDGE_GAP,
-};
+pub use crate::core::DaemonCore;
+pub use error::DaemonError;
+pub use gate::GATE_EDGE_GAP;
+pub use protocol::{EXIT_BPF, EXIT_NO_DAEMON, EXIT_PROCESS, EXIT_RM};
+pub use run::{run, DaemonConfig};

@@ -1,10 +1,5 @@
-//! The daemon's protocol: one JSON request line per Unix-socket connection, one JSON reply line.
-//! Used by `valvectl ps|status|preempt --pid|resume --pid|resume --all` and served by `daemon`.
-
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::time::Duration;
+//! The daemon's protocol: one JSON request line per Unix-socket connection, one JSON reply line,
+//! and the exit codes replies carry. `valvectl` sends these (its `client`); `server` answers.
 
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +7,15 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_SOCKET: &str = "/run/valve/valve.sock";
 /// Where the daemon keeps its state by default.
 pub const DEFAULT_STATE_DIR: &str = "/run/valve";
+
+/// Exit code: the daemon is not running.
+pub const EXIT_NO_DAEMON: i32 = 7;
+/// Exit code: no such process, no GPU channels, or not discoverable.
+pub const EXIT_PROCESS: i32 = 8;
+/// Exit code: BPF or the ioctl tracepoints are unavailable.
+pub const EXIT_BPF: i32 = 9;
+/// Exit code: RM refused (as in the CLI).
+pub const EXIT_RM: i32 = 5;
 
 /// A request to the daemon.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -114,56 +118,6 @@ impl Reply {
     }
 }
 
-/// Failures of talking to the daemon.
-#[derive(Debug, thiserror::Error)]
-pub enum IpcError {
-    /// Nothing listens on the socket.
-    #[error(
-        "the Valve daemon is not running (no one listens on {0}): start it with \
-         `sudo valvectl daemon` or `sudo systemctl start valve`"
-    )]
-    NotRunning(String),
-    /// The socket exists but this user may not use it.
-    #[error(
-        "permission denied on {0}: run as root or as a member of the group the daemon was \
-         started with (--group)"
-    )]
-    Permission(String),
-    /// Anything else.
-    #[error("talking to the daemon on {socket}: {source}")]
-    Io {
-        /// The socket.
-        socket: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// Sends one request and waits for the reply.
-pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, IpcError> {
-    let name = socket.display().to_string();
-    let io = |source: std::io::Error| IpcError::Io {
-        socket: name.clone(),
-        source,
-    };
-    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            IpcError::NotRunning(name.clone())
-        }
-        std::io::ErrorKind::PermissionDenied => IpcError::Permission(name.clone()),
-        _ => io(e),
-    })?;
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-    let mut line = serde_json::to_string(req).expect("requests serialise");
-    line.push('\n');
-    stream.write_all(line.as_bytes()).map_err(io)?;
-    let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply).map_err(io)?;
-    serde_json::from_str(&reply)
-        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,18 +159,5 @@ mod tests {
                 ..GateSpec::default()
             })
         );
-    }
-
-    #[test]
-    fn no_daemon_is_a_named_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = call(
-            &dir.path().join("none.sock"),
-            &Request::Ps,
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
-        assert!(matches!(err, IpcError::NotRunning(_)));
-        assert!(err.to_string().contains("sudo valvectl daemon"));
     }
 }

@@ -5,15 +5,16 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use nix::sys::signal::Signal;
 use serde_json::json;
 use valve::controller::{BatchReport, ChannelTarget, Controller, PreemptMode};
 use valve::driver::{DriverInfo, RmDriver};
-use valve::error::Error;
 use valve::gpu::{GpuInfo, GpuSelector};
 use valve::stats::{summarize, Summary};
 use valve::Signals;
-use valve_daemon::protocol::{IpcError, Request};
+use valve_daemon::protocol::Request;
+
+use crate::client::daemon_call;
+use crate::error::CliError;
 use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
 
 const EXIT_CODES: &str = "\
@@ -357,39 +358,6 @@ impl TargetArgs {
     }
 }
 
-/// A CLI failure with its exit code.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// From the library.
-    #[error(transparent)]
-    Valve(#[from] Error),
-    /// Bad arguments that clap could not catch.
-    #[error("{0}")]
-    Usage(String),
-    /// Writing output failed.
-    #[error("writing output: {0}")]
-    Io(#[from] std::io::Error),
-    /// A daemon-side failure or a failure reaching it, with its exit code.
-    #[error("{1}")]
-    Daemon(i32, String),
-    /// Interrupted by a signal (after cleaning up).
-    #[error("interrupted by {0}; all channels were resumed")]
-    Interrupted(Signal),
-}
-
-impl CliError {
-    /// The documented exit code.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            CliError::Usage(_) => 2,
-            CliError::Interrupted(_) => 130,
-            CliError::Io(_) => 1,
-            CliError::Valve(e) => e.exit_code(),
-            CliError::Daemon(code, _) => *code,
-        }
-    }
-}
-
 /// Entry point of the binary: parses, runs, prints errors, returns the exit code.
 pub fn run() -> i32 {
     let _ = tracing_subscriber::fmt()
@@ -483,22 +451,6 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
             let ctl = Controller::open()?;
             execute(cli, &ctl, out, Some(signals))
         }
-    }
-}
-
-fn daemon_call(cli: &Cli, req: &Request) -> Result<serde_json::Value, CliError> {
-    let reply =
-        valve_daemon::protocol::call(&cli.socket, req, Duration::from_secs(10)).map_err(|e| {
-            let code = match e {
-                IpcError::NotRunning(_) => valve_daemon::EXIT_NO_DAEMON,
-                IpcError::Permission(_) => 4,
-                IpcError::Io { .. } => 1,
-            };
-            CliError::Daemon(code, e.to_string())
-        })?;
-    match reply.error {
-        Some(e) => Err(CliError::Daemon(e.code, e.message)),
-        None => Ok(reply.data),
     }
 }
 
@@ -617,7 +569,7 @@ fn print_gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Res
 fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(), CliError> {
     match &cli.command {
         Command::Gate { action } => {
-            let data = daemon_call(cli, &gate_request(action)?)?;
+            let data = daemon_call(&cli.socket, &gate_request(action)?)?;
             if cli.json {
                 writeln!(out, "{data}")?;
             } else if matches!(action, GateCommand::Busy | GateCommand::Idle) {
@@ -632,7 +584,7 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
             Ok(())
         }
         Command::Ps => {
-            let data = daemon_call(cli, &Request::Ps)?;
+            let data = daemon_call(&cli.socket, &Request::Ps)?;
             if cli.json {
                 writeln!(out, "{data}")?;
                 return Ok(());
@@ -684,7 +636,7 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
             Ok(())
         }
         Command::Status => {
-            let data = daemon_call(cli, &Request::Status)?;
+            let data = daemon_call(&cli.socket, &Request::Status)?;
             if cli.json {
                 writeln!(out, "{data}")?;
             } else {
@@ -716,7 +668,7 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
             // the process frozen for longer than it asked for.
             let max_hold_ms = hold.map(|h| (h + Duration::from_secs(1)).as_millis() as u64);
             let data = daemon_call(
-                cli,
+                &cli.socket,
                 &Request::Preempt {
                     pid,
                     gpu,
@@ -749,7 +701,7 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
                 out.flush()?;
             }
             let signal = signals.wait(*hold);
-            let resumed = daemon_call(cli, &Request::Resume { pid });
+            let resumed = daemon_call(&cli.socket, &Request::Resume { pid });
             let resumed = match resumed {
                 Ok(v) => v,
                 // The daemon's own limit may have resumed it first.
@@ -777,7 +729,7 @@ fn client_command(cli: &Cli, out: &mut dyn Write, signals: &Signals) -> Result<(
                     pid: targets.pid.expect("dispatched on pid"),
                 }
             };
-            match daemon_call(cli, &req) {
+            match daemon_call(&cli.socket, &req) {
                 Ok(data) => {
                     if cli.json {
                         writeln!(out, "{data}")?;
@@ -1402,33 +1354,5 @@ mod tests {
         assert_eq!(v["cycles"], 4);
         assert_eq!(v["disable_wall"]["n"], 4);
         assert!(ctl.driver().disabled().is_empty());
-    }
-
-    #[test]
-    fn exit_code_mapping() {
-        let c = |e: Error| CliError::Valve(e).exit_code();
-        assert_eq!(
-            c(Error::DriverMissing {
-                path: "/dev/nvidiactl".into()
-            }),
-            3
-        );
-        assert_eq!(
-            c(Error::NotOpenModule {
-                version: "x".into()
-            }),
-            3
-        );
-        assert_eq!(
-            c(Error::Permission {
-                path: "/dev/nvidiactl".into()
-            }),
-            4
-        );
-        assert_eq!(
-            c(Error::rm("x", valve_ioctl_bindings::NV_ERR_INVALID_CLIENT)),
-            5
-        );
-        assert_eq!(CliError::Usage("x".into()).exit_code(), 2);
     }
 }

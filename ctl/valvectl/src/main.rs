@@ -2,7 +2,9 @@
 //! run the daemon and the gate, check the node. [`cli::run`] parses and dispatches.
 
 mod cli;
+mod client;
 mod doctor;
+mod error;
 
 fn main() {
     std::process::exit(cli::run());

@@ -15,4 +15,4 @@ pub mod supervisor;
 
 pub use policy::{Action, GateConfig, GatePolicy};
 pub use runtime::{GateInput, GateRuntime, GateStatus, LaunchSource};
-pub use supervisor::{process_label, GateStarter, LABEL_VAR};
+pub use supervisor::{process_label, ActiveGate, GateStarter, GATE_EDGE_GAP, LABEL_VAR};

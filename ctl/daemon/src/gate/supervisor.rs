@@ -1,21 +1,24 @@
 //! The daemon's side of `valvectl gate`: resolves online and offline processes (by pid or by
-//! `VALVE_LABEL`), keeps the gate thread's offline channel set current and recorded, forwards
-//! busy/idle signals, and re-enables offline itself if the gate thread ever dies.
+//! `VALVE_LABEL`), keeps the gate thread's offline channel set current, forwards busy/idle signals.
 //!
-//! The offline set is written to the state file *before* the gate thread learns of it, so a
-//! daemon killed while the gate holds offline frozen is undone by its restart.
+//! [`ActiveGate`] never writes the state file itself: [`ActiveGate::refresh`] hands back a new
+//! offline set as an [`OfflineUpdate`], which the daemon records in the state file *before* it
+//! passes it on with [`ActiveGate::apply`], so a daemon killed while the gate holds offline frozen
+//! is undone by its restart. If the gate thread dies, the daemon re-enables [`ActiveGate::records`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use valve::driver::RmDriver;
+use valve::controller::Controller;
+use valve::driver::{NvDriver, RmDriver};
 use valve::state::{reenable, DisabledRecord};
+use valve_ebpf::Registry;
 
 use super::runtime::GateHandle;
 use super::{GateConfig, GateInput};
-use crate::core::{alive, DaemonCore, EXIT_BPF, EXIT_PROCESS};
-use crate::protocol::{GateSpec, Reply};
+use crate::procfs::{alive, all_pids};
+use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
 
 /// The environment variable that labels a process for `--online-label` / `--offline-label`.
 pub const LABEL_VAR: &str = "VALVE_LABEL";
@@ -27,8 +30,12 @@ pub type GateStarter = Box<dyn Fn(GateConfig) -> Result<GateHandle, String> + Se
 /// How often labels are looked up again in `/proc`.
 const LABEL_RESCAN: Duration = Duration::from_secs(1);
 
+/// The uprobe launch watcher reports idle->busy edges after this much silence; each carries its
+/// gap, which is what the policy learns iteration gaps from.
+pub const GATE_EDGE_GAP: Duration = Duration::from_micros(200);
+
 /// A running gate as the daemon sees it.
-pub(crate) struct ActiveGate {
+pub struct ActiveGate {
     handle: GateHandle,
     spec: GateSpec,
     /// The offline channels last sent to the gate thread (and recorded in the state file).
@@ -38,12 +45,10 @@ pub(crate) struct ActiveGate {
     labels_scanned: Option<Instant>,
 }
 
-impl ActiveGate {
-    /// Whether the gate thread has ended.
-    pub(crate) fn handle_finished(&self) -> bool {
-        self.handle.is_finished()
-    }
-}
+/// A new offline channel set from [`ActiveGate::refresh`]: record it, then [`ActiveGate::apply`]
+/// it.
+#[must_use = "record the offline set in the state file, then apply it"]
+pub struct OfflineUpdate(Vec<DisabledRecord>);
 
 /// `VALVE_LABEL` of a process, from its environment at exec (root can read any).
 pub fn process_label(pid: u32) -> Option<String> {
@@ -52,15 +57,6 @@ pub fn process_label(pid: u32) -> Option<String> {
     env.split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
         .map(|v| String::from_utf8_lossy(v).into_owned())
-}
-
-fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
 }
 
 fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
@@ -88,247 +84,247 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
     Ok(cfg)
 }
 
-impl<D: RmDriver> DaemonCore<D> {
-    /// Sets how gate threads are started (without one, `gate start` is refused).
-    pub fn set_gate_starter(&mut self, starter: GateStarter) {
-        self.gate_starter = Some(starter);
+/// Checks which processes a gate names; the error is the reply to `gate start`.
+fn check_spec(spec: &GateSpec) -> Result<(), Reply> {
+    let label_ok = |l: &Option<String>| l.as_deref().is_none_or(|s| !s.is_empty());
+    if !label_ok(&spec.online_label) || !label_ok(&spec.offline_label) {
+        return Err(Reply::err(2, "a label must not be empty"));
     }
+    if spec.online.is_empty() && spec.online_label.is_none() {
+        return Err(Reply::err(
+            2,
+            "name the online processes: --online PID[,PID...] or --online-label LABEL",
+        ));
+    }
+    if spec.offline.is_empty() && spec.offline_label.is_none() {
+        return Err(Reply::err(
+            2,
+            "name the offline processes: --offline PID[,PID...] or --offline-label LABEL \
+             (nothing else is ever frozen)",
+        ));
+    }
+    if let Some(p) = spec.online.iter().find(|p| spec.offline.contains(p)) {
+        return Err(Reply::err(
+            2,
+            format!("pid {p} is named both online and offline"),
+        ));
+    }
+    if spec.online_label.is_some() && spec.online_label == spec.offline_label {
+        return Err(Reply::err(2, "the online and offline labels are the same"));
+    }
+    for &pid in spec.online.iter().chain(&spec.offline) {
+        if !alive(pid) {
+            return Err(Reply::err(EXIT_PROCESS, format!("no such process: {pid}")));
+        }
+    }
+    Ok(())
+}
 
-    pub(crate) fn gate_start(&mut self, spec: GateSpec) -> Reply {
-        if self.gate.is_some() {
-            return Reply::err(
-                1,
-                "a gate is already running (see `valvectl gate status`); stop it first with \
-                 `valvectl gate stop`",
-            );
+/// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points.
+pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
+    super::runtime::spawn(cfg, |tx| {
+        let library = valve_ebpf::find_libcuda().ok_or(
+            "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
+             the gate watches online launches with uprobes on it",
+        )?;
+        let watcher = valve_ebpf::LaunchWatcher::start_with(
+            valve_ebpf::LaunchConfig {
+                library,
+                pids: Vec::new(),
+                filter: true,
+                edge_gap: GATE_EDGE_GAP,
+            },
+            move |e| {
+                let _ = tx.send(GateInput::Edge(e));
+            },
+        )
+        .map_err(|e| format!("attaching uprobes to libcuda: {e}"))?;
+        let ctl = Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
+        Ok((ctl, watcher))
+    })
+}
+
+impl ActiveGate {
+    /// Checks `spec` and starts a gate thread for it. `not_discoverable` names the reason an
+    /// offline pid can never be gated (it started before the daemon), if it is one.
+    pub fn start(
+        spec: GateSpec,
+        starter: Option<&GateStarter>,
+        not_discoverable: impl Fn(u32) -> Option<String>,
+    ) -> Result<ActiveGate, Reply> {
+        check_spec(&spec)?;
+        if let Some(reason) = spec.offline.iter().find_map(|&p| not_discoverable(p)) {
+            return Err(Reply::err(EXIT_PROCESS, reason));
         }
-        let label_ok = |l: &Option<String>| l.as_deref().is_none_or(|s| !s.is_empty());
-        if !label_ok(&spec.online_label) || !label_ok(&spec.offline_label) {
-            return Reply::err(2, "a label must not be empty");
-        }
-        if spec.online.is_empty() && spec.online_label.is_none() {
-            return Reply::err(
-                2,
-                "name the online processes: --online PID[,PID...] or --online-label LABEL",
-            );
-        }
-        if spec.offline.is_empty() && spec.offline_label.is_none() {
-            return Reply::err(
-                2,
-                "name the offline processes: --offline PID[,PID...] or --offline-label LABEL \
-                 (nothing else is ever frozen)",
-            );
-        }
-        if let Some(p) = spec.online.iter().find(|p| spec.offline.contains(p)) {
-            return Reply::err(2, format!("pid {p} is named both online and offline"));
-        }
-        if spec.online_label.is_some() && spec.online_label == spec.offline_label {
-            return Reply::err(2, "the online and offline labels are the same");
-        }
-        for &pid in spec.online.iter().chain(&spec.offline) {
-            if !alive(pid) {
-                return Reply::err(EXIT_PROCESS, format!("no such process: {pid}"));
-            }
-        }
-        if let Some(&pid) = spec.offline.iter().find(|p| self.pre_existing.contains(p)) {
-            return Reply::err(EXIT_PROCESS, self.no_channels_reason(pid));
-        }
-        let cfg = match config_of(&spec) {
-            Ok(c) => c,
-            Err(e) => return Reply::err(2, e),
+        let cfg = config_of(&spec).map_err(|e| Reply::err(2, e))?;
+        let Some(starter) = starter else {
+            return Err(Reply::err(1, "this daemon cannot run a gate"));
         };
-        let Some(starter) = &self.gate_starter else {
-            return Reply::err(1, "this daemon cannot run a gate");
-        };
-        let handle = match starter(cfg) {
-            Ok(h) => h,
-            Err(e) => return Reply::err(EXIT_BPF, format!("starting the gate: {e}")),
-        };
-        self.gate = Some(ActiveGate {
+        let handle =
+            starter(cfg).map_err(|e| Reply::err(EXIT_BPF, format!("starting the gate: {e}")))?;
+        Ok(ActiveGate {
             handle,
             spec,
             records: Vec::new(),
             online: BTreeSet::new(),
             labels: BTreeMap::new(),
             labels_scanned: None,
-        });
-        // The reply must show the sets the gate thread works with, not a status from before it
-        // applied them.
-        self.sync_gate();
-        let status = self.gate_status();
-        let waiting: Vec<u32> = self
-            .gate
-            .as_ref()
-            .map(|g| {
-                g.spec
-                    .offline
-                    .iter()
-                    .copied()
-                    .filter(|p| !g.records.iter().any(|r| r.pid == *p))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut data = status.data;
-        if !waiting.is_empty() {
-            data["note"] = json!(format!(
-                "offline pid(s) {waiting:?} have no GPU channels yet; they are gated as soon as \
-                 they create them"
-            ));
-        }
-        Reply::ok(data)
+        })
     }
 
-    pub(crate) fn gate_status(&self) -> Reply {
-        match &self.gate {
-            Some(g) => {
-                let mut v = json!(g.handle.status());
-                v["online_label"] = json!(g.spec.online_label);
-                v["offline_label"] = json!(g.spec.offline_label);
-                Reply::ok(v)
-            }
-            None => Reply::ok(json!({"running": false})),
-        }
+    /// Whether the gate thread has ended.
+    pub fn handle_finished(&self) -> bool {
+        self.handle.is_finished()
     }
 
-    /// Stops the gate (its thread enables offline) and drops its records.
-    pub fn gate_stop(&mut self) -> Reply {
-        let Some(g) = self.gate.take() else {
-            return Reply::err(
-                1,
-                "no gate is running (start one with `valvectl gate start`)",
-            );
-        };
-        let (status, panicked) = g.handle.stop();
+    /// The offline channels the gate may disable now (recorded in the state file).
+    pub fn records(&self) -> &[DisabledRecord] {
+        &self.records
+    }
+
+    /// Offline pids named by pid that have no GPU channels yet.
+    pub fn waiting(&self) -> Vec<u32> {
+        self.spec
+            .offline
+            .iter()
+            .copied()
+            .filter(|p| !self.records.iter().any(|r| r.pid == *p))
+            .collect()
+    }
+
+    /// The status `valvectl gate status` prints.
+    pub fn status(&self) -> serde_json::Value {
+        let mut v = json!(self.handle.status());
+        v["online_label"] = json!(self.spec.online_label);
+        v["offline_label"] = json!(self.spec.offline_label);
+        v
+    }
+
+    /// Stops the gate thread (it enables offline) and returns its final status. If the thread
+    /// had panicked, offline is re-enabled here.
+    pub fn stop<D: RmDriver>(self, ctl: &Controller<D>) -> serde_json::Value {
+        let (status, panicked) = self.handle.stop();
         if let Some(e) = panicked {
             // Its Drop has run during the unwind; make sure anyway.
-            let (_, failures) = reenable(&self.ctl, &g.records);
+            let (_, failures) = reenable(ctl, &self.records);
             tracing::error!("{e}; re-enabled offline from the daemon, failures: {failures:?}");
         }
-        if let Err(e) = self.save() {
-            tracing::error!("updating the state file: {e}");
-        }
-        Reply::ok(json!(status))
+        json!(status)
     }
 
-    pub(crate) fn gate_signal(&mut self, busy: bool) -> Reply {
-        match &self.gate {
-            Some(g) => {
-                g.handle.send(if busy {
-                    GateInput::Busy
-                } else {
-                    GateInput::Idle
-                });
-                Reply::ok(json!({"signal": if busy { "busy" } else { "idle" }}))
-            }
-            None => Reply::err(
-                1,
-                "no gate is running: start one with `valvectl gate start` before sending \
-                 busy/idle signals",
-            ),
-        }
+    /// Passes a busy (`true`) or idle signal of the serving framework to the gate thread.
+    pub fn signal(&self, busy: bool) -> serde_json::Value {
+        self.handle.send(if busy {
+            GateInput::Busy
+        } else {
+            GateInput::Idle
+        });
+        json!({"signal": if busy { "busy" } else { "idle" }})
     }
 
-    /// Brings the gate thread's online and offline sets up to date (labels are looked up again
-    /// at most once a second unless `force`), and notices a gate thread that died.
-    pub fn refresh_gate(&mut self, now: Instant, force: bool) {
-        let Some(g) = self.gate.as_mut() else { return };
-        if g.handle_finished() {
-            let records = std::mem::take(&mut g.records);
-            self.gate = None;
-            let (n, failures) = reenable(&self.ctl, &records);
-            tracing::error!(
-                "the gate thread ended unexpectedly; re-enabled {n} offline channel(s), \
-                 failures: {failures:?}"
-            );
-            if let Err(e) = self.save() {
-                tracing::error!("updating the state file: {e}");
-            }
-            return;
-        }
-        let rescan = force
-            || g.labels_scanned
-                .is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN);
-        if rescan && (g.spec.online_label.is_some() || g.spec.offline_label.is_some()) {
-            let pids = all_pids();
-            let live: BTreeSet<u32> = pids.iter().copied().collect();
-            g.labels.retain(|p, _| live.contains(p));
-            for p in pids {
-                g.labels.entry(p).or_insert_with(|| process_label(p));
-            }
-            g.labels_scanned = Some(now);
-        }
-        let labelled = |label: &Option<String>| -> Vec<u32> {
-            match label {
-                Some(l) => g
-                    .labels
-                    .iter()
-                    .filter(|(_, v)| v.as_ref() == Some(l))
-                    .map(|(p, _)| *p)
-                    .collect(),
-                None => Vec::new(),
-            }
-        };
-        let online: BTreeSet<u32> = g
+    /// Brings the gate thread's online set up to date and works out its offline channels from
+    /// the registry (labels are looked up again at most once a second unless `force`). A
+    /// process for which `by_hand` is true was preempted by the operator and is left alone.
+    /// Returns the new offline set if it changed: record it, then [`ActiveGate::apply`] it.
+    pub fn refresh(
+        &mut self,
+        now: Instant,
+        force: bool,
+        registry: &Registry,
+        by_hand: impl Fn(u32) -> bool,
+    ) -> Option<OfflineUpdate> {
+        self.rescan_labels(now, force);
+        let online: BTreeSet<u32> = self
             .spec
             .online
             .iter()
             .copied()
             .filter(|&p| alive(p))
-            .chain(labelled(&g.spec.online_label))
+            .chain(self.labelled(&self.spec.online_label))
             .collect();
         // Online is never frozen, whatever its label; a pid preempted by hand stays the
         // operator's until `resume --pid`.
-        let offline: BTreeSet<u32> = g
+        let offline: BTreeSet<u32> = self
             .spec
             .offline
             .iter()
             .copied()
-            .chain(labelled(&g.spec.offline_label))
-            .filter(|p| !online.contains(p) && !self.preempted.contains_key(p))
+            .chain(self.labelled(&self.spec.offline_label))
+            .filter(|p| !online.contains(p) && !by_hand(*p))
             .collect();
-        let mut records = Vec::new();
-        for &pid in &offline {
-            for v in self.registry.gpus(pid) {
-                let Some(inst) = v.device_instance else {
-                    continue;
-                };
-                let channels: Vec<u32> = v.channels().map(|c| c.handle.0).collect();
-                if !channels.is_empty() {
-                    records.push(DisabledRecord {
-                        pid,
-                        device_instance: inst,
-                        client: v.client.0,
-                        channels,
-                    });
-                }
-            }
+        let records = offline_records(&offline, registry);
+        if online != self.online {
+            self.online = online.clone();
+            self.handle.send(GateInput::Online(online));
         }
-        if online != g.online {
-            g.online = online.clone();
-            g.handle.send(GateInput::Online(online));
+        if records != self.records {
+            self.records = records.clone();
+            return Some(OfflineUpdate(records));
         }
-        if records != g.records {
-            g.records = records.clone();
-            // Recorded before the gate thread may disable them.
-            if let Err(e) = self.save() {
-                tracing::error!("recording the gate's offline channels: {e}");
+        None
+    }
+
+    /// Sends a recorded offline set to the gate thread.
+    pub fn apply(&self, update: OfflineUpdate) {
+        self.handle.send(GateInput::Offline(update.0));
+    }
+
+    /// Waits (up to 2 s) until the gate thread has applied every input sent so far.
+    pub fn sync(&self) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.handle.send(GateInput::Sync(tx));
+        let _ = rx.recv_timeout(Duration::from_secs(2));
+    }
+
+    fn rescan_labels(&mut self, now: Instant, force: bool) {
+        let rescan = force
+            || self
+                .labels_scanned
+                .is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN);
+        if rescan && (self.spec.online_label.is_some() || self.spec.offline_label.is_some()) {
+            let pids = all_pids();
+            let live: BTreeSet<u32> = pids.iter().copied().collect();
+            self.labels.retain(|p, _| live.contains(p));
+            for p in pids {
+                self.labels.entry(p).or_insert_with(|| process_label(p));
             }
-            if let Some(g) = &self.gate {
-                g.handle.send(GateInput::Offline(records));
-            }
+            self.labels_scanned = Some(now);
         }
     }
 
-    /// Tells the gate thread the current sets and waits until it has applied them (so that a
-    /// manual preempt/resume of a gated process does not race with the gate's own enable).
-    pub(crate) fn sync_gate(&mut self) {
-        self.refresh_gate(Instant::now(), true);
-        if let Some(g) = &self.gate {
-            let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            g.handle.send(GateInput::Sync(tx));
-            let _ = rx.recv_timeout(Duration::from_secs(2));
+    fn labelled(&self, label: &Option<String>) -> Vec<u32> {
+        match label {
+            Some(l) => self
+                .labels
+                .iter()
+                .filter(|(_, v)| v.as_ref() == Some(l))
+                .map(|(p, _)| *p)
+                .collect(),
+            None => Vec::new(),
         }
     }
+}
+
+/// Every channel of the given processes, per process and GPU, from the registry.
+fn offline_records(offline: &BTreeSet<u32>, registry: &Registry) -> Vec<DisabledRecord> {
+    let mut records = Vec::new();
+    for &pid in offline {
+        for v in registry.gpus(pid) {
+            let Some(inst) = v.device_instance else {
+                continue;
+            };
+            let channels: Vec<u32> = v.channels().map(|c| c.handle.0).collect();
+            if !channels.is_empty() {
+                records.push(DisabledRecord {
+                    pid,
+                    device_instance: inst,
+                    client: v.client.0,
+                    channels,
+                });
+            }
+        }
+    }
+    records
 }
 
 #[cfg(test)]

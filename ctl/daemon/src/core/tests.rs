@@ -1,0 +1,627 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::gate;
+use valve::fake::FakeRm;
+use valve_ebpf::{AllocEvent, FreeEvent};
+use valve_ioctl_bindings::{self as b, ChannelHandle, ClientHandle, ObjectHandle};
+
+fn alloc(
+    pid: u32,
+    client: u32,
+    parent: u32,
+    object: u32,
+    class: u32,
+    extra: Option<u32>,
+) -> RmEvent {
+    RmEvent {
+        ts_ns: 0,
+        pid,
+        tid: pid,
+        kind: RmEventKind::Alloc(AllocEvent {
+            client: ClientHandle(client),
+            parent: ObjectHandle(parent),
+            object: ObjectHandle(object),
+            class,
+            extra,
+            minor: 255,
+            nvos64: true,
+        }),
+    }
+}
+
+/// A CUDA-13-like process on the given device instances: client, device per GPU, one TSG
+/// of `n` channels per GPU. Returns its events and registers its channels with the fake RM.
+fn cuda_process(rm: &FakeRm, pid: u32, client: u32, instances: &[u32], n: u32) -> Vec<RmEvent> {
+    let mut ev = vec![alloc(pid, 0, 0, client, b::NV01_ROOT_CLIENT, None)];
+    for (k, &inst) in instances.iter().enumerate() {
+        let base = 0x5c00_0000 + 0x100 * k as u32;
+        let (dev, tsg) = (base + 1, base + 2);
+        ev.push(alloc(
+            pid,
+            client,
+            client,
+            dev,
+            b::NV01_DEVICE_0,
+            Some(inst),
+        ));
+        ev.push(alloc(
+            pid,
+            client,
+            dev,
+            tsg,
+            b::KEPLER_CHANNEL_GROUP_A,
+            None,
+        ));
+        let chans: Vec<ChannelHandle> = (0..n).map(|i| ChannelHandle(base + 0x10 + i)).collect();
+        for c in &chans {
+            ev.push(alloc(
+                pid,
+                client,
+                tsg,
+                c.0,
+                b::HOPPER_CHANNEL_GPFIFO_A,
+                None,
+            ));
+            ev.push(alloc(
+                pid,
+                client,
+                c.0,
+                c.0 + 0x80,
+                b::HOPPER_COMPUTE_A,
+                None,
+            ));
+        }
+        rm.add_channels(ClientHandle(client), inst, &chans);
+    }
+    ev
+}
+
+/// Every test pid "runs" and was started at tick 42.
+fn always_running(_: u32) -> Option<u64> {
+    Some(42)
+}
+
+fn started_later(_: u32) -> Option<u64> {
+    Some(43)
+}
+
+fn core(rm: &Arc<FakeRm>, dir: &Path, max_hold: Option<Duration>) -> DaemonCore<Arc<FakeRm>> {
+    core_with(rm, dir, max_hold, always_running)
+}
+
+fn core_with(
+    rm: &Arc<FakeRm>,
+    dir: &Path,
+    max_hold: Option<Duration>,
+    start_time: StartTimeFn,
+) -> DaemonCore<Arc<FakeRm>> {
+    let ctl = Controller::with_driver(rm.clone()).unwrap();
+    DaemonCore::with_start_time(
+        ctl,
+        StateFile::in_dir(dir),
+        max_hold,
+        BTreeSet::new(),
+        start_time,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_restarted_daemon_still_knows_running_processes_but_not_reused_pids() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = core(&rm, dir.path(), None);
+    for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 4) {
+        first.on_event(&e);
+    }
+    first.flush_journal().unwrap();
+    drop(first);
+    // Same pid, same start time: restored, and preempt --pid works on it.
+    let mut second = core(&rm, dir.path(), None);
+    assert_eq!(second.restored, vec![PID_A]);
+    let r = second.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert_eq!(r.data["channels"], 4, "{r:?}");
+    assert!(second
+        .handle(Request::Resume { pid: PID_A })
+        .error
+        .is_none());
+    second.flush_journal().unwrap();
+    drop(second);
+    // The pid now belongs to a process started later: nothing is inherited.
+    let mut third = core_with(&rm, dir.path(), None, started_later);
+    assert!(third.restored.is_empty());
+    let r = third.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
+    assert!(rm.disabled().is_empty());
+}
+
+#[test]
+fn the_journal_forgets_exited_processes() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = core(&rm, dir.path(), None);
+    for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 2) {
+        first.on_event(&e);
+    }
+    first.on_event(&RmEvent {
+        ts_ns: 0,
+        pid: PID_A,
+        tid: PID_A,
+        kind: RmEventKind::Exit,
+    });
+    first.flush_journal().unwrap();
+    drop(first);
+    assert!(core(&rm, dir.path(), None).restored.is_empty());
+}
+
+const PID_A: u32 = 4_000_001;
+const PID_B: u32 = 4_000_002;
+
+#[test]
+fn preempt_and_resume_by_pid_on_all_its_gpus() {
+    let rm = Arc::new(FakeRm::host(2));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = core(&rm, dir.path(), None);
+    let insts: Vec<u32> = c
+        .controller()
+        .gpus()
+        .iter()
+        .map(|g| g.device_instance)
+        .collect();
+    for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &insts, 5) {
+        c.on_event(&e);
+    }
+    // Same object handles, other client, first GPU only: must not be touched.
+    for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &insts[..1], 5) {
+        c.on_event(&e);
+    }
+    let r = c.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["channels"], 10);
+    assert_eq!(r.data["gpus"], 2);
+    let disabled = rm.disabled();
+    assert_eq!(disabled.len(), 10);
+    assert!(disabled.iter().all(|(cl, _)| cl.0 == 0xc1d0_0010));
+    let recorded = StateFile::in_dir(dir.path()).load().unwrap();
+    assert_eq!(recorded.len(), 2);
+    assert!(recorded
+        .iter()
+        .all(|r| r.pid == PID_A && r.channels.len() == 5));
+
+    let ps = c.handle(Request::Ps).data;
+    let a = ps["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == PID_A)
+        .unwrap();
+    assert_eq!(a["preempted"], true);
+    assert_eq!(a["gpus"].as_array().unwrap().len(), 2);
+
+    let r = c.handle(Request::Resume { pid: PID_A });
+    assert!(r.error.is_none(), "{r:?}");
+    assert!(rm.disabled().is_empty());
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+    assert_eq!(
+        c.handle(Request::Resume { pid: PID_A }).error.unwrap().code,
+        EXIT_PROCESS
+    );
+}
+
+#[test]
+fn gpu_filter_and_process_errors() {
+    let rm = Arc::new(FakeRm::host(2));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = core(&rm, dir.path(), None);
+    let gpus = c.controller().gpus();
+    let insts: Vec<u32> = gpus.iter().map(|g| g.device_instance).collect();
+    for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &insts[..1], 3) {
+        c.on_event(&e);
+    }
+    let idx_of_second = gpus
+        .iter()
+        .find(|g| g.device_instance == insts[1])
+        .unwrap()
+        .index;
+    let r = c.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: Some(idx_of_second.to_string()),
+        max_hold_ms: None,
+    });
+    assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
+    assert!(rm.disabled().is_empty());
+    let r = c.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: Some("9".into()),
+        max_hold_ms: None,
+    });
+    assert_eq!(r.error.unwrap().code, 6);
+
+    let r = c.handle(Request::Preempt {
+        pid: 4_100_000,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert!(r.error.unwrap().message.contains("no such process"));
+    let me = std::process::id();
+    let r = c.handle(Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert!(r.error.unwrap().message.contains("has no GPU channels"));
+    c.pre_existing.insert(me);
+    let r = c.handle(Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    let e = r.error.unwrap();
+    assert_eq!(e.code, EXIT_PROCESS);
+    assert!(
+        e.message.contains("started before the daemon"),
+        "{}",
+        e.message
+    );
+    let ps = c.handle(Request::Ps).data;
+    assert!(ps["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["pid"] == me && p["discoverable"] == false));
+}
+
+#[test]
+fn a_restarted_daemon_reenables_what_a_dead_one_left_disabled() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = core(&rm, dir.path(), None);
+    for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 4) {
+        first.on_event(&e);
+    }
+    assert!(first
+        .handle(Request::Preempt {
+            pid: PID_A,
+            gpu: None,
+            max_hold_ms: None
+        })
+        .error
+        .is_none());
+    assert_eq!(rm.disabled().len(), 4);
+    // The daemon dies without resuming (as with SIGKILL): no Drop logic runs for it.
+    std::mem::forget(first);
+    let second = core(&rm, dir.path(), None);
+    assert_eq!(second.recovered, 4);
+    assert!(rm.disabled().is_empty());
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+}
+
+#[test]
+fn hold_limit_and_process_exit() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = core(&rm, dir.path(), Some(Duration::from_secs(3600)));
+    for e in cuda_process(&rm, PID_A, 0xc1d0_0010, &[0], 2) {
+        c.on_event(&e);
+    }
+    for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 2) {
+        c.on_event(&e);
+    }
+    // The request's limit is shorter than the daemon's: it wins.
+    let r = c.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: None,
+        max_hold_ms: Some(0),
+    });
+    assert_eq!(r.data["max_hold_ms"], 0);
+    assert!(c
+        .handle(Request::Preempt {
+            pid: PID_B,
+            gpu: None,
+            max_hold_ms: None
+        })
+        .error
+        .is_none());
+    assert_eq!(rm.disabled().len(), 4);
+    assert_eq!(
+        c.expire(Instant::now() + Duration::from_millis(1)),
+        vec![PID_A]
+    );
+    assert_eq!(rm.disabled().len(), 2);
+    // B exits while preempted: its record goes (its channels died with it).
+    c.on_event(&RmEvent {
+        ts_ns: 0,
+        pid: PID_B,
+        tid: PID_B,
+        kind: RmEventKind::Exit,
+    });
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+    assert_eq!(
+        c.handle(Request::Resume { pid: PID_B }).error.unwrap().code,
+        EXIT_PROCESS
+    );
+    // A freed client takes its channels out of the registry.
+    c.on_event(&RmEvent {
+        ts_ns: 0,
+        pid: PID_A,
+        tid: PID_A,
+        kind: RmEventKind::Free(FreeEvent {
+            client: ClientHandle(0xc1d0_0010),
+            parent: ObjectHandle(0),
+            object: ObjectHandle(0xc1d0_0010),
+            minor: 255,
+        }),
+    });
+    let r = c.handle(Request::Preempt {
+        pid: PID_A,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
+}
+
+#[test]
+fn resume_all_resumes_every_pid() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = core(&rm, dir.path(), None);
+    for (pid, cl) in [(PID_A, 0xc1d0_0010), (PID_B, 0xc1d0_0020)] {
+        for e in cuda_process(&rm, pid, cl, &[0], 3) {
+            c.on_event(&e);
+        }
+        assert!(c
+            .handle(Request::Preempt {
+                pid,
+                gpu: None,
+                max_hold_ms: None
+            })
+            .error
+            .is_none());
+    }
+    assert_eq!(rm.disabled().len(), 6);
+    let r = c.handle(Request::ResumeAll);
+    assert!(r.error.is_none());
+    assert!(rm.disabled().is_empty());
+}
+
+/// A launch source that reports nothing, or panics when asked (a gate thread that dies).
+struct QuietLaunches {
+    panic: bool,
+}
+
+impl crate::gate::LaunchSource for QuietLaunches {
+    fn watch(&mut self, _pid: u32) -> Result<(), String> {
+        Ok(())
+    }
+    fn unwatch(&mut self, _pid: u32) {}
+    fn last_launch_ns(&self, _pid: u32) -> u64 {
+        assert!(!self.panic, "launch source failed");
+        0
+    }
+}
+
+type EdgeSender = Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<crate::gate::GateInput>>>>;
+
+fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter, EdgeSender) {
+    let rm = rm.clone();
+    let edges: EdgeSender = Default::default();
+    let edges2 = edges.clone();
+    let starter = Box::new(move |cfg| {
+        let (rm, edges) = (rm.clone(), edges2.clone());
+        crate::gate::runtime::spawn(cfg, move |tx| {
+            *edges.lock().unwrap() = Some(tx);
+            let ctl = Controller::with_driver(rm).map_err(|e| e.to_string())?;
+            Ok((ctl, QuietLaunches { panic }))
+        })
+    });
+    (starter, edges)
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "timed out waiting: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A daemon core with a fake gate starter and this test process as a CUDA process with 4
+/// channels on GPU 0 (offline candidates must be alive).
+fn gated_core(
+    rm: &Arc<FakeRm>,
+    dir: &Path,
+    panic: bool,
+) -> (DaemonCore<Arc<FakeRm>>, EdgeSender, u32) {
+    let mut c = core(rm, dir, None);
+    let (starter, edges) = fake_starter(rm, panic);
+    c.set_gate_starter(starter);
+    let me = std::process::id();
+    for e in cuda_process(rm, me, 0xc1d0_0010, &[0], 4) {
+        c.on_event(&e);
+    }
+    (c, edges, me)
+}
+
+fn gate_spec(online: u32, offline: u32) -> Request {
+    Request::GateStart(crate::protocol::GateSpec {
+        online: vec![online],
+        offline: vec![offline],
+        ..Default::default()
+    })
+}
+
+#[test]
+fn the_gate_freezes_only_offline_and_records_it_first() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    // Offline: this test process; online: pid 1 (both alive). Another process with the
+    // same object handles must never be touched.
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 4) {
+        c.on_event(&e);
+    }
+    // Bad specs are refused with their exit codes, and nothing starts.
+    let code = |r: Reply| r.error.map(|e| e.code);
+    let only_online = Request::GateStart(crate::protocol::GateSpec {
+        online: vec![1],
+        ..Default::default()
+    });
+    assert_eq!(code(c.handle(only_online)), Some(2));
+    assert_eq!(code(c.handle(gate_spec(1, 1))), Some(2));
+    assert_eq!(code(c.handle(gate_spec(1, 4_199_999))), Some(EXIT_PROCESS));
+    assert_eq!(code(c.handle(Request::GateStop)), Some(1));
+    assert_eq!(code(c.handle(Request::OnlineBusy)), Some(1));
+    assert_eq!(c.handle(Request::GateStatus).data["running"], false);
+
+    let r = c.handle(gate_spec(1, me));
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["offline_channels"], 4);
+    assert_eq!(
+        code(c.handle(gate_spec(1, me))),
+        Some(1),
+        "one gate at a time"
+    );
+    let recorded = StateFile::in_dir(dir.path()).load().unwrap();
+    assert!(recorded
+        .iter()
+        .any(|r| r.pid == me && r.channels.len() == 4));
+    assert!(rm.disabled().is_empty(), "recorded, not yet disabled");
+
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 4);
+    assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0010));
+    assert!(c.handle(Request::OnlineIdle).error.is_none());
+    wait_for("idle enables", || rm.disabled().is_empty());
+
+    // A manual preempt of a gated process is the operator's: the gate's resume leaves it.
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 4);
+    let r = c.handle(Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert!(r.error.is_none(), "{r:?}");
+    assert!(c.handle(Request::OnlineIdle).error.is_none());
+    let st = c.handle(Request::GateStatus).data;
+    wait_for("the gate resumed", || {
+        c.handle(Request::GateStatus).data["resumes"] == 2
+    });
+    assert_eq!(st["offline_channels"], 0);
+    assert_eq!(rm.disabled().len(), 4, "still held by the manual preempt");
+    assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+    assert!(rm.disabled().is_empty());
+    assert_eq!(c.handle(Request::GateStatus).data["offline_channels"], 4);
+
+    // Status shows the gate; stop resumes and clears the records.
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 4);
+    assert_eq!(c.handle(Request::Status).data["gate"]["running"], true);
+    let r = c.handle(Request::GateStop);
+    assert!(r.error.is_none());
+    assert_eq!(r.data["running"], false);
+    assert_eq!(r.data["preemptions"], 3);
+    assert!(rm.disabled().is_empty());
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+}
+
+#[test]
+fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    // A labelled CUDA process (a real child, so /proc has its environment) and this
+    // unlabelled one, which the registry also lists with channels.
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .env(crate::gate::LABEL_VAR, "batch")
+        .spawn()
+        .unwrap();
+    let kid = child.id();
+    for e in cuda_process(&rm, kid, 0xc1d0_0030, &[0], 3) {
+        c.on_event(&e);
+    }
+    let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
+        online: vec![me],
+        offline_label: Some("batch".into()),
+        ..Default::default()
+    }));
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["offline_pids"], serde_json::json!([kid]));
+    assert_eq!(r.data["offline_channels"], 3);
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 3);
+    assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0030));
+    assert!(c.handle(Request::GateStop).error.is_none());
+    assert!(rm.disabled().is_empty());
+    // A process labelled offline but named online is never frozen.
+    let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
+        online: vec![kid],
+        offline_label: Some("batch".into()),
+        ..Default::default()
+    }));
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["offline_channels"], 0);
+    assert!(c.handle(Request::GateStop).error.is_none());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, edges, me) = gated_core(&rm, dir.path(), true);
+    assert!(c.handle(gate_spec(1, me)).error.is_none());
+    // An online launch edge: the gate disables, then its launch source fails (panics) when
+    // the cooldown check asks it for the latest launch.
+    let tx = edges.lock().unwrap().clone().unwrap();
+    tx.send(crate::gate::GateInput::Edge(valve_ebpf::LaunchEdge {
+        pid: 1,
+        graph: false,
+        ts_ns: 1,
+        idle_ns: 0,
+    }))
+    .unwrap();
+    wait_for("the gate thread dies", || {
+        c.gate.as_ref().is_some_and(|g| g.handle_finished())
+    });
+    c.refresh_gate(Instant::now(), false);
+    assert!(c.gate.is_none());
+    assert!(rm.disabled().is_empty());
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+}
+
+#[test]
+fn a_restart_reenables_what_a_killed_daemon_gate_held() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    assert!(c.handle(gate_spec(1, me)).error.is_none());
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 4);
+    // SIGKILL: neither the daemon nor the gate thread gets to clean up.
+    let g = c.gate.take().unwrap();
+    std::mem::forget(g);
+    std::mem::forget(c);
+    assert_eq!(rm.disabled().len(), 4);
+    let second = core(&rm, dir.path(), None);
+    assert_eq!(second.recovered, 4);
+    assert!(rm.disabled().is_empty());
+}

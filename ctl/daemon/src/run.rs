@@ -1,0 +1,119 @@
+//! Starting and stopping the daemon: root and group checks, the driver, recovery of what a
+//! previous run left disabled, the eBPF watcher, the socket; at the end, everything is resumed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use valve::controller::Controller;
+use valve::driver::NvDriver;
+use valve::state::StateFile;
+use valve::Signals;
+use valve_ebpf::{WatchConfig, Watcher};
+
+use crate::core::DaemonCore;
+use crate::error::{derr, DaemonError};
+use crate::gate::supervisor::real_gate_starter;
+use crate::procfs::nvidia_users;
+use crate::protocol::EXIT_BPF;
+use crate::server;
+
+/// How the daemon is started.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// The socket path.
+    pub socket: PathBuf,
+    /// Where `disabled.json` lives.
+    pub state_dir: PathBuf,
+    /// A group whose members may use the socket (besides root).
+    pub group: Option<String>,
+    /// The longest any preemption may last.
+    pub max_hold: Option<Duration>,
+}
+
+/// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
+pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
+    let gid = check_start(cfg)?;
+    let (mut core, watcher) = start(cfg)?;
+    let listener = server::bind(&cfg.socket, gid)?;
+    eprintln!(
+        "valvectl daemon: watching RM ioctls, {} GPU(s), {} process(es) started before the daemon, socket {}",
+        core.controller().gpus().len(),
+        core.pre_existing.len(),
+        cfg.socket.display()
+    );
+    core.set_gate_starter(Box::new(real_gate_starter));
+    let result = server::serve(&mut core, &watcher, &listener, gid, signals);
+    let r = core.shutdown();
+    let _ = std::fs::remove_file(&cfg.socket);
+    drop(watcher);
+    match (result, r.error) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Some(e)) => Err(derr(e.code, e.message)),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
+/// Root, the group's id (if one is given), and no other daemon on the socket.
+fn check_start(cfg: &DaemonConfig) -> Result<Option<u32>, DaemonError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(derr(
+            4,
+            "the daemon must run as root (it loads BPF programs and owns /run/valve): sudo valvectl daemon",
+        ));
+    }
+    let gid = match &cfg.group {
+        None => None,
+        Some(name) => match nix::unistd::Group::from_name(name) {
+            Ok(Some(g)) => Some(g.gid.as_raw()),
+            _ => return Err(derr(2, format!("no such group: {name}"))),
+        },
+    };
+    if server::answers(&cfg.socket, Duration::from_secs(1)) {
+        return Err(derr(
+            1,
+            format!("another daemon already serves {}", cfg.socket.display()),
+        ));
+    }
+    Ok(gid)
+}
+
+/// Opens the driver, starts the eBPF watcher and sets up the core, which re-enables what a
+/// previous run left disabled and restores the registry from the journal.
+fn start(cfg: &DaemonConfig) -> Result<(DaemonCore<NvDriver>, Watcher), DaemonError> {
+    let ctl = Controller::<NvDriver>::open().map_err(|e| {
+        let message = format!("opening the driver: {e}");
+        derr(e.exit_code(), message)
+    })?;
+    std::fs::create_dir_all(&cfg.state_dir)
+        .map_err(|e| derr(1, format!("creating {}: {e}", cfg.state_dir.display())))?;
+    let pre_existing = nvidia_users();
+    // Batched delivery keeps the consumer wake-up (~2 us) off every RM call of every CUDA
+    // process; the registry then lags the ioctls by at most 2 ms.
+    let watcher = Watcher::start(WatchConfig {
+        batched_delivery: true,
+        poll_interval: Duration::from_millis(2),
+        ..WatchConfig::default()
+    })
+    .map_err(|e| derr(EXIT_BPF, format!("starting the eBPF watcher: {e}")))?;
+    let core = DaemonCore::new(
+        ctl,
+        StateFile::in_dir(&cfg.state_dir),
+        cfg.max_hold,
+        pre_existing,
+    )
+    .map_err(|e| derr(1, format!("recovering state: {e}")))?;
+    if !core.restored.is_empty() {
+        tracing::warn!(
+            "restored {} running process(es) from the registry journal",
+            core.restored.len()
+        );
+    }
+    if core.recovered > 0 || !core.recovery_failures.is_empty() {
+        tracing::warn!(
+            "re-enabled {} channel(s) a previous daemon had disabled; failures: {:?}",
+            core.recovered,
+            core.recovery_failures
+        );
+    }
+    Ok((core, watcher))
+}
