@@ -24,7 +24,8 @@
 //!
 //! New roles of the daemon get a module here beside [`gate`], owned and fed by [`DaemonCore`],
 //! with their requests in [`protocol`]:
-//! - [`memory`]: the GPU memory pool (issue 10), not built yet;
+//! - [`memory`]: the GPU memory pool (issue 10): ledger, reclaim and the pool socket, started by
+//!   [`run_with_pool`];
 //! - metrics (Prometheus counters and histograms of what `status` and `gate status` report;
 //!   issue 12), not built yet;
 //! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first
@@ -44,4 +45,4 @@ pub use crate::core::DaemonCore;
 pub use error::DaemonError;
 pub use gate::GATE_EDGE_GAP;
 pub use protocol::{EXIT_BPF, EXIT_NO_DAEMON, EXIT_PROCESS, EXIT_RM};
-pub use run::{run, DaemonConfig};
+pub use run::{run, run_with_pool, DaemonConfig, PoolSettings};

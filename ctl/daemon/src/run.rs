@@ -32,9 +32,22 @@ pub struct DaemonConfig {
 
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
 pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
+    run_with_pool(cfg, None, signals)
+}
+
+/// [`run`], with the GPU memory pool serving its own socket when `pool` is given.
+pub fn run_with_pool(
+    cfg: &DaemonConfig,
+    pool: Option<&PoolSettings>,
+    signals: &Signals,
+) -> Result<(), DaemonError> {
     let gid = check_start(cfg)?;
     let (mut core, watcher) = start(cfg)?;
     let listener = server::bind(&cfg.socket, gid)?;
+    let pool = match pool {
+        Some(p) => Some(start_pool(p, &core, cfg, gid)?),
+        None => None,
+    };
     eprintln!(
         "valvectl daemon: watching RM ioctls, {} GPU(s), {} process(es) started before the daemon, socket {}",
         core.controller().gpus().len(),
@@ -43,6 +56,8 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
     );
     core.set_gate_starter(Box::new(real_gate_starter));
     let result = server::serve(&mut core, &watcher, &listener, gid, signals);
+    // The pool first: a reclaim in flight thaws through the socket that is about to go.
+    drop(pool);
     let r = core.shutdown();
     let _ = std::fs::remove_file(&cfg.socket);
     drop(watcher);
@@ -51,6 +66,69 @@ pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
         (Ok(()), Some(e)) => Err(derr(e.code, e.message)),
         (Ok(()), None) => Ok(()),
     }
+}
+
+/// The memory pool's settings (`valvectl daemon --pool ...`); see `docs/memory.md`.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    /// The pool socket.
+    pub socket: PathBuf,
+    /// Valve GPU indices to pool (`None`: every GPU).
+    pub gpus: Option<Vec<usize>>,
+    /// Bytes per handle.
+    pub handle_bytes: usize,
+    /// The most each GPU's pool may hold.
+    pub max_bytes: u64,
+    /// Device memory always left to others.
+    pub keep_free_bytes: u64,
+    /// How long an offline client has to give memory back.
+    pub reclaim_deadline: Duration,
+}
+
+fn start_pool(
+    p: &PoolSettings,
+    core: &DaemonCore<NvDriver>,
+    cfg: &DaemonConfig,
+    gid: Option<u32>,
+) -> Result<crate::memory::PoolHandle, DaemonError> {
+    let all = core.controller().gpus();
+    let mut gpus = Vec::new();
+    for g in &all {
+        if p.gpus.as_ref().is_none_or(|want| want.contains(&g.index)) {
+            gpus.push((g.index, g.pci_bus_id.clone()));
+        }
+    }
+    if let Some(missing) = p
+        .gpus
+        .iter()
+        .flatten()
+        .find(|i| !all.iter().any(|g| g.index == **i))
+    {
+        return Err(derr(
+            6,
+            format!("--pool-gpus: no GPU {missing} (see valvectl gpus)"),
+        ));
+    }
+    let pcfg = crate::memory::PoolConfig {
+        socket: p.socket.clone(),
+        gpus,
+        handle_bytes: p.handle_bytes,
+        max_bytes: p.max_bytes,
+        keep_free_bytes: p.keep_free_bytes,
+        reclaim_deadline: p.reclaim_deadline,
+        daemon_socket: cfg.socket.clone(),
+        gid,
+    };
+    let allowed = Box::new(move |s: &std::os::unix::net::UnixStream| server::peer_allowed(s, gid));
+    let handle =
+        crate::memory::start(&pcfg, allowed).map_err(|e| derr(1, format!("memory pool: {e}")))?;
+    eprintln!(
+        "valvectl daemon: memory pool on {} GPU(s), {} MiB handles, socket {}",
+        pcfg.gpus.len(),
+        p.handle_bytes >> 20,
+        p.socket.display()
+    );
+    Ok(handle)
 }
 
 /// Root, the group's id (if one is given), and no other daemon on the socket.

@@ -58,7 +58,7 @@ pub fn bind(socket: &Path, gid: Option<u32>) -> Result<UnixListener, DaemonError
     Ok(listener)
 }
 
-fn peer_allowed(stream: &UnixStream, gid: Option<u32>) -> bool {
+pub fn peer_allowed(stream: &UnixStream, gid: Option<u32>) -> bool {
     let Ok(cred) = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
     else {
         return false;
