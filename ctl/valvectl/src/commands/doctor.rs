@@ -1,0 +1,42 @@
+//! `valvectl doctor`: one line per check of what this node supports (the checks themselves are
+//! in [`crate::doctor`]); any FAIL makes the exit code 1.
+
+use std::io::Write;
+
+use clap::Args;
+use serde_json::json;
+
+use crate::args::Globals;
+use crate::doctor::{self, Status};
+use crate::error::CliError;
+
+/// `valvectl doctor` takes no arguments.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {}
+
+/// Runs every check, with this executable's `test-load` as the CUDA test load.
+pub fn exec(_args: &DoctorArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
+    let exe = std::env::current_exe().map_err(CliError::Io)?;
+    let findings = doctor::run(&exe);
+    if g.json {
+        writeln!(out, "{}", json!({"findings": findings}))?;
+    } else {
+        for f in &findings {
+            let tag = match f.status {
+                Status::Ok => "ok  ",
+                Status::Warn => "WARN",
+                Status::Fail => "FAIL",
+                Status::Skip => "skip",
+            };
+            writeln!(out, "[{tag}] {:<16} {}", f.check, f.detail)?;
+        }
+    }
+    if findings.iter().any(|f| f.status == Status::Fail) {
+        Err(CliError::Daemon(
+            1,
+            "doctor found problems (FAIL lines above)".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! `valvectl preempt`: disables (and preempts) channels, holds them, then resumes them; or, with
+//! `--detach`, leaves them frozen and prints the command that resumes them.
+//!
+//! Channels named by handle are disabled here through a controller; `--pid` asks the daemon,
+//! which knows the process's channels on every GPU. Either way the hold ends on `--for`, Ctrl-C,
+//! SIGTERM or SIGHUP, and the channels are resumed before valvectl exits.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use valve::controller::{Controller, DisabledChannels, PreemptMode, PreemptPlan};
+use valve::driver::RmDriver;
+use valve::Signals;
+use valve_daemon::protocol::Request;
+
+use crate::args::{parse_duration, Globals, TargetArgs};
+use crate::client::daemon_call;
+use crate::error::CliError;
+use crate::print;
+
+/// The arguments of `valvectl preempt`.
+#[derive(Debug, Args)]
+pub struct PreemptArgs {
+    /// Which channels.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// Hold for this long, then resume (e.g. 500ms, 2s, 1m). Default: until Ctrl-C/SIGTERM.
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "detach")]
+    pub hold: Option<Duration>,
+    /// Leave the channels disabled and exit; undo with `valvectl resume`.
+    #[arg(long)]
+    pub detach: bool,
+    /// Only stop scheduling new work; running kernels keep running (no preemption).
+    #[arg(long)]
+    pub schedule_only: bool,
+}
+
+/// Preempts channels named by handle through `ctl`. Without `signals` (tests), a hold with no
+/// `--for` ends at once.
+pub fn exec<D: RmDriver>(
+    args: &PreemptArgs,
+    ctl: &Controller<D>,
+    g: Globals,
+    out: &mut dyn Write,
+    signals: Option<&Signals>,
+) -> Result<(), CliError> {
+    let gpus = ctl.gpus();
+    let targets = &args.targets;
+    targets.validate()?;
+    let t = targets.resolve(&gpus)?;
+    let mode = if args.schedule_only {
+        PreemptMode::ScheduleOnly
+    } else {
+        PreemptMode::Preempt
+    };
+    let plan = ctl.plan(&t, mode)?;
+    let guard = ctl.disable(&plan)?;
+    if args.detach {
+        let undo = format!("valvectl resume {}", targets.as_command_line(&gpus, &t));
+        return detach(guard, &plan, &undo, g, out);
+    }
+    hold_then_resume(args, guard, &plan, g, out, signals)
+}
+
+/// `--detach`: keeps the channels disabled and prints `undo`, the command that resumes them.
+fn detach<D: RmDriver>(
+    guard: DisabledChannels<'_, D>,
+    plan: &PreemptPlan,
+    undo: &str,
+    g: Globals,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let rep = guard.keep_disabled();
+    if g.json {
+        writeln!(
+            out,
+            "{}",
+            json!({"disabled": rep, "channels": plan.channels(), "resume_command": undo})
+        )?;
+    } else {
+        writeln!(
+            out,
+            "disabled {} channel(s) on {} GPU(s); they stay frozen until you run:",
+            plan.channels(),
+            plan.gpus()
+        )?;
+        writeln!(out, "  {undo}")?;
+        print::batch(out, "disable", &rep)?;
+    }
+    Ok(())
+}
+
+/// Holds until `--for` elapses or a signal arrives, then enables and reports both steps.
+fn hold_then_resume<D: RmDriver>(
+    args: &PreemptArgs,
+    guard: DisabledChannels<'_, D>,
+    plan: &PreemptPlan,
+    g: Globals,
+    out: &mut dyn Write,
+    signals: Option<&Signals>,
+) -> Result<(), CliError> {
+    let disable_rep = guard.disable_report().clone();
+    if !g.json {
+        writeln!(
+            out,
+            "disabled {} channel(s) on {} GPU(s){}",
+            plan.channels(),
+            plan.gpus(),
+            match args.hold {
+                Some(d) => format!(", holding for {d:?}"),
+                None => "; Ctrl-C or SIGTERM resumes them".into(),
+            }
+        )?;
+        out.flush()?;
+    }
+    let held_from = Instant::now();
+    let signal = wait(signals, args.hold);
+    let held = held_from.elapsed();
+    let enable_rep = guard.enable()?;
+    if g.json {
+        writeln!(
+            out,
+            "{}",
+            json!({
+                "channels": plan.channels(), "gpus": plan.gpus(),
+                "disable": disable_rep, "enable": enable_rep,
+                "held_us": held.as_secs_f64() * 1e6,
+                "ended_by": signal.map(|s| s.as_str()).unwrap_or("timer"),
+            })
+        )?;
+    } else {
+        print::batch(out, "disable", &disable_rep)?;
+        writeln!(
+            out,
+            "resumed after {:.1} ms{}",
+            held.as_secs_f64() * 1e3,
+            signal.map(|s| format!(" ({s})")).unwrap_or_default()
+        )?;
+        print::batch(out, "enable", &enable_rep)?;
+    }
+    Ok(())
+}
+
+/// Waits for `hold` or a signal; without signals, sleeps for `hold` (or not at all).
+fn wait(signals: Option<&Signals>, hold: Option<Duration>) -> Option<Signal> {
+    match (signals, hold) {
+        (Some(s), h) => s.wait(h),
+        (None, Some(h)) => {
+            std::thread::sleep(h);
+            None
+        }
+        (None, None) => None,
+    }
+}
+
+/// `preempt --pid`: the daemon disables every channel of the process, then (unless `--detach`)
+/// this holds and asks the daemon to resume it.
+pub fn exec_pid(
+    args: &PreemptArgs,
+    g: Globals,
+    out: &mut dyn Write,
+    signals: &Signals,
+) -> Result<(), CliError> {
+    if args.schedule_only {
+        return Err(CliError::Usage(
+            "--schedule-only is not available with --pid".into(),
+        ));
+    }
+    let pid = args.targets.pid.expect("dispatched on pid");
+    let gpu = args.targets.gpu.as_ref().map(|g| g.to_string());
+    // A held preemption gets a daemon-side limit too, so a killed valvectl cannot leave
+    // the process frozen for longer than it asked for.
+    let max_hold_ms = args
+        .hold
+        .map(|h| (h + Duration::from_secs(1)).as_millis() as u64);
+    let data = daemon_call(
+        g.socket,
+        &Request::Preempt {
+            pid,
+            gpu,
+            max_hold_ms: if args.detach { None } else { max_hold_ms },
+        },
+    )?;
+    if args.detach {
+        if g.json {
+            writeln!(
+                out,
+                "{}",
+                json!({"preempted": data, "resume_command": format!("valvectl resume --pid {pid}")})
+            )?;
+        } else {
+            writeln!(out, "preempted pid {pid}: {} channel(s) on {} GPU(s); it stays frozen until `valvectl resume --pid {pid}`", data["channels"], data["gpus"])?;
+        }
+        return Ok(());
+    }
+    if !g.json {
+        writeln!(
+            out,
+            "preempted pid {pid}: {} channel(s) on {} GPU(s){}",
+            data["channels"],
+            data["gpus"],
+            match args.hold {
+                Some(d) => format!(", holding for {d:?}"),
+                None => "; Ctrl-C or SIGTERM resumes it".into(),
+            }
+        )?;
+        out.flush()?;
+    }
+    let signal = signals.wait(args.hold);
+    let resumed = resume_pid(g, pid)?;
+    if g.json {
+        writeln!(
+            out,
+            "{}",
+            json!({"preempt": data, "resume": resumed, "ended_by": signal.map(|s| s.as_str()).unwrap_or("timer")})
+        )?;
+    } else {
+        writeln!(out, "resumed pid {pid}")?;
+    }
+    Ok(())
+}
+
+/// Asks the daemon to resume `pid` at the end of a hold.
+fn resume_pid(g: Globals, pid: u32) -> Result<serde_json::Value, CliError> {
+    match daemon_call(g.socket, &Request::Resume { pid }) {
+        Ok(v) => Ok(v),
+        // The daemon's own limit may have resumed it first.
+        Err(CliError::Daemon(8, m)) if m.contains("not preempted") => {
+            Ok(json!({"note": "already resumed by the daemon"}))
+        }
+        Err(e) => Err(e),
+    }
+}

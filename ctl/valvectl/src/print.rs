@@ -1,0 +1,219 @@
+//! Printing helpers: the human-readable tables and lines of `gpus`, `ps`, `status`, `gate` and
+//! the disable/enable reports; `--json` output is written by the commands themselves.
+
+use std::io::Write;
+
+use valve::controller::BatchReport;
+use valve::driver::DriverInfo;
+use valve::gpu::GpuInfo;
+
+/// A disable or enable report: per GPU, then the total.
+pub fn batch(out: &mut dyn Write, what: &str, rep: &BatchReport) -> std::io::Result<()> {
+    for g in &rep.gpus {
+        writeln!(
+            out,
+            "  {what} GPU {}: {} channel(s), ioctl {:.0} us (started +{:.0} us)",
+            g.gpu,
+            g.channels,
+            g.ioctl.as_secs_f64() * 1e6,
+            g.start_offset.as_secs_f64() * 1e6
+        )?;
+    }
+    writeln!(
+        out,
+        "  {what} total: {:.0} us",
+        rep.wall.as_secs_f64() * 1e6
+    )
+}
+
+/// The `valvectl ps` table of the daemon's `ps` reply.
+pub fn processes(out: &mut dyn Write, data: &serde_json::Value) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} STATE",
+        "PID", "COMM", "GPU", "CLIENT", "TSGS", "CHANNELS"
+    )?;
+    for p in data["processes"].as_array().into_iter().flatten() {
+        // serde_json values ignore width specifiers: format them as strings first.
+        let pid = p["pid"].to_string();
+        if p["discoverable"] == false {
+            writeln!(
+                out,
+                "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} {}",
+                pid,
+                p["comm"].as_str().unwrap_or(""),
+                "-",
+                "-",
+                "-",
+                "-",
+                p["note"].as_str().unwrap_or("")
+            )?;
+            continue;
+        }
+        let state = if p["preempted"] == true {
+            "PREEMPTED"
+        } else {
+            "running"
+        };
+        for g in p["gpus"].as_array().into_iter().flatten() {
+            let gpu = g["gpu"]
+                .as_u64()
+                .map(|i| i.to_string())
+                .unwrap_or("?".into());
+            writeln!(
+                out,
+                "{:<8} {:<16} {:<4} {:<11} {:<5} {:<9} {state}",
+                pid,
+                p["comm"].as_str().unwrap_or(""),
+                gpu,
+                g["client"].as_str().unwrap_or(""),
+                g["tsgs"].as_array().map(|t| t.len()).unwrap_or(0),
+                g["channels"].to_string()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The daemon's `status` reply as two lines.
+pub fn daemon_status(out: &mut dyn Write, data: &serde_json::Value) -> std::io::Result<()> {
+    writeln!(out, "daemon up {:.0} s, {} RM events seen, {} GPU process(es) known, preempted pids: {}, max hold: {}",
+        data["uptime_s"].as_f64().unwrap_or(0.0), data["events"], data["processes"], data["preempted"],
+        data["max_hold_ms"].as_u64().map(|m| format!("{m} ms")).unwrap_or("none".into()))?;
+    writeln!(
+        out,
+        "state file: {}",
+        data["state_file"].as_str().unwrap_or("")
+    )
+}
+
+/// The GPUs as `valvectl gpus` prints them, after the driver's version if it can be read.
+pub fn gpus(
+    out: &mut dyn Write,
+    driver: Option<&DriverInfo>,
+    gpus: &[GpuInfo],
+) -> std::io::Result<()> {
+    if let Some(d) = driver {
+        writeln!(
+            out,
+            "driver {} ({})",
+            d.version,
+            if d.open_module {
+                "open kernel module"
+            } else {
+                "proprietary"
+            }
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<4} {:<28} {:<13} {:<6} {:<12} UUID",
+        "IDX", "NAME", "PCI BUS ID", "MINOR", "RM-INSTANCE"
+    )?;
+    for g in gpus {
+        writeln!(
+            out,
+            "{:<4} {:<28} {:<13} {:<6} {:<12} {}",
+            g.index, g.name, g.pci_bus_id, g.minor, g.device_instance, g.uuid
+        )?;
+    }
+    Ok(())
+}
+
+/// The gate's status as a few human lines.
+pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Result<()> {
+    if v["running"] != true {
+        writeln!(out, "gate: not running")?;
+        if v.get("preemptions").is_none() {
+            return Ok(());
+        }
+    } else {
+        let who = |pids: &serde_json::Value, label: &serde_json::Value| {
+            let mut s = pids.to_string();
+            if let Some(l) = label.as_str() {
+                s.push_str(&format!(" (label {l})"));
+            }
+            s
+        };
+        writeln!(
+            out,
+            "gate: running; offline {}{}",
+            if v["preempted"] == true {
+                "PREEMPTED"
+            } else {
+                "running"
+            },
+            if v["pinned"] == true {
+                " (held by a busy signal)"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            out,
+            "online pids {}; offline pids {}: {} channel(s) on {} GPU(s)",
+            who(&v["online_pids"], &v["online_label"]),
+            who(&v["offline_pids"], &v["offline_label"]),
+            v["offline_channels"],
+            v["offline_gpus"]
+        )?;
+    }
+    let f = |k: &str, p: &str| v[k][p].as_f64().unwrap_or(0.0);
+    writeln!(
+        out,
+        "preemptions {}, resumes {}, online edges {}, offline preempted {:.2} s in all; cooldown now {:.2} ms",
+        v["preemptions"],
+        v["resumes"],
+        v["edges"],
+        v["preempted_s"].as_f64().unwrap_or(0.0),
+        v["cooldown_us"].as_f64().unwrap_or(0.0) / 1e3
+    )?;
+    writeln!(
+        out,
+        "disable p50/p99 {:.0}/{:.0} us, enable {:.0}/{:.0} us, online launch -> offline stopped {:.0}/{:.0} us",
+        f("disable_us", "p50_us"),
+        f("disable_us", "p99_us"),
+        f("enable_us", "p50_us"),
+        f("enable_us", "p99_us"),
+        f("edge_to_disable_us", "p50_us"),
+        f("edge_to_disable_us", "p99_us")
+    )?;
+    if let Some(e) = v["last_error"].as_str() {
+        writeln!(out, "errors {}, latest: {e}", v["errors"])?;
+    }
+    if let Some(n) = v["note"].as_str() {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_status_prints_what_an_operator_needs() {
+        let v = serde_json::json!({"running": true, "preempted": true, "pinned": false,
+            "online_pids": [10], "online_label": null, "offline_pids": [20, 21],
+            "offline_label": "batch", "offline_channels": 40, "offline_gpus": 2,
+            "preemptions": 7, "resumes": 6, "edges": 90, "preempted_s": 1.5, "cooldown_us": 4200.0,
+            "disable_us": {"p50_us": 650.0, "p99_us": 700.0},
+            "enable_us": {"p50_us": 400.0, "p99_us": 450.0},
+            "edge_to_disable_us": {"p50_us": 700.0, "p99_us": 800.0}, "errors": 0,
+            "last_error": null});
+        let mut out = Vec::new();
+        gate_status(&mut out, &v).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("offline PREEMPTED"), "{text}");
+        assert!(
+            text.contains("[20,21] (label batch): 40 channel(s) on 2 GPU(s)"),
+            "{text}"
+        );
+        assert!(text.contains("preemptions 7, resumes 6"), "{text}");
+        assert!(text.contains("cooldown now 4.20 ms"), "{text}");
+        assert!(text.contains("stopped 700/800 us"), "{text}");
+        let mut out = Vec::new();
+        gate_status(&mut out, &serde_json::json!({"running": false})).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "gate: not running\n");
+    }
+}
