@@ -223,6 +223,13 @@ fn multi_gpu_process(
     result
 }
 
+/// Where the experiment's daemon keeps its socket, state and log.
+struct DaemonFiles {
+    sock: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+}
+
 /// Runs the discovery experiment.
 pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report) -> Result<()> {
     r.line("\n## Discovery: the eBPF daemon, `ps`, `preempt --pid`, crash recovery\n");
@@ -232,15 +239,51 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
     }
     let dir = PathBuf::from(format!("/tmp/valve-discovery-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (sock, state, log) = (
-        dir.join("valve.sock"),
-        dir.join("state"),
-        out.join("daemon.log"),
-    );
+    let f = DaemonFiles {
+        sock: dir.join("valve.sock"),
+        state: dir.join("state"),
+        log: out.join("daemon.log"),
+    };
+    let g0 = &gpus[0];
+    context_creation_cost(bins, g0, vc, &f, r)?;
+    let t0 = Instant::now();
+    let daemon = Daemon::start(vc, &f.sock, &f.state, &f.log)?;
+    r.line(&format!(
+        "Daemon answering {:.0} ms after start.",
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
+    let (a, b, c) = start_hogs(bins, gpus)?;
+    std::thread::sleep(Duration::from_millis(300));
+    registry_checks(vc, &f.sock, &a, &b, c.as_ref(), r)?;
+
+    if gpus.len() > 1 {
+        multi_gpu_process(bins, gpus, vc, &f.sock, &dir, r)?;
+    }
+
+    preempt_checks(vc, &f.sock, &a, &b, r)?;
+    let daemon2 = crash_recovery(daemon, vc, &f, &a, &b, r)?;
+    daemon2.stop()?;
+    let mut ok = true;
+    for h in [Some(a), Some(b), c].into_iter().flatten() {
+        ok &= h.finish()?["checksum_ok"].as_bool() == Some(true);
+    }
+    r.check("discovery hogs' checksums correct", ok, String::new());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// What the daemon costs a CUDA process: context creation without and with it.
+fn context_creation_cost(
+    bins: &Bins,
+    g0: &GpuInfo,
+    vc: &Path,
+    f: &DaemonFiles,
+    r: &mut Report,
+) -> Result<()> {
     // CUDA context creation without and with the daemon watching, interleaved (the daemon is
     // started and stopped between samples) so that drift hits both alike.
     let init = || -> Result<f64> {
-        let v = run_online(bins, &gpus[0], &["--count", "1", "--think-us", "0"])?;
+        let v = run_online(bins, g0, &["--count", "1", "--think-us", "0"])?;
         v["context_init_us"]
             .as_f64()
             .context("online printed no context_init_us")
@@ -248,7 +291,7 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for _ in 0..30 {
         without.push(init()?);
-        let d = Daemon::start(vc, &sock, &state, &log)?;
+        let d = Daemon::start(vc, &f.sock, &f.state, &f.log)?;
         with.push(init()?);
         d.stop()?;
     }
@@ -271,12 +314,12 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
             without.p50_us
         ),
     );
-    let t0 = Instant::now();
-    let daemon = Daemon::start(vc, &sock, &state, &log)?;
-    r.line(&format!(
-        "Daemon answering {:.0} ms after start.",
-        t0.elapsed().as_secs_f64() * 1e3
-    ));
+    Ok(())
+}
+
+/// Hogs A and B on GPU 0 (the same RM handles, other clients), and C on the last GPU with
+/// CUDA_VISIBLE_DEVICES reordered if there are several GPUs.
+fn start_hogs(bins: &Bins, gpus: &[GpuInfo]) -> Result<(Hog, Hog, Option<Hog>)> {
     let g0 = &gpus[0];
     let a = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
     let b = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "2"])?;
@@ -293,20 +336,31 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
         }
         _ => None,
     };
-    std::thread::sleep(Duration::from_millis(300));
+    Ok((a, b, c))
+}
+
+/// `valvectl ps`, and the daemon's registry against the ioctl logger's ground truth.
+fn registry_checks(
+    vc: &Path,
+    sock: &Path,
+    a: &Hog,
+    b: &Hog,
+    c: Option<&Hog>,
+    r: &mut Report,
+) -> Result<()> {
     let text = Command::new(vc)
         .arg("--socket")
-        .arg(&sock)
+        .arg(sock)
         .arg("ps")
         .output()?;
     r.line(&format!(
         "```\n$ valvectl ps\n{}```",
         String::from_utf8_lossy(&text.stdout)
     ));
-    let (_, ps, _) = vc_json(vc, &sock, &["ps"])?;
+    let (_, ps, _) = vc_json(vc, sock, &["ps"])?;
     let mut hogs: Vec<(&str, &Hog)> =
-        vec![("hog A (GPU 0)", &a), ("hog B (GPU 0, same handles)", &b)];
-    if let Some(c) = &c {
+        vec![("hog A (GPU 0)", a), ("hog B (GPU 0, same handles)", b)];
+    if let Some(c) = c {
         hogs.push(("hog C (last GPU, CUDA_VISIBLE_DEVICES reordered)", c));
     }
     for (name, h) in &hogs {
@@ -322,14 +376,14 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
             ),
         );
     }
+    Ok(())
+}
 
-    if gpus.len() > 1 {
-        multi_gpu_process(bins, gpus, vc, &sock, &dir, r)?;
-    }
-
+/// `preempt --pid` freezes exactly that process; a missing pid is a named error.
+fn preempt_checks(vc: &Path, sock: &Path, a: &Hog, b: &Hog, r: &mut Report) -> Result<()> {
     let (rc, data, err) = vc_json(
         vc,
-        &sock,
+        sock,
         &["preempt", "--pid", &a.pid().to_string(), "--detach"],
     )?;
     r.check(
@@ -350,21 +404,33 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
         format!("A frozen {a_frozen}, B running {b_runs}"),
     );
 
-    let (rc, _, err) = vc_json(vc, &sock, &["preempt", "--pid", "999999"])?;
+    let (rc, _, err) = vc_json(vc, sock, &["preempt", "--pid", "999999"])?;
     r.check(
         "preempt --pid of a missing process: exit 8, named error",
         rc == 8 && err.contains("no such process"),
         err.trim().to_string(),
     );
 
+    Ok(())
+}
+
+/// SIGKILLs the daemon while A is preempted: A must stay frozen until the restart re-enables
+/// it, and the restarted daemon must still know A and B. Returns the restarted daemon.
+fn crash_recovery(
+    mut daemon: Daemon,
+    vc: &Path,
+    f: &DaemonFiles,
+    a: &Hog,
+    b: &Hog,
+    r: &mut Report,
+) -> Result<Daemon> {
     // SIGKILL the daemon while A is preempted; A must stay frozen until the restart re-enables it.
-    let mut daemon = daemon;
     daemon.child.kill()?;
     daemon.child.wait()?;
     let still = frozen_for(&a.hb, Duration::from_millis(200));
     let before = a.hb.counter(0);
     let t_restart = Instant::now();
-    let daemon2 = Daemon::start(vc, &sock, &state, &log)?;
+    let daemon2 = Daemon::start(vc, &f.sock, &f.state, &f.log)?;
     let mut resumed_after = None;
     while t_restart.elapsed() < Duration::from_secs(5) {
         if a.hb.counter(0) != before {
@@ -381,25 +447,17 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
             resumed_after.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3)).unwrap_or("NEVER".into())
         ),
     );
-    let (_, ps2, _) = vc_json(vc, &sock, &["ps"])?;
-    let kept =
-        from_ps(&ps2, a.pid()) == Some(truth(&a)) && from_ps(&ps2, b.pid()) == Some(truth(&b));
+    let (_, ps2, _) = vc_json(vc, &f.sock, &["ps"])?;
+    let kept = from_ps(&ps2, a.pid()) == Some(truth(a)) && from_ps(&ps2, b.pid()) == Some(truth(b));
     r.check(
         "the restarted daemon still knows the processes started before it (registry journal)",
         kept,
         format!("A and B listed with all their channels after the restart: {kept}"),
     );
-    let (_, status, _) = vc_json(vc, &sock, &["status"])?;
+    let (_, status, _) = vc_json(vc, &f.sock, &["status"])?;
     r.line(&format!(
         "Restarted daemon's status: recovered_at_start = {}, recovery_failures = {}, restored_from_journal = {}.",
         status["recovered_at_start"], status["recovery_failures"], status["restored_from_journal"]
     ));
-    daemon2.stop()?;
-    let mut ok = true;
-    for h in [Some(a), Some(b), c].into_iter().flatten() {
-        ok &= h.finish()?["checksum_ok"].as_bool() == Some(true);
-    }
-    r.check("discovery hogs' checksums correct", ok, String::new());
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    Ok(daemon2)
 }

@@ -509,6 +509,23 @@ pub fn run(bins: &Bins, g0: &GpuInfo, vc: &Path, out: &Path, r: &mut Report) -> 
     res
 }
 
+/// What the benchmark measured, before it is judged.
+struct Measured {
+    /// Online alone.
+    alone: Outcome,
+    /// Channels the daemon lists for the hog.
+    channels: usize,
+    /// The hog's rate alone (slot-0 iterations/s) before and after the configurations.
+    rate_before: f64,
+    rate_after: f64,
+    /// The three configurations with the hog.
+    with_hog: Vec<Result<Outcome>>,
+    signals: Signals,
+    /// The hog was found frozen at the end and had to be resumed.
+    rescued: bool,
+    hog_result: Value,
+}
+
 fn experiment(
     bins: &Bins,
     g0: &GpuInfo,
@@ -517,6 +534,46 @@ fn experiment(
     out: &Path,
     r: &mut Report,
 ) -> Result<()> {
+    let Measured {
+        alone,
+        channels,
+        rate_before,
+        rate_after,
+        with_hog,
+        signals,
+        rescued,
+        hog_result,
+    } = measure(bins, g0, vc, dir, out)?;
+    let (rows, sv) = rows_of(alone, with_hog, (rate_before + rate_after) / 2.0);
+    report_table(r, &rows, &sv, channels, (rate_before, rate_after));
+    gate_checks(r, &rows, &sv, rescued);
+    signal_checks(r, &signals);
+    let checksum_ok =
+        hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
+    r.check(
+        "gate benchmark: hog checksum correct after all gate preemptions",
+        checksum_ok,
+        hog_result.to_string(),
+    );
+    r.json.insert(
+        "gate".into(),
+        json!({
+            "serving_args": SERVING_ARGS,
+            "hog_channels": channels,
+            "hog_rate_per_s": {"before": rate_before, "after": rate_after},
+            "configurations": rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "hog": hog_result,
+            "targets": {"max_p99_increase_pct": MAX_P99_INCREASE_PCT,
+                        "max_preemptions_per_request": MAX_PREEMPTIONS_PER_REQUEST,
+                        "min_harvest": MIN_HARVEST},
+        }),
+    );
+    Ok(())
+}
+
+/// Online alone, then the hog under each configuration, then busy/idle signals and labels;
+/// the daemon runs throughout, and the hog is never left frozen.
+fn measure(bins: &Bins, g0: &GpuInfo, vc: &Path, dir: &Path, out: &Path) -> Result<Measured> {
     let (sock, state) = (dir.join("valve.sock"), dir.join("state"));
     let daemon = Daemon::start(vc, &sock, &state, &out.join("gate-daemon.log"))?;
     let ctx = Ctx {
@@ -549,14 +606,28 @@ fn experiment(
     drop(sampler);
     let hog_result = hog.finish();
     let daemon_stop = daemon.stop();
-    let (channels, rate_before, rate_after, rows) = with_hog?;
+    let (channels, rate_before, rate_after, with_hog) = with_hog?;
     let hog_result = hog_result?;
     daemon_stop?;
     let signals = signals?;
 
+    Ok(Measured {
+        alone,
+        channels,
+        rate_before,
+        rate_after,
+        with_hog,
+        signals,
+        rescued,
+        hog_result,
+    })
+}
+
+/// One row per configuration (online alone first), and online alone's serving summary; `rate`
+/// is the hog's rate alone.
+fn rows_of(alone: Outcome, with_hog: Vec<Result<Outcome>>, rate: f64) -> (Vec<Row>, Value) {
     let alone_row = Row::new("online alone", Ok(alone), None, 1.0);
     let a = alone_row.outcome.as_ref().map(|o| o.serving.clone());
-    let rate = (rate_before + rate_after) / 2.0;
     let names = [
         "no control (time-slicing)",
         "preempt on every launch, resume at once (--fixed-cooldown 0ms)",
@@ -564,13 +635,26 @@ fn experiment(
     ];
     let rows: Vec<Row> = std::iter::once(alone_row)
         .chain(
-            rows.into_iter()
+            with_hog
+                .into_iter()
                 .zip(names)
                 .map(|(res, name)| Row::new(name, res, a.as_ref(), rate)),
         )
         .collect();
 
     let sv = a.clone().unwrap_or(Value::Null);
+    (rows, sv)
+}
+
+/// The serving table (`channels`: the hog's; its rate alone before and after) and the gate's
+/// own numbers; a failed check per configuration that did not run.
+fn report_table(
+    r: &mut Report,
+    rows: &[Row],
+    sv: &Value,
+    channels: usize,
+    (rate_before, rate_after): (f64, f64),
+) {
     r.line(&format!(
         "GPU 0. Online client (`serving`): open-loop Poisson arrivals at {} requests/s for {} s (seed {}, the same arrivals in every configuration); each request is one {} us prefill kernel, then {} decode iterations of {} back-to-back {} us kernels with {} us of host think time between iterations; {} blocks per kernel. Two unrecorded settle requests, each followed by 250 ms idle, precede the measured window. Offline: the persistent hog (every SM full), {} channels, started after the daemon and found by it; its progress alone: {:.0} slot-0 iterations/s before the runs, {:.0} after.",
         sv["rate"], sv["duration_s"], sv["seed"], sv["prefill_us"], sv["decode_iters"], sv["decode_kernels"],
@@ -578,7 +662,7 @@ fn experiment(
     ));
     r.line("");
     r.line("| configuration | requests | latency p50 / p99 / max (ms) | p99 increase vs alone | preemptions/request | idle time harvested |\n|---|---|---|---|---|---|");
-    for row in &rows {
+    for row in rows {
         r.line(&row.cells());
     }
     r.line("\nLatency counts from each request's scheduled arrival to the end of its last decode iteration. Idle time harvested = the hog's progress in the serving window (in seconds of GPU time at its rate alone) / the window's online-idle time (window minus the sum of request service times). Under no control the hog also runs while online is busy (time-slicing), so its share can exceed 100%; it is reported raw. With ~100 requests, p99 is the second-largest latency.");
@@ -588,7 +672,7 @@ fn experiment(
             r.line(&l);
         }
     }
-    for row in &rows {
+    for row in rows {
         if let Some(e) = &row.error {
             r.check(
                 &format!("gate benchmark: '{}' ran", row.name),
@@ -597,7 +681,10 @@ fn experiment(
             );
         }
     }
+}
 
+/// The gate's targets: p99 increase, preemptions per request, harvest, offline resumed.
+fn gate_checks(r: &mut Report, rows: &[Row], sv: &Value, rescued: bool) {
     let gate = &rows[3];
     let (p99i, per_req, harvest) = (
         gate.p99_increase_pct,
@@ -613,7 +700,7 @@ fn experiment(
                 .as_ref()
                 .map(|o| f(&o.serving, "p99_us") / 1e3)
                 .unwrap_or(f64::NAN),
-            f(&sv, "p99_us") / 1e3
+            f(sv, "p99_us") / 1e3
         ),
     );
     r.check(
@@ -653,6 +740,10 @@ fn experiment(
             }
         ),
     );
+}
+
+/// `gate start --offline-label`, `gate busy` and `gate idle`.
+fn signal_checks(r: &mut Report, signals: &Signals) {
     r.line(&format!(
         "\nSignals and labels: `valvectl gate start --online <valve-hwtest> --offline-label {HOG_LABEL}` gated offline pid(s) {:?} (the hog is pid {}); after `valvectl gate busy` the hog's heartbeat was seen still (20 ms without a change, which includes starting valvectl) {:.0} ms after the command started, and it stayed frozen for {} ms with no online launches; `valvectl gate idle` resumed it.",
         signals.offline_pids, signals.hog_pid, signals.busy_to_frozen_ms, SIGNAL_HOLD.as_millis()
@@ -670,27 +761,6 @@ fn experiment(
             signals.frozen, signals.held, signals.resumed
         ),
     );
-    let checksum_ok =
-        hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
-    r.check(
-        "gate benchmark: hog checksum correct after all gate preemptions",
-        checksum_ok,
-        hog_result.to_string(),
-    );
-    r.json.insert(
-        "gate".into(),
-        json!({
-            "serving_args": SERVING_ARGS,
-            "hog_channels": channels,
-            "hog_rate_per_s": {"before": rate_before, "after": rate_after},
-            "configurations": rows.iter().map(Row::json).collect::<Vec<_>>(),
-            "hog": hog_result,
-            "targets": {"max_p99_increase_pct": MAX_P99_INCREASE_PCT,
-                        "max_preemptions_per_request": MAX_PREEMPTIONS_PER_REQUEST,
-                        "min_harvest": MIN_HARVEST},
-        }),
-    );
-    Ok(())
 }
 
 /// Channels the daemon lists for the hog, its rate alone before and after, and the three

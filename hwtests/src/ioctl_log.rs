@@ -65,10 +65,34 @@ pub struct ProcessObjects {
     pub gpus: Vec<GpuObjects>,
 }
 
+/// Per client: handle -> object.
+type Clients = HashMap<u32, HashMap<u32, Object>>;
+
 /// Builds the tree of process `pid` from logger text.
 pub fn parse(text: &str, pid: u32) -> Result<ProcessObjects> {
-    // Per client: handle -> object. Freed objects (and clients) are removed.
-    let mut clients: HashMap<u32, HashMap<u32, Object>> = HashMap::new();
+    let clients = live_objects(text, pid)?;
+    let mut best: Option<ProcessObjects> = None;
+    for (client, objs) in &clients {
+        let cand = ProcessObjects {
+            client: ClientHandle(*client),
+            gpus: gpus_of(objs),
+        };
+        let count =
+            |p: &ProcessObjects| p.gpus.iter().map(|g| g.all_channels().len()).sum::<usize>();
+        if best.as_ref().is_none_or(|b| count(&cand) > count(b)) {
+            best = Some(cand);
+        }
+    }
+    match best {
+        Some(p) if !p.gpus.is_empty() => Ok(p),
+        _ => bail!("process {pid} has no live GPU channels in the ioctl log"),
+    }
+}
+
+/// The RM objects of `pid` that are still alive at the end of the log, per client (freed
+/// objects, everything below them, and freed clients are gone).
+fn live_objects(text: &str, pid: u32) -> Result<Clients> {
+    let mut clients: Clients = HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let hex = |i: usize| -> Result<u32> {
@@ -112,72 +136,63 @@ pub fn parse(text: &str, pid: u32) -> Result<ProcessObjects> {
             _ => bail!("line {}: not a logger line: {line}", n + 1),
         }
     }
+    Ok(clients)
+}
+
+/// One client's channels per GPU (RM device instance), grouped into their TSGs, with whether
+/// each has a compute object; GPUs in instance order.
+fn gpus_of(objs: &HashMap<u32, Object>) -> Vec<GpuObjects> {
     let is_channel = |c: u32| CHANNEL_GPFIFO_CLASSES.contains(&c);
-    let mut best: Option<ProcessObjects> = None;
-    for (client, objs) in &clients {
-        let device_of = |mut h: u32| -> Option<u32> {
-            for _ in 0..8 {
-                let o = objs.get(&h)?;
-                if o.class == NV01_DEVICE_0 {
-                    return o.extra;
-                }
-                h = o.parent;
+    let device_of = |mut h: u32| -> Option<u32> {
+        for _ in 0..8 {
+            let o = objs.get(&h)?;
+            if o.class == NV01_DEVICE_0 {
+                return o.extra;
             }
-            None
-        };
-        let mut handles: Vec<&u32> = objs.keys().collect();
-        handles.sort();
-        let mut gpus: Vec<GpuObjects> = Vec::new();
-        for &h in handles {
-            let o = &objs[&h];
-            if !is_channel(o.class) {
-                continue;
-            }
-            let Some(inst) = device_of(h) else { continue };
-            let has_compute = objs
-                .values()
-                .any(|c| c.parent == h && COMPUTE_CLASSES.contains(&c.class));
-            let gpu = match gpus.iter_mut().position(|g| g.device_instance == inst) {
-                Some(i) => &mut gpus[i],
-                None => {
-                    gpus.push(GpuObjects {
-                        device_instance: inst,
-                        tsgs: vec![],
-                        loose_channels: vec![],
-                    });
-                    gpus.last_mut().expect("pushed")
-                }
-            };
-            let parent_is_tsg = objs
-                .get(&o.parent)
-                .is_some_and(|p| p.class == KEPLER_CHANNEL_GROUP_A);
-            if parent_is_tsg {
-                match gpu.tsgs.iter_mut().find(|t| t.handle.0 == o.parent) {
-                    Some(t) => t.channels.push((ChannelHandle(h), has_compute)),
-                    None => gpu.tsgs.push(Tsg {
-                        handle: TsgHandle(o.parent),
-                        channels: vec![(ChannelHandle(h), has_compute)],
-                    }),
-                }
-            } else {
-                gpu.loose_channels.push(ChannelHandle(h));
-            }
+            h = o.parent;
         }
-        gpus.sort_by_key(|g| g.device_instance);
-        let count =
-            |p: &ProcessObjects| p.gpus.iter().map(|g| g.all_channels().len()).sum::<usize>();
-        let cand = ProcessObjects {
-            client: ClientHandle(*client),
-            gpus,
+        None
+    };
+    let mut handles: Vec<&u32> = objs.keys().collect();
+    handles.sort();
+    let mut gpus: Vec<GpuObjects> = Vec::new();
+    for &h in handles {
+        let o = &objs[&h];
+        if !is_channel(o.class) {
+            continue;
+        }
+        let Some(inst) = device_of(h) else { continue };
+        let has_compute = objs
+            .values()
+            .any(|c| c.parent == h && COMPUTE_CLASSES.contains(&c.class));
+        let gpu = match gpus.iter_mut().position(|g| g.device_instance == inst) {
+            Some(i) => &mut gpus[i],
+            None => {
+                gpus.push(GpuObjects {
+                    device_instance: inst,
+                    tsgs: vec![],
+                    loose_channels: vec![],
+                });
+                gpus.last_mut().expect("pushed")
+            }
         };
-        if best.as_ref().is_none_or(|b| count(&cand) > count(b)) {
-            best = Some(cand);
+        let parent_is_tsg = objs
+            .get(&o.parent)
+            .is_some_and(|p| p.class == KEPLER_CHANNEL_GROUP_A);
+        if parent_is_tsg {
+            match gpu.tsgs.iter_mut().find(|t| t.handle.0 == o.parent) {
+                Some(t) => t.channels.push((ChannelHandle(h), has_compute)),
+                None => gpu.tsgs.push(Tsg {
+                    handle: TsgHandle(o.parent),
+                    channels: vec![(ChannelHandle(h), has_compute)],
+                }),
+            }
+        } else {
+            gpu.loose_channels.push(ChannelHandle(h));
         }
     }
-    match best {
-        Some(p) if !p.gpus.is_empty() => Ok(p),
-        _ => bail!("process {pid} has no live GPU channels in the ioctl log"),
-    }
+    gpus.sort_by_key(|g| g.device_instance);
+    gpus
 }
 
 #[cfg(test)]

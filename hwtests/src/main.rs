@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::{json, Value};
-use valve::stats::summarize_us;
+use valve::stats::{summarize_us, Summary};
 use valve::{Controller, DriverInfo, GpuInfo};
 
 use experiments::{cycle, plan, stats, Cycle, CycleStats, LibPreempter, Preempter, RawPreempter};
@@ -76,6 +76,16 @@ struct Args {
     #[arg(long)]
     only_gate: bool,
 }
+
+impl Args {
+    /// Hold of each main-experiment cycle.
+    fn hold(&self) -> Duration {
+        Duration::from_millis(self.hold_ms)
+    }
+}
+
+/// Pause between the main experiment's cycles (the hog runs during it).
+const CYCLE_GAP: Duration = Duration::from_millis(5);
 
 pub(crate) struct Report {
     md: String,
@@ -297,79 +307,13 @@ fn main_experiment(
     // The main experiment on GPU 0.
     let hog = Hog::start(bins, g0, "persistent", &[])?;
     let poller = Poller::start(hog.hb.clone());
-    let gobj = hog
-        .objects
-        .gpus
-        .iter()
-        .find(|g| g.device_instance == g0.device_instance)
-        .expect("checked at start")
-        .clone();
-    r.line("");
-    r.line(&format!("## The hog's RM objects (learned from its ioctls)\n\nclient {}, {} channel(s) in {} TSG(s) of sizes {:?}; compute TSG {} ({} channels with compute objects); loose channels {}.",
-        hog.objects.client, gobj.all_channels().len(), gobj.tsgs.len(),
-        gobj.tsgs.iter().map(|t| t.channels.len()).collect::<Vec<_>>(),
-        gobj.compute_tsg().map(|t| t.handle.to_string()).unwrap_or_default(),
-        gobj.compute_tsg().map(|t| t.channels.iter().filter(|c| c.1).count()).unwrap_or(0),
-        gobj.loose_channels.len()));
-    r.json.insert("hog_objects".into(), json!({
-        "client": hog.objects.client.0, "tsg_sizes": gobj.tsgs.iter().map(|t| t.channels.len()).collect::<Vec<_>>(),
-        "channels": gobj.all_channels().iter().map(|c| c.0).collect::<Vec<_>>()}));
+    report_hog_objects(&hog, g0, r);
     let all = hog.targets(ChannelSet::All, g0.device_instance);
     let all_plan = plan(ctl, &all)?;
 
     // valvectl against the live hog: bench, and a wrong handle that must fail cleanly.
     if let Some(vc) = &args.valvectl {
-        let target = format!(
-            "0:{:x}:{}",
-            hog.objects.client.0,
-            all.iter()
-                .map(|t| format!("{:x}", t.channel.0))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let gpus_out = Command::new(vc).arg("gpus").output()?;
-        r.line("\n## valvectl on this host\n\n```\n$ valvectl gpus");
-        r.line(String::from_utf8_lossy(&gpus_out.stdout).trim_end());
-        let bench = Command::new(vc)
-            .args([
-                "bench", "--target", &target, "--cycles", "50", "--hold", "2ms",
-            ])
-            .output()?;
-        r.line(&format!(
-            "$ valvectl bench --target 0:<client>:<{} channels> --cycles 50 --hold 2ms",
-            all.len()
-        ));
-        r.line(String::from_utf8_lossy(&bench.stdout).trim_end());
-        let bad = Command::new(vc)
-            .args([
-                "preempt",
-                "--gpu",
-                "0",
-                "--client",
-                &format!("{:x}", hog.objects.client.0),
-                "--channel",
-                "5c00ffff",
-                "--for",
-                "10ms",
-            ])
-            .output()?;
-        let bad_err = String::from_utf8_lossy(&bad.stderr).trim().to_string();
-        r.line("$ valvectl preempt --gpu 0 --client <client> --channel 5c00ffff --for 10ms");
-        r.line(&format!(
-            "{bad_err}\n(exit code {})\n```",
-            bad.status.code().unwrap_or(-1)
-        ));
-        poller.wait_ticking(Duration::from_secs(2))?;
-        r.check(
-            "valvectl bench ran",
-            bench.status.success(),
-            format!("exit {}", bench.status),
-        );
-        r.check(
-            "valvectl rejects a wrong channel with exit 5 and leaves the hog running",
-            bad.status.code() == Some(5) && bad_err.contains("NV_ERR_"),
-            bad_err.clone(),
-        );
+        valvectl_on_live_hog(vc, &hog, &all, &poller, r)?;
     }
 
     // Online client next to the running hog, then with the hog preempted.
@@ -387,24 +331,160 @@ fn main_experiment(
     };
     println!("online with hog preempted: {online_preempted}");
 
-    // Main cycles: library and bare ioctl, interleaved in blocks of 10 so drift hits both alike.
-    let hold = Duration::from_millis(args.hold_ms);
-    let gap = Duration::from_millis(5);
+    let full = full_context_cycles(args, ctl, &hog, &poller, &all, &all_plan)?;
+    drop(poller);
+    let hog_result = hog.finish()?;
+    let checksum_ok =
+        hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
+    let four = four_blocks_per_sm(args, ctl, bins, g0)?;
+
+    let hogs = HogResults {
+        full: &hog_result,
+        checksum_ok,
+    };
+    report_preemption(args, r, &full, &hogs, &four);
+    let online = json!({"alone": online_alone, "with_hog": online_with_hog, "hog_preempted": online_preempted});
+    report_online(r, &online);
+    main_checks(args, r, device, &full, &hogs, &four, &online);
+    Ok(())
+}
+
+/// The main cycles on the full-occupancy hog: library and bare ioctl, plus one 1 s hold.
+struct FullContext {
+    /// Channels of the hog's context, all disabled at once.
+    channels: usize,
+    lib: CycleStats,
+    raw: CycleStats,
+    long: Cycle,
+    /// The library call minus the ioctl inside it, per disable call.
+    overhead_disable: Summary,
+    /// The same per enable call.
+    overhead_enable: Summary,
+}
+
+/// The same cycles on a hog with 4 resident blocks per SM (the context the hardware notes
+/// measured), and the channel-order experiment on it.
+struct FourPerSm {
+    lib: CycleStats,
+    raw: CycleStats,
+    hog: Value,
+    orders: Vec<(String, CycleStats)>,
+}
+
+/// What the full-occupancy hog reported when it finished.
+struct HogResults<'a> {
+    full: &'a Value,
+    checksum_ok: bool,
+}
+
+/// The hog's RM objects, as its ioctls showed them.
+fn report_hog_objects(hog: &Hog, g0: &GpuInfo, r: &mut Report) {
+    let gobj = hog
+        .objects
+        .gpus
+        .iter()
+        .find(|g| g.device_instance == g0.device_instance)
+        .expect("checked at start")
+        .clone();
+    r.line("");
+    r.line(&format!("## The hog's RM objects (learned from its ioctls)\n\nclient {}, {} channel(s) in {} TSG(s) of sizes {:?}; compute TSG {} ({} channels with compute objects); loose channels {}.",
+        hog.objects.client, gobj.all_channels().len(), gobj.tsgs.len(),
+        gobj.tsgs.iter().map(|t| t.channels.len()).collect::<Vec<_>>(),
+        gobj.compute_tsg().map(|t| t.handle.to_string()).unwrap_or_default(),
+        gobj.compute_tsg().map(|t| t.channels.iter().filter(|c| c.1).count()).unwrap_or(0),
+        gobj.loose_channels.len()));
+    r.json.insert("hog_objects".into(), json!({
+        "client": hog.objects.client.0, "tsg_sizes": gobj.tsgs.iter().map(|t| t.channels.len()).collect::<Vec<_>>(),
+        "channels": gobj.all_channels().iter().map(|c| c.0).collect::<Vec<_>>()}));
+}
+
+/// `valvectl gpus`, `valvectl bench` on the hog's channels, and a wrong channel handle that must
+/// fail with exit 5 and leave the hog running.
+fn valvectl_on_live_hog(
+    vc: &std::path::Path,
+    hog: &Hog,
+    all: &[valve::ChannelTarget],
+    poller: &Poller,
+    r: &mut Report,
+) -> Result<()> {
+    let target = format!(
+        "0:{:x}:{}",
+        hog.objects.client.0,
+        all.iter()
+            .map(|t| format!("{:x}", t.channel.0))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let gpus_out = Command::new(vc).arg("gpus").output()?;
+    r.line("\n## valvectl on this host\n\n```\n$ valvectl gpus");
+    r.line(String::from_utf8_lossy(&gpus_out.stdout).trim_end());
+    let bench = Command::new(vc)
+        .args([
+            "bench", "--target", &target, "--cycles", "50", "--hold", "2ms",
+        ])
+        .output()?;
+    r.line(&format!(
+        "$ valvectl bench --target 0:<client>:<{} channels> --cycles 50 --hold 2ms",
+        all.len()
+    ));
+    r.line(String::from_utf8_lossy(&bench.stdout).trim_end());
+    let bad = Command::new(vc)
+        .args([
+            "preempt",
+            "--gpu",
+            "0",
+            "--client",
+            &format!("{:x}", hog.objects.client.0),
+            "--channel",
+            "5c00ffff",
+            "--for",
+            "10ms",
+        ])
+        .output()?;
+    let bad_err = String::from_utf8_lossy(&bad.stderr).trim().to_string();
+    r.line("$ valvectl preempt --gpu 0 --client <client> --channel 5c00ffff --for 10ms");
+    r.line(&format!(
+        "{bad_err}\n(exit code {})\n```",
+        bad.status.code().unwrap_or(-1)
+    ));
+    poller.wait_ticking(Duration::from_secs(2))?;
+    r.check(
+        "valvectl bench ran",
+        bench.status.success(),
+        format!("exit {}", bench.status),
+    );
+    r.check(
+        "valvectl rejects a wrong channel with exit 5 and leaves the hog running",
+        bad.status.code() == Some(5) && bad_err.contains("NV_ERR_"),
+        bad_err.clone(),
+    );
+    Ok(())
+}
+
+/// Main cycles: library and bare ioctl, interleaved in blocks of 10 so drift hits both alike,
+/// then one 1 s hold through the library.
+fn full_context_cycles(
+    args: &Args,
+    ctl: &Controller,
+    hog: &Hog,
+    poller: &Poller,
+    all: &[valve::ChannelTarget],
+    all_plan: &valve::PreemptPlan,
+) -> Result<FullContext> {
+    let (hold, gap) = (args.hold(), CYCLE_GAP);
     let mut lib_cycles = Vec::new();
     let mut raw_cycles = Vec::new();
-    let mut raw = RawPreempter::new(ctl, &all)?;
+    let mut raw = RawPreempter::new(ctl, all)?;
     while lib_cycles.len() < args.cycles {
         let n = 10.min(args.cycles - lib_cycles.len());
-        let mut lib = LibPreempter::new(ctl, &all_plan, false);
-        lib_cycles.extend(run_cycles(&mut lib, &hog, &poller, n, hold, gap)?);
-        raw_cycles.extend(run_cycles(&mut raw, &hog, &poller, n, hold, gap)?);
+        let mut lib = LibPreempter::new(ctl, all_plan, false);
+        lib_cycles.extend(run_cycles(&mut lib, hog, poller, n, hold, gap)?);
+        raw_cycles.extend(run_cycles(&mut raw, hog, poller, n, hold, gap)?);
     }
     let long = {
-        let mut lib = LibPreempter::new(ctl, &all_plan, false);
-        cycle(&mut lib, &hog.hb, &poller, Duration::from_secs(1))?
+        let mut lib = LibPreempter::new(ctl, all_plan, false);
+        cycle(&mut lib, &hog.hb, poller, Duration::from_secs(1))?
     };
-    let lib_stats = stats(&lib_cycles);
-    let raw_stats = stats(&raw_cycles);
     // Library overhead: the library call minus the ioctl inside it, per call.
     let overhead_disable = summarize_us(
         &lib_cycles
@@ -418,54 +498,83 @@ fn main_experiment(
             .map(|c| c.enable_call_us - c.enable_ioctl_us)
             .collect::<Vec<_>>(),
     );
-    drop(poller);
-    let hog_result = hog.finish()?;
-    let checksum_ok =
-        hog_result["checksum_ok"].as_bool() == Some(true) || hog_result["checksum_ok_shm"] == 1;
+    Ok(FullContext {
+        channels: all.len(),
+        lib: stats(&lib_cycles),
+        raw: stats(&raw_cycles),
+        long,
+        overhead_disable,
+        overhead_enable,
+    })
+}
 
-    // The context the hardware notes measured: 4 resident blocks per SM (528 on an H100).
-    let (ref_lib, ref_raw, ref_hog, order_rows) = {
-        let hog4 = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "4"])?;
-        let poller4 = Poller::start(hog4.hb.clone());
-        let t4 = hog4.targets(ChannelSet::All, g0.device_instance);
-        let p4 = plan(ctl, &t4)?;
-        let mut raw4 = RawPreempter::new(ctl, &t4)?;
-        let (mut l, mut w) = (Vec::new(), Vec::new());
-        while l.len() < args.cycles {
-            let n = 10.min(args.cycles - l.len());
-            l.extend(run_cycles(
-                &mut LibPreempter::new(ctl, &p4, false),
-                &hog4,
-                &poller4,
-                n,
-                hold,
-                gap,
-            )?);
-            w.extend(run_cycles(&mut raw4, &hog4, &poller4, n, hold, gap)?);
-        }
-        drop(raw4);
-        let order_rows = channel_orders(ctl, &hog4, &poller4, g0, hold, gap)?;
-        drop(poller4);
-        (stats(&l), stats(&w), hog4.finish()?, order_rows)
-    };
-    let ref_ok = ref_hog["checksum_ok"].as_bool() == Some(true);
+/// The context the hardware notes measured: 4 resident blocks per SM (528 on an H100); library
+/// and bare ioctl interleaved as in the main cycles, then the channel orders.
+fn four_blocks_per_sm(
+    args: &Args,
+    ctl: &Controller,
+    bins: &Bins,
+    g0: &GpuInfo,
+) -> Result<FourPerSm> {
+    let (hold, gap) = (args.hold(), CYCLE_GAP);
+    let hog4 = Hog::start(bins, g0, "persistent", &["--blocks-per-sm", "4"])?;
+    let poller4 = Poller::start(hog4.hb.clone());
+    let t4 = hog4.targets(ChannelSet::All, g0.device_instance);
+    let p4 = plan(ctl, &t4)?;
+    let mut raw4 = RawPreempter::new(ctl, &t4)?;
+    let (mut l, mut w) = (Vec::new(), Vec::new());
+    while l.len() < args.cycles {
+        let n = 10.min(args.cycles - l.len());
+        l.extend(run_cycles(
+            &mut LibPreempter::new(ctl, &p4, false),
+            &hog4,
+            &poller4,
+            n,
+            hold,
+            gap,
+        )?);
+        w.extend(run_cycles(&mut raw4, &hog4, &poller4, n, hold, gap)?);
+    }
+    drop(raw4);
+    let orders = channel_orders(ctl, &hog4, &poller4, g0, hold, gap)?;
+    drop(poller4);
+    Ok(FourPerSm {
+        lib: stats(&l),
+        raw: stats(&w),
+        hog: hog4.finish()?,
+        orders,
+    })
+}
+
+/// The preemption section of the report: both contexts, the library's overhead, the 1 s hold
+/// and the channel orders.
+fn report_preemption(
+    args: &Args,
+    r: &mut Report,
+    full: &FullContext,
+    hogs: &HogResults,
+    four: &FourPerSm,
+) {
+    let (hog_result, checksum_ok) = (hogs.full, hogs.checksum_ok);
+    let (lib_stats, raw_stats, long) = (&full.lib, &full.raw, &full.long);
+    let (overhead_disable, overhead_enable) = (&full.overhead_disable, &full.overhead_enable);
     r.line(&format!("\n## Preemption of a full CUDA context ({} channels), GPU 0\n\nPersistent hog; {} cycles per path (library and bare ioctl interleaved in blocks of 10), hold {} ms, 5 ms between cycles; plus one 1 s hold. Two contexts: every SM at full occupancy ({} blocks of 256 threads), and 4 blocks per SM ({} blocks, the context the hardware notes measured).\n",
-        all.len(), args.cycles, args.hold_ms, hog_result["slots"], ref_hog["slots"]));
+        full.channels, args.cycles, args.hold_ms, hog_result["slots"], four.hog["slots"]));
     r.line(STATS_HEADER);
-    r.line(&stats_row("full occupancy: valve-ctl library", &lib_stats));
+    r.line(&stats_row("full occupancy: valve-ctl library", lib_stats));
     r.line(&stats_row(
         "full occupancy: bare ioctl (baseline)",
-        &raw_stats,
+        raw_stats,
     ));
-    r.line(&stats_row("4 blocks/SM: valve-ctl library", &ref_lib));
-    r.line(&stats_row("4 blocks/SM: bare ioctl (baseline)", &ref_raw));
+    r.line(&stats_row("4 blocks/SM: valve-ctl library", &four.lib));
+    r.line(&stats_row("4 blocks/SM: bare ioctl (baseline)", &four.raw));
     r.line(&format!("\nLibrary overhead per call (call time minus the ioctl inside it): disable p50 {:.1} us / p99 {:.1} us, enable p50 {:.1} us / p99 {:.1} us. Library minus bare-ioctl p50 (disable): {:.1} us.",
         overhead_disable.p50_us, overhead_disable.p99_us, overhead_enable.p50_us, overhead_enable.p99_us,
         lib_stats.disable_call.p50_us - raw_stats.disable_ioctl.p50_us));
     r.line(&format!("1 s hold: frozen = {}, GPU stop {:.0} us after issue, resumed {} us after enable issue. Hog checksum after {} preemptions: {}.",
         long.frozen, long.stop_us, long.resume_us.map(us).unwrap_or("NEVER".into()), 2 * args.cycles + 1, if checksum_ok { "correct" } else { "WRONG" }));
     r.line("\nDoes the order of the 20 channels in the disable list matter? Bare ioctl, 4 blocks/SM context, 60 cycles per order, interleaved in blocks of 10:\n\n| order | disable ioctl p50/p99 (us) | GPU stop p50 | enable ioctl p50 | frozen every hold |\n|---|---|---|---|---|");
-    for (name, s) in &order_rows {
+    for (name, s) in &four.orders {
         r.line(&format!(
             "| {name} | {}/{} | {} | {} | {} |",
             us(s.disable_ioctl.p50_us),
@@ -475,25 +584,41 @@ fn main_experiment(
             if s.not_frozen == 0 { "yes" } else { "NO" }
         ));
     }
-    r.json.insert("channel_orders".into(), json!(order_rows));
+    r.json.insert("channel_orders".into(), json!(four.orders));
     r.json.insert(
         "main_4_blocks_per_sm".into(),
-        json!({"library": ref_lib, "raw_ioctl": ref_raw, "hog": ref_hog}),
+        json!({"library": four.lib, "raw_ioctl": four.raw, "hog": four.hog}),
     );
     r.json.insert("main".into(), json!({"library": lib_stats, "raw_ioctl": raw_stats, "overhead_disable": overhead_disable, "overhead_enable": overhead_enable, "long_hold": long, "hog": hog_result}));
+}
 
+/// The online client's round trips alone, next to the hog, and with the hog preempted.
+fn report_online(r: &mut Report, online: &Value) {
     r.line("\n## Online client (20 us kernels, 50 us think time), GPU 0\n\n| condition | round trip p50 / p99 / max (us) |\n|---|---|");
-    r.line(&format!("| alone | {} |", online_cell(&online_alone)));
+    r.line(&format!("| alone | {} |", online_cell(&online["alone"])));
     r.line(&format!(
         "| with the hog, default time-slicing | {} |",
-        online_cell(&online_with_hog)
+        online_cell(&online["with_hog"])
     ));
     r.line(&format!(
         "| with the hog preempted by Valve | {} |",
-        online_cell(&online_preempted)
+        online_cell(&online["hog_preempted"])
     ));
-    r.json.insert("online".into(), json!({"alone": online_alone, "with_hog": online_with_hog, "hog_preempted": online_preempted}));
+    r.json.insert("online".into(), online.clone());
+}
 
+/// The main experiment's pass/fail checks; `online` holds the online client's three runs.
+fn main_checks(
+    args: &Args,
+    r: &mut Report,
+    device: &str,
+    full: &FullContext,
+    hogs: &HogResults,
+    four: &FourPerSm,
+    online: &Value,
+) {
+    let (lib_stats, raw_stats, long) = (&full.lib, &full.raw, &full.long);
+    let (ref_lib, ref_raw) = (&four.lib, &four.raw);
     r.check(
         "every hold froze the hog (all slots and copies)",
         lib_stats.not_frozen + raw_stats.not_frozen == 0 && long.frozen,
@@ -515,21 +640,21 @@ fn main_experiment(
     );
     r.check(
         "hog checksum equals the unpreempted result",
-        checksum_ok,
-        hog_result.to_string(),
+        hogs.checksum_ok,
+        hogs.full.to_string(),
     );
     r.check(
         "library overhead <= 5 us per call",
-        overhead_disable.p50_us <= 5.0 && overhead_enable.p50_us <= 5.0,
+        full.overhead_disable.p50_us <= 5.0 && full.overhead_enable.p50_us <= 5.0,
         format!(
             "disable {:.2} us, enable {:.2} us (p50)",
-            overhead_disable.p50_us, overhead_enable.p50_us
+            full.overhead_disable.p50_us, full.overhead_enable.p50_us
         ),
     );
     r.check(
         &format!(
             "full-context ({} channels) disable ioctl p50 <= 650 us, context of the notes (4 blocks/SM)",
-            all.len()
+            full.channels
         ),
         ref_lib.disable_ioctl.p50_us <= 650.0,
         format!(
@@ -537,20 +662,21 @@ fn main_experiment(
             ref_lib.disable_ioctl.p50_us, lib_stats.disable_ioctl.p50_us
         ),
     );
+    let ref_ok = four.hog["checksum_ok"].as_bool() == Some(true);
     r.check(
         "4 blocks/SM hog: every hold frozen, checksum correct",
         ref_lib.not_frozen + ref_raw.not_frozen == 0 && ref_ok,
-        ref_hog.to_string(),
+        four.hog.to_string(),
     );
-    let p99_alone = online_alone["p99_us"].as_f64().unwrap_or(f64::NAN);
-    let p99_pre = online_preempted["p99_us"].as_f64().unwrap_or(f64::NAN);
+    let p99_alone = online["alone"]["p99_us"].as_f64().unwrap_or(f64::NAN);
+    let p99_pre = online["hog_preempted"]["p99_us"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
     r.check(
         "online p99 with the hog preempted <= 1.5x alone",
         p99_pre <= 1.5 * p99_alone,
         format!("{p99_pre:.0} us vs {p99_alone:.0} us alone"),
     );
-
-    Ok(())
 }
 
 /// The same 20 channels in four orders (the library sorts by handle), bare ioctl: does GSP's
@@ -618,7 +744,7 @@ fn channel_orders(
 
 /// Which channel sets freeze which workloads, and what each costs.
 fn subsets(args: &Args, ctl: &Controller, bins: &Bins, g0: &GpuInfo, r: &mut Report) -> Result<()> {
-    let workloads: [(&str, &str, &[&str]); 6] = [
+    let workloads: [Workload; 6] = [
         ("persistent", "persistent", &[]),
         (
             "persistent, every block polling host memory (--sysmem-poll)",
@@ -641,49 +767,11 @@ fn subsets(args: &Args, ctl: &Controller, bins: &Bins, g0: &GpuInfo, r: &mut Rep
     r.line("| workload | channel set | channels | frozen every hold | checksum | disable ioctl p50/p99 | stop p50/p99 | enable ioctl p50 | resume p50/p99 |\n|---|---|---|---|---|---|---|---|---|");
     let mut sufficient = std::collections::BTreeMap::<String, bool>::new();
     let mut rows = Vec::new();
-    for (label, mode, extra) in workloads {
-        let hog = match Hog::start(bins, g0, mode, extra).or_else(|e| {
-            println!("retrying once after: {e:#}");
-            Hog::start(bins, g0, mode, extra)
-        }) {
-            Ok(h) => h,
-            Err(e) => {
-                r.check(
-                    &format!("workload '{label}' starts"),
-                    false,
-                    format!("{e:#}"),
-                );
-                continue;
-            }
+    for workload in workloads {
+        let label = workload.0;
+        let Some((cells, ok)) = subset_cells(args, ctl, bins, g0, workload, r)? else {
+            continue;
         };
-        let poller = Poller::start(hog.hb.clone());
-        let mut cells = Vec::new();
-        for set in ChannelSet::ALL {
-            let targets = hog.targets(set, g0.device_instance);
-            if targets.is_empty() {
-                continue;
-            }
-            let p = plan(ctl, &targets)?;
-            let mut lib = LibPreempter::new(ctl, &p, false);
-            let mut cs = run_cycles(
-                &mut lib,
-                &hog,
-                &poller,
-                args.subset_cycles,
-                Duration::from_millis(20),
-                Duration::from_millis(5),
-            )?;
-            cs.push(cycle(
-                &mut lib,
-                &hog.hb,
-                &poller,
-                Duration::from_millis(300),
-            )?);
-            cells.push((set, targets.len(), stats(&cs)));
-        }
-        drop(poller);
-        let res = hog.finish()?;
-        let ok = res["checksum_ok"].as_bool() == Some(true);
         for (set, n, s) in cells {
             let frozen = s.not_frozen == 0 && s.not_resumed == 0;
             *sufficient.entry(format!("{set:?}")).or_insert(true) &= frozen && ok;
@@ -720,6 +808,68 @@ fn subsets(args: &Args, ctl: &Controller, bins: &Bins, g0: &GpuInfo, r: &mut Rep
         json!({"rows": rows, "sufficient": sufficient}),
     );
     Ok(())
+}
+
+/// A subset-experiment workload: its label, the hog's mode and extra arguments.
+type Workload<'a> = (&'a str, &'a str, &'a [&'a str]);
+
+/// Per channel set: the channels named and the cycles' statistics; and whether the hog's
+/// checksum was right.
+type SubsetCells = (Vec<(ChannelSet, usize, CycleStats)>, bool);
+
+/// Starts one workload (retrying once) and runs every channel set against it. `None` if it did
+/// not start (a failed check says so).
+fn subset_cells(
+    args: &Args,
+    ctl: &Controller,
+    bins: &Bins,
+    g0: &GpuInfo,
+    (label, mode, extra): Workload,
+    r: &mut Report,
+) -> Result<Option<SubsetCells>> {
+    let hog = match Hog::start(bins, g0, mode, extra).or_else(|e| {
+        println!("retrying once after: {e:#}");
+        Hog::start(bins, g0, mode, extra)
+    }) {
+        Ok(h) => h,
+        Err(e) => {
+            r.check(
+                &format!("workload '{label}' starts"),
+                false,
+                format!("{e:#}"),
+            );
+            return Ok(None);
+        }
+    };
+    let poller = Poller::start(hog.hb.clone());
+    let mut cells = Vec::new();
+    for set in ChannelSet::ALL {
+        let targets = hog.targets(set, g0.device_instance);
+        if targets.is_empty() {
+            continue;
+        }
+        let p = plan(ctl, &targets)?;
+        let mut lib = LibPreempter::new(ctl, &p, false);
+        let mut cs = run_cycles(
+            &mut lib,
+            &hog,
+            &poller,
+            args.subset_cycles,
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+        )?;
+        cs.push(cycle(
+            &mut lib,
+            &hog.hb,
+            &poller,
+            Duration::from_millis(300),
+        )?);
+        cells.push((set, targets.len(), stats(&cs)));
+    }
+    drop(poller);
+    let res = hog.finish()?;
+    let ok = res["checksum_ok"].as_bool() == Some(true);
+    Ok(Some((cells, ok)))
 }
 
 /// Serial vs one-thread-per-GPU preemption of 1..N GPUs.

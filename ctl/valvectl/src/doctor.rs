@@ -95,83 +95,7 @@ fn device_files() -> Vec<(String, u32)> {
 /// Runs every check. `test_load` is the command that starts the CUDA test load (normally
 /// `valvectl test-load`).
 pub fn run(test_load: &std::path::Path) -> Vec<Finding> {
-    let mut out = Vec::new();
-    let driver = DriverInfo::read();
-    match &driver {
-        Ok(d) if d.open_module => out.push(finding(
-            "driver",
-            Status::Ok,
-            format!("{} (open kernel module)", d.version),
-        )),
-        Ok(d) => out.push(finding(
-            "driver",
-            Status::Fail,
-            format!(
-                "{}: proprietary module; Valve needs the open kernel module of the same version",
-                d.version
-            ),
-        )),
-        Err(e) => out.push(finding("driver", Status::Fail, e.to_string())),
-    }
-    // GSP, per GPU.
-    let mut gsp = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc/driver/nvidia/gpus") {
-        for e in dir.flatten() {
-            let info = std::fs::read_to_string(e.path().join("information")).unwrap_or_default();
-            gsp.push((
-                e.file_name().to_string_lossy().to_string(),
-                parse_gsp(&info),
-            ));
-        }
-    }
-    gsp.sort();
-    if gsp.is_empty() {
-        out.push(finding(
-            "gsp",
-            Status::Skip,
-            "no /proc/driver/nvidia/gpus entries",
-        ));
-    } else {
-        let on = gsp.iter().filter(|g| g.1 == Some(true)).count();
-        let status = if on == gsp.len() {
-            Status::Ok
-        } else {
-            Status::Warn
-        };
-        out.push(finding(
-            "gsp",
-            status,
-            format!(
-                "GSP firmware on {on} of {} GPU(s){}",
-                gsp.len(),
-                if on == gsp.len() {
-                    "; the driver patch's ROUTE_TO_PHYSICAL path applies"
-                } else {
-                    "; without GSP the driver patch does not apply to those GPUs"
-                }
-            ),
-        ));
-    }
-    // Exposure.
-    let files = device_files();
-    let open: Vec<&(String, u32)> = files.iter().filter(|f| f.1 & 0o006 == 0o006).collect();
-    if files.is_empty() {
-        out.push(finding(
-            "device files",
-            Status::Fail,
-            "no /dev/nvidiactl or /dev/nvidiaN: the driver is not loaded or not visible here",
-        ));
-    } else if !open.is_empty() {
-        out.push(finding("device files", Status::Warn, format!(
-            "{} of {} NVIDIA device files are world read-writable (e.g. {} {:o}): FIFO_DISABLE_CHANNELS is non-privileged and RM handles are predictable, so ANY local user can freeze ANY other user's GPU work. Restrict them (nvidia module options NVreg_DeviceFileUID/GID/Mode) to the users who run GPU jobs",
-            open.len(), files.len(), open[0].0, open[0].1)));
-    } else {
-        out.push(finding(
-            "device files",
-            Status::Ok,
-            format!("{} files, none world-writable", files.len()),
-        ));
-    }
+    let mut out = vec![driver_check(), gsp_check(), device_files_check()];
     let root = nix::unistd::geteuid().is_root();
     out.push(finding("root", if root { Status::Ok } else { Status::Warn }, if root { "running as root".to_string() } else { "not root: the daemon and the BPF/test-load checks below need root (sudo valvectl doctor)".to_string() }));
     let ctl = match Controller::open() {
@@ -215,6 +139,87 @@ pub fn run(test_load: &std::path::Path) -> Vec<Finding> {
     out
 }
 
+/// The loaded driver: open kernel module or not.
+fn driver_check() -> Finding {
+    match DriverInfo::read() {
+        Ok(d) if d.open_module => finding(
+            "driver",
+            Status::Ok,
+            format!("{} (open kernel module)", d.version),
+        ),
+        Ok(d) => finding(
+            "driver",
+            Status::Fail,
+            format!(
+                "{}: proprietary module; Valve needs the open kernel module of the same version",
+                d.version
+            ),
+        ),
+        Err(e) => finding("driver", Status::Fail, e.to_string()),
+    }
+}
+
+/// GSP firmware, per GPU.
+fn gsp_check() -> Finding {
+    let mut gsp = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc/driver/nvidia/gpus") {
+        for e in dir.flatten() {
+            let info = std::fs::read_to_string(e.path().join("information")).unwrap_or_default();
+            gsp.push((
+                e.file_name().to_string_lossy().to_string(),
+                parse_gsp(&info),
+            ));
+        }
+    }
+    gsp.sort();
+    if gsp.is_empty() {
+        return finding("gsp", Status::Skip, "no /proc/driver/nvidia/gpus entries");
+    }
+    let on = gsp.iter().filter(|g| g.1 == Some(true)).count();
+    let status = if on == gsp.len() {
+        Status::Ok
+    } else {
+        Status::Warn
+    };
+    finding(
+        "gsp",
+        status,
+        format!(
+            "GSP firmware on {on} of {} GPU(s){}",
+            gsp.len(),
+            if on == gsp.len() {
+                "; the driver patch's ROUTE_TO_PHYSICAL path applies"
+            } else {
+                "; without GSP the driver patch does not apply to those GPUs"
+            }
+        ),
+    )
+}
+
+/// Who may open the NVIDIA device files (world read-write lets anyone freeze anyone).
+fn device_files_check() -> Finding {
+    let files = device_files();
+    let open: Vec<&(String, u32)> = files.iter().filter(|f| f.1 & 0o006 == 0o006).collect();
+    if files.is_empty() {
+        finding(
+            "device files",
+            Status::Fail,
+            "no /dev/nvidiactl or /dev/nvidiaN: the driver is not loaded or not visible here",
+        )
+    } else if !open.is_empty() {
+        finding("device files", Status::Warn, format!(
+            "{} of {} NVIDIA device files are world read-writable (e.g. {} {:o}): FIFO_DISABLE_CHANNELS is non-privileged and RM handles are predictable, so ANY local user can freeze ANY other user's GPU work. Restrict them (nvidia module options NVreg_DeviceFileUID/GID/Mode) to the users who run GPU jobs",
+            open.len(), files.len(), open[0].0, open[0].1))
+    } else {
+        finding(
+            "device files",
+            Status::Ok,
+            format!("{} files, none world-writable", files.len()),
+        )
+    }
+}
+
+/// Starts the CUDA test load, checks channel control on it, and stops it again.
 fn channel_checks(
     ctl: &Controller,
     watcher: &Watcher,
@@ -229,89 +234,14 @@ fn channel_checks(
         .map_err(|e| format!("starting the CUDA test load: {e}"))?;
     let mut line = String::new();
     let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
-    let result = (|| {
-        if !line.starts_with("ready") {
-            return Err(format!(
-                "the CUDA test load did not start (it printed {:?}); is libcuda.so.1 installed?",
-                line.trim()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        let mut reg = Registry::new();
-        for ev in watcher.drain() {
-            reg.apply(&ev);
-        }
-        let pid = child.id();
-        let gpus = ctl.gpus();
-        let mut per_gpu: Vec<Vec<ChannelTarget>> = Vec::new();
-        for g in &gpus {
-            let t: Vec<ChannelTarget> = reg
-                .channels(pid, g.device_instance)
-                .into_iter()
-                .map(|(client, channel)| ChannelTarget {
-                    gpu: g.index,
-                    client,
-                    channel,
-                })
-                .collect();
-            per_gpu.push(t);
-        }
-        let mut out = Vec::new();
-        let mut single = Vec::new();
-        for (i, t) in per_gpu.iter().enumerate() {
-            if t.is_empty() {
-                out.push(finding(
-                    "channel control",
-                    Status::Fail,
-                    format!("GPU {i}: the test load's channels were not observed"),
-                ));
-                continue;
-            }
-            let plan = ctl
-                .plan(t, PreemptMode::Preempt)
-                .map_err(|e| e.to_string())?;
-            let mut walls = Vec::new();
-            for _ in 0..20 {
-                let t0 = Instant::now();
-                let g = ctl.disable(&plan).map_err(|e| format!("GPU {i}: {e}"))?;
-                walls.push(t0.elapsed().as_secs_f64() * 1e6);
-                g.enable().map_err(|e| format!("GPU {i}: {e}"))?;
-            }
-            let s = summarize_us(&walls);
-            single.push(s.p50_us);
-            out.push(finding("channel control", Status::Ok, format!("GPU {i} ({}): disable/enable of {} test-load channel(s) works; disable p50 {:.0} us", gpus[i].name, t.len(), s.p50_us)));
-        }
-        let all: Vec<ChannelTarget> = per_gpu.iter().flatten().copied().collect();
-        let n = per_gpu.iter().filter(|t| !t.is_empty()).count();
-        if n >= 2 {
-            let plan = ctl
-                .plan(&all, PreemptMode::Preempt)
-                .map_err(|e| e.to_string())?;
-            let mut walls = Vec::new();
-            for _ in 0..20 {
-                let t0 = Instant::now();
-                let g = ctl.disable(&plan).map_err(|e| e.to_string())?;
-                walls.push(t0.elapsed().as_secs_f64() * 1e6);
-                g.enable().map_err(|e| e.to_string())?;
-            }
-            let mut s = single.clone();
-            s.sort_by(f64::total_cmp);
-            let (verdict, detail) = classify_lock(s[s.len() / 2], summarize_us(&walls).p50_us, n);
-            let status = if verdict.starts_with("patched") {
-                Status::Ok
-            } else {
-                Status::Warn
-            };
-            out.push(finding("multi-GPU lock", status, format!("{verdict}: {detail}{}", if verdict.starts_with("stock") { "; apply the driver patch (scripts/patch-driver.sh) so GPUs preempt in parallel" } else { "" })));
-        } else {
-            out.push(finding(
-                "multi-GPU lock",
-                Status::Skip,
-                "needs channels on 2 or more GPUs",
-            ));
-        }
-        Ok(out)
-    })();
+    let result = if line.starts_with("ready") {
+        check_test_load(ctl, watcher, child.id())
+    } else {
+        Err(format!(
+            "the CUDA test load did not start (it printed {:?}); is libcuda.so.1 installed?",
+            line.trim()
+        ))
+    };
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(b"\n");
     }
@@ -319,6 +249,101 @@ fn channel_checks(
     let _ = child.kill();
     let _ = child.wait();
     result
+}
+
+/// Channel control on the running test load `pid`: each GPU alone, then all GPUs at once.
+fn check_test_load(ctl: &Controller, watcher: &Watcher, pid: u32) -> Result<Vec<Finding>, String> {
+    std::thread::sleep(Duration::from_millis(100));
+    let mut reg = Registry::new();
+    for ev in watcher.drain() {
+        reg.apply(&ev);
+    }
+    let gpus = ctl.gpus();
+    let mut per_gpu: Vec<Vec<ChannelTarget>> = Vec::new();
+    for g in &gpus {
+        let t: Vec<ChannelTarget> = reg
+            .channels(pid, g.device_instance)
+            .into_iter()
+            .map(|(client, channel)| ChannelTarget {
+                gpu: g.index,
+                client,
+                channel,
+            })
+            .collect();
+        per_gpu.push(t);
+    }
+    let mut out = Vec::new();
+    let mut single = Vec::new();
+    for (i, t) in per_gpu.iter().enumerate() {
+        if t.is_empty() {
+            out.push(finding(
+                "channel control",
+                Status::Fail,
+                format!("GPU {i}: the test load's channels were not observed"),
+            ));
+            continue;
+        }
+        let p50 = disable_p50(ctl, t, &format!("GPU {i}: "))?;
+        single.push(p50);
+        out.push(finding("channel control", Status::Ok, format!("GPU {i} ({}): disable/enable of {} test-load channel(s) works; disable p50 {:.0} us", gpus[i].name, t.len(), p50)));
+    }
+    out.push(multi_gpu_check(ctl, &per_gpu, &single)?);
+    Ok(out)
+}
+
+/// The p50 wall time (us) of disabling `targets` at once, over 20 disable/enable cycles;
+/// `context` prefixes a disable or enable error.
+fn disable_p50(ctl: &Controller, targets: &[ChannelTarget], context: &str) -> Result<f64, String> {
+    let plan = ctl
+        .plan(targets, PreemptMode::Preempt)
+        .map_err(|e| e.to_string())?;
+    let mut walls = Vec::new();
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let g = ctl.disable(&plan).map_err(|e| format!("{context}{e}"))?;
+        walls.push(t0.elapsed().as_secs_f64() * 1e6);
+        g.enable().map_err(|e| format!("{context}{e}"))?;
+    }
+    Ok(summarize_us(&walls).p50_us)
+}
+
+/// Whether the driver serialises the disable across GPUs: all GPUs at once against the median
+/// single GPU (`single`: each GPU's p50).
+fn multi_gpu_check(
+    ctl: &Controller,
+    per_gpu: &[Vec<ChannelTarget>],
+    single: &[f64],
+) -> Result<Finding, String> {
+    let n = per_gpu.iter().filter(|t| !t.is_empty()).count();
+    if n < 2 {
+        return Ok(finding(
+            "multi-GPU lock",
+            Status::Skip,
+            "needs channels on 2 or more GPUs",
+        ));
+    }
+    let all: Vec<ChannelTarget> = per_gpu.iter().flatten().copied().collect();
+    let parallel = disable_p50(ctl, &all, "")?;
+    let mut s = single.to_vec();
+    s.sort_by(f64::total_cmp);
+    let (verdict, detail) = classify_lock(s[s.len() / 2], parallel, n);
+    let status = if verdict.starts_with("patched") {
+        Status::Ok
+    } else {
+        Status::Warn
+    };
+    Ok(finding(
+        "multi-GPU lock",
+        status,
+        format!(
+            "{verdict}: {detail}{}",
+            if verdict.starts_with("stock") {
+                "; apply the driver patch (scripts/patch-driver.sh) so GPUs preempt in parallel"
+            } else {
+                ""
+            }
+        ),
+    ))
 }
 
 /// `valvectl test-load`: creates a CUDA context on every GPU through libcuda (loaded at run time),
