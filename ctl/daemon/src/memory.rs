@@ -84,12 +84,22 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
         socket: cfg.daemon_socket.clone(),
         max_hold: Duration::from_secs(2),
     };
-    let mut srv = server::PoolServer::new(ledger, listener, allowed, Box::new(freezer), cfg.reclaim_deadline);
+    let mut srv = server::PoolServer::new(
+        ledger,
+        listener,
+        allowed,
+        Box::new(freezer),
+        cfg.reclaim_deadline,
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let thread = std::thread::Builder::new()
         .name("valve-pool".into())
         .spawn(move || srv.run(&s2, Duration::from_millis(50)))
         .map_err(|e| format!("starting the pool thread: {e}"))?;
-    Ok(PoolHandle { stop, thread: Some(thread), socket: cfg.socket.clone() })
+    Ok(PoolHandle {
+        stop,
+        thread: Some(thread),
+        socket: cfg.socket.clone(),
+    })
 }

@@ -589,7 +589,11 @@ mod tests {
         let r = start(1024);
         let s = connect(&r);
         assert_eq!(call(&s, json!({"op": "grow", "count": 1})).0["code"], 13);
-        assert_eq!(call(&s, json!({"op": "status"})).0["ok"], true, "status needs no registration");
+        assert_eq!(
+            call(&s, json!({"op": "status"})).0["ok"],
+            true,
+            "status needs no registration"
+        );
         assert_eq!(
             call(&s, json!({"op": "register", "role": "boss", "gpu": 0})).0["code"],
             2
