@@ -15,8 +15,10 @@ use crate::args::Globals;
 use crate::commands::bench::{self, BenchArgs};
 use crate::commands::daemon::{self, DaemonArgs};
 use crate::commands::doctor::{self, DoctorArgs};
+use crate::commands::driver::{self, DriverArgs};
 use crate::commands::gate::{self, GateArgs};
 use crate::commands::gpus::{self, GpusArgs};
+use crate::commands::pool::{self, PoolArgs};
 use crate::commands::preempt::{self, PreemptArgs};
 use crate::commands::ps::{self, PsArgs};
 use crate::commands::resume::{self, ResumeArgs};
@@ -109,6 +111,11 @@ pub enum Command {
     Gate(GateArgs),
     /// Preempt and resume in a loop and print p50/p99/max of each step.
     Bench(BenchArgs),
+    /// The one-line driver patch that lets RM lock only the target GPU for the disable control
+    /// (docs/driver-patch.md): apply, check, emit it; read a built module's flags.
+    Driver(DriverArgs),
+    /// The GPU memory pool served by `valvectl daemon --pool` (docs/memory.md).
+    Pool(PoolArgs),
 }
 
 impl Cli {
@@ -145,7 +152,9 @@ pub fn run() -> i32 {
         Ok(()) => 0,
         Err(e) => {
             let code = e.exit_code();
-            eprintln!("valvectl: error: {e}");
+            if !matches!(e, CliError::Reported(_)) {
+                eprintln!("valvectl: error: {e}");
+            }
             if json {
                 println!("{}", json!({"error": e.to_string(), "exit_code": code}));
             }
@@ -165,6 +174,8 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
         Command::Gate(a) => gate::exec(a, g, out),
         Command::TestLoad(a) => test_load::exec(a),
         Command::Doctor(a) => doctor::exec(a, g, out),
+        Command::Driver(a) => driver::exec(a, out),
+        Command::Pool(a) => pool::exec(a, g, out),
         Command::Preempt(a) if a.targets.pid.is_some() => preempt::exec_pid(a, g, out, signals),
         Command::Resume(a) if a.targets.pid.is_some() || a.all => resume::exec_daemon(a, g, out),
         Command::Gpus(_) | Command::Preempt(_) | Command::Resume(_) | Command::Bench(_) => {
@@ -193,6 +204,8 @@ pub fn execute<D: RmDriver>(
         | Command::Status(_)
         | Command::Gate(_)
         | Command::Doctor(_)
+        | Command::Driver(_)
+        | Command::Pool(_)
         | Command::TestLoad(_) => Err(CliError::Usage(
             "this command does not run against a controller".into(),
         )),

@@ -22,6 +22,10 @@ pub enum CliError {
     /// Interrupted by a signal (after cleaning up).
     #[error("interrupted by {0}; all channels were resumed")]
     Interrupted(Signal),
+    /// The command already said what happened (e.g. `driver patch --check`: not patched); only
+    /// the exit code remains.
+    #[error("exit code {0}")]
+    Reported(i32),
 }
 
 impl CliError {
@@ -32,7 +36,7 @@ impl CliError {
             CliError::Interrupted(_) => 130,
             CliError::Io(_) => 1,
             CliError::Valve(e) => e.exit_code(),
-            CliError::Daemon(code, _) => *code,
+            CliError::Daemon(code, _) | CliError::Reported(code) => *code,
         }
     }
 }

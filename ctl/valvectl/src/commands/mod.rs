@@ -7,8 +7,10 @@
 pub mod bench;
 pub mod daemon;
 pub mod doctor;
+pub mod driver;
 pub mod gate;
 pub mod gpus;
+pub mod pool;
 pub mod preempt;
 pub mod ps;
 pub mod resume;

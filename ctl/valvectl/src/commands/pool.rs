@@ -1,0 +1,140 @@
+//! `valvectl pool status`: what the daemon's GPU memory pool holds, per GPU and per process,
+//! and how its reclaims went (asked on the pool socket; no registration needed).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use valve_vmm::wire;
+
+use crate::args::Globals;
+use crate::error::CliError;
+
+/// The arguments of `valvectl pool`.
+#[derive(Debug, Args)]
+pub struct PoolArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub cmd: PoolCommand,
+    /// The pool's socket.
+    #[arg(long, default_value = "/run/valve/pool.sock", global = true)]
+    pub pool_socket: PathBuf,
+}
+
+/// `valvectl pool ...`.
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Handles per GPU (free, online, offline), the processes holding them, reclaim counters.
+    Status,
+}
+
+fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
+    let not_running = |e: valve_vmm::VmmError| {
+        CliError::Daemon(
+            7,
+            format!(
+                "no memory pool answers on {}: start it with `sudo valvectl daemon --pool` ({e})",
+                socket.display()
+            ),
+        )
+    };
+    let s = wire::connect(socket).map_err(not_running)?;
+    wire::send(&s, &json!({"op": "status"}), &[]).map_err(not_running)?;
+    match wire::recv(&s).map_err(not_running)? {
+        Some((v, _)) if v["ok"] == true => Ok(v),
+        Some((v, _)) => Err(CliError::Daemon(1, format!("pool: {}", v["error"]))),
+        None => Err(CliError::Daemon(1, "the pool closed the connection".into())),
+    }
+}
+
+/// Asks the pool and prints its answer.
+pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
+    let PoolCommand::Status = args.cmd;
+    let v = ask(&args.pool_socket)?;
+    if g.json {
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    let mib = |h: &Value, n: &str| {
+        h[n].as_u64().unwrap_or(0) * h["handle_bytes"].as_u64().unwrap_or(0) >> 20
+    };
+    writeln!(
+        out,
+        "{:<4} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "GPU", "HANDLE", "POOL MiB", "FREE MiB", "ONLINE", "OFFLINE"
+    )?;
+    for gpu in v["gpus"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "{:<4} {:>6}Mi {:>10} {:>10} {:>10} {:>10}",
+            gpu["gpu"],
+            gpu["handle_bytes"].as_u64().unwrap_or(0) >> 20,
+            mib(gpu, "handles"),
+            mib(gpu, "free"),
+            mib(gpu, "online"),
+            mib(gpu, "offline")
+        )?;
+    }
+    for c in v["clients"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "  pid {:<8} {:<8} GPU {} holds {} handle(s)",
+            c["pid"],
+            c["role"].as_str().unwrap_or(""),
+            c["gpu"],
+            c["handles"]
+        )?;
+    }
+    let r = &v["reclaims"];
+    writeln!(
+        out,
+        "reclaims {}, handles taken from offline {}, offline killed for missing the deadline {}, last reclaim {} us",
+        r["reclaims"], r["handles"], r["killed"], r["last_us"]
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_pool_is_exit_7_with_the_command_that_starts_one() {
+        let e = ask(std::path::Path::new("/nonexistent/valve-pool.sock")).unwrap_err();
+        assert_eq!(e.exit_code(), 7);
+        assert!(e.to_string().contains("valvectl daemon --pool"), "{e}");
+    }
+
+    #[test]
+    fn status_is_read_from_a_live_pool_socket() {
+        let dir = std::env::temp_dir().join(format!("valvectl-pool-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pool.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = wire::listen(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let (req, _) = wire::recv(&s).unwrap().unwrap();
+            assert_eq!(req["op"], "status");
+            let reply = json!({"ok": true, "gpus": [{"gpu": 0, "handle_bytes": 64u64 << 20, "handles": 4, "free": 1, "online": 2, "offline": 1}],
+                               "clients": [], "reclaims": {"reclaims": 1, "handles": 2, "killed": 0, "last_us": 1800}});
+            wire::send(&s, &reply, &[]).unwrap();
+        });
+        let args = PoolArgs {
+            cmd: PoolCommand::Status,
+            pool_socket: path,
+        };
+        let mut out = Vec::new();
+        let g = Globals {
+            json: false,
+            socket: std::path::Path::new("/unused"),
+        };
+        exec(&args, g, &mut out).unwrap();
+        server.join().unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("256"), "pool MiB: {text}");
+        assert!(text.contains("last reclaim 1800 us"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
