@@ -17,7 +17,13 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeOpts};
 
 use crate::watcher::WatchError;
 
-#[allow(clippy::all, clippy::pedantic, missing_docs, unsafe_op_in_unsafe_fn)]
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::undocumented_unsafe_blocks,
+    missing_docs,
+    unsafe_op_in_unsafe_fn
+)]
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/launch_watch.skel.rs"));
 }

@@ -381,30 +381,35 @@ fn ensure_tracefs(mount_private: bool) -> Result<PathBuf, WatchError> {
     let slash = CString::new("/").expect("no NUL");
     let target = CString::new(root).expect("no NUL");
     let fstype = CString::new("tracefs").expect("no NUL");
-    // SAFETY: all pointers are valid NUL-terminated strings (or null where mount(2) allows
-    // it) that outlive the calls. The first call makes every mount of this thread's new
-    // namespace private so the second does not propagate to the host.
-    unsafe {
-        if libc::mount(
+    // SAFETY: the target is a valid NUL-terminated string that outlives the call; source,
+    // fstype and data may be null for a propagation change (mount(2)). It makes every mount of
+    // this thread's new namespace private, so the next mount does not propagate to the host.
+    let private = unsafe {
+        libc::mount(
             std::ptr::null(),
             slash.as_ptr(),
             std::ptr::null(),
             libc::MS_REC | libc::MS_PRIVATE,
             std::ptr::null(),
-        ) != 0
-        {
-            return Err(mount_error("mounting tracefs privately"));
-        }
-        if libc::mount(
+        )
+    };
+    if private != 0 {
+        return Err(mount_error("mounting tracefs privately"));
+    }
+    // SAFETY: source, target and fstype are valid NUL-terminated strings that outlive the call,
+    // and tracefs takes no data (null). The namespace is private (above): nothing reaches the
+    // host's mount table.
+    let mounted = unsafe {
+        libc::mount(
             fstype.as_ptr(),
             target.as_ptr(),
             fstype.as_ptr(),
             0,
             std::ptr::null(),
-        ) != 0
-        {
-            return Err(mount_error("mounting tracefs privately"));
-        }
+        )
+    };
+    if mounted != 0 {
+        return Err(mount_error("mounting tracefs privately"));
     }
     tracing::debug!("rm_watch: mounted tracefs privately at {root}");
     Ok(root.into())

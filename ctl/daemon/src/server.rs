@@ -58,6 +58,8 @@ pub fn bind(socket: &Path, gid: Option<u32>) -> Result<UnixListener, DaemonError
     Ok(listener)
 }
 
+/// Whether the peer on `stream` may use Valve: root, or a member of group `gid` (its primary or
+/// a supplementary group).
 pub fn peer_allowed(stream: &UnixStream, gid: Option<u32>) -> bool {
     let Ok(cred) = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
     else {

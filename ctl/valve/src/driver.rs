@@ -157,36 +157,42 @@ impl<T: RmDriver> RmDriver for std::sync::Arc<T> {
     }
 }
 
-nix::ioctl_readwrite!(
-    ioctl_rm_free,
-    b::NV_IOCTL_MAGIC,
-    b::NV_ESC_RM_FREE,
-    Nvos00Free
-);
-nix::ioctl_readwrite!(
-    ioctl_rm_control,
-    b::NV_IOCTL_MAGIC,
-    b::NV_ESC_RM_CONTROL,
-    Nvos54Control
-);
-nix::ioctl_readwrite!(
-    ioctl_rm_alloc,
-    b::NV_IOCTL_MAGIC,
-    b::NV_ESC_RM_ALLOC,
-    Nvos64Alloc
-);
-nix::ioctl_readwrite!(
-    ioctl_register_fd,
-    b::NV_IOCTL_MAGIC,
-    b::NV_ESC_REGISTER_FD,
-    RegisterFd
-);
-nix::ioctl_readwrite_buf!(
-    ioctl_card_info,
-    b::NV_IOCTL_MAGIC,
-    b::NV_ESC_CARD_INFO,
-    CardInfo
-);
+/// The RM ioctls as nix wrappers: `unsafe fn`s whose callers vouch for the argument they pass.
+mod sys {
+    use super::{b, CardInfo, Nvos00Free, Nvos54Control, Nvos64Alloc, RegisterFd};
+
+    nix::ioctl_readwrite!(
+        ioctl_rm_free,
+        b::NV_IOCTL_MAGIC,
+        b::NV_ESC_RM_FREE,
+        Nvos00Free
+    );
+    nix::ioctl_readwrite!(
+        ioctl_rm_control,
+        b::NV_IOCTL_MAGIC,
+        b::NV_ESC_RM_CONTROL,
+        Nvos54Control
+    );
+    nix::ioctl_readwrite!(
+        ioctl_rm_alloc,
+        b::NV_IOCTL_MAGIC,
+        b::NV_ESC_RM_ALLOC,
+        Nvos64Alloc
+    );
+    nix::ioctl_readwrite!(
+        ioctl_register_fd,
+        b::NV_IOCTL_MAGIC,
+        b::NV_ESC_REGISTER_FD,
+        RegisterFd
+    );
+    nix::ioctl_readwrite_buf!(
+        ioctl_card_info,
+        b::NV_IOCTL_MAGIC,
+        b::NV_ESC_CARD_INFO,
+        CardInfo
+    );
+}
+use sys::{ioctl_card_info, ioctl_register_fd, ioctl_rm_alloc, ioctl_rm_control, ioctl_rm_free};
 
 /// Where the NVIDIA device files live.
 pub const DEV_DIR: &str = "/dev";

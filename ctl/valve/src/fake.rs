@@ -1,5 +1,5 @@
-//! In-memory RM for unit tests only: GPUs with chosen ids/instances/minors, other processes'
-//! channels, and RM's status answers, so the library's logic is tested without a GPU.
+//! In-memory RM for tests only (this crate's, and others' through the `fake` feature): GPUs with
+//! chosen ids/instances/minors, other processes' channels, and RM's status answers.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -17,17 +17,25 @@ use crate::error::Error;
 /// A GPU the fake driver exposes.
 #[derive(Clone, Debug)]
 pub struct FakeGpu {
+    /// RM's GPU id (GET_ATTACHED_IDS).
     pub gpu_id: u32,
+    /// RM device instance.
     pub instance: u32,
+    /// Minor of its `/dev/nvidia<minor>`.
     pub minor: u32,
+    /// PCI bus number.
     pub pci_bus: u8,
+    /// Marketing name (GET_NAME_STRING).
     pub name: &'static str,
+    /// UUID as `nvidia-smi` prints it.
     pub uuid: String,
 }
 
+/// What the fake driver has been asked so far, and what it will answer.
 #[derive(Default)]
 pub struct FakeState {
     next_client: u32,
+    /// Valve's live root clients.
     pub clients: HashSet<ClientHandle>,
     /// (client, object) -> (class, device instance)
     objects: HashMap<(ClientHandle, ObjectHandle), (u32, u32)>,
@@ -40,12 +48,16 @@ pub struct FakeState {
     pub disable_calls: Vec<(u32, bool, usize)>,
 }
 
+/// The in-memory RM: an [`RmDriver`] over [`FakeGpu`]s.
 pub struct FakeRm {
+    /// Its GPUs, in attach order.
     pub gpus: Vec<FakeGpu>,
+    /// Its state, for tests to read and to set failures in.
     pub state: Mutex<FakeState>,
 }
 
 impl FakeRm {
+    /// A host with these GPUs and no clients or channels yet.
     pub fn new(gpus: Vec<FakeGpu>) -> Self {
         FakeRm {
             gpus,
@@ -81,6 +93,7 @@ impl FakeRm {
         }
     }
 
+    /// Every (client, channel) disabled now, sorted.
     pub fn disabled(&self) -> Vec<(ClientHandle, ChannelHandle)> {
         let st = self.state.lock().unwrap();
         let mut v: Vec<_> = st
