@@ -73,16 +73,48 @@ impl VaRange {
     /// so `handle` may be dropped afterwards. Access must still be granted with
     /// [`VaRange::set_access`].
     pub fn map(&mut self, offset: usize, handle: &PhysicalHandle) -> crate::Result<()> {
-        let len = handle.size();
+        self.map_piece(offset, handle, 0, handle.size())
+    }
+
+    /// Maps `len` bytes of `handle`, starting `handle_offset` bytes into it, at `offset`: one
+    /// handle can back several ranges (a KV space maps piece `i` of a pool handle into region
+    /// `i`). Offsets and `len` must be multiples of the GPU's granularity (CUDA refuses others).
+    /// Like [`VaRange::map`], the mapping holds its own reference and needs
+    /// [`VaRange::set_access`].
+    pub fn map_piece(
+        &mut self,
+        offset: usize,
+        handle: &PhysicalHandle,
+        handle_offset: usize,
+        len: usize,
+    ) -> crate::Result<()> {
         self.check_slot(offset, len)?;
+        if handle_offset
+            .checked_add(len)
+            .is_none_or(|end| end > handle.size())
+        {
+            return Err(VmmError::Invalid(format!(
+                "[{handle_offset:#x}, +{len:#x}) is outside the {:#x}-byte handle",
+                handle.size()
+            )));
+        }
         if self.is_mapped(offset, len) {
             return Err(VmmError::Invalid(format!(
                 "[{offset:#x}, +{len:#x}) is already mapped: unmap it first"
             )));
         }
-        // SAFETY: the slot lies inside our reservation and is unmapped; the handle is live.
+        // SAFETY: the target `[offset, offset + len)` lies inside our reservation and nothing is
+        // mapped there (both checked above); `[handle_offset, handle_offset + len)` lies inside
+        // the live handle (checked above), so the driver maps memory that exists and takes its
+        // own reference to it. Misaligned values are refused by cuMemMap with an error status.
         check("cuMemMap", unsafe {
-            sys::cuMemMap(self.base + offset as u64, len, 0, handle.raw(), 0)
+            sys::cuMemMap(
+                self.base + offset as u64,
+                len,
+                handle_offset,
+                handle.raw(),
+                0,
+            )
         })?;
         self.mapped.insert(offset, len);
         Ok(())
