@@ -9,6 +9,10 @@
 //! ```
 //! Start one offline, then an online one with `--grow` larger than what is free, and watch the
 //! offline one print `invalidated` lines as the daemon reclaims from it.
+//!
+//! The main thread has the GPU's primary CUDA context current, as a framework's would;
+//! `--no-context` leaves it out, to learn whether the VMM calls need one (the library's callback
+//! thread, which maps on reclaim and on `pool_handles`, never has one).
 
 use std::time::{Duration, Instant};
 
@@ -24,12 +28,13 @@ struct Args {
     capacity_bytes: u64,
     grow: u32,
     hold: Duration,
+    context: bool,
     options: Options,
 }
 
 const USAGE: &str = "usage: kv_client [--socket PATH] [--role online|offline] [--gpu ID] \
 [--regions N] [--block-kib K] [--capacity-mib M (per region; 0: the pool)] [--grow N] \
-[--hold-secs S] [--no-premap] [--fifo] [--cuda-ordinal N]";
+[--hold-secs S] [--no-premap] [--fifo] [--cuda-ordinal N] [--no-context]";
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -41,6 +46,7 @@ fn parse() -> Result<Args, String> {
         capacity_bytes: 0,
         grow: 4,
         hold: Duration::from_secs(10),
+        context: true,
         options: Options::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -57,6 +63,7 @@ fn parse() -> Result<Args, String> {
             "--grow" => a.grow = num(value()?)? as u32,
             "--hold-secs" => a.hold = Duration::from_secs(num(value()?)?),
             "--no-premap" => a.options.premap = false,
+            "--no-context" => a.context = false,
             "--fifo" => a.options.selection = Selection::Fifo,
             "--cuda-ordinal" => a.options.cuda_ordinal = Some(num(value()?)? as u32),
             "-h" | "--help" => return Err(USAGE.into()),
@@ -90,6 +97,18 @@ fn synthetic_owners(c: &Client, slots: &[u32]) -> Result<(), valve_client::Error
 }
 
 fn run(a: Args) -> Result<(), valve_client::Error> {
+    let ordinal = a.options.cuda_ordinal.or(a.gpu.parse().ok()).unwrap_or(0);
+    // Without the driver there is no context to make (kv_space then names the problem).
+    let _context = match a.context && valve_vmm::driver_present() {
+        true => Some(
+            cudarc::driver::CudaContext::new(ordinal as usize).map_err(|e| {
+                valve_client::Error::Invalid(format!(
+                    "creating a CUDA context on GPU {ordinal}: {e}"
+                ))
+            })?,
+        ),
+        false => None,
+    };
     let t = Instant::now();
     let mut c = Client::connect_with(&a.socket, a.role, &a.gpu, a.options.clone())?;
     let r = c.registration().clone();

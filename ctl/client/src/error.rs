@@ -117,7 +117,7 @@ pub enum Error {
         message: String,
     },
     /// A pool handle does not split into regions of whole GPU pages.
-    #[error("a {handle_mib} MiB pool handle split into {regions} regions gives {piece_bytes}-byte pieces, not a multiple of the GPU's {granularity_mib} MiB granularity: start the daemon with `--handle-mib {need_mib}` (or use fewer regions)")]
+    #[error("a {handle_mib} MiB pool handle split into {regions} regions gives {piece_bytes}-byte pieces, not a multiple of the GPU's {granularity_mib} MiB granularity: start the daemon with `valvectl daemon --pool --pool-handle-mib {need_mib}` (or use fewer regions)")]
     PieceNotAligned {
         /// The pool's handle size in MiB.
         handle_mib: u64,

@@ -170,10 +170,10 @@ mod tests {
             matches!(e, Error::PieceNotAligned { need_mib: 256, .. }),
             "{msg}"
         );
-        assert!(msg.contains("--handle-mib 256"), "{msg}");
+        assert!(msg.contains("--pool-handle-mib 256"), "{msg}");
         // 3 regions: the smallest handle at least 64 MiB that splits into whole pages is 3 x 22 MiB.
         let e = Layout::plan(3, 0, 1 << 16, 64 * MIB, G, Some(8), false).unwrap_err();
-        assert!(e.to_string().contains("--handle-mib 66"), "{e}");
+        assert!(e.to_string().contains("--pool-handle-mib 66"), "{e}");
     }
 
     #[test]

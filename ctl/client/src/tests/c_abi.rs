@@ -158,7 +158,11 @@ fn null_pointers_and_bad_arguments_are_status_codes() {
         );
         let mut info = ValveKvSpaceInfo::default();
         assert_eq!(valve_client_kv_space(c, 3, 0, 1 << 20, &mut info), 105);
-        assert!(last_error().contains("--handle-mib"), "{}", last_error());
+        assert!(
+            last_error().contains("--pool-handle-mib"),
+            "{}",
+            last_error()
+        );
         assert_eq!(valve_client_kv_space(c, 1, 0, 1 << 20, &mut info), 0);
         let mut slots = [0u32; 1];
         let mut n = 0usize;

@@ -104,7 +104,7 @@ fn layout_and_argument_errors_are_named_before_asking_the_daemon() {
     assert!(matches!(c.region_ptr(0), Err(Error::NoKvSpace)));
     assert!(matches!(c.set_block_owner(0, 1, 1), Err(Error::NoKvSpace)));
     let e = c.kv_space(8, 0, 1 << 20).unwrap_err();
-    assert!(e.to_string().contains("--handle-mib 16"), "{e}");
+    assert!(e.to_string().contains("--pool-handle-mib 16"), "{e}");
     c.kv_space(2, 0, 1 << 20).unwrap();
     assert!(matches!(
         c.kv_space(2, 0, 1 << 20),
