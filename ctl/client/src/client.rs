@@ -58,6 +58,9 @@ pub struct Registration {
     /// The most handles the GPU's pool may hold (`pool_capacity_handles`; absent from daemons
     /// that do not send it).
     pub pool_capacity_handles: Option<u32>,
+    /// The GPU's PCI address (`gpu_pci`), which finds it in CUDA whatever the process's
+    /// `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`.
+    pub gpu_pci: Option<String>,
 }
 
 /// Numbers about a client, cheap to read.
@@ -191,7 +194,15 @@ impl Client {
             return Err(Error::KvSpaceExists);
         }
         let reg = &self.registration;
-        let ordinal = self.options.cuda_ordinal.unwrap_or(reg.gpu_index);
+        let ordinal = match (
+            &self.options.cuda_ordinal,
+            &reg.gpu_pci,
+            &self.options.backend,
+        ) {
+            (Some(o), _, _) => *o,
+            (None, Some(pci), mapper::Backend::Cuda) => valve_vmm::Gpu::open_pci(pci)?.ordinal(),
+            _ => reg.gpu_index,
+        };
         let granularity = mapper::granularity(&self.options.backend, ordinal)?;
         let layout = Layout::plan(
             regions,
@@ -559,5 +570,9 @@ fn parse_registration(reply: &Value) -> Result<Registration> {
         pool_capacity_handles: cap
             .and_then(Value::as_u64)
             .map(|n| n.min(u32::MAX as u64) as u32),
+        gpu_pci: reply
+            .get("gpu_pci")
+            .and_then(Value::as_str)
+            .map(str::to_string),
     })
 }

@@ -117,12 +117,15 @@ impl Mapper for CudaMapper {
     }
 
     fn map_pool(&mut self, slot: usize, fd: BorrowedFd<'_>) -> Result<(), VmmError> {
+        // The callback thread maps too, and it has no context of its own.
+        self.gpu.ensure_context()?;
         // The mappings keep the memory; this process's handle is released when `h` drops.
         let h = PhysicalHandle::import(fd, self.handle_bytes)?;
         Self::map_handle(&mut self.regions, &self.gpu, self.piece, slot, &h)
     }
 
     fn map_quarantine(&mut self, slot: usize) -> Result<(), VmmError> {
+        self.gpu.ensure_context()?;
         let q = self.quarantine.as_ref().ok_or_else(|| {
             VmmError::Invalid("this client has no quarantine (only offline clients do)".into())
         })?;
@@ -130,6 +133,7 @@ impl Mapper for CudaMapper {
     }
 
     fn unmap(&mut self, slot: usize) -> Result<(), VmmError> {
+        self.gpu.ensure_context()?;
         let off = slot * self.piece;
         let mut first = Ok(());
         for r in self.regions.iter_mut() {

@@ -37,7 +37,9 @@ impl Gpu {
         init()?;
         let mut count = 0;
         // SAFETY: `count` is a valid out-pointer.
-        check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+        check("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
         let want = normalize_pci(bus_id);
         for ordinal in 0..count.max(0) as u32 {
             let gpu = Gpu::open(ordinal)?;
@@ -60,6 +62,25 @@ impl Gpu {
         // SAFETY: cuDeviceGetPCIBusId NUL-terminates within the given length.
         let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
         Ok(s.to_string_lossy().into_owned())
+    }
+
+    /// Makes this device's primary context current on the calling thread if no context is.
+    /// VMM calls (map, set access) need one; a client library's own threads have none.
+    pub fn ensure_context(&self) -> crate::Result<()> {
+        let mut cur: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `cur` is a valid out-pointer.
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut cur) })?;
+        if !cur.is_null() {
+            return Ok(());
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; the retained reference is kept for the life of
+        // the process (the primary context is shared with the runtime and frameworks).
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, self.device)
+        })?;
+        // SAFETY: `ctx` is the live primary context just retained.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
     }
 
     /// The CUDA ordinal.

@@ -60,6 +60,16 @@ impl Backing for CudaBacking {
         Ok(fd)
     }
 
+    fn total_bytes(&self) -> Option<u64> {
+        let nvml = self.nvml.as_ref()?;
+        let dev = nvml.device_by_pci_bus_id(self.pci_bus_id.as_str()).ok()?;
+        dev.memory_info().ok().map(|m| m.total)
+    }
+
+    fn pci_bus_id(&self) -> Option<String> {
+        Some(self.pci_bus_id.clone())
+    }
+
     fn free_bytes(&self) -> Option<u64> {
         let nvml = self.nvml.as_ref()?;
         let dev = nvml.device_by_pci_bus_id(self.pci_bus_id.as_str()).ok()?;

@@ -33,6 +33,14 @@ pub trait Backing: Send {
     fn create(&mut self) -> Result<OwnedFd, String>;
     /// Device memory free now, if known (NVML on a GPU).
     fn free_bytes(&self) -> Option<u64>;
+    /// Device memory in all, if known.
+    fn total_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// The GPU's PCI address, if it has one (clients find the device in CUDA by it).
+    fn pci_bus_id(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Why a pool request was refused; `code()` is the protocol's error code.
@@ -168,7 +176,11 @@ impl Ledger {
         max_bytes: u64,
         keep_free_bytes: u64,
     ) {
-        let max_handles = (max_bytes / backing.handle_bytes().max(1) as u64) as usize;
+        // Never more than the device could hold beside what is kept free.
+        let device = backing
+            .total_bytes()
+            .map_or(u64::MAX, |t| t.saturating_sub(keep_free_bytes));
+        let max_handles = (max_bytes.min(device) / backing.handle_bytes().max(1) as u64) as usize;
         self.gpus.insert(
             gpu,
             GpuPool {
@@ -187,6 +199,11 @@ impl Ledger {
     /// Bytes per handle on `gpu`.
     pub fn handle_bytes(&self, gpu: usize) -> Result<usize, PoolError> {
         Ok(self.pool(gpu)?.backing.handle_bytes())
+    }
+
+    /// The PCI address of `gpu`, if known.
+    pub fn pci_bus_id(&self, gpu: usize) -> Option<String> {
+        self.gpus.get(&gpu)?.backing.pci_bus_id()
     }
 
     /// The most handles `gpu`'s pool may hold.

@@ -285,7 +285,8 @@ impl PoolServer {
         json!({"ok": true, "client": client, "token": token.to_string(), "gpu_index": gpu,
                "premapped": info.premapped,
                "handle_bytes": self.ledger.handle_bytes(gpu).unwrap_or(0),
-               "pool_capacity_handles": self.ledger.max_handles(gpu).unwrap_or(0)})
+               "pool_capacity_handles": self.ledger.max_handles(gpu).unwrap_or(0),
+               "gpu_pci": self.ledger.pci_bus_id(gpu)})
     }
 
     fn attach(&mut self, fd: RawFd, pid: u32, msg: &Value) -> Value {
