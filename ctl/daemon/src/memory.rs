@@ -3,6 +3,8 @@
 //!
 //! - [`ledger`]: who holds which handle; the rules for lending and taking back (pure).
 //! - [`backing`]: real memory (CUDA VMM handles created without a CUDA context; NVML).
+//! - [`reservation`]: MIAD headroom for each online process, so reclaims stay near the
+//!   operator's target rate (paper section 5).
 //! - [`reclaim`]: freeze offline, ask its client library for k handles, kill it past the
 //!   deadline, thaw.
 //! - [`server`]: the pool socket (`docs/memory.md`, "The pool protocol").
@@ -12,6 +14,7 @@
 pub mod backing;
 pub mod ledger;
 pub mod reclaim;
+pub mod reservation;
 pub mod server;
 
 use std::os::unix::fs::PermissionsExt;
@@ -36,6 +39,8 @@ pub struct PoolConfig {
     pub keep_free_bytes: u64,
     /// How long an offline client has to give memory back before it is killed.
     pub reclaim_deadline: Duration,
+    /// The reclamation rate MIAD reservation steers each online process to, per minute.
+    pub target_reclaims_per_min: f64,
     /// The daemon's control socket (reclaims preempt through it).
     pub daemon_socket: PathBuf,
     /// Group allowed on the socket besides root.
@@ -91,6 +96,10 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
         Box::new(freezer),
         cfg.reclaim_deadline,
     );
+    srv.set_reservation(reservation::ReservationConfig {
+        target_rate_per_min: cfg.target_reclaims_per_min,
+        ..reservation::ReservationConfig::for_handle_bytes(cfg.handle_bytes as u64)
+    })?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let thread = std::thread::Builder::new()

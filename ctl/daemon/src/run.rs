@@ -83,6 +83,8 @@ pub struct PoolSettings {
     pub keep_free_bytes: u64,
     /// How long an offline client has to give memory back.
     pub reclaim_deadline: Duration,
+    /// The reclamation rate MIAD reservation aims at, per minute and online process.
+    pub target_reclaims_per_min: f64,
 }
 
 fn start_pool(
@@ -116,6 +118,7 @@ fn start_pool(
         max_bytes: p.max_bytes,
         keep_free_bytes: p.keep_free_bytes,
         reclaim_deadline: p.reclaim_deadline,
+        target_reclaims_per_min: p.target_reclaims_per_min,
         daemon_socket: cfg.socket.clone(),
         gid,
     };

@@ -15,6 +15,7 @@ use valve_vmm::wire;
 
 use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role};
 use super::reclaim::{Freezer, Reclaimer, Target};
+use super::reservation::{ReservationConfig, ReservationController};
 
 /// Most connections served at once; more are closed at accept.
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -45,6 +46,10 @@ pub struct PoolServer {
     tokens: BTreeMap<ClientId, u64>,
     allowed: PeerCheck,
     reclaimer: Reclaimer,
+    reservation: ReservationConfig,
+    /// MIAD state per online client, fed by its `usage` reports.
+    controllers: BTreeMap<ClientId, ReservationController>,
+    started: Instant,
 }
 
 fn peer_pid(stream: &UnixStream) -> Option<u32> {
@@ -86,7 +91,43 @@ impl PoolServer {
             tokens: BTreeMap::new(),
             allowed,
             reclaimer: Reclaimer::new(freezer, deadline),
+            reservation: ReservationConfig::default(),
+            controllers: BTreeMap::new(),
+            started: Instant::now(),
         }
+    }
+
+    /// MIAD settings for online clients registered from now on (checked here).
+    pub fn set_reservation(&mut self, cfg: ReservationConfig) -> Result<(), String> {
+        cfg.validate().map_err(|e| format!("reservation: {e}"))?;
+        self.reservation = cfg;
+        Ok(())
+    }
+
+    /// `usage`: an online client's used bytes; the reply says how many handles it should hold.
+    fn usage(&mut self, client: ClientId, msg: &Value) -> Value {
+        let Some(used) = msg.get("used_bytes").and_then(Value::as_u64) else {
+            return err_reply(2, "usage needs \"used_bytes\"");
+        };
+        let Ok(info) = self.ledger.client(client) else {
+            return err_reply(13, "not registered");
+        };
+        if info.role != Role::Online {
+            return err_reply(
+                15,
+                "usage is for online clients: offline gets only free memory",
+            );
+        }
+        let handle = self.ledger.handle_bytes(info.gpu).unwrap_or(1) as u64;
+        let mapped = info.held.len() as u64 * handle;
+        let cfg = self.reservation;
+        let c = self.controllers.entry(client).or_insert_with(|| {
+            ReservationController::new(cfg).expect("validated in set_reservation")
+        });
+        let d = c.observe(self.started.elapsed(), used, mapped);
+        json!({"ok": true, "target_handles": d.target_mapped_handles, "pressure": d.pressure,
+               "headroom_handles": d.headroom_handles, "interval_ms": d.interval.as_millis() as u64,
+               "event_rate_per_min": c.event_rate_per_min()})
     }
 
     /// Serves until `stop` is set (checked every `tick`).
@@ -212,6 +253,7 @@ impl PoolServer {
         if let Kind::Control(client) = conn.kind {
             let freed = self.ledger.unregister(client);
             self.tokens.remove(&client);
+            self.controllers.remove(&client);
             tracing::info!(
                 pid = conn.pid,
                 client,
@@ -253,6 +295,7 @@ impl PoolServer {
                 }
             }
             (Kind::Control(c), "shrink") => (Some(self.shrink(*c, msg)), None),
+            (Kind::Control(c), "usage") => (Some(self.usage(*c, msg)), None),
             (Kind::Control(_), other) => (Some(err_reply(2, format!("unknown op `{other}`: register, grow, shrink, usage, status"))), None),
             (Kind::Callback(_), _) => (None, None),
         }
@@ -736,6 +779,26 @@ mod tests {
             (json!([4, 5]), 2),
             "created for online: sent with the reply"
         );
+    }
+
+    #[test]
+    fn usage_feeds_online_reservation_and_is_refused_for_offline() {
+        let r = start(4096);
+        let (on, _, _) = register(&r, "online");
+        call(&on, json!({"op": "grow", "count": 2}));
+        // 120 of 128 MiB used: over 90% of what is mapped, so a pressure event.
+        let (reply, _) = call(&on, json!({"op": "usage", "used_bytes": 120u64 << 20}));
+        assert_eq!(reply["pressure"], true, "{reply}");
+        assert!(
+            reply["target_handles"].as_u64().unwrap() > 2,
+            "headroom above use: {reply}"
+        );
+        let (off, _, _) = register(&r, "offline");
+        assert_eq!(
+            call(&off, json!({"op": "usage", "used_bytes": 1})).0["code"],
+            15
+        );
+        assert_eq!(call(&on, json!({"op": "usage"})).0["code"], 2);
     }
 
     #[test]

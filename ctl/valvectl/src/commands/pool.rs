@@ -57,7 +57,7 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         return Ok(());
     }
     let mib = |h: &Value, n: &str| {
-        h[n].as_u64().unwrap_or(0) * h["handle_bytes"].as_u64().unwrap_or(0) >> 20
+        (h[n].as_u64().unwrap_or(0) * h["handle_bytes"].as_u64().unwrap_or(0)) >> 20
     };
     writeln!(
         out,
