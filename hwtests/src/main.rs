@@ -561,12 +561,12 @@ fn report_preemption(
     r.line(&format!("\n## Preemption of a full CUDA context ({} channels), GPU 0\n\nPersistent hog; {} cycles per path (library and bare ioctl interleaved in blocks of 10), hold {} ms, 5 ms between cycles; plus one 1 s hold. Two contexts: every SM at full occupancy ({} blocks of 256 threads), and 4 blocks per SM ({} blocks, the context the hardware notes measured).\n",
         full.channels, args.cycles, args.hold_ms, hog_result["slots"], four.hog["slots"]));
     r.line(STATS_HEADER);
-    r.line(&stats_row("full occupancy: valve-ctl library", lib_stats));
+    r.line(&stats_row("full occupancy: valve library", lib_stats));
     r.line(&stats_row(
         "full occupancy: bare ioctl (baseline)",
         raw_stats,
     ));
-    r.line(&stats_row("4 blocks/SM: valve-ctl library", &four.lib));
+    r.line(&stats_row("4 blocks/SM: valve library", &four.lib));
     r.line(&stats_row("4 blocks/SM: bare ioctl (baseline)", &four.raw));
     r.line(&format!("\nLibrary overhead per call (call time minus the ioctl inside it): disable p50 {:.1} us / p99 {:.1} us, enable p50 {:.1} us / p99 {:.1} us. Library minus bare-ioctl p50 (disable): {:.1} us.",
         overhead_disable.p50_us, overhead_disable.p99_us, overhead_enable.p50_us, overhead_enable.p99_us,

@@ -3,7 +3,7 @@
 //!
 //! The layouts are those of NVIDIA's open kernel module, stable across the 525-595 branches.
 //! Every struct has a size and field-offset test next to its definition. The safe wrappers that
-//! issue these ioctls live in the `valve-ctl` crate.
+//! issue these ioctls live in the `valve` crate (`ctl/valve`).
 
 pub mod classes;
 pub mod controls;

@@ -4,7 +4,7 @@
 //! Everything it disables is written to the state file *before* the disable, so a restarted
 //! daemon re-enables it (a SIGKILLed daemon must not leave a job frozen); the events that built
 //! the registry are journaled, so a restart still knows running processes. Tests drive
-//! [`DaemonCore`] with the fake RM; [`crate::run`] adds the socket, BPF and signals.
+//! [`DaemonCore`] with the fake RM; [`crate::run()`] adds the socket, BPF and signals.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

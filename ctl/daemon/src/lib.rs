@@ -16,16 +16,16 @@
 //! - [`journal`]: the RM events that built the registry, replayed after a restart.
 //! - [`gate`]: `valvectl gate` (the policy, the gate thread and the daemon's side of it).
 //! - [`procfs`]: what `/proc` says about other processes. [`error`]: why the daemon stopped.
+//! - [`memory`]: the GPU memory pool (issue 10): ledger, reclaim and the pool socket, started
+//!   beside the control socket by [`run_with_pool`].
 //!
 //! Everything the daemon disables is written to the state file (`valve::state`) *before* the
 //! disable, so a restarted daemon re-enables it even after a SIGKILL.
 //!
 //! # What comes next
 //!
-//! New roles of the daemon get a module here beside [`gate`], owned and fed by [`DaemonCore`],
-//! with their requests in [`protocol`]:
-//! - [`memory`]: the GPU memory pool (issue 10): ledger, reclaim and the pool socket, started by
-//!   [`run_with_pool`];
+//! New roles of the daemon get a module here beside [`gate`] and [`memory`], fed by
+//! [`DaemonCore`], with their requests in [`protocol`]:
 //! - metrics (Prometheus counters and histograms of what `status` and `gate status` report;
 //!   issue 12), not built yet;
 //! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first

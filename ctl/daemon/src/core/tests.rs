@@ -1,3 +1,6 @@
+//! Tests of [`DaemonCore`] over the fake RM: preempt and resume by pid, hold limits, restarts
+//! (state file and journal), and the gate as the daemon runs it.
+
 use std::sync::Arc;
 
 use super::*;
