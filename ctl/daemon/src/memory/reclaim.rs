@@ -97,6 +97,9 @@ pub struct Outcome {
     pub killed: Vec<ClientId>,
     /// Clients skipped because they could not be frozen.
     pub not_frozen: Vec<ClientId>,
+    /// Pids still frozen: the caller hands the memory over first, then calls
+    /// [`Reclaimer::thaw`] (online's wait does not include the enable).
+    pub frozen: Vec<u32>,
 }
 
 /// Counters for `status` and metrics.
@@ -146,6 +149,15 @@ impl Reclaimer {
             deadline,
             next_rid: 0,
             stats: ReclaimStats::default(),
+        }
+    }
+
+    /// Resumes what a [`Reclaimer::run`] left frozen.
+    pub fn thaw(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            if let Err(e) = self.freezer.thaw(pid) {
+                tracing::warn!(pid, "thawing after a reclaim failed: {e}");
+            }
         }
     }
 
@@ -216,7 +228,9 @@ impl Reclaimer {
             }
         }
         self.stats.last_us = started.elapsed().as_micros() as u64;
-        drop(frozen);
+        // Left frozen on purpose; if the caller never thaws (it panicked), the daemon's own hold
+        // limit (DaemonSocketFreezer::max_hold) resumes them.
+        out.frozen = std::mem::take(&mut frozen.pids);
         out
     }
 }

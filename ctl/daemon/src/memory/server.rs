@@ -47,6 +47,8 @@ pub struct PoolServer {
     allowed: PeerCheck,
     reclaimer: Reclaimer,
     reservation: ReservationConfig,
+    /// Offline pids a reclaim left frozen until online's reply is out.
+    to_thaw: Vec<u32>,
     /// MIAD state per online client, fed by its `usage` reports.
     controllers: BTreeMap<ClientId, ReservationController>,
     started: Instant,
@@ -94,6 +96,7 @@ impl PoolServer {
             reservation: ReservationConfig::default(),
             controllers: BTreeMap::new(),
             started: Instant::now(),
+            to_thaw: Vec::new(),
         }
     }
 
@@ -215,6 +218,9 @@ impl PoolServer {
                 if let Some((client, reply_fds)) = attach {
                     self.send_fds(fd, client, reply_fds);
                 }
+                // Online has its answer; now offline may run again.
+                let pids = std::mem::take(&mut self.to_thaw);
+                self.reclaimer.thaw(&pids);
             }
             Ok(None) => self.drop_conn(fd),
             Err(e) => self.answer(fd, err_reply(2, format!("bad request: {e}"))),
@@ -492,6 +498,7 @@ impl PoolServer {
                 .client(client)
                 .is_ok_and(|c| handles.iter().all(|h| c.held.contains(h)))
         });
+        self.to_thaw.extend(&outcome.frozen);
         let mut got = Vec::new();
         for (client, handles) in outcome.returned {
             if self.ledger.transfer(client, &handles, to).is_ok() {
@@ -524,7 +531,13 @@ mod tests {
     struct Log(Arc<Mutex<Vec<String>>>);
 
     impl Log {
-        fn take(&self) -> Vec<String> {
+        /// The calls so far, once `n` have happened (the thaw follows online's reply, so it
+        /// can land just after the reply is read).
+        fn take(&self, n: usize) -> Vec<String> {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while self.0.lock().unwrap().len() < n && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
             std::mem::take(&mut self.0.lock().unwrap())
         }
     }
@@ -736,7 +749,7 @@ mod tests {
         );
         let me = std::process::id();
         assert_eq!(
-            r.log.take(),
+            r.log.take(2),
             vec![format!("freeze {me}"), format!("thaw {me}")]
         );
         let (st, _) = call(&on, json!({"op": "status"}));
@@ -819,7 +832,7 @@ mod tests {
         assert_eq!(reply["handles"].as_array().unwrap().len(), 2, "{reply}");
         let me = std::process::id();
         assert_eq!(
-            r.log.take(),
+            r.log.take(3),
             vec![
                 format!("freeze {me}"),
                 format!("kill {me}"),
