@@ -4,6 +4,8 @@
 //! freed handles and uses them, and offline resumes. Prints and writes timings and checks.
 
 mod discover;
+mod e2e;
+mod e2e_child;
 mod offline;
 mod online;
 mod pool;
@@ -28,6 +30,32 @@ struct Cli {
 enum Cmd {
     /// The measurement (the pool side); starts its children itself.
     Run(pool::RunArgs),
+    /// The whole path: `valvectl daemon --pool`, offline and online children on valve-client.
+    E2e(e2e::E2eArgs),
+    /// (internal) The end-to-end run's offline child.
+    #[command(hide = true)]
+    E2eOffline {
+        #[arg(long)]
+        sock_fd: i32,
+        #[arg(long)]
+        ptx: PathBuf,
+        #[arg(long)]
+        pool: PathBuf,
+        #[arg(long)]
+        gib: u64,
+        #[arg(long)]
+        kernel_ms: f64,
+    },
+    /// (internal) The end-to-end run's online child.
+    #[command(hide = true)]
+    E2eOnline {
+        #[arg(long)]
+        sock_fd: i32,
+        #[arg(long)]
+        ptx: PathBuf,
+        #[arg(long)]
+        pool: PathBuf,
+    },
     /// (internal) The offline child.
     #[command(hide = true)]
     Offline {
@@ -66,6 +94,17 @@ fn inherited(fd: i32) -> UnixStream {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(a) => pool::run(&a),
+        Cmd::E2e(a) => e2e::run(&a),
+        Cmd::E2eOffline {
+            sock_fd,
+            ptx,
+            pool,
+            gib,
+            kernel_ms,
+        } => e2e_child::run_offline(inherited(sock_fd), &ptx, &pool, gib, kernel_ms),
+        Cmd::E2eOnline { sock_fd, ptx, pool } => {
+            e2e_child::run_online(inherited(sock_fd), &ptx, &pool)
+        }
         Cmd::Offline {
             sock_fd,
             ptx,

@@ -28,10 +28,10 @@ struct Stepper {
 fn start_steps(side: &Side, passes: u32) -> Result<Stepper> {
     let stop = Arc::new(AtomicBool::new(false));
     let launches = Arc::new(AtomicU64::new(0));
-    let stream = side.ctx.new_stream()?;
+    let stream = side.k.ctx.new_stream()?;
     // The thread needs its own view of the kernel and range; only raw addresses cross over.
     let (ctx, func, base, words) = (
-        side.ctx.clone(),
+        side.k.ctx.clone(),
         side.func("stream_add")?,
         side.ptr(0),
         side.words(side.slots),
@@ -65,7 +65,7 @@ fn start_steps(side: &Side, passes: u32) -> Result<Stepper> {
 
 /// Picks passes so one launch lasts about `kernel_ms`.
 fn calibrate(side: &Side, kernel_ms: f64) -> Result<u32> {
-    let stream = side.ctx.new_stream()?;
+    let stream = side.k.ctx.new_stream()?;
     side.launch_stream_add(&stream, 1)?;
     stream.synchronize()?;
     let t = Instant::now();

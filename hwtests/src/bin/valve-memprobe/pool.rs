@@ -53,13 +53,13 @@ pub struct RunArgs {
 }
 
 /// A child process with its socket; killed if still running when dropped.
-struct Child {
+pub struct Child {
     proc: Process,
     sock: UnixStream,
 }
 
 impl Child {
-    fn spawn(role: &str, args: &[String]) -> Result<Child> {
+    pub fn spawn(role: &str, args: &[String]) -> Result<Child> {
         let (mine, theirs) = proto::seqpacket_pair()?;
         let fd = theirs.as_raw_fd();
         // The child's end must survive exec: clear close-on-exec on it only.
@@ -78,11 +78,11 @@ impl Child {
         Ok(Child { proc, sock: mine })
     }
 
-    fn call(&self, m: Value, fds: &[OwnedFd]) -> Result<Value> {
+    pub fn call(&self, m: Value, fds: &[OwnedFd]) -> Result<Value> {
         proto::call(&self.sock, &m, fds)
     }
 
-    fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.proc.id()
     }
 }
@@ -94,7 +94,7 @@ impl Drop for Child {
     }
 }
 
-fn nvml_used() -> Option<u64> {
+pub fn nvml_used() -> Option<u64> {
     let nvml = nvml_wrapper::Nvml::init().ok()?;
     let used = nvml.device_by_index(0).ok()?.memory_info().ok()?.used;
     Some(used)
@@ -242,6 +242,11 @@ impl Rig<'_> {
                   "offline_frozen_us": us(t0), "offline_swap": swap, "online_use": used}),
         )
     }
+}
+
+/// p50/p99/max of microsecond samples.
+pub fn summary_of(xs: &[f64]) -> Value {
+    serde_json::to_value(summarize_us(xs)).unwrap_or(Value::Null)
 }
 
 /// p50/p99/max of one field over samples.
