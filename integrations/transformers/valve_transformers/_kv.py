@@ -1,0 +1,358 @@
+"""One transformers KV cache backed by a Valve KV space: layout, region tensors, grants, reclaims.
+
+`ValveKV` is the Valve side of the integration. It owns the KV space (from the Valve client or
+the fake), hands out the per-layer K/V tensors while `PagedAttentionCache.__init__` runs, keeps
+transformers' `BlockManager` limited to blocks in slots this process holds, and does the per-step
+bookkeeping (block owners for Algorithm 1, MIAD usage for online, growth for offline).
+
+Lines that change what transformers' own data structures hold are marked `# [FW]`; they are the
+integration's changed lines of framework logic (DESIGN.md lists them, tests/test_budget.py counts
+them). Everything else only reads transformers' state or talks to the Valve client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from typing import Any
+
+logger = logging.getLogger("valve_transformers")
+
+DEFAULT_MAX_BATCH_TOKENS = 2048
+
+
+class ValveKV:
+    """The Valve KV space behind one `PagedAttentionCache`."""
+
+    def __init__(self, space: Any, role: str, *, cache_shape: tuple, block_size: int, dtype: Any,
+                 device: Any, max_batch_tokens: int, policy: dict) -> None:
+        self.space = space
+        self.role = role
+        self.block_size = block_size
+        self.dtype = dtype
+        self.device = device
+        self.cache_shape = cache_shape
+        self.max_batch_tokens = max_batch_tokens
+        self.bps = space.blocks_per_slot
+        self.num_blocks = space.slots * space.blocks_per_slot
+        self.policy = policy
+        self.held: set[int] = set()
+        self._next_region = 0
+        self._no_grow_until = 0.0  # after a refusal: no growth, and (online) no growable blocks shown
+        self._growth_paused = False  # during warmup
+        self._release_at_step: int | None = None
+        self._step = 0
+        self._last_usage = float("-inf")
+        self._reported: dict[str, tuple[int, ...]] = {}
+        self._rid: dict[str, int] = {}
+        self._next_rid = 0
+        self._pending_blocks: set[int] = set()
+        self._pending_shrink: list[int] = []
+        self._async = False  # the cache's batching mode, as last seen at a step boundary
+        self.stats = {"requeued": 0, "invalidated_blocks": 0, "grown_handles": 0, "shrunk_handles": 0,
+                      "refusals": 0, "memory_waits": 0, "steps": 0}
+
+    # ------------------------------------------------------------------ creation
+
+    @classmethod
+    def open(cls, kv_space_factory, role: str, cache_mod: Any, config: Any, cb_config: Any, device: Any,
+             dtype: Any, tp_size: int, policy: dict) -> "ValveKV":
+        """Opens the KV space for the cache transformers is about to build (same arithmetic as
+        `PagedAttentionCache.__init__`: one K and one V tensor per layer of a layer group)."""
+        if tp_size > 1:
+            raise NotImplementedError("valve_transformers backs single-GPU caches only (tensor parallelism is not supported)")
+        kv_heads = cache_mod.find_num_kv_heads(config)
+        head_dim = cache_mod.find_head_dim(config)
+        layer_groups, _ = cache_mod.group_layers_by_attn_type(config)
+        group_size = len(layer_groups[0])
+        block_size = cb_config.block_size
+        itemsize = dtype.itemsize
+        regions = 2 * group_size
+        block_bytes = block_size * kv_heads * head_dim * itemsize
+        tail_bytes = 2 * block_bytes  # transformers' read-trash and write-trash blocks, never reclaimed
+        space = kv_space_factory(regions=regions, capacity_bytes_per_region=policy.get("capacity_bytes_per_region", 0),
+                                 block_bytes=block_bytes, tail_bytes=tail_bytes, device=device)
+        if space.regions != regions or space.block_bytes != block_bytes:
+            raise RuntimeError(f"the Valve KV space has {space.regions} regions of {space.block_bytes}-byte blocks; "
+                               f"the cache needs {regions} regions of {block_bytes}-byte blocks")
+        if space.piece_bytes % block_bytes or space.tail_bytes < tail_bytes:
+            raise RuntimeError("the Valve KV space's pieces do not hold whole blocks, or its tail is too small")
+        num_blocks = space.slots * space.blocks_per_slot
+        cache_shape = ((num_blocks + 2) * block_size, kv_heads, head_dim)
+        mbt = cb_config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS
+        v = cls(space, role, cache_shape=cache_shape, block_size=block_size, dtype=dtype, device=device,
+                max_batch_tokens=mbt, policy=policy)
+        v.regions = regions
+        v.region_bytes = (num_blocks + 2) * block_bytes
+        return v
+
+    def wants(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a `torch.empty` call made by `PagedAttentionCache.__init__` is a KV tensor."""
+        shape = args[0] if args else kwargs.get("size")
+        return (self._next_region < self.regions and shape is not None
+                and tuple(shape) == self.cache_shape and kwargs.get("dtype", self.dtype) == self.dtype)
+
+    def next_region_tensor(self) -> Any:
+        """The next K or V tensor (transformers allocates K0, V0, K1, V1, ...): region i of the space,
+        seen as a tensor without a copy (DLPack), covering every slot plus the tail."""
+        import torch
+
+        i = self._next_region
+        self._next_region += 1
+        region = self.space.region(i)
+        if hasattr(region, "__dlpack__"):
+            raw = torch.from_dlpack(region)
+        else:  # __cuda_array_interface__ (version 3), 1-D uint8
+            raw = torch.as_tensor(region, device=self.device)
+        if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() < self.region_bytes:
+            raise RuntimeError(f"Valve region {i} is a {raw.dtype} tensor of {raw.numel()} elements; "
+                               f"expected at least {self.region_bytes} bytes")
+        if torch.device(self.device).type != raw.device.type:
+            raise RuntimeError(f"Valve region {i} is on {raw.device}, the model on {self.device}")
+        return raw[: self.region_bytes].view(self.dtype).view(self.cache_shape)
+
+    def attach(self, cache: Any) -> None:
+        """After `PagedAttentionCache.__init__`: the allocator only hands out blocks of held slots."""
+        if self._next_region != self.regions:
+            raise RuntimeError(f"PagedAttentionCache allocated {self._next_region} KV tensors from Valve, expected "
+                               f"{self.regions}: this transformers version allocates differently; update the shim")
+        bm = cache._block_manager
+        bm._valve = self
+        cache._valve = self
+        self.group_cache_managers = cache.group_cache_managers
+        self.drop_blocks(bm, range(self.num_blocks))
+        if self.role == "offline":
+            self._grow_up_to(bm, self.policy.get("initial_handles"))
+        else:
+            self._grow_up_to(bm, self.policy.get("initial_handles", 0) or 0)
+
+    def close(self) -> None:
+        """Gives every held handle back (the cache was dropped)."""
+        held, self.held = sorted(self.held) + self._pending_shrink, set()
+        self._pending_shrink = []
+        try:
+            held = sorted(set(held).intersection(self.space.held_slots()))
+            if held:
+                self.space.shrink(held)
+            if self._release_at_step is not None:
+                self.space.release_quarantined()
+            if hasattr(self.space, "close"):
+                self.space.close()
+        except Exception as e:  # the process may be exiting
+            logger.warning("could not give Valve memory back: %s", e)
+
+    # ------------------------------------------------------------------ allocator
+
+    def slot_blocks(self, slot: int) -> range:
+        return range(slot * self.bps, (slot + 1) * self.bps)
+
+    def grant(self, bm: Any, slots: list[int]) -> None:
+        """Slots the pool lent this process: their blocks become free blocks of transformers' allocator."""
+        self.held.update(slots)
+        bm._uninit_block_ids.extend(b for s in sorted(slots) for b in self.slot_blocks(s))  # [FW]
+
+    def drop_blocks(self, bm: Any, blocks) -> None:
+        """Blocks leave transformers' allocator (reclaimed, given back, or never granted): out of the free
+        lists, and out of the prefix-sharing tables (their content is gone)."""
+        gone = set(blocks)
+        bm._uninit_block_ids = deque(b for b in bm._uninit_block_ids if b not in gone)  # [FW]
+        for b in gone.intersection(bm._init_block_ids):
+            bm._init_block_ids.pop(b)  # [FW]
+            bm._hash_to_id.pop(bm._id_to_block.pop(b).hash, None)  # [FW]
+
+    def growable_blocks(self) -> int:
+        """Blocks the allocator may count as free beyond those granted. Online can take any pool handle
+        it does not hold (offline's are reclaimed for it); offline only gets what it asks for."""
+        if self.role != "online" or time.monotonic() < self._no_grow_until or self._growth_paused:
+            return 0
+        return (self.space.slots - len(self.held)) * self.bps
+
+    def grow_for(self, bm: Any, need: int) -> None:
+        """An allocation needs `need` free blocks: if fewer are granted, ask the pool for the rest first.
+        Online's request may reclaim memory from offline; offline's only gets free memory."""
+        free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
+        if need > free:
+            self._grow(bm, math.ceil((need - free) / self.bps))
+
+    def _grow(self, bm: Any, handles: int) -> int:
+        """Asks the pool for `handles` handles; returns how many were lent. Lent less than asked: no more
+        asking, and (online) no counting of ungranted blocks, for `refusal_backoff_s`."""
+        if self._growth_paused or time.monotonic() < self._no_grow_until:
+            return 0
+        # The client's own view of what it holds: a reclaim not collected yet already counts there.
+        n = asked = min(handles, self.space.slots - len(self.space.held_slots()))
+        slots: list[int] = []
+        while n >= 1 and not slots:  # a pool answers all or nothing: halve the ask until it fits
+            try:
+                slots = self.space.grow(n)
+            except MemoryError as e:
+                logger.debug("Valve pool refused %d handle(s): %s", n, e)
+                n //= 2
+        if slots:
+            self.grant(bm, slots)
+            self.stats["grown_handles"] += len(slots)
+        if len(slots) < asked or asked < handles:
+            self.stats["refusals"] += 1
+            self._no_grow_until = time.monotonic() + self.policy.get("refusal_backoff_s", 0.05)
+        return len(slots)
+
+    def _grow_up_to(self, bm: Any, handles: int | None) -> None:
+        """Holds `handles` handles, or as many as the pool lends (None)."""
+        want = (self.space.slots if handles is None else handles) - len(self.held)
+        while want > 0:
+            self._no_grow_until = 0.0
+            got = self._grow(bm, want)
+            if not got:
+                break
+            want -= got
+        self._no_grow_until = 0.0
+
+    def wait_for_memory(self, bm: Any) -> bool:
+        """Offline with nothing to evict: wait for the pool to lend a handle instead of failing."""
+        if self.role != "offline":
+            return False
+        self.stats["memory_waits"] += 1
+        deadline = time.monotonic() + self.policy.get("memory_wait_s", 600.0)
+        delay = 0.002
+        while time.monotonic() < deadline:
+            self._release_quarantine(force=True)
+            self._no_grow_until = 0.0
+            if self._grow(bm, 1):
+                return True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        logger.error("no Valve pool memory for offline within %.0f s", self.policy.get("memory_wait_s", 600.0))
+        return False
+
+    # ------------------------------------------------------------------ reclaim (offline)
+
+    def collect_doomed(self, cache: Any, scheduler: Any, use_async: bool = False) -> list:
+        """The step boundary: blocks invalidated since the last step (Valve's callback) and the requests
+        owning any of them, which must go back to waiting. Their blocks leave the allocator once the
+        requests have released them (`drop_invalidated`)."""
+        self._async = use_async
+        if self.role != "offline":
+            return []
+        blocks = self.space.take_invalidated()
+        if not blocks:
+            return []
+        gone = set(blocks)
+        self._pending_blocks |= gone
+        self.held -= {b // self.bps for b in gone}
+        self.stats["invalidated_blocks"] += len(gone)
+        doomed = []
+        for rid, state in scheduler.active_requests.items():
+            if any(b in gone for cm in cache.group_cache_managers for b in cm.block_table.get(rid, ())):
+                doomed.append(state)
+        self.stats["requeued"] += len(doomed)
+        logger.info("Valve reclaimed %d block(s): %d request(s) go back to waiting", len(gone), len(doomed))
+        return doomed
+
+    def drop_invalidated(self, cache: Any) -> None:
+        """After the requeue: the reclaimed blocks leave the allocator for good (until the slot is refilled)."""
+        if not self._pending_blocks:
+            return
+        gone, self._pending_blocks = self._pending_blocks, set()
+        for cm in cache.group_cache_managers:
+            for rid, table in cm.block_table.items():
+                if gone.intersection(table):
+                    logger.error("request %s still holds reclaimed blocks after the requeue", rid)
+        self.drop_blocks(cache._block_manager, gone)
+        # after_step counts this step first. In sync mode nothing runs on the GPU now: release at this
+        # step's end. In async mode the batch launched before this update may still write into the
+        # quarantine: release at the end of the next update, which has waited for that batch.
+        self._release_at_step = self._step + (2 if self._async else 1)
+
+    def _release_quarantine(self, force: bool = False) -> None:
+        if self._release_at_step is not None and (force or self._step >= self._release_at_step):
+            if force:
+                self._sync_device()
+            self.space.release_quarantined()
+            self._release_at_step = None
+
+    def _sync_device(self) -> None:
+        """Waits for every kernel of this process on the cache's device (only off the hot path)."""
+        import torch
+
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ step boundary
+
+    def after_step(self, cache: Any, scheduler: Any, use_async: bool) -> None:
+        self._async = use_async
+        self._step += 1
+        self.stats["steps"] += 1
+        bm = cache._block_manager
+        self.drop_invalidated(cache)
+        if self._pending_shrink:  # chosen last step; the batch that was in flight then is done now
+            slots, self._pending_shrink = self._pending_shrink, []
+            self.space.shrink(slots)
+        if self.role == "offline":
+            self._release_quarantine()
+            self._report_owners(cache, scheduler)
+            free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
+            low = self.policy.get("grow_below_free_fraction", 0.1) * len(self.held) * self.bps
+            if scheduler.waiting_requests and free <= low:
+                self._grow(bm, self.policy.get("grow_handles", 1))
+        else:
+            self._online_usage(bm)
+
+    def _report_owners(self, cache: Any, scheduler: Any) -> None:
+        """Block owners and their recompute cost (tokens) for the client's Algorithm 1, sent when a
+        request's blocks change."""
+        if not hasattr(self.space, "set_owners"):
+            return
+        current: dict[str, tuple[int, ...]] = {}
+        for rid in scheduler.active_requests:
+            current[rid] = tuple(b for cm in cache.group_cache_managers for b in cm.block_table.get(rid, ()))
+        stale = [rid for rid, blocks in self._reported.items() if current.get(rid) != blocks]
+        for rid in stale:
+            self.space.clear_owners(list(self._reported.pop(rid)))
+            if rid not in current:
+                self._rid.pop(rid, None)
+        for rid, blocks in current.items():
+            if rid not in self._reported and blocks:
+                if rid not in self._rid:
+                    self._next_rid += 1
+                    self._rid[rid] = self._next_rid
+                idx = self._rid[rid]
+                tokens = scheduler.active_requests[rid].position_offset
+                self.space.set_owners(list(blocks), idx, tokens)
+                self._reported[rid] = blocks
+
+    def _online_usage(self, bm: Any) -> None:
+        """MIAD reservation: report usage; hold the number of handles the daemon asks for (grow ahead of
+        demand, give back slots with no block in use)."""
+        now = time.monotonic()
+        if now - self._last_usage < self.policy.get("usage_interval_s", 0.01):
+            return
+        self._last_usage = now
+        free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
+        used_blocks = len(self.held) * self.bps - free
+        target = self.space.usage(used_blocks * self.space.block_bytes * self.space.regions)
+        if target is None:
+            return
+        if target > len(self.held):
+            self._grow(bm, target - len(self.held))
+        elif target < len(self.held):
+            self.shrink_free(bm, len(self.held) - target)
+
+    def shrink_free(self, bm: Any, count: int) -> list[int]:
+        """Gives back up to `count` held slots none of whose blocks is in use."""
+        free = set(bm._uninit_block_ids).union(bm._init_block_ids)
+        slots = [s for s in sorted(self.held, reverse=True) if all(b in free for b in self.slot_blocks(s))][:count]
+        if not slots:
+            return []
+        self.drop_blocks(bm, (b for s in slots for b in self.slot_blocks(s)))
+        self.held.difference_update(slots)
+        if self._async:
+            # A batch launched before this update may still write into blocks freed by it: the
+            # handles go back at the next step boundary, once that batch is done.
+            self._pending_shrink += slots
+        else:
+            self.space.shrink(slots)
+        self.stats["shrunk_handles"] += len(slots)
+        return slots
