@@ -56,6 +56,11 @@ pub struct PoolArgs {
     /// How long an offline process has to give memory back before it is killed.
     #[arg(long, value_parser = parse_duration, default_value = "100ms", value_name = "DURATION")]
     pub pool_reclaim_deadline: Duration,
+    /// Reclaims per minute that MIAD reservation steers each online process to: online keeps a
+    /// headroom of mapped memory that grows on pressure and shrinks by one handle per interval,
+    /// and the interval adapts so that pressure (a reclaim) happens about this often.
+    #[arg(long, default_value_t = 2.0, value_name = "PER_MIN")]
+    pub pool_target_reclaims_per_min: f64,
 }
 
 impl PoolArgs {
@@ -76,6 +81,7 @@ impl PoolArgs {
             max_bytes: self.pool_max_gib.map_or(u64::MAX, |g| g << 30),
             keep_free_bytes: self.pool_keep_free_mib << 20,
             reclaim_deadline: self.pool_reclaim_deadline,
+            target_reclaims_per_min: self.pool_target_reclaims_per_min,
         }))
     }
 }
