@@ -38,6 +38,18 @@ pub struct E2eArgs {
     /// One offline kernel's length.
     #[arg(long, default_value_t = 200.0)]
     pub kernel_ms: f64,
+    /// MIAD: seconds of bursty online demand, once without reservation and once with (0: skip).
+    #[arg(long, default_value_t = 0.0)]
+    pub trace_secs: f64,
+    /// MIAD's target, reclaims per minute (the daemon's --pool-target-reclaims-per-min).
+    #[arg(long, default_value_t = 30.0)]
+    pub target_reclaims_per_min: f64,
+    /// Which traces: `none` (online holds exactly its demand), `miad` (what reservation says).
+    #[arg(long, value_delimiter = ',', default_value = "none,miad")]
+    pub trace_modes: Vec<String>,
+    /// Mean time between bursts of the demand trace, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub mean_gap_s: f64,
 }
 
 const HANDLE_MIB: u64 = 64;
@@ -67,6 +79,8 @@ impl Daemon {
             .arg(a.offline_gib.to_string())
             .arg("--pool-handle-mib")
             .arg(HANDLE_MIB.to_string())
+            .arg("--pool-target-reclaims-per-min")
+            .arg(a.target_reclaims_per_min.to_string())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -143,6 +157,59 @@ fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) -> bool {
     true
 }
 
+fn reclaims(d: &Daemon) -> u64 {
+    d.status()
+        .map_or(0, |s| s["reclaims"]["reclaims"].as_u64().unwrap_or(0))
+}
+
+/// MIAD on the GPU: a fresh offline child takes all free memory back at every step boundary;
+/// online follows a bursty demand for `trace_secs`, first holding exactly its demand, then
+/// what MIAD reservation says. Reclaims per minute come from the daemon's counter.
+fn traces(a: &E2eArgs, daemon: &Daemon, online: &Child) -> Result<Value> {
+    let args = [
+        "--ptx".into(),
+        a.ptx.display().to_string(),
+        "--pool".into(),
+        daemon.pool.display().to_string(),
+        "--gib".into(),
+        a.offline_gib.to_string(),
+        "--kernel-ms".into(),
+        a.kernel_ms.to_string(),
+    ];
+    let offline = Child::spawn("e2e-offline", &args)?;
+    offline.call(json!({"op": "start"}), &[])?;
+    offline.call(json!({"op": "greedy"}), &[])?;
+    let mut out = serde_json::Map::new();
+    for name in &a.trace_modes {
+        let miad = name == "miad";
+        let before = reclaims(daemon);
+        let req =
+            json!({"op": "trace", "secs": a.trace_secs, "miad": miad, "mean_gap_s": a.mean_gap_s});
+        let t = online.call(req, &[])?;
+        let n = reclaims(daemon) - before;
+        let secs = t["secs"].as_f64().unwrap_or(a.trace_secs);
+        let per_min = n as f64 * 60.0 / secs;
+        let late = t["grows_second_half"].as_f64().unwrap_or(0.0) * 120.0 / secs;
+        println!(
+            "  demand trace, {name}: {n} reclaims in {secs:.0} s = {per_min:.1}/min, online grows in the second half {late:.1}/min (target {}); online short of its demand in {} of its 10 ms ticks, {:.1} spare handles on average",
+            a.target_reclaims_per_min, t["short_ticks"], t["mean_spare_handles"].as_f64().unwrap_or(0.0)
+        );
+        out.insert(
+            name.clone(),
+            json!({"reclaims": n, "reclaims_per_min": per_min, "grows_per_min_second_half": late, "online": t}),
+        );
+    }
+    out.insert(
+        "offline_end".into(),
+        offline.call(json!({"op": "stop"}), &[])?,
+    );
+    out.insert(
+        "target_reclaims_per_min".into(),
+        a.target_reclaims_per_min.into(),
+    );
+    Ok(Value::Object(out))
+}
+
 /// After the cycles: offline killed while holding memory, the daemon killed and restarted while
 /// online maps memory, then everything stopped. Returns the checks with NVML's readings.
 fn faults(
@@ -158,6 +225,11 @@ fn faults(
         daemon.status().is_ok_and(|s| s["gpus"][0]["offline"] == 0)
     });
     let st = daemon.status()?;
+    let miad = if a.trace_secs > 0.0 {
+        traces(a, &daemon, &online)?
+    } else {
+        Value::Null
+    };
     let n = a.offline_gib * 1024 / HANDLE_MIB;
     let g = online.call(json!({"op": "grow", "count": n}), &[])?;
     online.call(json!({"op": "use"}), &[])?;
@@ -179,6 +251,7 @@ fn faults(
         "used_mib_daemon_dead_online_alive": used_daemon_dead,
         "restarted_pool": restarted["gpus"][0],
         "used_mib_after_everything_stopped": used_end,
+        "miad_traces": miad,
     }))
 }
 

@@ -38,6 +38,8 @@ fn serve(sock: &UnixStream, mut handle: impl FnMut(&Value) -> Result<Value>) -> 
 
 struct Steps {
     stop: Arc<AtomicBool>,
+    /// Take back free pool memory at every step boundary (as a framework growing its cache).
+    greedy: Arc<AtomicBool>,
     want: Arc<AtomicU64>,
     launches: Arc<AtomicU64>,
     thread: JoinHandle<Result<(BTreeSet<u32>, Vec<f64>)>>,
@@ -106,6 +108,9 @@ impl Offline {
         let (base, words, passes, bps) =
             (self.base, self.words(), self.passes, self.blocks_per_slot);
         let stop = Arc::new(AtomicBool::new(false));
+        let greedy = Arc::new(AtomicBool::new(false));
+        let g2 = greedy.clone();
+        let slots = self.slots;
         let want = Arc::new(AtomicU64::new(0));
         let launches = Arc::new(AtomicU64::new(0));
         let (s2, w2, l2) = (stop.clone(), want.clone(), launches.clone());
@@ -121,6 +126,9 @@ impl Offline {
                     regrow_us.push(us(t));
                     w2.store(0, Ordering::Release);
                 }
+                if g2.load(Ordering::Relaxed) {
+                    refill_free(&mut client.lock().unwrap(), slots);
+                }
                 k.stream_add_at(&stream, base, words, passes)?;
                 stream.synchronize()?;
                 l2.fetch_add(1, Ordering::Relaxed);
@@ -132,6 +140,7 @@ impl Offline {
         });
         Ok(Steps {
             stop,
+            greedy,
             want,
             launches,
             thread,
@@ -185,7 +194,17 @@ impl Offline {
     }
 }
 
-/// The offline child: serves start / regrow / stop.
+/// Grows one handle at a time into empty slots until the pool has none free.
+fn refill_free(client: &mut Client, slots: u32) {
+    let held = client.stats().held_slots;
+    for _ in held..slots {
+        if client.grow(1).is_err() {
+            break;
+        }
+    }
+}
+
+/// The offline child: serves start / regrow / greedy / stop.
 pub fn run_offline(
     sock: UnixStream,
     ptx: &Path,
@@ -197,6 +216,11 @@ pub fn run_offline(
     serve(&sock, |m| match m["op"].as_str().unwrap_or("") {
         "start" => me.start(kernel_ms),
         "regrow" => me.regrow(m["count"].as_u64().unwrap_or(0)),
+        "greedy" => {
+            let steps = me.steps.as_ref().context("not started")?;
+            steps.greedy.store(true, Ordering::Relaxed);
+            Ok(json!({"ok": true}))
+        }
         "stop" => me.stop(),
         op => bail!("unknown op {op}"),
     })
@@ -239,7 +263,88 @@ impl Online {
     }
 }
 
-/// The online child: serves grow / use / shrink.
+/// A bursty KV demand, in handles: a base, plus bursts arriving as a Poisson process, each of
+/// a random size held for a random time (long prompts arriving together).
+struct Demand {
+    rng: u64,
+    base: u64,
+    bursts: Vec<(Instant, u64)>,
+    next: Instant,
+    mean_gap_s: f64,
+}
+
+impl Demand {
+    fn rand(&mut self) -> f64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn now(&mut self, t: Instant) -> u64 {
+        while t >= self.next {
+            let size = 2 + (self.rand() * 9.0) as u64;
+            let hold = Duration::from_secs_f64(1.0 + 2.0 * self.rand());
+            self.bursts.push((self.next + hold, size));
+            let gap = -self.mean_gap_s * (1.0 - self.rand()).ln();
+            self.next += Duration::from_secs_f64(gap);
+        }
+        self.bursts.retain(|(end, _)| *end > t);
+        self.base + self.bursts.iter().map(|(_, s)| s).sum::<u64>()
+    }
+}
+
+impl Online {
+    /// Follows the demand for `secs`: with `miad`, holds what the daemon's reservation says
+    /// (never less than the demand); without, exactly the demand. Every 10 ms.
+    fn trace(&mut self, m: &Value) -> Result<Value> {
+        let secs = m["secs"].as_f64().unwrap_or(60.0);
+        let miad = m["miad"] == true;
+        let start = Instant::now();
+        let mut d = Demand {
+            rng: m["seed"].as_u64().unwrap_or(7) | 1,
+            base: m["base"].as_u64().unwrap_or(4),
+            bursts: Vec::new(),
+            next: start,
+            mean_gap_s: m["mean_gap_s"].as_f64().unwrap_or(2.0),
+        };
+        let (mut grows, mut short, mut spare, mut ticks) = (Vec::new(), 0u64, 0u64, 0u64);
+        let mut late_grows = 0u64; // in the second half, after the controller's warm-up
+        while start.elapsed().as_secs_f64() < secs {
+            let now = Instant::now();
+            let need = d.now(now);
+            let mut want = need;
+            if miad {
+                want = want.max(self.client.usage(need * self.slot_bytes)?);
+            }
+            let held = self.held.len() as u64;
+            if want > held {
+                let t = Instant::now();
+                let got = self.client.grow((want - held) as u32)?;
+                grows.push(us(t));
+                late_grows += u64::from(start.elapsed().as_secs_f64() >= secs / 2.0);
+                self.held.extend(got);
+            } else if want < held {
+                let give: Vec<u32> = self.held.split_off(want as usize);
+                self.client.shrink(&give)?;
+            }
+            match (self.held.len() as u64).checked_sub(need) {
+                Some(s) => spare += s,
+                None => short += 1,
+            }
+            ticks += 1;
+            std::thread::sleep(Duration::from_millis(10).saturating_sub(now.elapsed()));
+        }
+        let held = std::mem::take(&mut self.held);
+        self.client.shrink(&held)?;
+        Ok(
+            json!({"grows": grows.len(), "grows_second_half": late_grows, "grow_us": crate::pool::summary_of(&grows), "short_ticks": short,
+                  "mean_spare_handles": spare as f64 / ticks.max(1) as f64, "secs": start.elapsed().as_secs_f64()}),
+        )
+    }
+}
+
+/// The online child: serves grow / use / shrink / trace.
 pub fn run_online(sock: UnixStream, ptx: &Path, pool: &Path) -> Result<()> {
     let k = Kernels::new(ptx)?;
     let mut client = connect(pool, Role::Online)?;
@@ -256,6 +361,7 @@ pub fn run_online(sock: UnixStream, ptx: &Path, pool: &Path) -> Result<()> {
     serve(&sock, |m| match m["op"].as_str().unwrap_or("") {
         "grow" => me.grow(m["count"].as_u64().unwrap_or(0) as u32),
         "use" => me.use_all(),
+        "trace" => me.trace(m),
         "shrink" => {
             let held = std::mem::take(&mut me.held);
             me.client.shrink(&held)?;
