@@ -484,6 +484,14 @@ impl Client {
             .map_or(0, |kv| kv.shared.lock().take_invalidated_into(buf))
     }
 
+    /// The slots backed by pool memory lent to this client now (a reclaim's slots leave at
+    /// once, before [`Client::take_invalidated`]); empty before `kv_space`.
+    pub fn held_slots(&self) -> Vec<u32> {
+        self.kv
+            .as_ref()
+            .map_or_else(Vec::new, |kv| kv.shared.lock().held_slots())
+    }
+
     /// Numbers about this client.
     pub fn stats(&self) -> Stats {
         let mut st = Stats {

@@ -368,6 +368,13 @@ impl Space {
         self.invalidated.len()
     }
 
+    /// The slots backed by pool memory lent to this client, in order.
+    pub fn held_slots(&self) -> Vec<u32> {
+        (0..self.slots.len() as u32)
+            .filter(|&s| matches!(self.slots[s as usize], Slot::Pool { ours: true, .. }))
+            .collect()
+    }
+
     /// `(held, mapped, quarantined)` slot counts.
     pub fn census(&self) -> (u32, u32, u32) {
         let mut c = (0, 0, 0);

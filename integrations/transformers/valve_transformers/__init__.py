@@ -12,7 +12,8 @@ the patches wrap its methods (see DESIGN.md for the hook points and the changed 
 `# [FW]` here and in `_kv.py`).
 
 `install(role, kv_space=...)` takes the factory of KV spaces; by default it connects to the Valve
-daemon through the `valve` Python package. Tests pass `_fake_valve.FakePool(...).kv_space_factory(role)`.
+daemon through the `valve` Python package (`_real_valve.kv_space_factory(role)`, which also takes a
+socket, a GPU and client options). Tests pass `_fake_valve.FakePool(...).kv_space_factory(role)`.
 """
 
 from __future__ import annotations
@@ -79,19 +80,9 @@ def uninstall() -> None:
 
 
 def _valve_client_factory(role: str) -> Callable[..., Any]:
-    def factory(*, regions, capacity_bytes_per_region, block_bytes, tail_bytes, device):
-        try:
-            import valve  # the Valve client's Python package (ctl/client, PyO3)
-        except ImportError as e:
-            raise ImportError("valve_transformers needs the Valve client's Python package `valve` (or pass kv_space=)") from e
-        import torch
+    from ._real_valve import kv_space_factory  # imports `valve` (ctl/client-py) when the first cache is built
 
-        gpu = torch.device(device).index
-        client = valve.Client.connect(role=role, gpu=torch.cuda.current_device() if gpu is None else gpu)
-        return client.kv_space(regions=regions, capacity_bytes_per_region=capacity_bytes_per_region,
-                               block_bytes=block_bytes, tail_bytes=tail_bytes)
-
-    return factory
+    return kv_space_factory(role)
 
 
 # ---------------------------------------------------------------------------- the patches
