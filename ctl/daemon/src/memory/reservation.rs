@@ -288,6 +288,10 @@ pub struct ReservationController {
     last_used: u64,
     /// The last `target_mapped_handles` returned.
     last_target: u64,
+    /// What online should hold: set to use + headroom at a pressure event, then down one
+    /// handle per T. It does not follow use between events: memory online stops using is kept
+    /// (that is the reservation), and use growing into it needs no new memory.
+    reserved: u64,
     /// Timestamps of the events inside the window, oldest first.
     events: VecDeque<Duration>,
     total_events: u64,
@@ -308,6 +312,7 @@ impl ReservationController {
             prev_event_headroom: None,
             last_used: 0,
             last_target: 0,
+            reserved: 0,
             events: VecDeque::new(),
             total_events: 0,
         })
@@ -330,12 +335,18 @@ impl ReservationController {
         let pressure = self.is_pressure(used_bytes, mapped_bytes.max(asked));
         let growth = used_bytes.saturating_sub(self.last_used);
         self.last_used = used_bytes;
+        let base = self.base_handles(used_bytes);
         if pressure {
             self.on_pressure(now, growth.div_ceil(self.cfg.handle_bytes));
-        } else {
-            self.on_quiet(now);
+            self.reserved = base.saturating_add(self.headroom);
+        } else if self.on_quiet(now) && self.reserved > base.saturating_add(self.cfg.min_headroom) {
+            self.reserved -= 1;
         }
-        let target = self.base_handles(used_bytes).saturating_add(self.headroom);
+        // Never less than use plus the floor headroom.
+        self.reserved = self
+            .reserved
+            .max(base.saturating_add(self.cfg.min_headroom));
+        let target = self.reserved;
         self.last_target = target;
         Decision {
             target_mapped_handles: target,
@@ -459,8 +470,11 @@ impl ReservationController {
         scaled.max(at_least).min(max)
     }
 
-    fn on_quiet(&mut self, now: Duration) {
-        if now >= self.next_decrease {
+    /// No pressure: the headroom shrinks one handle per T (true when it did now), and T may
+    /// shorten.
+    fn on_quiet(&mut self, now: Duration) -> bool {
+        let tick = now >= self.next_decrease;
+        if tick {
             self.headroom = self.headroom.saturating_sub(1).max(self.cfg.min_headroom);
             self.next_decrease = now.saturating_add(self.interval);
         }
@@ -470,6 +484,7 @@ impl ReservationController {
             self.interval = shorter.max(self.cfg.t_min);
             self.last_t_change = now;
         }
+        tick
     }
 }
 
@@ -993,6 +1008,38 @@ mod tests {
         assert_eq!(d.headroom_handles, 2);
     }
 
+    /// The reservation is memory, not a margin over current use: when a burst ends, what online
+    /// held stays (shrinking one handle per T), so the next burst of the same size needs none.
+    #[test]
+    fn memory_freed_by_a_burst_is_kept_for_the_next_one() {
+        let mut ctl = ReservationController::new(cfg()).unwrap();
+        let mut mapped = 0;
+        let mut now = Duration::ZERO;
+        let mut step = |ctl: &mut ReservationController, used: u64| {
+            now += STEP;
+            let d = ctl.observe(now, used * HS, mapped);
+            mapped = d.target_mapped_handles * HS;
+            d
+        };
+        step(&mut ctl, 10);
+        let burst = step(&mut ctl, 50);
+        assert!(burst.pressure, "the first burst is a pressure event");
+        let held = burst.target_mapped_handles;
+        for _ in 0..50 {
+            let d = step(&mut ctl, 10); // the burst is over for half a second
+            assert!(
+                d.target_mapped_handles >= held - 1,
+                "memory kept: {} of {held}",
+                d.target_mapped_handles
+            );
+        }
+        let again = step(&mut ctl, 50);
+        assert!(
+            !again.pressure,
+            "the same burst again fits in what was kept"
+        );
+    }
+
     #[test]
     fn headroom_shrinks_one_handle_per_interval_down_to_the_floor() {
         let one = Duration::from_secs(1);
@@ -1003,8 +1050,9 @@ mod tests {
             ..cfg()
         };
         let mut ctl = ReservationController::new(c).unwrap();
-        ctl.headroom = 5;
         let used = 100 * HS;
+        ctl.headroom = 5;
+        ctl.reserved = ctl.base_handles(used) + 5; // as a pressure event at this use leaves it
         let mut mapped = (ctl.base_handles(used) + 5) * HS;
         let mut seen = Vec::new();
         for i in 0..=600u64 {
