@@ -119,10 +119,12 @@ impl Inner {
 /// A process's connection to the Valve daemon's memory pool on one GPU, and its KV space.
 ///
 /// `valve.Client(role, gpu="0", socket="/run/valve/pool.sock", premap=True, fifo=False,
-/// cuda_ordinal=None, grant_timeout_s=10.0)` connects and registers. `role` is "online" or
-/// "offline"; `gpu` an index, UUID or PCI id as the daemon knows it; `premap` (online) maps the
-/// whole pool ahead of time; `fifo` (offline) gives back the oldest grants in a reclaim instead
-/// of Algorithm 1's choice. `_fake=True` is for tests only: no GPU is touched and the region
+/// cuda_ordinal=None, grant_timeout_s=10.0, explicit_release=False)` connects and registers.
+/// `role` is "online" or "offline"; `gpu` an index, UUID or PCI id as the daemon knows it;
+/// `premap` (online) maps the whole pool ahead of time; `fifo` (offline) gives back the oldest
+/// grants in a reclaim instead of Algorithm 1's choice; `explicit_release` (offline) refills a
+/// reclaimed slot only after `release_quarantined()`, for frameworks with a step in flight when
+/// they collect invalidated blocks. `_fake=True` is for tests only: no GPU is touched and the region
 /// addresses are made up (a daemon, or a stand-in, is still needed).
 #[pyclass(module = "valve", name = "Client", frozen)]
 pub struct PyClient {
@@ -167,6 +169,7 @@ fn kv_space_dict<'py>(py: Python<'py>, s: &KvSpace) -> PyResult<Bound<'py, PyDic
     d.set_item("block_bytes", s.block_bytes)?;
     d.set_item("blocks_per_slot", s.blocks_per_slot)?;
     d.set_item("region_bytes", s.region_bytes)?;
+    d.set_item("tail_bytes", s.tail_bytes)?;
     d.set_item("handle_bytes", s.handle_bytes)?;
     d.set_item("region_ptrs", s.region_ptrs.clone())?;
     Ok(d)
@@ -177,7 +180,8 @@ impl PyClient {
     /// Connects to the daemon's pool socket and registers (see the class docstring).
     #[new]
     #[pyo3(signature = (role, gpu = None, socket = DEFAULT_SOCKET.to_string(), premap = true,
-                        fifo = false, cuda_ordinal = None, grant_timeout_s = 10.0, _fake = false))]
+                        fifo = false, cuda_ordinal = None, grant_timeout_s = 10.0,
+                        explicit_release = false, _fake = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -188,6 +192,7 @@ impl PyClient {
         fifo: bool,
         cuda_ordinal: Option<u32>,
         grant_timeout_s: f64,
+        explicit_release: bool,
         _fake: bool,
     ) -> PyResult<PyClient> {
         let role: Role = role
@@ -216,6 +221,7 @@ impl PyClient {
             },
             cuda_ordinal,
             grant_timeout: Duration::from_secs_f64(grant_timeout_s),
+            explicit_release,
         };
         let client = py
             .detach(|| Client::connect_with(&socket, role, &gpu, options))
@@ -258,16 +264,20 @@ impl PyClient {
     /// Creates the KV space (once per client): `regions` virtual ranges of
     /// `capacity_bytes_per_region` bytes each (0: the whole pool; premapped online always covers
     /// the whole pool) holding blocks of `block_bytes`. Returns the geometry: regions, slots,
-    /// piece_bytes, block_bytes, blocks_per_slot, region_bytes, handle_bytes, region_ptrs.
+    /// piece_bytes, block_bytes, blocks_per_slot, region_bytes, tail_bytes, handle_bytes,
+    /// region_ptrs. `tail_bytes` of the process's own zeroed memory (whole pages) follow each
+    /// region's slots and are never reclaimed: a framework's padding blocks go there.
+    #[pyo3(signature = (regions, capacity_bytes_per_region, block_bytes, tail_bytes = 0))]
     fn kv_space<'py>(
         &self,
         py: Python<'py>,
         regions: u32,
         capacity_bytes_per_region: u64,
         block_bytes: u64,
+        tail_bytes: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
         let s = self.call(py, |c| {
-            c.kv_space(regions, capacity_bytes_per_region, block_bytes)
+            c.kv_space_with_tail(regions, capacity_bytes_per_region, block_bytes, tail_bytes)
         })?;
         kv_space_dict(py, &s)
     }
@@ -279,13 +289,13 @@ impl PyClient {
     }
 
     /// Region `i` of the KV space as a `RegionView` (`__cuda_array_interface__`, uint8, the
-    /// region's bytes). The view keeps this client, and so the region, alive.
+    /// region's slots and its tail). The view keeps this client, and so the region, alive.
     fn region(slf: &Bound<'_, PyClient>, i: u32) -> PyResult<RegionView> {
         let py = slf.py();
         let me = slf.get();
         let (ptr, bytes) = me.call(py, |c| {
             let ptr = c.region_ptr(i)?;
-            Ok((ptr, c.space().map_or(0, |s| s.region_bytes)))
+            Ok((ptr, c.space().map_or(0, |s| s.region_bytes + s.tail_bytes)))
         })?;
         me.inner.views.fetch_add(1, Ordering::SeqCst);
         Ok(RegionView {
@@ -318,6 +328,12 @@ impl PyClient {
     /// slots become refillable once collected.
     fn take_invalidated(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
         self.call(py, |c| Ok(c.take_invalidated()))
+    }
+
+    /// Offline, with `explicit_release=True`: slots whose invalidated blocks were collected may
+    /// be refilled now (no kernel of this process can still touch them). Returns how many.
+    fn release_quarantined(&self, py: Python<'_>) -> PyResult<usize> {
+        self.call(py, |c| Ok(c.release_quarantined()))
     }
 
     /// The slots backed by pool memory lent to this client now (a reclaim's slots leave at

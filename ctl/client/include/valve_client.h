@@ -38,6 +38,8 @@ typedef struct valve_client valve_client;
 /* valve_client_connect flags. */
 #define VALVE_CLIENT_NO_PREMAP 1u        /* online: map handles when granted (serial mode) */
 #define VALVE_CLIENT_FIFO 2u             /* offline: reclaim the oldest grants, not Algorithm 1 */
+#define VALVE_CLIENT_EXPLICIT_RELEASE 4u /* offline: reclaimed slots are refilled only after
+                                          * valve_client_release_quarantined */
 #define VALVE_CLIENT_FAKE_GPU 0x80000000u /* tests only: no GPU, made-up addresses */
 
 /* Status codes. */
@@ -94,6 +96,13 @@ int valve_client_connect(const char *socket_path, int role, const char *gpu, uin
 int valve_client_kv_space(valve_client *c, uint32_t regions, uint64_t capacity_bytes_per_region,
                           uint64_t block_bytes, valve_kv_space_info *info);
 
+/* valve_client_kv_space, plus `tail_bytes` of the process's own zeroed memory (rounded up to
+ * whole pages) right after each region's region_bytes, never reclaimed: a framework's padding
+ * blocks go there. One private block backs every region's tail. */
+int valve_client_kv_space_tail(valve_client *c, uint32_t regions,
+                               uint64_t capacity_bytes_per_region, uint64_t block_bytes,
+                               uint64_t tail_bytes, valve_kv_space_info *info);
+
 /* Asks for `count` more handles; writes the slots they back to slots_out (cap >= count) and
  * their number to *n_out, which can be less than count (online: the pool was short; offline: a
  * reclaim took lent handles before they were mapped). Premapped online: slot = handle id. */
@@ -113,6 +122,11 @@ uint64_t valve_client_region_ptr(valve_client *c, uint32_t region);
 /* Offline, once after each step: writes up to `cap` invalidated block ids to buf and returns
  * how many (call again while it returns cap); a negative value is -status. */
 int64_t valve_client_take_invalidated(valve_client *c, uint32_t *buf, size_t cap);
+
+/* Offline with VALVE_CLIENT_EXPLICIT_RELEASE: slots whose invalidated blocks were collected may
+ * be refilled now (no kernel of the framework can touch them any more). Returns how many; a
+ * negative value is -status. Without the flag, collected slots are refillable at once. */
+int64_t valve_client_release_quarantined(valve_client *c);
 
 /* Offline: `request` owns `block` and costs `tokens` to recompute (the latest call for a
  * request sets its cost). */

@@ -32,6 +32,10 @@ pub struct Options {
     pub cuda_ordinal: Option<u32>,
     /// How long a premapped online `grow` waits for the descriptors of the handles it was lent.
     pub grant_timeout: Duration,
+    /// Offline: a reclaimed slot becomes refillable only after
+    /// [`Client::release_quarantined`], not as soon as its blocks are collected. For frameworks
+    /// that keep a step in flight past the point where they collect (async batching).
+    pub explicit_release: bool,
 }
 
 impl Default for Options {
@@ -42,6 +46,7 @@ impl Default for Options {
             backend: Backend::Cuda,
             cuda_ordinal: None,
             grant_timeout: Duration::from_secs(10),
+            explicit_release: false,
         }
     }
 }
@@ -190,6 +195,20 @@ impl Client {
         capacity_bytes_per_region: u64,
         block_bytes: u64,
     ) -> Result<KvSpace> {
+        self.kv_space_with_tail(regions, capacity_bytes_per_region, block_bytes, 0)
+    }
+
+    /// [`Client::kv_space`], with `tail_bytes` of the process's own memory (rounded up to
+    /// whole pages, zeroed) mapped right after each region's slots and never reclaimed: the
+    /// place for a framework's padding blocks (transformers keeps two after its real blocks).
+    /// One private block backs the tail of every region.
+    pub fn kv_space_with_tail(
+        &mut self,
+        regions: u32,
+        capacity_bytes_per_region: u64,
+        block_bytes: u64,
+        tail_bytes: u64,
+    ) -> Result<KvSpace> {
         if self.kv.is_some() {
             return Err(Error::KvSpaceExists);
         }
@@ -212,7 +231,8 @@ impl Client {
             granularity,
             reg.pool_capacity_handles,
             self.premap,
-        )?;
+        )?
+        .with_tail(tail_bytes, granularity)?;
         let quarantine = self.role == Role::Offline;
         let mapper = mapper::open(&self.options.backend, ordinal, &layout, quarantine)?;
         let info = KvSpace {
@@ -222,10 +242,12 @@ impl Client {
             block_bytes,
             blocks_per_slot: layout.blocks_per_slot as u32,
             region_bytes: layout.region_bytes() as u64,
+            tail_bytes: layout.tail as u64,
             handle_bytes: reg.handle_bytes,
             region_ptrs: (0..layout.regions).map(|r| mapper.region_ptr(r)).collect(),
         };
-        let space = Space::new(layout, mapper, self.options.selection);
+        let explicit = self.options.explicit_release;
+        let space = Space::new(layout, mapper, self.options.selection, explicit);
         let shared = Arc::new(Shared::new(space, self.role, self.premap));
         let sock = callback::attach(&self.path, &self.ids.0, &self.ids.1, &shared)?;
         let callback = sock
@@ -482,6 +504,15 @@ impl Client {
         self.kv
             .as_ref()
             .map_or(0, |kv| kv.shared.lock().take_invalidated_into(buf))
+    }
+
+    /// Offline with [`Options::explicit_release`]: the slots whose invalidated blocks were
+    /// collected may be refilled now (the framework knows no kernel of its own can still
+    /// touch them). Returns how many became refillable. Without explicit release, a no-op.
+    pub fn release_quarantined(&self) -> usize {
+        self.kv
+            .as_ref()
+            .map_or(0, |kv| kv.shared.lock().release_quarantined())
     }
 
     /// The slots backed by pool memory lent to this client now (a reclaim's slots leave at

@@ -27,6 +27,8 @@ pub const VALVE_CLIENT_NO_PREMAP: u32 = 1;
 pub const VALVE_CLIENT_FIFO: u32 = 2;
 /// Flag, tests only: no GPU; addresses are made up and nothing is mapped.
 pub const VALVE_CLIENT_FAKE_GPU: u32 = 1 << 31;
+/// Flag: offline reclaimed slots wait for `valve_client_release_quarantined` before refill.
+pub const VALVE_CLIENT_EXPLICIT_RELEASE: u32 = 4;
 
 /// A KV space's geometry (see [`crate::KvSpace`]).
 #[repr(C)]
@@ -168,6 +170,7 @@ fn options(flags: u32) -> Options {
             0 => Backend::Cuda,
             _ => Backend::Fake(FakeGpu::new()),
         },
+        explicit_release: flags & VALVE_CLIENT_EXPLICIT_RELEASE != 0,
         ..Options::default()
     }
 }
@@ -219,10 +222,30 @@ pub unsafe extern "C" fn valve_client_kv_space(
     block_bytes: u64,
     info: *mut ValveKvSpaceInfo,
 ) -> c_int {
+    // SAFETY: the same contract as this function's.
+    unsafe {
+        valve_client_kv_space_tail(c, regions, capacity_bytes_per_region, block_bytes, 0, info)
+    }
+}
+
+/// Creates the KV space with a private tail after each region. See `valve_client.h`.
+///
+/// # Safety
+/// `c` is a live client; `info` is NULL or points to a writable `valve_kv_space_info`.
+#[no_mangle]
+pub unsafe extern "C" fn valve_client_kv_space_tail(
+    c: *mut ValveClient,
+    regions: u32,
+    capacity_bytes_per_region: u64,
+    block_bytes: u64,
+    tail_bytes: u64,
+    info: *mut ValveKvSpaceInfo,
+) -> c_int {
     status(run(|| {
         // SAFETY: `c` is a live client used by this thread alone, per the contract.
         let c = unsafe { client(c) }?;
-        let s = c.kv_space(regions, capacity_bytes_per_region, block_bytes)?;
+        let s =
+            c.kv_space_with_tail(regions, capacity_bytes_per_region, block_bytes, tail_bytes)?;
         // SAFETY: `info` is NULL (skipped) or writable, per the contract.
         if let Some(info) = unsafe { info.as_mut() } {
             *info = ValveKvSpaceInfo {
@@ -342,6 +365,20 @@ pub unsafe extern "C" fn valve_client_take_invalidated(
         // SAFETY: `buf` has `cap` writable values, per the contract.
         let buf = unsafe { slice_mut(buf, cap, "buf") }?;
         Ok(c.take_invalidated_into(buf) as i64)
+    })
+    .unwrap_or_else(|code| -(code as i64))
+}
+
+/// Makes collected quarantined slots refillable. See `valve_client.h`.
+///
+/// # Safety
+/// `c` is a live client.
+#[no_mangle]
+pub unsafe extern "C" fn valve_client_release_quarantined(c: *mut ValveClient) -> i64 {
+    run(|| {
+        // SAFETY: `c` is a live client used by this thread alone, per the contract.
+        let c = unsafe { client(c) }?;
+        Ok(c.release_quarantined() as i64)
     })
     .unwrap_or_else(|code| -(code as i64))
 }

@@ -21,8 +21,12 @@ pub struct KvSpace {
     /// KV blocks per slot (`piece_bytes / block_bytes`): slot `s` holds blocks
     /// `s * blocks_per_slot .. (s + 1) * blocks_per_slot`.
     pub blocks_per_slot: u32,
-    /// Bytes of each region (`slots * piece_bytes`).
+    /// Bytes of each region's slots (`slots * piece_bytes`).
     pub region_bytes: u64,
+    /// Bytes mapped right after each region's slots and never reclaimed (the `tail_bytes` asked
+    /// for, rounded up to the GPU's granularity; 0: none). One private block backs the tail of
+    /// every region, so a region's tensor may extend `region_bytes + tail_bytes`.
+    pub tail_bytes: u64,
     /// The pool's handle size.
     pub handle_bytes: u64,
     /// The first address of each region.
@@ -50,6 +54,8 @@ pub(crate) struct Layout {
     pub block_bytes: usize,
     pub blocks_per_slot: usize,
     pub handle_bytes: usize,
+    /// Bytes after the slots of each region backed by the client's own private memory.
+    pub tail: usize,
 }
 
 impl Layout {
@@ -104,7 +110,22 @@ impl Layout {
             block_bytes: block_bytes as usize,
             blocks_per_slot: blocks_per_slot as usize,
             handle_bytes: handle_bytes as usize,
+            tail: 0,
         })
+    }
+
+    /// The same layout with `tail_bytes` after every region's slots, rounded up to whole pages
+    /// of `granularity` (a framework's padding blocks, which must never be reclaimed).
+    pub fn with_tail(mut self, tail_bytes: u64, granularity: u64) -> Result<Layout> {
+        let tail = tail_bytes.div_ceil(granularity) * granularity;
+        if tail > self.handle_bytes as u64 {
+            return Err(Error::Invalid(format!(
+                "a tail of {tail_bytes} bytes after each region is larger than a pool handle ({} bytes): the tail is for a framework's few padding blocks",
+                self.handle_bytes
+            )));
+        }
+        self.tail = tail as usize;
+        Ok(self)
     }
 
     fn slots(capacity: u64, piece: u64, pool: Option<u32>, whole_pool: bool) -> Result<u64> {
@@ -125,9 +146,14 @@ impl Layout {
         Ok(slots)
     }
 
-    /// Bytes of each region.
+    /// Bytes of each region's slots (the tail follows them).
     pub fn region_bytes(&self) -> usize {
         self.slots * self.piece
+    }
+
+    /// Bytes of address space each region reserves: its slots and its tail.
+    pub fn reserved_bytes(&self) -> usize {
+        self.region_bytes() + self.tail
     }
 
     /// The blocks of `slot`.
@@ -185,5 +211,18 @@ mod tests {
         let e = Layout::plan(2, 0, MIB, 64 * MIB, G, None, false).unwrap_err();
         assert!(e.to_string().contains("pool_capacity_handles"), "{e}");
         assert!(Layout::plan(0, 0, MIB, 64 * MIB, G, Some(1), false).is_err());
+    }
+
+    #[test]
+    fn a_tail_is_whole_pages_after_the_slots_and_smaller_than_a_handle() {
+        let l = Layout::plan(4, 0, MIB, 64 * MIB, G, Some(10), false).unwrap();
+        assert_eq!(l.tail, 0);
+        assert_eq!(l.reserved_bytes(), l.region_bytes());
+        let t = l.with_tail(2 * 256 << 10, G).unwrap();
+        assert_eq!(t.tail, 2 << 20, "512 KiB rounds up to one 2 MiB page");
+        assert_eq!(t.reserved_bytes(), 10 * (16 << 20) + (2 << 20));
+        assert_eq!(l.with_tail(G + 1, G).unwrap().tail, 4 << 20);
+        let e = l.with_tail(65 * MIB, G).unwrap_err();
+        assert!(e.to_string().contains("larger than a pool handle"), "{e}");
     }
 }

@@ -50,11 +50,19 @@ pub(crate) fn open(
 ) -> crate::Result<Box<dyn Mapper>> {
     match backend {
         Backend::Cuda => Ok(Box::new(CudaMapper::open(ordinal, layout, quarantine)?)),
-        Backend::Fake(f) => Ok(Box::new(FakeMapper {
-            gpu: f.clone(),
-            layout: *layout,
-            quarantine,
-        })),
+        Backend::Fake(f) => {
+            let mut st = f.state();
+            for region in (0..layout.regions).filter(|_| layout.tail > 0) {
+                let bytes = layout.tail;
+                st.calls.push(FakeCall::MapTail { region, bytes });
+            }
+            drop(st);
+            Ok(Box::new(FakeMapper {
+                gpu: f.clone(),
+                layout: *layout,
+                quarantine,
+            }))
+        }
     }
 }
 
@@ -62,6 +70,8 @@ struct CudaMapper {
     /// Dropped first: each range unmaps what is left and frees its addresses.
     regions: Vec<VaRange>,
     quarantine: Option<PhysicalHandle>,
+    /// The private block mapped after every region's slots (kept for the life of the space).
+    _tail: Option<PhysicalHandle>,
     gpu: Gpu,
     piece: usize,
     handle_bytes: usize,
@@ -70,16 +80,22 @@ struct CudaMapper {
 impl CudaMapper {
     fn open(ordinal: u32, layout: &Layout, quarantine: bool) -> crate::Result<CudaMapper> {
         let gpu = Gpu::open(ordinal)?;
-        let regions = (0..layout.regions)
-            .map(|_| VaRange::reserve(layout.region_bytes(), 0))
+        gpu.ensure_context()?;
+        let mut regions = (0..layout.regions)
+            .map(|_| VaRange::reserve(layout.reserved_bytes(), 0))
             .collect::<Result<Vec<_>, _>>()?;
         let quarantine = match quarantine {
-            true => Some(PhysicalHandle::create(&gpu, layout.handle_bytes)?),
+            true => Some(zeroed_handle(&gpu, layout.handle_bytes)?),
             false => None,
+        };
+        let tail = match layout.tail {
+            0 => None,
+            n => Some(map_tail(&gpu, &mut regions, layout.region_bytes(), n)?),
         };
         Ok(CudaMapper {
             regions,
             quarantine,
+            _tail: tail,
             gpu,
             piece: layout.piece,
             handle_bytes: layout.handle_bytes,
@@ -145,6 +161,33 @@ impl Mapper for CudaMapper {
     }
 }
 
+/// A new handle of `bytes` whose memory reads as zeros: a quarantine that offline kernels read
+/// after a reclaim must hold no NaN or Inf (a framework's masked attention would spread them).
+fn zeroed_handle(gpu: &Gpu, bytes: usize) -> crate::Result<PhysicalHandle> {
+    let h = PhysicalHandle::create(gpu, bytes)?;
+    let mut scratch = VaRange::reserve(bytes, 0)?;
+    scratch.map(0, &h)?;
+    scratch.set_access(gpu, 0, bytes)?;
+    scratch.zero(0, bytes)?;
+    Ok(h) // `scratch` unmaps and frees its addresses here
+}
+
+/// Maps one zeroed private block of `bytes` at `offset` (after the slots) in every region: the
+/// framework's padding blocks live there, so no reclaim can ever take them.
+fn map_tail(
+    gpu: &Gpu,
+    regions: &mut [VaRange],
+    offset: usize,
+    bytes: usize,
+) -> crate::Result<PhysicalHandle> {
+    let tail = zeroed_handle(gpu, bytes)?;
+    for r in regions.iter_mut() {
+        r.map(offset, &tail)?;
+        r.set_access(gpu, offset, bytes)?;
+    }
+    Ok(tail)
+}
+
 /// One call a [`FakeGpu`] saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FakeCall {
@@ -166,6 +209,13 @@ pub enum FakeCall {
         region: usize,
         /// Slot.
         slot: usize,
+    },
+    /// The private tail block mapped after the slots of `region`.
+    MapTail {
+        /// Region.
+        region: usize,
+        /// Bytes of the tail.
+        bytes: usize,
     },
     /// The client's KV space went away with this many mappings left (all now unmapped).
     Dropped {
@@ -284,7 +334,7 @@ impl FakeMapper {
 
 impl Mapper for FakeMapper {
     fn region_ptr(&self, region: usize) -> u64 {
-        FAKE_BASE + (region * self.layout.region_bytes()) as u64
+        FAKE_BASE + (region * self.layout.reserved_bytes()) as u64
     }
 
     fn map_pool(&mut self, slot: usize, fd: BorrowedFd<'_>) -> Result<(), VmmError> {

@@ -20,9 +20,21 @@ pub(crate) enum Slot {
     /// Pool handle `handle` is mapped; `ours`: lent to this client (a premapped online client
     /// maps handles it does not hold); `seq`: grant order, for FIFO.
     Pool { handle: u32, ours: bool, seq: u64 },
-    /// The quarantine is mapped (the handle went back in a reclaim). `pending` until the
-    /// framework has collected the invalidated blocks; then the slot is empty and refillable.
-    Quarantine { pending: bool },
+    /// The quarantine is mapped (the handle went back in a reclaim); where the slot is on its
+    /// way back to being refillable.
+    Quarantine(Quarantined),
+}
+
+/// A quarantined slot's progress: its blocks are collected by the framework, then (with
+/// explicit release) the framework says no kernel can touch the slot any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Quarantined {
+    /// Its invalidated blocks are not collected yet.
+    Uncollected,
+    /// Collected; waiting for `release_quarantined` (a kernel still in flight may use it).
+    Collected,
+    /// Empty: a grant may unmap the quarantine and place a handle here.
+    Refillable,
 }
 
 /// Counters for [`crate::Stats`].
@@ -55,11 +67,18 @@ pub(crate) struct Space {
     releasing: Vec<u32>,
     /// A `grow` is out and its reply not registered yet.
     growing: bool,
+    /// Quarantined slots wait for [`Space::release_quarantined`] after being collected.
+    explicit_release: bool,
     pub counters: Counters,
 }
 
 impl Space {
-    pub fn new(layout: Layout, mapper: Box<dyn Mapper>, policy: Selection) -> Space {
+    pub fn new(
+        layout: Layout,
+        mapper: Box<dyn Mapper>,
+        policy: Selection,
+        explicit_release: bool,
+    ) -> Space {
         Space {
             layout,
             mapper,
@@ -74,6 +93,7 @@ impl Space {
             incoming: Vec::new(),
             releasing: Vec::new(),
             growing: false,
+            explicit_release,
             counters: Counters::default(),
         }
     }
@@ -136,10 +156,10 @@ impl Space {
         }
     }
 
-    /// Empty slots to place `n` handles in: empty quarantined slots first, then free ones.
+    /// Empty slots to place `n` handles in: refillable quarantined slots first, then free ones.
     pub fn empty_slots(&self, n: usize) -> Result<Vec<u32>> {
-        let quarantined =
-            (0..self.slots.len()).filter(|&s| self.slots[s] == Slot::Quarantine { pending: false });
+        let refillable = Slot::Quarantine(Quarantined::Refillable);
+        let quarantined = (0..self.slots.len()).filter(|&s| self.slots[s] == refillable);
         let free = (0..self.slots.len()).filter(|&s| self.slots[s] == Slot::Free);
         let found: Vec<u32> = quarantined.chain(free).take(n).map(|s| s as u32).collect();
         if found.len() < n {
@@ -221,7 +241,7 @@ impl Space {
     pub fn place(&mut self, slot: u32, handle: u32, fd: &OwnedFd) -> Result<()> {
         let s = slot as usize;
         match self.slots[s] {
-            Slot::Quarantine { pending: false } => {
+            Slot::Quarantine(Quarantined::Refillable) => {
                 self.mapper.unmap(s)?;
                 self.slots[s] = Slot::Free;
             }
@@ -250,7 +270,7 @@ impl Space {
         for (i, &s) in slots.iter().enumerate() {
             let ok = match self.slots.get(s as usize) {
                 Some(Slot::Pool { ours, .. }) => *ours,
-                Some(Slot::Quarantine { .. }) => !premapped,
+                Some(Slot::Quarantine(_)) => !premapped,
                 _ => false,
             };
             if !ok || slots[..i].contains(&s) {
@@ -335,7 +355,7 @@ impl Space {
             self.slots[s] = Slot::Free;
             handles.push(handle);
             self.mapper.map_quarantine(s)?;
-            self.slots[s] = Slot::Quarantine { pending: true };
+            self.slots[s] = Slot::Quarantine(Quarantined::Uncollected);
             let blocks = self.layout.slot_blocks(s);
             self.invalidated.extend(blocks.clone());
             self.owners.invalidate(blocks);
@@ -346,19 +366,38 @@ impl Space {
     }
 
     /// Moves up to `buf.len()` invalidated block ids into `buf`. When none are left, the
-    /// framework has dropped their requests: quarantined slots become empty, doomed requests
-    /// are forgotten.
+    /// framework has dropped their requests: doomed requests are forgotten, and quarantined
+    /// slots are collected (refillable at once unless release is explicit).
     pub fn take_invalidated_into(&mut self, buf: &mut [u32]) -> usize {
         let n = buf.len().min(self.invalidated.len());
         buf[..n].copy_from_slice(&self.invalidated[..n]);
         self.invalidated.drain(..n);
         if self.invalidated.is_empty() {
-            for s in self.slots.iter_mut() {
-                if *s == (Slot::Quarantine { pending: true }) {
-                    *s = Slot::Quarantine { pending: false };
-                }
-            }
+            let next = match self.explicit_release {
+                true => Quarantined::Collected,
+                false => Quarantined::Refillable,
+            };
+            self.advance_quarantine(Quarantined::Uncollected, next);
             self.owners.drop_doomed();
+        }
+        n
+    }
+
+    /// Explicit release: collected quarantined slots become refillable (no kernel of the
+    /// framework can touch them any more). Returns how many.
+    pub fn release_quarantined(&mut self) -> usize {
+        self.advance_quarantine(Quarantined::Collected, Quarantined::Refillable)
+    }
+
+    fn advance_quarantine(&mut self, from: Quarantined, to: Quarantined) -> usize {
+        let mut n = 0;
+        for s in self
+            .slots
+            .iter_mut()
+            .filter(|s| **s == Slot::Quarantine(from))
+        {
+            *s = Slot::Quarantine(to);
+            n += 1;
         }
         n
     }
@@ -384,7 +423,7 @@ impl Space {
                     c.1 += 1;
                     c.0 += *ours as u32;
                 }
-                Slot::Quarantine { .. } => c.2 += 1,
+                Slot::Quarantine(_) => c.2 += 1,
                 Slot::Free => {}
             }
         }
@@ -406,7 +445,7 @@ mod tests {
         let fake = FakeGpu::new();
         let layout = Layout::plan(2, 0, 2 << 20, 8 << 20, 2 << 20, Some(4), false).unwrap();
         let m = mapper::open(&Backend::Fake(fake.clone()), 0, &layout, true).unwrap();
-        (Space::new(layout, m, policy), fake)
+        (Space::new(layout, m, policy, false), fake)
     }
 
     #[test]
@@ -435,7 +474,7 @@ mod tests {
         assert_eq!(buf, [2, 3, 4]);
         assert_eq!(
             sp.slot(1),
-            Slot::Quarantine { pending: true },
+            Slot::Quarantine(Quarantined::Uncollected),
             "one block still to collect"
         );
         assert_eq!(sp.take_invalidated_into(&mut buf), 1);
@@ -448,6 +487,32 @@ mod tests {
         assert!(
             matches!(&calls[3], FakeCall::Map { region: 1, slot: 1, piece: 1, source } if source == "h20")
         );
+    }
+
+    #[test]
+    fn with_explicit_release_a_collected_slot_waits_for_release_before_refill() {
+        let fake = FakeGpu::new();
+        let layout = Layout::plan(2, 0, 2 << 20, 8 << 20, 2 << 20, Some(4), false).unwrap();
+        let m = mapper::open(&Backend::Fake(fake.clone()), 0, &layout, true).unwrap();
+        let mut sp = Space::new(layout, m, Selection::Fifo, true);
+        sp.place(0, 10, &memfd("h10")).unwrap();
+        sp.place(1, 11, &memfd("h11")).unwrap();
+        let mut handles = Vec::new();
+        sp.reclaim(1, &mut handles).unwrap();
+        assert_eq!(handles, vec![10], "FIFO: the oldest grant");
+        assert_eq!(sp.release_quarantined(), 0, "not collected yet");
+        let mut buf = [0u32; 8];
+        assert_eq!(sp.take_invalidated_into(&mut buf), 2);
+        assert_eq!(sp.slot(0), Slot::Quarantine(Quarantined::Collected));
+        assert_eq!(
+            sp.empty_slots(2).unwrap(),
+            vec![2, 3],
+            "a collected slot is not refilled: a kernel in flight may still write it"
+        );
+        assert_eq!(sp.release_quarantined(), 1);
+        assert_eq!(sp.empty_slots(1).unwrap(), vec![0]);
+        sp.place(0, 12, &memfd("h12")).unwrap();
+        assert_eq!(fake.source_at(0).as_deref(), Some("h12"));
     }
 
     #[test]
@@ -468,7 +533,7 @@ mod tests {
         let fake = FakeGpu::new();
         let layout = Layout::plan(1, 0, 1 << 20, 2 << 20, 2 << 20, Some(3), true).unwrap();
         let m = mapper::open(&Backend::Fake(fake.clone()), 0, &layout, false).unwrap();
-        let mut sp = Space::new(layout, m, Selection::Greedy);
+        let mut sp = Space::new(layout, m, Selection::Greedy, false);
         let fds = vec![memfd("p0"), memfd("p2"), memfd("p7")];
         sp.map_announced(&[0, 2, 7], &fds).unwrap();
         assert_eq!(sp.counters.unmappable_handles, 1);

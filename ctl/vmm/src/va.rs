@@ -130,6 +130,25 @@ impl VaRange {
         })
     }
 
+    /// Writes zeros over `[offset, offset + len)`, which must be mapped with access granted, and
+    /// waits for it. Needs a current context (see [`Gpu::ensure_context`]). For set-up only: it
+    /// synchronises the whole context.
+    pub fn zero(&self, offset: usize, len: usize) -> crate::Result<()> {
+        self.check_slot(offset, len)?;
+        if !self.is_mapped(offset, len) {
+            return Err(VmmError::Invalid(format!(
+                "[{offset:#x}, +{len:#x}) is not mapped: map it before zeroing it"
+            )));
+        }
+        // SAFETY: the bytes lie inside our reservation and are mapped (checked above); the
+        // caller granted access, and a memset of device memory touches nothing on the host.
+        check("cuMemsetD8", unsafe {
+            sys::cuMemsetD8_v2(self.base + offset as u64, 0, len)
+        })?;
+        // SAFETY: no arguments; waits for the memset (and anything else queued) to finish.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
     /// Unmaps the mapping that starts at `offset`. Kernels that touch it afterwards fault, so
     /// callers map a quarantine in its place before the owning process's work may run again.
     pub fn unmap(&mut self, offset: usize) -> crate::Result<()> {

@@ -4,14 +4,12 @@ Valve's real client: the `valve` Python package (`ctl/client-py`, `scripts/build
 `kv_space_factory(role)` is what `install(role)` uses when no `kv_space=` is passed. Differences
 from the fake, and what the client does not do yet:
 
-- **No tail yet.** The client maps no always-present `tail_bytes` after each region's slots
-  (DESIGN.md §8, open question 2), so a request with `tail_bytes > 0` (the shim always makes one:
-  transformers' two trash blocks) raises `NotImplementedError` before connecting. Backing the tail
-  with one of the space's own slots is not safe: that slot's handle can be lent to, or reclaimed
-  from, another process.
-- `release_quarantined()` does nothing: the client makes a reclaimed slot refillable as soon as
-  `take_invalidated()` has collected its blocks (open question 4). That is right for sync batching,
-  where nothing runs on the GPU at the collection point, and too early for async batching.
+- **The tail.** transformers' two trash blocks after the real blocks are backed by the client's
+  `tail_bytes` (`kv_space(..., tail_bytes=)`): one private zeroed block of the process mapped after
+  every region's slots, never lent or reclaimed.
+- **Quarantine release is explicit** (`valve.Client(explicit_release=True)`): a reclaimed slot is
+  refilled only after `release_quarantined()`, which the shim calls once no batch of its own can
+  still touch the slot (at once in sync batching, one update later in async batching).
 - `grow` raises `valve.PoolExhausted` (a `MemoryError`) for the daemon's codes 11 and 12, and also
   for the client's "no empty slot" (code 106), as the shim expects.
 - The daemon numbers GPUs by index (`register`'s `gpu`): the CUDA device index is used unless
@@ -30,7 +28,7 @@ CODE_NO_SPACE = 106  # valve-client's `code::NO_SPACE`
 class RealKvSpace:
     """One Valve KV space (one `valve.Client`) with the fake's attributes and methods."""
 
-    def __init__(self, valve: Any, client: Any, info: dict, tail_bytes: int = 0) -> None:
+    def __init__(self, valve: Any, client: Any, info: dict) -> None:
         self._valve = valve
         self.client = client
         self.role = client.role
@@ -40,8 +38,8 @@ class RealKvSpace:
         self.block_bytes = info["block_bytes"]
         self.blocks_per_slot = info["blocks_per_slot"]
         self.handle_bytes = info["handle_bytes"]
-        self.tail_bytes = tail_bytes
-        self.region_bytes = info["region_bytes"] + tail_bytes
+        self.tail_bytes = info["tail_bytes"]
+        self.region_bytes = info["region_bytes"] + self.tail_bytes
 
     def region(self, i: int) -> Any:
         """A `valve.RegionView` (`__cuda_array_interface__` v3, 1-D uint8); it keeps the client alive."""
@@ -71,7 +69,7 @@ class RealKvSpace:
         return self.client.take_invalidated()
 
     def release_quarantined(self) -> None:
-        """Nothing to do: the client releases quarantined slots at `take_invalidated` (see above)."""
+        self.client.release_quarantined()
 
     def usage(self, used_bytes: int) -> int | None:
         if self.role != "online":
@@ -85,7 +83,7 @@ class RealKvSpace:
 def kv_space_factory(role: str, socket: str | None = None, gpu: str | int | None = None,
                      **client_kwargs: Any) -> Callable[..., RealKvSpace]:
     """The factory `install(role, kv_space=...)` takes, over the real client. `client_kwargs` go to
-    `valve.Client` (premap, fifo, cuda_ordinal, grant_timeout_s). `valve` is imported when the
+    `valve.Client` (premap, fifo, cuda_ordinal, grant_timeout_s, explicit_release). `valve` is imported when the
     first space is made, so installing the shim does not need it."""
 
     def factory(*, regions, capacity_bytes_per_region, block_bytes, tail_bytes, device):
@@ -94,19 +92,15 @@ def kv_space_factory(role: str, socket: str | None = None, gpu: str | int | None
         except ImportError as e:
             raise ImportError("valve_transformers needs the Valve client's Python package `valve` (build it with "
                               "scripts/build-python-wheel.sh), or pass kv_space=") from e
-        if tail_bytes > 0:
-            raise NotImplementedError(
-                f"the Valve client cannot map the {tail_bytes}-byte tail transformers' trash blocks need after each "
-                "region yet (integrations/transformers/DESIGN.md §8, open question 2); the shim runs with the fake "
-                "client only until it does")
         sock = socket or os.environ.get("VALVE_SOCKET") or valve.DEFAULT_SOCKET
-        client = valve.Client(role, gpu=_daemon_gpu(gpu, device), socket=sock, **client_kwargs)
+        kwargs = {"explicit_release": role == "offline", **client_kwargs}
+        client = valve.Client(role, gpu=_daemon_gpu(gpu, device), socket=sock, **kwargs)
         try:
-            info = client.kv_space(regions, capacity_bytes_per_region, block_bytes)
+            info = client.kv_space(regions, capacity_bytes_per_region, block_bytes, tail_bytes)
         except BaseException:
             client.close()
             raise
-        return RealKvSpace(valve, client, info, tail_bytes)
+        return RealKvSpace(valve, client, info)
 
     return factory
 

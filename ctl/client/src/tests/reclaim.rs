@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::FakeCall;
 
 #[test]
 fn reclaim_answers_with_algorithm_1_quarantines_and_records_the_blocks() {
@@ -185,4 +186,62 @@ fn a_reclaim_right_after_a_grow_reply_takes_lent_handles_and_grow_returns_the_re
         1 + quarantined,
         "slots grow returned: held or quarantined"
     );
+}
+
+#[test]
+fn with_explicit_release_a_collected_slot_is_refilled_only_after_release() {
+    let mock = mock();
+    let (mut c, fake) = client(
+        &mock,
+        Role::Offline,
+        Options {
+            explicit_release: true,
+            ..Options::default()
+        },
+    );
+    c.kv_space(2, 0, 1 << 20).unwrap();
+    let id = *mock.clients("offline").last().unwrap();
+    c.grow(2).unwrap();
+    assert_eq!(mock.reclaim(id, 1)["handles"], json!([0]));
+    assert_eq!(c.take_invalidated(), vec![0, 1, 2, 3]);
+    // Collected, but an async framework's next batch may still write the quarantine.
+    assert_eq!(c.grow(1).unwrap(), vec![2]);
+    assert_eq!(fake.source_at(0).as_deref(), Some("quarantine"));
+    assert_eq!(c.release_quarantined(), 1);
+    assert_eq!(c.release_quarantined(), 0, "nothing left to release");
+    assert_eq!(c.grow(1).unwrap(), vec![0]);
+    assert_ne!(fake.source_at(0).as_deref(), Some("quarantine"));
+}
+
+#[test]
+fn a_tail_is_mapped_after_every_region_and_the_space_says_how_long() {
+    let mock = mock();
+    let (mut c, fake) = client(&mock, Role::Offline, Options::default());
+    let s = c.kv_space_with_tail(2, 0, 1 << 20, 3 << 19).unwrap();
+    assert_eq!(s.tail_bytes, 2 << 20, "1.5 MiB rounds up to a 2 MiB page");
+    let tails: Vec<_> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, FakeCall::MapTail { .. }))
+        .collect();
+    assert_eq!(
+        tails,
+        vec![
+            FakeCall::MapTail {
+                region: 0,
+                bytes: 2 << 20
+            },
+            FakeCall::MapTail {
+                region: 1,
+                bytes: 2 << 20
+            }
+        ]
+    );
+    // Regions are reserved for their slots and the tail: they do not overlap.
+    assert!(s.region_ptrs[1] >= s.region_ptrs[0] + s.region_bytes + s.tail_bytes);
+    // A reclaim never reaches the tail: it only ever hands out slots.
+    c.grow(2).unwrap();
+    let id = *mock.clients("offline").last().unwrap();
+    assert_eq!(mock.reclaim(id, 2)["handles"].as_array().unwrap().len(), 2);
+    assert_eq!(c.kv_space(1, 0, 1 << 20).unwrap_err().code(), 107);
 }

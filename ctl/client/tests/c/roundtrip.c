@@ -80,6 +80,10 @@ int main(int argc, char **argv) {
     uint32_t back[1] = {0};
     CHECK(valve_client_shrink(c, back, 1));
     printf("usage %d\n", valve_client_usage(c, 1, NULL));
+    /* Without VALVE_CLIENT_EXPLICIT_RELEASE, collected slots were refillable already. */
+    EXPECT(valve_client_release_quarantined(c) == 0);
+    EXPECT(valve_client_release_quarantined(NULL) == -VALVE_E_INVALID);
+    EXPECT(valve_client_kv_space_tail(c, 1, 0, 1u << 20, 1u << 20, NULL) == VALVE_E_STATE);
     valve_client_close(c);
     valve_client_close(NULL);
     printf("done\n");
