@@ -218,7 +218,7 @@ mod tests {
         let l = Layout::plan(4, 0, MIB, 64 * MIB, G, Some(10), false).unwrap();
         assert_eq!(l.tail, 0);
         assert_eq!(l.reserved_bytes(), l.region_bytes());
-        let t = l.with_tail(2 * 256 << 10, G).unwrap();
+        let t = l.with_tail(512 << 10, G).unwrap();
         assert_eq!(t.tail, 2 << 20, "512 KiB rounds up to one 2 MiB page");
         assert_eq!(t.reserved_bytes(), 10 * (16 << 20) + (2 << 20));
         assert_eq!(l.with_tail(G + 1, G).unwrap().tail, 4 << 20);
