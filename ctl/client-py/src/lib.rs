@@ -377,7 +377,8 @@ impl PyClient {
     /// Numbers about this client: role, premap, space (the geometry or None), held_slots,
     /// mapped_slots, quarantined_slots, pending_invalidated, requests, reclaims,
     /// reclaimed_handles, invalidated_blocks, pool_handle_events, unmappable_handles,
-    /// callback_errors, daemon_closed.
+    /// callback_errors, daemon_closed, grows_with_reclaim, last_grow_reclaimed (online: how many
+    /// handles the last `grow` took from offline).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.call(py, |c| Ok(c.stats()))?;
         let d = PyDict::new(py);
@@ -396,6 +397,8 @@ impl PyClient {
         d.set_item("unmappable_handles", s.unmappable_handles)?;
         d.set_item("callback_errors", s.callback_errors)?;
         d.set_item("daemon_closed", s.daemon_closed)?;
+        d.set_item("grows_with_reclaim", s.grows_with_reclaim)?;
+        d.set_item("last_grow_reclaimed", s.last_grow_reclaimed)?;
         Ok(d)
     }
 

@@ -101,6 +101,10 @@ pub struct Stats {
     pub callback_errors: u64,
     /// The daemon closed the callback connection.
     pub daemon_closed: bool,
+    /// Online: `grow` calls for which the daemon reclaimed memory from offline.
+    pub grows_with_reclaim: u64,
+    /// Online: handles the last `grow` took from offline (0: it was served from free memory).
+    pub last_grow_reclaimed: u64,
 }
 
 /// A KV space and its callback thread. Dropped before the control connection closes.
@@ -339,8 +343,10 @@ impl Client {
         count: u32,
     ) -> Result<(Vec<u32>, Result<Vec<u32>>, Vec<std::os::fd::OwnedFd>)> {
         shared.lock().begin_grow();
+        let mut reply_reclaimed = 0;
         let got =
             conn::call(&self.control, "grow", json!({"count": count})).and_then(|(r, fds)| {
+                reply_reclaimed = r.get("reclaimed").and_then(Value::as_u64).unwrap_or(0);
                 let ids = conn::handle_ids("grow", &r)?;
                 // The descriptors belong to `fds_for` where the daemon says so (a premapped client
                 // is sent only handles it has not had yet); else to every handle (premapped: none).
@@ -355,7 +361,15 @@ impl Client {
             Ok((ids, _, _)) if !self.premap => Some(ids.as_slice()),
             _ => None,
         };
-        shared.lock().end_grow(lent);
+        let reclaimed = match &got {
+            Ok(_) => reply_reclaimed,
+            Err(_) => 0,
+        };
+        let mut sp = shared.lock();
+        sp.end_grow(lent);
+        sp.counters.last_grow_reclaimed = reclaimed;
+        sp.counters.grows_with_reclaim += (reclaimed > 0) as u64;
+        drop(sp);
         shared.changed.notify_all();
         got
     }
@@ -541,6 +555,8 @@ impl Client {
             unmappable_handles: 0,
             callback_errors: 0,
             daemon_closed: false,
+            grows_with_reclaim: 0,
+            last_grow_reclaimed: 0,
         };
         let Some(kv) = self.kv.as_ref() else {
             return st;
@@ -558,6 +574,8 @@ impl Client {
         st.pool_handle_events = c.pool_handle_events;
         st.unmappable_handles = c.unmappable_handles;
         st.callback_errors = c.callback_errors;
+        st.grows_with_reclaim = c.grows_with_reclaim;
+        st.last_grow_reclaimed = c.last_grow_reclaimed;
         st
     }
 }

@@ -349,6 +349,7 @@ fn grow(state: &Arc<Mutex<State>>, sock: &UnixStream, id: u64, count: usize) {
         );
         return send(sock, &st, &r.0, &[]);
     }
+    let mut reclaimed = 0;
     if room < count {
         let victims: Vec<u64> = st
             .clients
@@ -363,6 +364,7 @@ fn grow(state: &Arc<Mutex<State>>, sock: &UnixStream, id: u64, count: usize) {
                 .as_array()
                 .map_or(0, Vec::len);
             short = short.saturating_sub(got);
+            reclaimed += got;
         }
         st = state.lock().unwrap_or_else(|e| e.into_inner());
     }
@@ -380,11 +382,18 @@ fn grow(state: &Arc<Mutex<State>>, sock: &UnixStream, id: u64, count: usize) {
     for &h in &ids {
         st.handles[h as usize].1 = Some(id);
     }
-    reply_and_announce(&st, sock, id, &ids, &created);
+    reply_and_announce(&st, sock, id, &ids, &created, reclaimed);
 }
 
 /// The grow reply, and `pool_handles` for the premapped clients that do not get them with it.
-fn reply_and_announce(st: &State, sock: &UnixStream, id: u64, ids: &[u32], created: &[u32]) {
+fn reply_and_announce(
+    st: &State,
+    sock: &UnixStream,
+    id: u64,
+    ids: &[u32],
+    created: &[u32],
+    reclaimed: usize,
+) {
     let premap = st.clients[&id].premap;
     let inline = st.cfg.fds_in_replies;
     // What the growing client's reply carries descriptors for.
@@ -393,7 +402,7 @@ fn reply_and_announce(st: &State, sock: &UnixStream, id: u64, ids: &[u32], creat
         (true, true) => created.to_vec(),
         (true, false) => Vec::new(),
     };
-    let mut reply = json!({"ok": true, "handles": ids});
+    let mut reply = json!({"ok": true, "handles": ids, "reclaimed": reclaimed});
     if inline || !premap {
         reply["fds_for"] = json!(fds_for);
     }

@@ -46,6 +46,10 @@ pub(crate) struct Counters {
     pub pool_handle_events: u64,
     pub unmappable_handles: u64,
     pub callback_errors: u64,
+    /// Online: `grow` replies for which the daemon took memory from offline.
+    pub grows_with_reclaim: u64,
+    /// Online: handles the last `grow` reply took from offline.
+    pub last_grow_reclaimed: u64,
 }
 
 /// The slots, the block owners and the invalidations of one KV space.

@@ -264,3 +264,14 @@ def test_batched_reclaims_match_when_batching_is_batch_invariant_here(model):
     got = generate(model, 64, on_step=reclaim_at(pool, {5: 2, 9: 2, 14: 2}, "most"))
     assert vt.stats()[-1]["requeued"] >= 1
     assert got == ref64
+
+
+def test_without_reservation_online_holds_only_the_slots_in_use_and_never_asks_the_daemon(model):
+    pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
+    vt.install("online", kv_space=pool.kv_space_factory("online", usage_target=lambda used, handle: HANDLES),
+               usage_interval_s=0, reservation=False)
+    generate(model, max_batch_tokens=64)
+    stats = vt.stats()[-1]
+    online = [s for s in pool.spaces if s.role == "online"][-1]
+    assert online.usage_reports == []  # the daemon's target (here: everything) is never asked for
+    assert stats["grown_handles"] > 0 and stats["shrunk_handles"] == stats["grown_handles"]  # all back when idle

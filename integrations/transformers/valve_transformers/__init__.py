@@ -61,7 +61,8 @@ def install(role: str, kv_space: Callable[..., Any] | None = None, **policy: Any
         device=) and returns a KV space (DESIGN.md, "What the shim needs from the Valve client").
     policy: initial_handles (offline default: all it can get; online default 0),
         capacity_bytes_per_region (0: the whole pool), grow_handles, grow_below_free_fraction,
-        usage_interval_s, memory_wait_s, refusal_backoff_s.
+        usage_interval_s, memory_wait_s, refusal_backoff_s, reservation (online, default True: hold
+        what the daemon's MIAD reservation asks; False: hold only the slots in use).
     """
     if role not in ("online", "offline"):
         raise ValueError(f"role must be 'online' or 'offline', not {role!r}")

@@ -332,7 +332,10 @@ class ValveKV:
         self._last_usage = now
         free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
         used_blocks = len(self.held) * self.bps - free
-        target = self.space.usage(used_blocks * self.space.block_bytes * self.space.regions)
+        if self.policy.get("reservation", True):
+            target = self.space.usage(used_blocks * self.space.block_bytes * self.space.regions)
+        else:  # no reservation: hold what is in use, give every other slot back at once
+            target = math.ceil(used_blocks / self.bps)
         if target is None:
             return
         if target > len(self.held):

@@ -150,6 +150,8 @@ fn online_grow_takes_memory_from_offline_through_its_reclaim() {
     on.kv_space(2, 0, 1 << 20).unwrap();
     assert!(eventually(|| on_fake.mapped().len() == 8));
     assert_eq!(on.grow(2).unwrap(), vec![1, 3]);
+    let st = on.stats();
+    assert_eq!((st.grows_with_reclaim, st.last_grow_reclaimed), (1, 2));
     assert_eq!(mock.held(off_id), vec![0, 2]);
     assert_eq!(off_fake.source_at(1).as_deref(), Some("quarantine"));
     assert_eq!(off.take_invalidated(), vec![4, 5, 6, 7, 12, 13, 14, 15]);
