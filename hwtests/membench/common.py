@@ -26,6 +26,13 @@ KV_BYTES_PER_TOKEN = 16 * 2 * 32 * 64 * 2
 BLOCK_SIZE = 256  # tokens per KV block; a block of one layer's K (or V) is 1 MiB
 HANDLE_BYTES = 64 << 20  # the daemon's default; 32 regions x 2 MiB pieces = 2 blocks per handle
 
+# MEMBENCH_TINY=1 MEMBENCH_DEVICE=cpu: a 2-layer model on the CPU, to try the scripts without a GPU
+# (the `alone` and `static` configurations only: Valve's pool needs a GPU). Numbers mean nothing then.
+DEVICE = os.environ.get("MEMBENCH_DEVICE", "cuda")
+if os.environ.get("MEMBENCH_TINY") == "1":
+    MODEL.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4)
+
 DAEMON_SOCKET = "/run/valve/valve.sock"
 POOL_SOCKET = "/run/valve/pool.sock"
 WORDS = 8000  # tokenizer vocabulary besides the special tokens
@@ -47,7 +54,7 @@ def build_model(directory: str, seed: int = 0) -> None:
         return
     torch.manual_seed(seed)
     config = LlamaConfig(**MODEL, bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16")
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    with torch.device(DEVICE if torch.cuda.is_available() or DEVICE == "cpu" else "cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory)
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
@@ -65,7 +72,13 @@ def load_model(directory: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="sdpa")
-    return model.to("cuda").eval(), AutoTokenizer.from_pretrained(directory)
+    return model.to(DEVICE).eval(), AutoTokenizer.from_pretrained(directory)
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (MEMBENCH_DEVICE)"
 
 
 def text(rng: random.Random, words: int) -> str:
@@ -123,8 +136,10 @@ def daemon_request(op: dict, sock: str = DAEMON_SOCKET, timeout: float = 5.0) ->
     return json.loads(buf or b"{}")
 
 
-def gpu_used_mib() -> int:
-    """Device memory in use on GPU 0, as NVML (nvidia-smi) reports it."""
+def gpu_used_mib() -> int | None:
+    """Device memory in use on GPU 0, as NVML (nvidia-smi) reports it; None without a GPU."""
+    if DEVICE != "cuda":
+        return None
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[0])
@@ -136,6 +151,11 @@ def pct(values: list[float], q: float) -> float | None:
         return None
     v = sorted(values)
     return v[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
 
 
 def write_json(path: str, data) -> None:

@@ -1,0 +1,125 @@
+"""The offline side of the memory benchmark: batch generation with HF transformers' continuous
+batching over a backlog that never runs dry, measuring useful throughput.
+
+    VALVE_LABEL=batch python3 offline.py --model DIR --mode static|valve --out out.json \
+        [--num-blocks N] [--fifo] [--ready FILE] [--stop FILE]
+
+`static` is plain transformers with a KV cache of `--num-blocks` blocks (a static split); `valve`
+backs the cache with the pool through `valve_transformers` (offline role: free memory only, and
+requests whose blocks a reclaim took are recomputed). Throughput counts the tokens of requests that
+finished while measuring; tokens a reclaim made it recompute are not counted twice. Every step's end
+time is logged, for the comparison with waiting for an iteration boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import now  # noqa: E402
+
+
+def log_steps(steps: list) -> None:
+    """Appends the end time of every continuous-batching step (after the shim's own wrapper)."""
+    from transformers.generation.continuous_batching import continuous_api
+
+    cbp = continuous_api.ContinuousBatchProcessor
+    inner = cbp.update_batch
+
+    def update_batch(self):
+        inner(self)
+        steps.append(now())
+
+    cbp.update_batch = update_batch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", choices=("static", "valve"), required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--num-blocks", type=int)
+    ap.add_argument("--fifo", action="store_true", help="valve: FIFO handle choice instead of Algorithm 1")
+    ap.add_argument("--prompt", type=int, nargs=2, default=(512, 1024), help="prompt length range (tokens)")
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--max-batch-tokens", type=int, default=256)
+    ap.add_argument("--max-requests", type=int, default=96, help="requests per forward pass at most")
+    ap.add_argument("--backlog", type=int, default=256, help="requests kept queued")
+    ap.add_argument("--ready")
+    ap.add_argument("--go", help="measuring starts when this file appears")
+    ap.add_argument("--stop", help="measuring ends when this file appears")
+    ap.add_argument("--max-seconds", type=float, default=900)
+    a = ap.parse_args()
+
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    if a.mode == "valve":
+        import valve_transformers as vt
+        from valve_transformers._real_valve import kv_space_factory
+
+        vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo))
+    steps: list[float] = []
+    log_steps(steps)
+    model, tok = common.load_model(a.model)
+    gen = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
+                                   max_batch_tokens=a.max_batch_tokens, max_requests_per_batch=a.max_requests,
+                                   scheduler_type="fifo", safety_margin=0.0,
+                                   use_cuda_graph=False, use_async_batching=False)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+    manager.start()
+    rng = random.Random(11)
+    prompts = [tok(common.text(rng, n))["input_ids"] for n in common.offline_prompts(64, 5, tuple(a.prompt))]
+    added = 0
+
+    def top_up(n: int) -> None:
+        nonlocal added
+        for _ in range(n):
+            manager.add_request(prompts[added % len(prompts)], f"off{added}", max_new_tokens=a.new_tokens)
+            added += 1
+
+    top_up(a.backlog)
+    if a.ready:
+        open(a.ready, "w").close()
+    while a.go and not os.path.exists(a.go):
+        if manager.get_result(timeout=0.05) is not None:
+            top_up(1)
+    t0, done, errors = now(), [], []
+    steps_before = len(steps)
+    deadline = time.monotonic() + a.max_seconds
+    while not (a.stop and os.path.exists(a.stop)) and time.monotonic() < deadline:
+        if not manager.is_running():
+            errors.append("the generation loop stopped")
+            break
+        out = manager.get_result(timeout=0.05)
+        if out is None:
+            continue
+        if out.error:
+            errors.append(str(out.error))
+        else:
+            done.append((now(), len(out.generated_tokens)))
+        top_up(1)
+    t1 = now()
+    result = dict(mode=a.mode, fifo=a.fifo, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
+                  tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
+                  steps=steps[steps_before:], device=common.device_name())
+    cache = manager.batch_processor.cache
+    v = getattr(cache, "_valve", None)
+    result["num_blocks"] = cache.num_blocks
+    if v is not None:
+        result["shim"] = dict(v.stats)
+        result["client"] = v.space.client.stats()
+        result["client"].pop("space", None)
+    common.write_json(a.out, result)
+    manager.stop(block=True, timeout=30)
+    return 0 if not errors else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Turns the memory benchmark's raw results into numbers and a report: latency percentiles, offline
+throughput, reclaims per minute, reclaim latency, the cost of waiting for an iteration boundary,
+and the issue's targets with pass/fail. Pure functions over JSON: tested in test_report.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import common
+from common import pct
+
+TARGETS = dict(reclaim_1gib_p99_ms=10.0, rate_within=0.25, offline_vs_static=1.5, ttft_p99_pct=5.0,
+               tpot_p99_pct=2.0)
+
+
+def latencies(online: dict) -> dict:
+    """TTFT (arrival to first token) and TPOT (mean gap between later tokens), ms, per request kind."""
+    ttft, tpot, ttft_burst = [], [], []
+    for q in online.get("requests", []):
+        ts = q["timestamps"]
+        if q["error"] or not ts or q["arrival"] is None:
+            continue
+        t = (ts[0] - q["arrival"]) * 1e3
+        (ttft_burst if q["burst"] else ttft).append(t)
+        if len(ts) >= 2:
+            tpot.append((ts[-1] - ts[0]) / (len(ts) - 1) * 1e3)
+    every = ttft + ttft_burst
+    return dict(requests=len(online.get("requests", [])), failed=online.get("failed"),
+                ttft_p50=pct(every, 50), ttft_p99=pct(every, 99), ttft_short_p50=pct(ttft, 50),
+                ttft_short_p99=pct(ttft, 99), ttft_burst_p50=pct(ttft_burst, 50), ttft_burst_p99=pct(ttft_burst, 99),
+                tpot_p50=pct(tpot, 50), tpot_p99=pct(tpot, 99))
+
+
+def busy_fraction(online: dict) -> float | None:
+    """Share of the trace with at least one request in flight (arrival to last token)."""
+    spans = sorted((q["arrival"], q["timestamps"][-1]) for q in online.get("requests", [])
+                   if q["arrival"] is not None and q["timestamps"])
+    if not spans:
+        return None
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:
+        a = max(a, end)
+        if b > a:
+            busy += b - a
+            end = b
+    return busy / (online["t_end"] - online["t0"])
+
+
+def reclaim_latency(online: dict) -> dict:
+    """Online `grow` calls the daemon served by reclaiming from offline: latency by size (ms)."""
+    out: dict = {}
+    grows = [g for g in online.get("grows", []) if g[3] > 0]
+    for label, lo, hi in (("64MiB", 1, 1), ("<=1GiB", 2, 16), (">1GiB", 17, 10**9), ("all", 1, 10**9)):
+        d = [g[1] * 1e3 for g in grows if lo <= g[2] <= hi]
+        out[label] = dict(n=len(d), p50=pct(d, 50), p99=pct(d, 99))
+    return out
+
+
+def boundary_wait(steps: list[float], samples: int = 20000, seed: int = 0) -> dict:
+    """If a reclaim waited for offline's iteration boundary instead of preempting mid-kernel, online
+    would wait for the rest of offline's current step. Sampled at uniformly random instants over
+    the measured step timeline (long steps are hit more often, as a reclaim would hit them), ms."""
+    gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    if not gaps:
+        return dict(n=0, p50=None, p99=None, step_p50=None, step_max=None)
+    total = sum(gaps)
+    rng = random.Random(seed)
+    waits = []
+    for _ in range(samples):
+        x = rng.random() * total
+        for g in gaps:
+            if x < g:
+                waits.append((g - x) * 1e3)
+                break
+            x -= g
+        if len(waits) >= samples:
+            break
+    return dict(n=len(gaps), p50=pct(waits, 50), p99=pct(waits, 99), step_p50=pct([g * 1e3 for g in gaps], 50),
+                step_max=max(gaps) * 1e3)
+
+
+def config_numbers(res: dict) -> dict:
+    """The numbers of one configuration."""
+    n: dict = dict(config=res.get("config"), error=res.get("error"),
+                   gpu_used_mib_before=res.get("gpu_used_mib_before"),
+                   gpu_used_mib_after=res.get("gpu_used_mib_after"))
+    on, off = res.get("online"), res.get("offline")
+    if on:
+        n.update(latencies(on), busy=busy_fraction(on), device=on.get("device"),
+                 online_peak_blocks=max((k[1] for k in on.get("kv", [])), default=None))
+        n["reclaim_ms"] = reclaim_latency(on)
+        n["grows_with_reclaim"] = sum(1 for g in on.get("grows", []) if g[3] > 0)
+        minutes = (on["t_end"] - on["t0"]) / 60
+        n["trace_minutes"] = minutes
+    if res.get("config") != "alone":
+        n["offline_crashed"] = off is None or res.get("offline_exit") not in (0, None) or bool(off.get("error_count"))
+    if off:
+        n.update(offline_tokens_per_s=off["tokens_per_s"], offline_finished=off["finished"],
+                 offline_requeued=(off.get("shim") or {}).get("requeued", 0),
+                 offline_invalidated_blocks=(off.get("shim") or {}).get("invalidated_blocks", 0))
+        n["boundary_wait_ms"] = boundary_wait(off.get("steps", []))
+    pool = res.get("pool") or {}
+    before = (res.get("pool_before") or {}).get("reclaims") or {}
+    if pool.get("reclaims") and on:
+        reclaims = pool["reclaims"]["reclaims"] - before.get("reclaims", 0)
+        n.update(reclaims=reclaims, reclaims_per_min=reclaims / n["trace_minutes"],
+                 reclaimed_handles=pool["reclaims"]["handles"] - before.get("handles", 0),
+                 offline_killed=pool["reclaims"].get("killed", 0))
+    gate = (res.get("gate") or {}).get("data") or res.get("gate") or {}
+    n["gate_preemptions"] = (gate.get("stats") or {}).get("preemptions", gate.get("preemptions"))
+    return n
+
+
+def delta(x, ref) -> float | None:
+    return None if x is None or not ref else (x / ref - 1) * 100
+
+
+def build(results: dict, sizes: dict, args: dict) -> dict:
+    """Every configuration's numbers, the comparisons against alone and static, and the targets."""
+    nums = {k: config_numbers(v) for k, v in results.items()}
+    alone = nums.get("alone", {})
+    for k, n in nums.items():
+        if k != "alone":
+            for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"):
+                n[f"{m}_vs_alone_pct"] = delta(n.get(m), alone.get(m))
+            n["offline_vs_static"] = None
+            st = nums.get("static", {}).get("offline_tokens_per_s")
+            if st and n.get("offline_tokens_per_s") is not None:
+                n["offline_vs_static"] = n["offline_tokens_per_s"] / st
+    checks = targets(nums, args)
+    device = next((n.get("device") for n in nums.values() if n.get("device")), None)
+    return dict(device=device, sizes=sizes, args={k: v for k, v in args.items() if k != "func"},
+                configs=nums, checks=checks)
+
+
+def targets(nums: dict, args: dict) -> list[dict]:
+    """The issue's targets on the runs that exist (MIAD for rate and latency)."""
+    out = []
+
+    def check(name, value, ok, detail=""):
+        out.append(dict(check=name, value=value, ok=None if value is None else bool(ok), detail=detail))
+
+    miad = nums.get("valve-miad", {})
+    r1 = [nums[k]["reclaim_ms"]["<=1GiB"]["p99"] for k in nums if nums[k].get("reclaim_ms")
+          and nums[k]["reclaim_ms"]["<=1GiB"]["p99"] is not None]
+    worst = max(r1) if r1 else None
+    check("reclaim of up to 1 GiB p99 <= 10 ms (online's grow, preemption included)", worst,
+          worst is not None and worst <= TARGETS["reclaim_1gib_p99_ms"], "worst configuration")
+    rate = miad.get("reclaims_per_min")
+    tgt = args.get("target_per_min")
+    check(f"MIAD reclaims/min within 25% of the target ({tgt}/min)", rate,
+          rate is not None and tgt and abs(rate / tgt - 1) <= TARGETS["rate_within"])
+    for k in ("valve-miad", "valve-noreserve"):
+        v = nums.get(k, {}).get("offline_vs_static")
+        check(f"{k}: offline throughput >= 1.5x static", v, v is not None and v >= TARGETS["offline_vs_static"])
+    check("valve-miad: TTFT p99 <= +5% vs alone", miad.get("ttft_p99_vs_alone_pct"),
+          (miad.get("ttft_p99_vs_alone_pct") or 0) <= TARGETS["ttft_p99_pct"])
+    check("valve-miad: TPOT p99 <= +2% vs alone", miad.get("tpot_p99_vs_alone_pct"),
+          (miad.get("tpot_p99_vs_alone_pct") or 0) <= TARGETS["tpot_p99_pct"])
+    crashed = [k for k, n in nums.items() if n.get("offline_crashed")]
+    with_offline = [k for k in nums if k != "alone"]
+    check("no offline crash", len(crashed) if with_offline else None, not crashed, ", ".join(crashed))
+    leaks = [k for k, n in nums.items() if n.get("gpu_used_mib_after") is not None
+             and n.get("gpu_used_mib_before") is not None and n["gpu_used_mib_after"] > n["gpu_used_mib_before"] + 64]
+    check("NVML used memory back to its level before each configuration", len(leaks), not leaks, ", ".join(leaks))
+    return out
+
+
+def one_line(name: str, res: dict) -> str:
+    n = config_numbers(res)
+    return (f"{name}: error={n.get('error')} ttft p50/p99={fmt(n.get('ttft_p50'))}/{fmt(n.get('ttft_p99'))} ms "
+            f"tpot p99={fmt(n.get('tpot_p99'))} ms offline={fmt(n.get('offline_tokens_per_s'))} tok/s "
+            f"reclaims={n.get('reclaims')} requeued={n.get('offline_requeued')}")
+
+
+def fmt(v, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(rep: dict) -> str:
+    lines = [f"# Memory benchmark ({rep.get('device')})", "",
+             f"Sizes: {json.dumps(rep['sizes'])}", "",
+             "| config | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | vs alone TTFT p99 / TPOT p99 | offline tok/s | "
+             "vs static | reclaims/min | reclaim <=1GiB p50/p99 | requeued | busy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k, n in rep["configs"].items():
+        r1 = (n.get("reclaim_ms") or {}).get("<=1GiB", {})
+        lines.append(f"| {k} | {fmt(n.get('ttft_p50'))} | {fmt(n.get('ttft_p99'))} | {fmt(n.get('tpot_p50'), 2)} | "
+                     f"{fmt(n.get('tpot_p99'), 2)} | {fmt(n.get('ttft_p99_vs_alone_pct'))}% / "
+                     f"{fmt(n.get('tpot_p99_vs_alone_pct'))}% | {fmt(n.get('offline_tokens_per_s'))} | "
+                     f"{fmt(n.get('offline_vs_static'), 2)} | {fmt(n.get('reclaims_per_min'))} | "
+                     f"{fmt(r1.get('p50'), 2)}/{fmt(r1.get('p99'), 2)} | {fmt(n.get('offline_requeued'))} | "
+                     f"{fmt(n.get('busy'), 2)} |")
+    lines += ["", "Waiting for offline's iteration boundary instead (ms, sampled over offline's steps):", ""]
+    for k, n in rep["configs"].items():
+        b = n.get("boundary_wait_ms")
+        if b and b.get("n"):
+            lines.append(f"- {k}: p50 {fmt(b['p50'])}, p99 {fmt(b['p99'])} (step p50 {fmt(b['step_p50'])}, "
+                         f"longest {fmt(b['step_max'])})")
+    lines += ["", "| check | value | result |", "| --- | --- | --- |"]
+    for c in rep["checks"]:
+        res = {True: "PASS", False: "FAIL", None: "not run"}[c["ok"]]
+        lines.append(f"| {c['check']} | {fmt(c['value'], 2)} {c['detail']} | {res} |")
+    return "\n".join(lines) + "\n"
+
+
+def compare_outputs(ref_path: str, got_path: str, pressure_path: str, exit_code) -> dict:
+    """The correctness comparison: every request's tokens, reference against reclaimed."""
+    try:
+        ref = common.read_json(ref_path)
+        got = common.read_json(got_path)
+    except (OSError, ValueError) as e:
+        return dict(identical=False, requeued=0, error=f"missing output: {e}", exit=exit_code)
+    pressure = {}
+    try:
+        pressure = common.read_json(pressure_path)
+    except (OSError, ValueError):
+        pass
+    diff = [rid for rid in ref["outputs"] if ref["outputs"][rid] != got["outputs"].get(rid)]
+    shim = got.get("shim") or {}
+    reclaims = sum(1 for g in pressure.get("grows", []) if g[2] > 0)
+    return dict(identical=not diff and not got.get("errors") and len(ref["outputs"]) == len(got["outputs"]),
+                differing=diff, requests=len(ref["outputs"]), requeued=shim.get("requeued", 0),
+                invalidated_blocks=shim.get("invalidated_blocks", 0), reclaims=reclaims,
+                reference_s=ref.get("seconds"), reclaimed_s=got.get("seconds"), errors=got.get("errors"),
+                exit=exit_code)
+
+
+def correctness_markdown(out: dict) -> str:
+    lines = [f"# Offline outputs under reclamation ({out.get('device')})", "",
+             "| forward pass | requests | reclaims | requests requeued | blocks invalidated | identical |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for mbt, r in out["runs"].items():
+        label = "one token of one request" if str(mbt) == "1" else f"batched ({mbt} tokens)"
+        lines.append(f"| {label} | {r.get('requests')} | {r.get('reclaims')} | {r.get('requeued')} | "
+                     f"{r.get('invalidated_blocks')} | {r.get('identical')} {r.get('error') or ''} |")
+    lines.append(f"\nNVML used memory: {out.get('gpu_used_mib_before')} MiB before, "
+                 f"{out.get('gpu_used_mib_after')} MiB after.")
+    return "\n".join(lines) + "\n"

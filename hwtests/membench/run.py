@@ -1,0 +1,310 @@
+"""The memory benchmark (issue 10) on a GPU host: online serving with a bursty KV demand next to
+offline batch generation, with a static split and with Valve's pool; and the correctness run.
+
+    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR correctness
+    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
+        --configs alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad [--seconds 90]
+
+Needs root (the daemon), one GPU, PyTorch and transformers >= 5, the `valve` wheel installed and
+`integrations/transformers` importable (this script puts it on the children's PYTHONPATH).
+Each configuration writes `<config>.json`; `bench` also writes `report.json` and `report.md` with
+the measured numbers, the device name and the targets. Configurations:
+
+- alone: online only, a static cache as large as the pool (its peak use sizes the static split);
+- static: online gets its peak, offline the rest (the minimum free memory over the alone run);
+- valve-noreserve: the pool; online holds only what it uses (every burst is reclaimed);
+- valve-noreserve-fifo: the same with FIFO handle choice instead of Algorithm 1;
+- valve-miad: the pool with the daemon's MIAD reservation at --target-per-min.
+
+Compute is shared the same way in every configuration with offline: Valve's gate, told by the
+online server when requests are in flight (online_busy/online_idle), with launch edges as fallback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+import report  # noqa: E402
+
+
+class Run:
+    """Paths, environment and the processes of one benchmark invocation."""
+
+    def __init__(self, a) -> None:
+        self.a = a
+        self.out = os.path.abspath(a.out)
+        self.work = a.workdir
+        os.makedirs(self.out, exist_ok=True)
+        os.makedirs(self.work, exist_ok=True)
+        self.model = os.path.join(self.work, "model")
+        paths = [os.path.join(REPO, "integrations", "transformers"), HERE, os.environ.get("PYTHONPATH", "")]
+        self.env = dict(os.environ, PYTHONPATH=":".join(p for p in paths if p), PYTHONUNBUFFERED="1",
+                        CUBLAS_WORKSPACE_CONFIG=":4096:8", TOKENIZERS_PARALLELISM="false")
+        self.procs: list[subprocess.Popen] = []
+
+    def log(self, name: str):
+        return open(os.path.join(self.out, f"{name}.log"), "ab")
+
+    def spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        p = subprocess.Popen(argv, env=env or self.env, stdout=self.log(name), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def valvectl(self, *args: str, check: bool = True) -> str:
+        r = subprocess.run([self.a.valvectl, *args], capture_output=True, text=True, timeout=60)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"valvectl {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+        return r.stdout
+
+    def start_daemon(self, name: str, pool_gib: int | None, target_per_min: float) -> subprocess.Popen:
+        argv = [self.a.valvectl, "daemon"]
+        if pool_gib:
+            argv += ["--pool", "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
+                     "--pool-target-reclaims-per-min", str(target_per_min)]
+        d = self.spawn(f"{name}-daemon", argv)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if d.poll() is not None:
+                raise RuntimeError(f"the daemon exited ({d.returncode}): see {name}-daemon.log")
+            ready = os.path.exists(common.DAEMON_SOCKET) and (not pool_gib or os.path.exists(common.POOL_SOCKET))
+            if ready:
+                try:
+                    common.daemon_request({"op": "status"})
+                    return d
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        raise RuntimeError("the daemon did not answer within 30 s")
+
+    def stop_all(self) -> None:
+        """Stops every child (the daemon last, so it resumes whatever it froze)."""
+        for p in sorted(self.procs, key=lambda p: "daemon" in " ".join(map(str, p.args))):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.procs.clear()
+
+
+def wait_files(paths: list[str], procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        for p in procs:
+            if p.poll() is not None:
+                script = os.path.basename(str(p.args[1])) if len(p.args) > 1 else p.args
+                raise RuntimeError(f"{script} exited with {p.returncode} before it was ready: see its log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not ready within {timeout:.0f} s: {[p for p in paths if not os.path.exists(p)]}")
+        time.sleep(0.1)
+
+
+def python(script: str, *args: str) -> list[str]:
+    return [sys.executable, os.path.join(HERE, script), *args]
+
+
+# ------------------------------------------------------------------------------------ bench
+
+
+def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
+    """One configuration: daemon and gate where offline runs, online plays the trace, offline runs
+    until online is done. Returns what both sides and the daemon reported."""
+    a = r.a
+    mode = {"alone": "alone", "static": "static"}.get(name, "valve")
+    files = {k: os.path.join(r.work, f"{name}.{k}") for k in ("on-ready", "off-ready", "go", "stop")}
+    for f in files.values():
+        if os.path.exists(f):
+            os.remove(f)
+    on_out, off_out = (os.path.join(r.out, f"{name}-{s}.json") for s in ("online", "offline"))
+    mem_before = common.gpu_used_mib()
+    result: dict = dict(config=name, gpu_used_mib_before=mem_before)
+    try:
+        with_offline = name != "alone"
+        if with_offline:
+            r.start_daemon(name, a.pool_gib if mode == "valve" else None, a.target_per_min)
+            off_args = ["--model", r.model, "--mode", "static" if mode == "static" else "valve", "--out", off_out,
+                        "--ready", files["off-ready"], "--go", files["go"], "--stop", files["stop"],
+                        "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests",
+                        str(a.offline_max_requests), "--new-tokens", str(a.offline_new_tokens),
+                        "--prompt", *map(str, a.offline_prompt)]
+            if mode == "static":
+                off_args += ["--num-blocks", str(sizes["offline_blocks"])]
+            if name.endswith("-fifo"):
+                off_args.append("--fifo")
+            off = r.spawn(f"{name}-offline", python("offline.py", *off_args), dict(r.env, VALVE_LABEL="batch"))
+            wait_files([files["off-ready"]], [off], 300)
+        on_args = ["--model", r.model, "--mode", mode, "--trace", trace_path, "--out", on_out,
+                   "--ready", files["on-ready"], "--go", files["go"]]
+        if mode != "valve":
+            on_args += ["--num-blocks", str(sizes["pool_blocks"] if mode == "alone" else sizes["online_blocks"])]
+        else:
+            on_args += ["--reservation", "on" if name == "valve-miad" else "off"]
+        if with_offline:
+            on_args.append("--gate-signals")
+        on = r.spawn(f"{name}-online", python("online.py", *on_args))
+        wait_files([files["on-ready"]], [on], 300)
+        if with_offline:
+            r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", "batch")
+            result["pool_before"] = pool_status(r) if mode == "valve" else None
+        open(files["go"], "w").close()
+        result["online_exit"] = on.wait(timeout=a.seconds + 240)
+        if with_offline:
+            open(files["stop"], "w").close()
+            result["offline_exit"] = off.wait(timeout=120)
+            result["gate"] = json.loads(r.valvectl("gate", "status", "--json"))
+            result["pool"] = pool_status(r) if mode == "valve" else None
+            r.valvectl("gate", "stop")
+    except Exception as e:  # noqa: BLE001 - the report says what went wrong, the next config still runs
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        r.stop_all()
+        time.sleep(2)
+        result["gpu_used_mib_after"] = common.gpu_used_mib()
+    for side, path in (("online", on_out), ("offline", off_out)):
+        if os.path.exists(path):
+            result[side] = common.read_json(path)
+    return result
+
+
+def pool_status(r: Run) -> dict | None:
+    try:
+        return json.loads(r.valvectl("pool", "status", "--json"))
+    except (RuntimeError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def bench(r: Run) -> int:
+    a = r.a
+    common.build_model(r.model)
+    trace = common.online_trace(a.seconds, a.seed, base_rate=a.base_rate, burst_every=a.burst_every,
+                                burst_size=a.burst_size, burst_prompt=(a.burst_prompt[0], a.burst_prompt[1]))
+    trace_path = os.path.join(r.out, "trace.json")
+    common.write_json(trace_path, trace)
+    pool_blocks = a.pool_gib * 1024 // 32  # one block of every layer's K and V: 256 tokens x 128 KiB = 32 MiB
+    sizes = dict(pool_blocks=pool_blocks)
+    results = {}
+    prev = os.path.join(r.out, "sizes.json")
+    if os.path.exists(prev):
+        sizes.update(common.read_json(prev))
+    for name in a.configs.split(","):
+        if name == "static" and "online_blocks" not in sizes:
+            raise SystemExit("static needs the alone run first (its peak KV use sizes the split)")
+        t = time.monotonic()
+        res = run_config(r, name, trace_path, sizes)
+        res["wall_s"] = time.monotonic() - t
+        results[name] = res
+        common.write_json(os.path.join(r.out, f"{name}.json"), res)
+        if name == "alone" and "online" in res:
+            peak = max((k[1] for k in res["online"]["kv"]), default=0)
+            online_blocks = min(pool_blocks, peak + 2)  # one handle of slack
+            sizes.update(online_peak_blocks=peak, online_blocks=online_blocks,
+                         offline_blocks=pool_blocks - online_blocks)
+            common.write_json(prev, sizes)
+        print(report.one_line(name, res), flush=True)
+    all_results = {}
+    for name in ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad"):
+        path = os.path.join(r.out, f"{name}.json")
+        if os.path.exists(path):
+            all_results[name] = common.read_json(path)
+    rep = report.build(all_results, sizes, vars(a))
+    common.write_json(os.path.join(r.out, "report.json"), rep)
+    with open(os.path.join(r.out, "report.md"), "w") as f:
+        f.write(report.markdown(rep))
+    print(report.markdown(rep))
+    return 0
+
+
+# ------------------------------------------------------------------------------ correctness
+
+
+def correctness(r: Run) -> int:
+    """Reference runs (plain transformers) and reclaimed runs (the shim, with an online client
+    taking memory back again and again), one token per forward pass and batched."""
+    common.build_model(r.model)
+    out: dict = {"device": None, "runs": {}}
+    mem_before = common.gpu_used_mib()
+    for mbt in (1, 64):
+        ref = os.path.join(r.out, f"correct-plain-{mbt}.json")
+        p = r.spawn(f"correct-plain-{mbt}", python("correctness.py", "generate", "--model", r.model, "--mode",
+                                                   "plain", "--max-batch-tokens", str(mbt), "--out", ref))
+        p.wait(timeout=600)
+        got = os.path.join(r.out, f"correct-valve-{mbt}.json")
+        stop, started = os.path.join(r.work, "pressure.stop"), os.path.join(r.work, "gen.started")
+        for f in (stop, started):
+            if os.path.exists(f):
+                os.remove(f)
+        try:
+            r.start_daemon(f"correct-{mbt}", 1, 2.0)  # a 1 GiB pool: 16 handles, all of them offline's
+            gen = r.spawn(f"correct-valve-{mbt}", python("correctness.py", "generate", "--model", r.model,
+                                                         "--mode", "valve", "--max-batch-tokens", str(mbt),
+                                                         "--out", got, "--started", started),
+                          dict(r.env, VALVE_LABEL="batch"))
+            wait_files([started], [gen], 300)
+            time.sleep(2.0)  # the cache is built and generation under way
+            pres_out = os.path.join(r.out, f"correct-pressure-{mbt}.json")
+            pres = r.spawn(f"correct-pressure-{mbt}", python("correctness.py", "pressure", "--stop", stop,
+                                                             "--out", pres_out, "--cycles", "12"))
+            gen_exit = gen.wait(timeout=600)
+            open(stop, "w").close()
+            pres.wait(timeout=60)
+        finally:
+            r.stop_all()
+        out["runs"][mbt] = report.compare_outputs(ref, got, pres_out, gen_exit)
+    time.sleep(2)
+    out["gpu_used_mib_before"], out["gpu_used_mib_after"] = mem_before, common.gpu_used_mib()
+    out["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                   capture_output=True, text=True).stdout.strip()
+    common.write_json(os.path.join(r.out, "correctness.json"), out)
+    print(report.correctness_markdown(out))
+    ok = out["runs"][1]["identical"] and out["runs"][1]["requeued"] > 0
+    return 0 if ok else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--valvectl", required=True, help="the valvectl binary")
+    ap.add_argument("--out", required=True, help="where results and logs go")
+    ap.add_argument("--workdir", default="/tmp/membench", help="model and scratch files")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("correctness")
+    b = sub.add_parser("bench")
+    b.add_argument("--configs", default="alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad")
+    b.add_argument("--seconds", type=float, default=90)
+    b.add_argument("--seed", type=int, default=1)
+    b.add_argument("--pool-gib", type=int, default=48)
+    b.add_argument("--base-rate", type=float, default=0.4, help="short requests per second")
+    b.add_argument("--burst-every", type=float, default=20.0, help="mean seconds between bursts")
+    b.add_argument("--burst-size", type=int, default=28)
+    b.add_argument("--burst-prompt", type=int, nargs=2, default=(8000, 14000))
+    b.add_argument("--target-per-min", type=float, default=6.0, help="MIAD's target reclaims per minute")
+    b.add_argument("--offline-batch-tokens", type=int, default=256)
+    b.add_argument("--offline-max-requests", type=int, default=96)
+    b.add_argument("--offline-new-tokens", type=int, default=512)
+    b.add_argument("--offline-prompt", type=int, nargs=2, default=(512, 1024))
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the benchmark starts the Valve daemon")
+    r = Run(a)
+    try:
+        return correctness(r) if a.cmd == "correctness" else bench(r)
+    finally:
+        r.stop_all()
+        subprocess.run([a.valvectl, "resume", "--all"], capture_output=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

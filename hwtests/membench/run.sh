@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The memory benchmark on a GPU host, in one command: installs the `valve` wheel (no network
+# needed) into a scratch folder and runs run.py with the arguments given.
+#
+#   hwtests/membench/run.sh OUTDIR correctness
+#   hwtests/membench/run.sh OUTDIR bench [--configs ...] [--seconds 90]
+#
+# VALVECTL (default: .carry/valvectl, else target/release/valvectl) and VALVE_WHEEL (default:
+# .carry/valve_client-*.whl; build it with scripts/build-python-wheel.sh) say what to use.
+# Results, logs and report.md land in OUTDIR. Needs root, one NVIDIA GPU, PyTorch, transformers >= 5.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: $0 OUTDIR correctness|bench [options]}
+shift
+valvectl=${VALVECTL:-}
+[ -n "$valvectl" ] || for c in .carry/valvectl target/release/valvectl; do [ -x "$c" ] && valvectl=$c && break; done
+[ -x "${valvectl:-}" ] || { echo "membench: no valvectl binary: build it (cargo build --release) or set VALVECTL" >&2; exit 2; }
+wheel=${VALVE_WHEEL:-$(ls .carry/valve_client-*.whl 2>/dev/null | head -1)}
+[ -f "${wheel:-}" ] || { echo "membench: no valve wheel: scripts/build-python-wheel.sh .carry, or set VALVE_WHEEL" >&2; exit 2; }
+site=$(mktemp -d /tmp/membench-site.XXXXXX)
+python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+exec python3 hwtests/membench/run.py --valvectl "$valvectl" --out "$out" "$@"

@@ -1,0 +1,109 @@
+"""Tests of the memory benchmark's arithmetic (report.py, common.py): no GPU, standard library only.
+
+    python3 -m unittest discover -s hwtests/membench -p 'test_*.py'
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import report  # noqa: E402
+
+
+def request(arrival, stamps, burst=False, error=None):
+    return dict(arrival=arrival, timestamps=stamps, burst=burst, error=error)
+
+
+class Latencies(unittest.TestCase):
+    def test_ttft_from_arrival_and_tpot_from_later_tokens(self):
+        on = dict(requests=[request(0.0, [0.010, 0.020, 0.040]), request(1.0, [1.5], burst=True),
+                            request(2.0, [], error="boom")], failed=1)
+        lat = report.latencies(on)
+        self.assertAlmostEqual(lat["ttft_short_p50"], 10.0)
+        self.assertAlmostEqual(lat["ttft_burst_p99"], 500.0)
+        self.assertAlmostEqual(lat["ttft_p99"], 500.0)
+        self.assertAlmostEqual(lat["tpot_p50"], 15.0)  # (40 - 10) / 2 gaps
+
+    def test_busy_fraction_merges_overlapping_requests(self):
+        on = dict(t0=0.0, t_end=10.0, requests=[request(0.0, [1.0, 2.0]), request(1.0, [3.0]),
+                                                request(5.0, [6.0])])
+        self.assertAlmostEqual(report.busy_fraction(on), 0.4)
+
+    def test_percentile_is_nearest_rank(self):
+        self.assertEqual(common.pct([5, 1, 3, 2, 4], 50), 3)
+        self.assertEqual(common.pct(list(range(1, 101)), 99), 99)
+        self.assertIsNone(common.pct([], 50))
+
+
+class Reclaims(unittest.TestCase):
+    def test_only_grows_that_reclaimed_count_and_sizes_are_split(self):
+        on = dict(grows=[(0, 0.002, 1, 1), (0, 0.050, 4, 0), (0, 0.004, 16, 16), (0, 0.012, 128, 100)])
+        r = report.reclaim_latency(on)
+        self.assertEqual(r["64MiB"]["n"], 1)
+        self.assertEqual(r["<=1GiB"]["n"], 1)
+        self.assertAlmostEqual(r["<=1GiB"]["p99"], 4.0)
+        self.assertEqual(r[">1GiB"]["n"], 1)
+        self.assertEqual(r["all"]["n"], 3, "the 50 ms grow served from free memory is not a reclaim")
+
+    def test_boundary_wait_is_length_biased(self):
+        # One 900 ms step and nine 10 ms steps: most random instants fall in the long step.
+        steps = [0.0, 0.9] + [0.9 + 0.01 * i for i in range(1, 10)]
+        b = report.boundary_wait(steps, samples=5000)
+        self.assertEqual(b["n"], 10)
+        self.assertGreater(b["p50"], 100.0)
+        self.assertLessEqual(b["p99"], 900.0)
+        self.assertAlmostEqual(b["step_max"], 900.0)
+        self.assertEqual(report.boundary_wait([])["n"], 0)
+
+
+class Targets(unittest.TestCase):
+    def nums(self, rate, ttft_pct, crashed=False):
+        return {"valve-miad": dict(reclaims_per_min=rate, ttft_p99_vs_alone_pct=ttft_pct, tpot_p99_vs_alone_pct=0.5,
+                                   offline_vs_static=2.0, offline_crashed=crashed,
+                                   reclaim_ms={"<=1GiB": dict(p99=4.0)}, gpu_used_mib_before=0,
+                                   gpu_used_mib_after=0)}
+
+    def test_targets_pass_and_fail_on_the_numbers(self):
+        ok = {c["check"]: c["ok"] for c in report.targets(self.nums(11.0, 3.0), dict(target_per_min=10.0))}
+        self.assertTrue(all(v for k, v in ok.items() if "noreserve" not in k), ok)
+        bad = {c["check"]: c["ok"] for c in report.targets(self.nums(13.0, 6.0, True), dict(target_per_min=10.0))}
+        self.assertFalse(bad["MIAD reclaims/min within 25% of the target (10.0/min)"])
+        self.assertFalse(bad["valve-miad: TTFT p99 <= +5% vs alone"])
+        self.assertFalse(bad["no offline crash"])
+        self.assertIsNone(bad["valve-noreserve: offline throughput >= 1.5x static"], "not run is not a pass")
+
+
+class Trace(unittest.TestCase):
+    def test_trace_is_seeded_sorted_and_bursty(self):
+        a = common.online_trace(90, 1, base_rate=0.4, burst_every=20, burst_size=5, burst_prompt=(8000, 9000))
+        b = common.online_trace(90, 1, base_rate=0.4, burst_every=20, burst_size=5, burst_prompt=(8000, 9000))
+        self.assertEqual(a, b)
+        self.assertEqual([r.at for r in a], sorted(r.at for r in a))
+        bursts = [r for r in a if r.burst]
+        self.assertTrue(bursts and len(bursts) % 5 == 0)
+        self.assertTrue(all(8000 <= r.prompt <= 9000 for r in bursts))
+
+
+class Correctness(unittest.TestCase):
+    def test_any_differing_token_fails_the_comparison(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            ref, got, pres = (os.path.join(d, f) for f in ("ref", "got", "pres"))
+            common.write_json(ref, dict(outputs={"a": [1, 2], "b": [3]}))
+            common.write_json(got, dict(outputs={"a": [1, 2], "b": [3]}, shim=dict(requeued=2)))
+            common.write_json(pres, dict(grows=[(0.003, 14, 14), (0.002, 14, 0)]))
+            r = report.compare_outputs(ref, got, pres, 0)
+            self.assertTrue(r["identical"])
+            self.assertEqual((r["requeued"], r["reclaims"]), (2, 1))
+            common.write_json(got, dict(outputs={"a": [1, 2], "b": [4]}))
+            r = report.compare_outputs(ref, got, pres, 0)
+            self.assertFalse(r["identical"])
+            self.assertEqual(r["differing"], ["b"])
+            self.assertFalse(report.compare_outputs(ref, os.path.join(d, "none"), pres, 1)["identical"])
+
+
+if __name__ == "__main__":
+    unittest.main()
