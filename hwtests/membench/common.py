@@ -97,7 +97,7 @@ class OnlineRequest:
 
 
 def online_trace(seconds: float, seed: int, base_rate: float, burst_every: float, burst_size: int,
-                 burst_prompt: tuple[int, int], base_prompt: tuple[int, int] = (256, 1024),
+                 burst_prompt: tuple[int, int], base_prompt: tuple[int, int] = (128, 512),
                  base_new: int = 48, burst_new: int = 16) -> list[OnlineRequest]:
     """A bursty KV demand: Poisson arrivals of short requests, plus bursts of long prompts that
     arrive together (a Poisson process of bursts; the first one within the first quarter)."""

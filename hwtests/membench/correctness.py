@@ -23,10 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import now  # noqa: E402
 
-PROMPTS = 12
-PROMPT_TOKENS = (40, 160)
-NEW_TOKENS = 48
-BLOCK_SIZE = 32  # small blocks: 32 per 64 MiB handle, so a reclaim hits a few requests, not all
+PROMPTS = 8
+PROMPT_TOKENS = (32, 96)
+NEW_TOKENS = 32
+BLOCK_SIZE = 32  # small blocks (4 MiB of KV, 16 per 64 MiB handle): a reclaim hits a few requests
 
 
 def generate(a) -> int:

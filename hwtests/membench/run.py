@@ -190,7 +190,8 @@ def bench(r: Run) -> int:
     a = r.a
     common.build_model(r.model)
     trace = common.online_trace(a.seconds, a.seed, base_rate=a.base_rate, burst_every=a.burst_every,
-                                burst_size=a.burst_size, burst_prompt=(a.burst_prompt[0], a.burst_prompt[1]))
+                                burst_size=a.burst_size, burst_prompt=(a.burst_prompt[0], a.burst_prompt[1]),
+                                base_new=a.new_tokens, burst_new=a.new_tokens)
     trace_path = os.path.join(r.out, "trace.json")
     common.write_json(trace_path, trace)
     pool_blocks = a.pool_gib * 1024 // 32  # one block of every layer's K and V: 256 tokens x 128 KiB = 32 MiB
@@ -256,7 +257,7 @@ def correctness(r: Run) -> int:
             time.sleep(2.0)  # the cache is built and generation under way
             pres_out = os.path.join(r.out, f"correct-pressure-{mbt}.json")
             pres = r.spawn(f"correct-pressure-{mbt}", python("correctness.py", "pressure", "--stop", stop,
-                                                             "--out", pres_out, "--cycles", "12"))
+                                                             "--out", pres_out, "--cycles", "10", "--keep", "1"))
             gen_exit = gen.wait(timeout=600)
             open(stop, "w").close()
             pres.wait(timeout=60)
@@ -283,13 +284,14 @@ def main() -> int:
     sub.add_parser("correctness")
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad")
-    b.add_argument("--seconds", type=float, default=90)
-    b.add_argument("--seed", type=int, default=1)
-    b.add_argument("--pool-gib", type=int, default=48)
-    b.add_argument("--base-rate", type=float, default=0.4, help="short requests per second")
-    b.add_argument("--burst-every", type=float, default=20.0, help="mean seconds between bursts")
-    b.add_argument("--burst-size", type=int, default=28)
-    b.add_argument("--burst-prompt", type=int, nargs=2, default=(8000, 14000))
+    b.add_argument("--seconds", type=float, default=75)
+    b.add_argument("--seed", type=int, default=2, help="trace seed (2: three bursts in 75 s)")
+    b.add_argument("--pool-gib", type=int, default=24)
+    b.add_argument("--base-rate", type=float, default=0.2, help="short requests per second")
+    b.add_argument("--burst-every", type=float, default=25.0, help="mean seconds between bursts")
+    b.add_argument("--burst-size", type=int, default=14)
+    b.add_argument("--burst-prompt", type=int, nargs=2, default=(9000, 15000))
+    b.add_argument("--new-tokens", type=int, default=16, help="tokens each online request generates")
     b.add_argument("--target-per-min", type=float, default=6.0, help="MIAD's target reclaims per minute")
     b.add_argument("--offline-batch-tokens", type=int, default=256)
     b.add_argument("--offline-max-requests", type=int, default=96)

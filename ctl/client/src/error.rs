@@ -130,8 +130,14 @@ pub enum Error {
         /// The smallest handle size at least as large that works.
         need_mib: u64,
     },
+    /// CUDA cannot split a handle over several regions.
+    #[error("CUDA maps a pool handle only whole (cuMemMap's offset must be 0), so one handle cannot back {regions} regions: ask for one region and lay the framework's tensors out in it side by side, each a strided view (valve_transformers does this)")]
+    RegionsNeedSplitHandles {
+        /// Regions asked for.
+        regions: u32,
+    },
     /// KV blocks do not tile a piece.
-    #[error("block_bytes {block_bytes} does not divide the {piece_bytes}-byte piece each pool handle gives a region: use a block size that divides it (a power of two up to {piece_bytes})")]
+    #[error("block_bytes {block_bytes} does not divide the {piece_bytes}-byte piece each pool handle gives a region: use a block size that divides it (a power of two up to {piece_bytes}), or a larger handle (`valvectl daemon --pool --pool-handle-mib`)")]
     BlockNotAligned {
         /// Bytes per piece.
         piece_bytes: u64,
@@ -186,7 +192,9 @@ impl Error {
             }
             Error::Closed => code::CLOSED,
             Error::Protocol(_) => code::PROTOCOL,
-            Error::PieceNotAligned { .. } | Error::BlockNotAligned { .. } => code::LAYOUT,
+            Error::PieceNotAligned { .. }
+            | Error::BlockNotAligned { .. }
+            | Error::RegionsNeedSplitHandles { .. } => code::LAYOUT,
             Error::NoSpace { .. } => code::NO_SPACE,
             Error::NoKvSpace | Error::KvSpaceExists => code::STATE,
             Error::GrantTimeout { .. } => code::TIMEOUT,

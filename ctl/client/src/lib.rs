@@ -5,6 +5,9 @@
 //! `regions` equal virtual ranges, one per KV tensor), and grows and shrinks it by pool handles.
 //! One handle backs one **slot**: piece `i` of the handle (`handle_bytes / regions` bytes) is
 //! mapped into region `i` at the slot's offset, so a slot holds the same KV blocks in every region.
+//! On CUDA a space has **one region** (cuMemMap maps a handle only from offset 0, so a handle
+//! cannot be split): a framework lays its per-layer tensors out side by side in it, as strided
+//! views (`integrations/transformers` does); several regions work with the fake GPU only.
 //!
 //! - **Online** (premapped by default) maps every pool handle at slot = handle id as the daemon
 //!   announces it; [`Client::grow`] says which slots are now online's to use.

@@ -49,6 +49,9 @@ pub(crate) fn open(
     quarantine: bool,
 ) -> crate::Result<Box<dyn Mapper>> {
     match backend {
+        Backend::Cuda if layout.regions > 1 => Err(crate::Error::RegionsNeedSplitHandles {
+            regions: layout.regions as u32,
+        }),
         Backend::Cuda => Ok(Box::new(CudaMapper::open(ordinal, layout, quarantine)?)),
         Backend::Fake(f) => {
             let mut st = f.state();

@@ -27,8 +27,8 @@ if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover
 import valve_transformers as vt
 from valve_transformers._fake_valve import FakePool
 
-# 2 layers x (K, V) = 4 regions; a block is 4 tokens x 2 KV heads x 16 dims x 4 bytes = 512 bytes; a
-# 4 KiB handle gives each region a 1 KiB piece = 2 blocks. (On a GPU: 2 MiB pages, 64 MiB or more.)
+# 2 layers x (K, V) = 4 tensors interleaved in one region; a block is 4 tokens x 4 tensors x 2 KV heads x
+# 16 dims x 4 bytes = 2 KiB; a 4 KiB handle holds 2 blocks. (On a GPU: 2 MiB pages, 64 MiB handles.)
 HANDLE_BYTES = 4096
 PAGE = 512
 HANDLES = 24
@@ -120,9 +120,12 @@ def test_the_kv_tensors_are_the_valve_regions_and_only_held_blocks_are_free(mode
         cache = manager.batch_processor.cache
         space = pool.spaces[-1]
         tensors = [t for kv in zip(cache.key_cache, cache.value_cache) for t in kv]
-        assert len(tensors) == space.regions
+        assert space.regions == 1 and len(tensors) == 4
+        row = 4 * 2 * 16  # one token of every tensor, in elements
         for i, t in enumerate(tensors):
-            assert t.data_ptr() == space.region(i).data_ptr(), f"KV tensor {i} is not Valve region {i}"
+            # Tensor i is the i-th slice of every token's row: a strided view into the one region.
+            assert t.data_ptr() == space.region(0).data_ptr() + i * 2 * 16 * 4, f"KV tensor {i} is not slice {i}"
+            assert t.stride() == (row, 16, 1) and t.shape[1:] == (2, 16)
         assert cache.num_blocks == space.slots * space.blocks_per_slot == BLOCKS
         held = set(space.held_slots())
         assert len(held) == 5
@@ -236,8 +239,8 @@ def test_online_grows_on_demand_reclaims_offline_and_follows_the_reservation_tar
     vt.uninstall()
 
     pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
-    offline = pool.kv_space_factory("offline")(regions=4, capacity_bytes_per_region=0, block_bytes=512,
-                                               tail_bytes=1024, device="cpu")
+    offline = pool.kv_space_factory("offline")(regions=1, capacity_bytes_per_region=0, block_bytes=2048,
+                                               tail_bytes=4096, device="cpu")
     offline.grow(20)  # an (idle) offline job holds 20 of the 24 handles
     target = lambda used, handle: math.ceil(used / handle) + 1  # noqa: E731  (MIAD stand-in: one handle of headroom)
     vt.install("online", kv_space=pool.kv_space_factory("online", usage_target=target), usage_interval_s=0)

@@ -39,7 +39,8 @@ class ValveKV:
         self.num_blocks = space.slots * space.blocks_per_slot
         self.policy = policy
         self.held: set[int] = set()
-        self._next_region = 0
+        self._next_tensor = 0
+        self._rows = None  # the region seen as [tokens, tensors, kv_heads, head_dim]
         self._no_grow_until = 0.0  # after a refusal: no growth, and (online) no growable blocks shown
         self._growth_paused = False  # during warmup
         self._release_at_step: int | None = None
@@ -60,64 +61,74 @@ class ValveKV:
     def open(cls, kv_space_factory, role: str, cache_mod: Any, config: Any, cb_config: Any, device: Any,
              dtype: Any, tp_size: int, policy: dict) -> "ValveKV":
         """Opens the KV space for the cache transformers is about to build (same arithmetic as
-        `PagedAttentionCache.__init__`: one K and one V tensor per layer of a layer group)."""
+        `PagedAttentionCache.__init__`: one K and one V tensor per layer of a layer group).
+
+        The space has one region in which every token's K and V of every layer lie side by side
+        (token-major), and each layer's K or V tensor is a strided view of it. CUDA maps a pool
+        handle only whole (cuMemMap's offset must be 0), so a handle cannot be split into one piece
+        per tensor; interleaved, one handle holds whole blocks of every layer."""
         if tp_size > 1:
             raise NotImplementedError("valve_transformers backs single-GPU caches only (tensor parallelism is not supported)")
         kv_heads = cache_mod.find_num_kv_heads(config)
         head_dim = cache_mod.find_head_dim(config)
         layer_groups, _ = cache_mod.group_layers_by_attn_type(config)
-        group_size = len(layer_groups[0])
+        tensors = 2 * len(layer_groups[0])
         block_size = cb_config.block_size
-        itemsize = dtype.itemsize
-        regions = 2 * group_size
-        block_bytes = block_size * kv_heads * head_dim * itemsize
+        block_bytes = block_size * tensors * kv_heads * head_dim * dtype.itemsize  # one block of every tensor
         tail_bytes = 2 * block_bytes  # transformers' read-trash and write-trash blocks, never reclaimed
-        space = kv_space_factory(regions=regions, capacity_bytes_per_region=policy.get("capacity_bytes_per_region", 0),
+        space = kv_space_factory(regions=1, capacity_bytes_per_region=policy.get("capacity_bytes_per_region", 0),
                                  block_bytes=block_bytes, tail_bytes=tail_bytes, device=device)
-        if space.regions != regions or space.block_bytes != block_bytes:
+        if space.regions != 1 or space.block_bytes != block_bytes:
             raise RuntimeError(f"the Valve KV space has {space.regions} regions of {space.block_bytes}-byte blocks; "
-                               f"the cache needs {regions} regions of {block_bytes}-byte blocks")
+                               f"the cache needs 1 region of {block_bytes}-byte blocks")
         if space.piece_bytes % block_bytes or space.tail_bytes < tail_bytes:
-            raise RuntimeError("the Valve KV space's pieces do not hold whole blocks, or its tail is too small")
+            raise RuntimeError("the Valve KV space's handles do not hold whole blocks, or its tail is too small")
         num_blocks = space.slots * space.blocks_per_slot
         cache_shape = ((num_blocks + 2) * block_size, kv_heads, head_dim)
         mbt = cb_config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS
         v = cls(space, role, cache_shape=cache_shape, block_size=block_size, dtype=dtype, device=device,
                 max_batch_tokens=mbt, policy=policy)
-        v.regions = regions
+        v.tensors = tensors
         v.region_bytes = (num_blocks + 2) * block_bytes
         return v
 
     def wants(self, args: tuple, kwargs: dict) -> bool:
         """Whether a `torch.empty` call made by `PagedAttentionCache.__init__` is a KV tensor."""
         shape = args[0] if args else kwargs.get("size")
-        return (self._next_region < self.regions and shape is not None
+        return (self._next_tensor < self.tensors and shape is not None
                 and tuple(shape) == self.cache_shape and kwargs.get("dtype", self.dtype) == self.dtype)
 
     def next_region_tensor(self) -> Any:
-        """The next K or V tensor (transformers allocates K0, V0, K1, V1, ...): region i of the space,
-        seen as a tensor without a copy (DLPack), covering every slot plus the tail."""
+        """The next K or V tensor (transformers allocates K0, V0, K1, V1, ...): tensor i is the i-th
+        slice of every token's row in the space's region, a strided view without a copy."""
+        if self._rows is None:
+            self._rows = self._region_rows()
+        i = self._next_tensor
+        self._next_tensor += 1
+        return self._rows[:, i]
+
+    def _region_rows(self) -> Any:
+        """The region as [tokens, tensors, kv_heads, head_dim] (DLPack, or __cuda_array_interface__)."""
         import torch
 
-        i = self._next_region
-        self._next_region += 1
-        region = self.space.region(i)
+        region = self.space.region(0)
         if hasattr(region, "__dlpack__"):
             raw = torch.from_dlpack(region)
         else:  # __cuda_array_interface__ (version 3), 1-D uint8
             raw = torch.as_tensor(region, device=self.device)
         if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() < self.region_bytes:
-            raise RuntimeError(f"Valve region {i} is a {raw.dtype} tensor of {raw.numel()} elements; "
+            raise RuntimeError(f"the Valve region is a {raw.dtype} tensor of {raw.numel()} elements; "
                                f"expected at least {self.region_bytes} bytes")
         if torch.device(self.device).type != raw.device.type:
-            raise RuntimeError(f"Valve region {i} is on {raw.device}, the model on {self.device}")
-        return raw[: self.region_bytes].view(self.dtype).view(self.cache_shape)
+            raise RuntimeError(f"the Valve region is on {raw.device}, the model on {self.device}")
+        tokens, heads, dim = self.cache_shape
+        return raw[: self.region_bytes].view(self.dtype).view(tokens, self.tensors, heads, dim)
 
     def attach(self, cache: Any) -> None:
         """After `PagedAttentionCache.__init__`: the allocator only hands out blocks of held slots."""
-        if self._next_region != self.regions:
-            raise RuntimeError(f"PagedAttentionCache allocated {self._next_region} KV tensors from Valve, expected "
-                               f"{self.regions}: this transformers version allocates differently; update the shim")
+        if self._next_tensor != self.tensors:
+            raise RuntimeError(f"PagedAttentionCache allocated {self._next_tensor} KV tensors from Valve, expected "
+                               f"{self.tensors}: this transformers version allocates differently; update the shim")
         bm = cache._block_manager
         bm._valve = self
         cache._valve = self
@@ -333,7 +344,7 @@ class ValveKV:
         free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
         used_blocks = len(self.held) * self.bps - free
         if self.policy.get("reservation", True):
-            target = self.space.usage(used_blocks * self.space.block_bytes * self.space.regions)
+            target = self.space.usage(used_blocks * self.space.block_bytes)
         else:  # no reservation: hold what is in use, give every other slot back at once
             target = math.ceil(used_blocks / self.bps)
         if target is None:

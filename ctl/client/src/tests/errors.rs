@@ -185,3 +185,19 @@ fn a_premapped_grant_whose_descriptors_never_come_times_out_and_is_given_back() 
     assert_eq!(e.code(), crate::error::code::TIMEOUT);
     assert!(mock.held(mock.clients("online")[0]).is_empty());
 }
+
+#[test]
+fn cuda_refuses_to_split_a_handle_over_several_regions_before_touching_the_gpu() {
+    let mock = mock();
+    let (mut c, _) = client(&mock, Role::Offline, Options::default());
+    // The test client is on the fake GPU; a CUDA one is refused at planning, with no CUDA call.
+    let layout =
+        crate::layout::Layout::plan(2, 0, 1 << 20, 8 << 20, 2 << 20, Some(4), false).unwrap();
+    let e = crate::mapper::open(&Backend::Cuda, 0, &layout, true)
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), 105);
+    assert!(e.to_string().contains("cuMemMap's offset must be 0"), "{e}");
+    assert!(e.to_string().contains("one region"), "{e}");
+    c.kv_space(2, 0, 1 << 20).unwrap(); // the fake maps pieces (tests of the bookkeeping only)
+}
