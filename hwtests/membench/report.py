@@ -240,6 +240,8 @@ def correctness_markdown(out: dict) -> str:
         label = "one token of one request" if str(mbt) == "1" else f"batched ({mbt} tokens)"
         lines.append(f"| {label} | {r.get('requests')} | {r.get('reclaims')} | {r.get('requeued')} | "
                      f"{r.get('invalidated_blocks')} | {r.get('identical')} {r.get('error') or ''} |")
+    lines.append(f"\nBatched reference equals the one-token reference (batching alone keeps the tokens): "
+                 f"{out.get('batch_invariant')}.")
     lines.append(f"\nNVML used memory: {out.get('gpu_used_mib_before')} MiB before, "
                  f"{out.get('gpu_used_mib_after')} MiB after.")
     return "\n".join(lines) + "\n"
