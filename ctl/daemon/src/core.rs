@@ -14,7 +14,7 @@ use serde_json::json;
 use valve::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
 use valve::gpu::GpuSelector;
-use valve::state::{reenable, DisabledRecord, StateFile};
+use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::gate::supervisor::{ActiveGate, GateStarter};
@@ -46,6 +46,8 @@ pub struct DaemonCore<D: RmDriver> {
     pub recovery_failures: Vec<String>,
     /// Processes whose registry entries were restored from the journal at start.
     pub restored: Vec<u32>,
+    /// Set when the state file did not parse at start and was moved aside.
+    pub state_salvage: Option<Salvage>,
     gate: Option<ActiveGate>,
     gate_starter: Option<GateStarter>,
 }
@@ -69,8 +71,21 @@ impl<D: RmDriver> DaemonCore<D> {
         mut pre_existing: BTreeSet<u32>,
         start_time: StartTimeFn,
     ) -> valve::error::Result<Self> {
-        let leftover = state.load()?;
-        let (recovered, recovery_failures) = reenable(&ctl, &leftover);
+        // A bad state file must not keep the daemon down: what can be read is re-enabled.
+        let leftover = state.load_or_salvage()?;
+        if let Some(s) = &leftover.salvage {
+            tracing::error!(
+                "the state file {} did not parse ({}); moved it to {}, re-enabling the {} \
+                 record(s) that could be read, {} unreadable; if a job stays frozen, resume it \
+                 from the saved file's contents",
+                state.path().display(),
+                s.reason,
+                s.moved_to.display(),
+                leftover.records.len(),
+                s.dropped
+            );
+        }
+        let (recovered, recovery_failures) = reenable(&ctl, &leftover.records);
         state.save(&[])?;
         let dir = state
             .path()
@@ -96,6 +111,7 @@ impl<D: RmDriver> DaemonCore<D> {
             recovered,
             recovery_failures,
             restored,
+            state_salvage: leftover.salvage,
             gate: None,
             gate_starter: None,
         })
@@ -174,6 +190,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 "recovered_at_start": self.recovered,
                 "recovery_failures": self.recovery_failures,
                 "restored_from_journal": self.restored,
+                "state_file_moved_aside": self.state_salvage.as_ref().map(|s| &s.moved_to),
                 "gpus": self.ctl.gpus(),
                 "gate": self.gate_status().data,
             })),

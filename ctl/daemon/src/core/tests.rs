@@ -628,3 +628,50 @@ fn a_restart_reenables_what_a_killed_daemon_gate_held() {
     assert_eq!(second.recovered, 4);
     assert!(rm.disabled().is_empty());
 }
+
+#[test]
+fn a_truncated_state_file_and_journal_do_not_stop_the_daemon() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = core(&rm, dir.path(), None);
+    for (pid, client) in [(PID_A, 0xc1d0_0010), (PID_A + 1, 0xc1d0_0020)] {
+        for e in cuda_process(&rm, pid, client, &[0], 2) {
+            first.on_event(&e);
+        }
+        let r = first.handle(Request::Preempt {
+            pid,
+            gpu: None,
+            max_hold_ms: None,
+        });
+        assert!(r.error.is_none(), "{r:?}");
+    }
+    first.flush_journal().unwrap();
+    std::mem::forget(first); // SIGKILL
+    assert_eq!(rm.disabled().len(), 4);
+    // The disk filled up mid-write: the second record and the journal's end are cut off.
+    let state = dir.path().join("disabled.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    let second_record = text.rfind("\"pid\"").unwrap();
+    std::fs::write(&state, &text[..second_record + 3]).unwrap();
+    let journal = dir.path().join("registry.json");
+    let jtext = std::fs::read_to_string(&journal).unwrap();
+    std::fs::write(&journal, &jtext[..jtext.len() / 2]).unwrap();
+
+    let mut second = core(&rm, dir.path(), None);
+    // The whole record was re-enabled; the cut one could not be read.
+    assert_eq!(second.recovered, 2);
+    assert_eq!(rm.disabled().len(), 2);
+    let salvage = second.state_salvage.clone().expect("the file was bad");
+    assert_eq!(salvage.dropped, 1);
+    assert!(salvage.moved_to.exists());
+    assert!(dir.path().join("registry.json.corrupt").exists());
+    assert!(second.restored.is_empty());
+    // The daemon runs on a fresh, valid state file.
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+    let status = second.handle(Request::Status);
+    assert_eq!(
+        status.data["state_file_moved_aside"],
+        json!(salvage.moved_to),
+        "status tells the operator where the bad file went"
+    );
+}
