@@ -154,6 +154,11 @@ impl<D: RmDriver> DaemonCore<D> {
         }
     }
 
+    /// Whether `pid` is preempted by hand now (`preempt --pid`).
+    pub fn is_preempted(&self, pid: u32) -> bool {
+        self.preempted.contains_key(&pid)
+    }
+
     /// Resumes preemptions whose hold limit has passed; returns their pids.
     pub fn expire(&mut self, now: Instant) -> Vec<u32> {
         if let Err(e) = self.journal.flush_if_due(now, Duration::from_millis(500)) {

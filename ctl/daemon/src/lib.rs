@@ -31,6 +31,7 @@
 //! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first
 //!   kernel launch; issue 11), not built yet.
 
+pub mod audit;
 pub mod core;
 pub mod error;
 pub mod gate;

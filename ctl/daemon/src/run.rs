@@ -10,6 +10,7 @@ use valve::state::StateFile;
 use valve::Signals;
 use valve_ebpf::{WatchConfig, Watcher};
 
+use crate::audit::{Audit, Caller};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::gate::supervisor::real_gate_starter;
@@ -28,6 +29,8 @@ pub struct DaemonConfig {
     pub group: Option<String>,
     /// The longest any preemption may last.
     pub max_hold: Option<Duration>,
+    /// Where audit records are appended as JSON lines (besides the log).
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
@@ -42,6 +45,19 @@ pub fn run_with_pool(
     signals: &Signals,
 ) -> Result<(), DaemonError> {
     let gid = check_start(cfg)?;
+    let audit = match &cfg.audit_log {
+        Some(path) => Audit::to_file(path).map_err(|e| {
+            derr(
+                1,
+                format!(
+                    "opening the audit log {}: {e} (fix the path or its directory's permissions)",
+                    path.display()
+                ),
+            )
+        })?,
+        None => Audit::log_only(),
+    };
+    server::raise_fd_limit();
     let (mut core, watcher) = start(cfg)?;
     let listener = server::bind(&cfg.socket, gid)?;
     let pool = match pool {
@@ -55,10 +71,17 @@ pub fn run_with_pool(
         cfg.socket.display()
     );
     core.set_gate_starter(Box::new(real_gate_starter));
-    let result = server::serve(&mut core, &watcher, &listener, gid, signals);
+    let mut server = server::Server::new(&listener, gid, &audit);
+    let result = server::serve(&mut core, &watcher, &mut server, signals);
     // The pool first: a reclaim in flight thaws through the socket that is about to go.
     drop(pool);
     let r = core.shutdown();
+    audit.record(
+        "shutdown_resume",
+        Caller::daemon(),
+        serde_json::json!({"pids": r.data.get("resumed")}),
+        &r,
+    );
     let _ = std::fs::remove_file(&cfg.socket);
     drop(watcher);
     match (result, r.error) {

@@ -95,6 +95,7 @@ pub fn exec(args: &DaemonArgs, g: Globals, signals: &Signals) -> Result<(), CliE
             state_dir: args.state_dir.clone(),
             group: args.group.clone(),
             max_hold: args.max_hold,
+            audit_log: None,
         },
         pool.as_ref(),
         signals,
