@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -17,13 +18,16 @@ use valve::gpu::GpuSelector;
 use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
-use crate::gate::supervisor::{ActiveGate, GateStarter};
+use crate::gate::supervisor::{process_label, ActiveGate, GateStarter};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
+use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
 use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
 
 struct Preempted {
     records: Vec<DisabledRecord>,
+    /// The process's workload label as a metric label (set after the disable).
+    label: String,
     plan: PreemptPlan,
     since: Instant,
     deadline: Option<Instant>,
@@ -50,6 +54,7 @@ pub struct DaemonCore<D: RmDriver> {
     pub state_salvage: Option<Salvage>,
     gate: Option<ActiveGate>,
     gate_starter: Option<GateStarter>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -114,12 +119,31 @@ impl<D: RmDriver> DaemonCore<D> {
             state_salvage: leftover.salvage,
             gate: None,
             gate_starter: None,
+            metrics: None,
         })
     }
 
     /// Writes the journal now (at shutdown).
     pub fn flush_journal(&mut self) -> valve::error::Result<()> {
         self.journal.flush()
+    }
+
+    /// Records preemptions, resumes and the gate's start and stop into `m` from now on.
+    pub fn set_metrics(&mut self, m: Arc<Metrics>) {
+        self.metrics = Some(m);
+    }
+
+    /// Sets the gauges: processes known, frozen by hand and by the gate.
+    pub fn publish_metrics(&self) {
+        let Some(m) = &self.metrics else { return };
+        let gated = match &self.gate {
+            Some(g) if m.gate_frozen() => {
+                let pids: BTreeSet<u32> = g.records().iter().map(|r| r.pid).collect();
+                pids.len()
+            }
+            _ => 0,
+        };
+        m.set_processes(self.registry.processes().len(), self.preempted.len(), gated);
     }
 
     /// The controller.
@@ -348,6 +372,7 @@ impl<D: RmDriver> DaemonCore<D> {
             pid,
             Preempted {
                 records,
+                label: String::new(),
                 plan,
                 since: Instant::now(),
                 deadline: limit.map(|l| Instant::now() + l),
@@ -366,6 +391,14 @@ impl<D: RmDriver> DaemonCore<D> {
                 .map(|g| (g.keep_disabled(), p.plan.channels(), p.plan.gpus()))
                 .map_err(|e| e.to_string())
         };
+        if let (Ok((report, ..)), Some(m)) = (&outcome, &self.metrics) {
+            // After the disable: the label lookup reads /proc and takes a lock.
+            let label = m.workload_label(process_label(pid).as_deref());
+            m.record_preemption(report, &label);
+            if let Some(p) = self.preempted.get_mut(&pid) {
+                p.label = label;
+            }
+        }
         match outcome {
             Ok((report, channels, gpus_n)) => Reply::ok(json!({
                 "pid": pid, "channels": channels, "gpus": gpus_n, "disable": report,
@@ -398,6 +431,9 @@ impl<D: RmDriver> DaemonCore<D> {
         match result {
             Ok(report) => {
                 let _ = self.save();
+                if let Some(m) = &self.metrics {
+                    m.record_resume(&report, &p.label, held);
+                }
                 Reply::ok(
                     json!({"pid": pid, "enable": report, "held_ms": held.as_secs_f64() * 1e3}),
                 )
@@ -467,11 +503,15 @@ impl<D: RmDriver> DaemonCore<D> {
                 .contains(&pid)
                 .then(|| self.no_channels_reason(pid))
         };
+        let offline_label = spec.offline_label.clone();
         let gate = match ActiveGate::start(spec, self.gate_starter.as_ref(), not_discoverable) {
             Ok(g) => g,
             Err(reply) => return reply,
         };
         self.gate = Some(gate);
+        if let Some(m) = &self.metrics {
+            m.gate_started(&m.workload_label(offline_label.as_deref()));
+        }
         // The reply must show the sets the gate thread works with, not a status from before it
         // applied them.
         self.sync_gate();
@@ -507,6 +547,9 @@ impl<D: RmDriver> DaemonCore<D> {
             );
         };
         let status = g.stop(&self.ctl);
+        if let Some(m) = &self.metrics {
+            m.gate_stopped();
+        }
         if let Err(e) = self.save() {
             tracing::error!("updating the state file: {e}");
         }
@@ -531,6 +574,9 @@ impl<D: RmDriver> DaemonCore<D> {
         if g.handle_finished() {
             let records = std::mem::take(&mut g.records);
             self.gate = None;
+            if let Some(m) = &self.metrics {
+                m.gate_stopped();
+            }
             let (n, failures) = reenable(&self.ctl, &records);
             tracing::error!(
                 "the gate thread ended unexpectedly; re-enabled {n} offline channel(s), \

@@ -37,6 +37,7 @@ pub mod error;
 pub mod gate;
 pub mod journal;
 pub mod memory;
+pub mod metrics;
 pub mod procfs;
 pub mod protocol;
 pub mod run;

@@ -1,7 +1,9 @@
 //! Starting and stopping the daemon: root and group checks, the driver, recovery of what a
 //! previous run left disabled, the eBPF watcher, the socket; at the end, everything is resumed.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use valve::controller::Controller;
@@ -14,6 +16,7 @@ use crate::audit::{Audit, Caller};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::gate::supervisor::real_gate_starter;
+use crate::metrics::Metrics;
 use crate::procfs::nvidia_users;
 use crate::protocol::EXIT_BPF;
 use crate::server;
@@ -31,6 +34,26 @@ pub struct DaemonConfig {
     pub max_hold: Option<Duration>,
     /// Where audit records are appended as JSON lines (besides the log).
     pub audit_log: Option<PathBuf>,
+    /// Where Prometheus metrics are served (`None`: not at all).
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Creates the metrics, has the core and the gate thread record into them, and serves them.
+fn start_metrics(
+    addr: SocketAddr,
+    core: &mut DaemonCore<NvDriver>,
+) -> Result<Arc<Metrics>, DaemonError> {
+    let m = Metrics::new(core.controller().gpus().len());
+    core.set_metrics(m.clone());
+    crate::metrics::install_for_gate(m.clone());
+    let bound = crate::metrics::serve_http(addr, m.clone()).map_err(|e| {
+        derr(
+            1,
+            format!("serving metrics on {addr}: {e} (is the port in use? choose another --metrics-addr)"),
+        )
+    })?;
+    eprintln!("valvectl daemon: Prometheus metrics on http://{bound}/metrics");
+    Ok(m)
 }
 
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
@@ -71,7 +94,15 @@ pub fn run_with_pool(
         cfg.socket.display()
     );
     core.set_gate_starter(Box::new(real_gate_starter));
-    let mut server = server::Server::new(&listener, gid, &audit);
+    let metrics = match cfg.metrics_addr {
+        Some(addr) => Some(start_metrics(addr, &mut core)?),
+        None => None,
+    };
+    let mut server = server::Server::new(&listener, gid, &audit).on_error(|cause| {
+        if let Some(m) = &metrics {
+            m.record_error(cause);
+        }
+    });
     let result = server::serve(&mut core, &watcher, &mut server, signals);
     // The pool first: a reclaim in flight thaws through the socket that is about to go.
     drop(pool);

@@ -24,6 +24,7 @@ use valve_ebpf::{RmEvent, Watcher};
 use crate::audit::{Audit, Caller};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
+use crate::metrics::ErrorCause;
 use crate::protocol::{Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
 
 /// How long a connection has to send its request line (and to take its reply).
@@ -151,28 +152,14 @@ struct Conn {
     done: bool,
 }
 
-/// Why a connection got no answer or an error before it reached the core (for metrics).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// The caller is neither root nor in the daemon's group.
-    Permission,
-    /// The request line was longer than [`MAX_REQUEST_BYTES`].
-    Oversized,
-    /// The line is not a request.
-    Malformed,
-    /// No complete request within [`REQUEST_TIMEOUT`].
-    Timeout,
-    /// Closed to make room under [`MAX_CONNECTIONS`].
-    Evicted,
-}
-
 /// The control socket's connections and what the loop does with them each turn.
 pub struct Server<'a> {
     listener: &'a UnixListener,
     gid: Option<u32>,
     audit: &'a Audit,
     conns: Vec<Conn>,
-    on_refusal: Box<dyn Fn(Refusal) + 'a>,
+    on_error: Box<dyn Fn(ErrorCause) + 'a>,
+    gauges_published: Option<Instant>,
     refusals_audited: (Instant, u32),
 }
 
@@ -184,14 +171,16 @@ impl<'a> Server<'a> {
             gid,
             audit,
             conns: Vec::new(),
-            on_refusal: Box::new(|_| {}),
+            on_error: Box::new(|_| {}),
+            gauges_published: None,
             refusals_audited: (Instant::now(), 0),
         }
     }
 
-    /// Calls `f` for every refused or dropped connection (the metrics count them).
-    pub fn on_refusal(mut self, f: impl Fn(Refusal) + 'a) -> Self {
-        self.on_refusal = Box::new(f);
+    /// Calls `f` for every refused or dropped connection and every failed request (the
+    /// metrics count them).
+    pub fn on_error(mut self, f: impl Fn(ErrorCause) + 'a) -> Self {
+        self.on_error = Box::new(f);
         self
     }
 
@@ -211,6 +200,7 @@ impl<'a> Server<'a> {
         drain(core, events);
         for pid in core.expire(Instant::now()) {
             let reply = if core.is_preempted(pid) {
+                (self.on_error)(ErrorCause::Rm);
                 Reply::err(1, "resume at the hold limit failed; see the daemon's log")
             } else {
                 Reply::ok(serde_json::Value::Null)
@@ -232,6 +222,15 @@ impl<'a> Server<'a> {
             self.service(i, core, events);
         }
         self.close_stale(Instant::now());
+        // Gauges: after every request, else once a second.
+        let now = Instant::now();
+        if self
+            .gauges_published
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            core.publish_metrics();
+            self.gauges_published = Some(now);
+        }
         Ok(())
     }
 
@@ -297,7 +296,7 @@ impl<'a> Server<'a> {
                     4,
                     "permission denied: only root or the daemon's --group may use Valve",
                 );
-                (self.on_refusal)(Refusal::Permission);
+                (self.on_error)(ErrorCause::Permission);
                 self.audit_refusal(conn.caller, &reply);
                 conn.answer(&reply);
             }
@@ -332,7 +331,7 @@ impl<'a> Server<'a> {
         {
             // Closed by the retain at the end of the turn (indices stay valid until then).
             c.done = true;
-            (self.on_refusal)(Refusal::Evicted);
+            (self.on_error)(ErrorCause::Evicted);
         }
     }
 
@@ -357,7 +356,7 @@ impl<'a> Server<'a> {
             ReadOutcome::Pending => {}
             ReadOutcome::Closed => conn.done = true,
             ReadOutcome::TooLong => {
-                (self.on_refusal)(Refusal::Oversized);
+                (self.on_error)(ErrorCause::Oversized);
                 conn.answer(&Reply::err(
                     2,
                     format!(
@@ -374,13 +373,17 @@ impl<'a> Server<'a> {
                         drain(core, events);
                         let event = Audit::event_of(&req);
                         let reply = core.handle(req);
+                        if let Some(e) = &reply.error {
+                            (self.on_error)(ErrorCause::of_exit_code(e.code));
+                        }
                         if let Some(c) = caller {
                             self.audit.served(c, event, &reply);
                         }
+                        self.gauges_published = None;
                         reply
                     }
                     Err(e) => {
-                        (self.on_refusal)(Refusal::Malformed);
+                        (self.on_error)(ErrorCause::Malformed);
                         Reply::err(2, format!("bad request: {e}"))
                     }
                 };
@@ -397,7 +400,7 @@ impl<'a> Server<'a> {
             if !c.done && now.duration_since(c.since) >= REQUEST_TIMEOUT {
                 c.done = true;
                 if c.reply.is_none() {
-                    (self.on_refusal)(Refusal::Timeout);
+                    (self.on_error)(ErrorCause::Timeout);
                 }
             }
         }
@@ -487,4 +490,4 @@ pub fn serve<D: RmDriver>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

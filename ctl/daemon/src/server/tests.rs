@@ -74,7 +74,7 @@ fn a_request_over_the_size_limit_is_refused_unread() {
     let audit = Audit::log_only();
     let refusals = RefCell::new(Vec::new());
     let mut server =
-        Server::new(&listener, own_group(), &audit).on_refusal(|r| refusals.borrow_mut().push(r));
+        Server::new(&listener, own_group(), &audit).on_error(|r| refusals.borrow_mut().push(r));
     let events = QueuedEvents::default();
     let path = socket.clone();
     let client = std::thread::spawn(move || {
@@ -105,7 +105,7 @@ fn a_request_over_the_size_limit_is_refused_unread() {
         written.is_err(),
         "the daemon closed the connection instead of reading 10 MB"
     );
-    assert_eq!(*refusals.borrow(), vec![Refusal::Oversized]);
+    assert_eq!(*refusals.borrow(), vec![ErrorCause::Oversized]);
     // And it still serves.
     let client = std::thread::spawn(move || request(&socket, "{\"op\":\"status\"}\n"));
     let (reply, _) = serve_until(&mut server, &mut core, &events, client);
