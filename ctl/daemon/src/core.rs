@@ -6,6 +6,7 @@
 //! the registry are journaled, so a restart still knows running processes. Tests drive
 //! [`DaemonCore`] with the fake RM; [`crate::run()`] adds the socket, BPF and signals.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +19,8 @@ use valve::gpu::GpuSelector;
 use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
-use crate::gate::supervisor::{process_label, ActiveGate, GateStarter};
+use crate::config::OfflinePolicy;
+use crate::gate::supervisor::{ActiveGate, GateStarter};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
@@ -55,6 +57,10 @@ pub struct DaemonCore<D: RmDriver> {
     gate: Option<ActiveGate>,
     gate_starter: Option<GateStarter>,
     metrics: Option<Arc<Metrics>>,
+    offline_policy: OfflinePolicy,
+    /// Whether a pid may be frozen under `offline_policy`, looked up once per process.
+    permit_cache: RefCell<BTreeMap<u32, bool>>,
+    gate_defaults: GateSpec,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -120,12 +126,23 @@ impl<D: RmDriver> DaemonCore<D> {
             gate: None,
             gate_starter: None,
             metrics: None,
+            offline_policy: OfflinePolicy::default(),
+            permit_cache: RefCell::new(BTreeMap::new()),
+            gate_defaults: GateSpec::default(),
         })
     }
 
     /// Writes the journal now (at shutdown).
     pub fn flush_journal(&mut self) -> valve::error::Result<()> {
         self.journal.flush()
+    }
+
+    /// Sets who may be frozen (the config's `[offline]`) and the defaults for the `gate start`
+    /// fields a request leaves out (its `[gate]`).
+    pub fn set_policy(&mut self, offline: OfflinePolicy, gate_defaults: GateSpec) {
+        self.offline_policy = offline;
+        self.permit_cache.get_mut().clear();
+        self.gate_defaults = gate_defaults;
     }
 
     /// Records preemptions, resumes and the gate's start and stop into `m` from now on.
@@ -169,6 +186,7 @@ impl<D: RmDriver> DaemonCore<D> {
         self.journal.record(ev, &applied);
         if ev.kind == RmEventKind::Exit {
             self.pre_existing.remove(&ev.pid);
+            self.permit_cache.get_mut().remove(&ev.pid);
             // Its channels are gone with it: nothing left to re-enable.
             if self.preempted.remove(&ev.pid).is_some() {
                 if let Err(e) = self.save() {
@@ -312,6 +330,9 @@ impl<D: RmDriver> DaemonCore<D> {
         if self.preempted.contains_key(&pid) {
             return Reply::ok(json!({"pid": pid, "already_preempted": true}));
         }
+        if let Err(why) = self.offline_policy.permits(pid) {
+            return Reply::err(4, format!("not preempting process {pid}: {why}"));
+        }
         let gpus = self.ctl.gpus();
         let want = match gpu.map(|s| s.parse::<GpuSelector>()) {
             None => None,
@@ -393,7 +414,7 @@ impl<D: RmDriver> DaemonCore<D> {
         };
         if let (Ok((report, ..)), Some(m)) = (&outcome, &self.metrics) {
             // After the disable: the label lookup reads /proc and takes a lock.
-            let label = m.workload_label(process_label(pid).as_deref());
+            let label = m.workload_label(crate::workload::label_of(pid).as_deref());
             m.record_preemption(report, &label);
             if let Some(p) = self.preempted.get_mut(&pid) {
                 p.label = label;
@@ -490,7 +511,18 @@ impl<D: RmDriver> DaemonCore<D> {
         self.gate_starter = Some(starter);
     }
 
-    fn gate_start(&mut self, spec: GateSpec) -> Reply {
+    fn gate_start(&mut self, mut spec: GateSpec) -> Reply {
+        let d = &self.gate_defaults;
+        spec.cooldown_floor_us = spec.cooldown_floor_us.or(d.cooldown_floor_us);
+        spec.cooldown_ceiling_us = spec.cooldown_ceiling_us.or(d.cooldown_ceiling_us);
+        spec.gap_factor = spec.gap_factor.or(d.gap_factor);
+        spec.fixed_cooldown_us = spec.fixed_cooldown_us.or(d.fixed_cooldown_us);
+        if spec.online.is_empty() && spec.online_label.is_none() {
+            spec.online_label = d.online_label.clone();
+        }
+        if spec.offline.is_empty() && spec.offline_label.is_none() {
+            spec.offline_label = d.offline_label.clone();
+        }
         if self.gate.is_some() {
             return Reply::err(
                 1,
@@ -588,8 +620,17 @@ impl<D: RmDriver> DaemonCore<D> {
             return;
         }
         let preempted = &self.preempted;
-        let Some(update) = g.refresh(now, force, &self.registry, |p| preempted.contains_key(&p))
-        else {
+        let (policy, cache) = (&self.offline_policy, &self.permit_cache);
+        // Processes the config does not allow to be frozen are left out of the offline set.
+        let denied = |p: u32| {
+            policy.restricts()
+                && !*cache
+                    .borrow_mut()
+                    .entry(p)
+                    .or_insert_with(|| policy.permits(p).is_ok())
+        };
+        let left_alone = |p: u32| preempted.contains_key(&p) || denied(p);
+        let Some(update) = g.refresh(now, force, &self.registry, left_alone) else {
             return;
         };
         // Recorded before the gate thread may disable them.

@@ -32,6 +32,7 @@
 //!   kernel launch; issue 11), not built yet.
 
 pub mod audit;
+pub mod config;
 pub mod core;
 pub mod error;
 pub mod gate;
@@ -42,6 +43,7 @@ pub mod procfs;
 pub mod protocol;
 pub mod run;
 pub mod server;
+pub mod workload;
 
 pub use crate::core::DaemonCore;
 pub use error::DaemonError;

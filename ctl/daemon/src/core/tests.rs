@@ -675,3 +675,71 @@ fn a_truncated_state_file_and_journal_do_not_stop_the_daemon() {
         "status tells the operator where the bad file went"
     );
 }
+
+#[test]
+fn the_configs_offline_rules_decide_who_may_be_frozen_by_hand_and_by_the_gate() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    // This test process is the CUDA process (alive, so /proc can be read).
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    let preempt = Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: None,
+    };
+    let only_batch = crate::config::OfflinePolicy {
+        labels: vec!["batch-label-this-test-does-not-have".into()],
+        ..Default::default()
+    };
+    c.set_policy(only_batch.clone(), GateSpec::default());
+    let e = c.handle(preempt.clone()).error.expect("refused");
+    assert_eq!(e.code, 4);
+    assert!(
+        e.message.contains("[offline] allows labels"),
+        "{}",
+        e.message
+    );
+    assert!(rm.disabled().is_empty());
+    // The gate leaves it out of its offline set: busy freezes nothing.
+    assert!(c.handle(gate_spec(1, me)).error.is_none());
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    c.refresh_gate(Instant::now(), true);
+    assert!(c.gate.as_ref().unwrap().records().is_empty());
+    assert!(rm.disabled().is_empty());
+    assert!(c.handle(Request::GateStop).error.is_none());
+    // Allowed by uid: frozen.
+    let my_uid = crate::config::OfflinePolicy {
+        uids: vec![nix::unistd::getuid().as_raw()],
+        ..only_batch
+    };
+    c.set_policy(my_uid, GateSpec::default());
+    assert!(c.handle(preempt).error.is_none());
+    assert_eq!(rm.disabled().len(), 4);
+    assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+}
+
+#[test]
+fn gate_defaults_fill_what_a_gate_start_leaves_out() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    let defaults = GateSpec {
+        offline_label: Some("batch".into()),
+        gap_factor: Some(0.5),
+        ..GateSpec::default()
+    };
+    c.set_policy(Default::default(), defaults);
+    // The default's bad gap factor is applied (and refused) when the request has none...
+    let e = c.handle(gate_spec(1, me)).error.expect("refused");
+    assert!(e.message.contains("at least 1"), "{}", e.message);
+    // ...and a request's own value wins.
+    let own = Request::GateStart(GateSpec {
+        online: vec![1],
+        gap_factor: Some(2.0),
+        ..GateSpec::default()
+    });
+    let r = c.handle(own);
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["offline_label"], "batch", "{r:?}");
+    assert!(c.handle(Request::GateStop).error.is_none());
+}
