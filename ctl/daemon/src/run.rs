@@ -164,16 +164,19 @@ pub fn run_with_pool(
         crate::workload::use_pod_labels(p.clone());
     }
     audit_config(cfg, &audit);
-    let metrics = match cfg.metrics_addr {
-        Some(addr) => Some(start_metrics(addr, &mut core)?),
-        None => None,
+    // A failure from here on still goes through the shutdown below (socket file, pool).
+    let (metrics, started) = match cfg.metrics_addr.map(|a| start_metrics(a, &mut core)) {
+        Some(Err(e)) => (None, Err(e)),
+        Some(Ok(m)) => (Some(m), Ok(())),
+        None => (None, Ok(())),
     };
     let mut server = server::Server::new(&listener, gid, &audit).on_error(|cause| {
         if let Some(m) = &metrics {
             m.record_error(cause);
         }
     });
-    let result = autostart_gate(cfg, &mut core, &audit)
+    let result = started
+        .and_then(|()| autostart_gate(cfg, &mut core, &audit))
         .and_then(|()| server::serve(&mut core, &watcher, &mut server, signals));
     // The pool first: a reclaim in flight thaws through the socket that is about to go.
     drop(pool);
