@@ -639,6 +639,9 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         if let Some(g) = &self.gate {
             g.apply(update);
+            if let Some(m) = &self.metrics {
+                m.gate_offline_present(!g.records().is_empty());
+            }
         }
     }
 

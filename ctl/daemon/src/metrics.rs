@@ -303,6 +303,8 @@ struct Harvest {
     /// or no gate.
     runnable_since_ns: AtomicU64,
     frozen: AtomicBool,
+    /// The gate has offline channels to stop (without them nothing is harvested).
+    offline_present: AtomicBool,
     epoch: OnceLock<Instant>,
 }
 
@@ -624,7 +626,25 @@ impl Metrics {
         let h = &self.harvest;
         *h.label.lock().unwrap_or_else(PoisonError::into_inner) = Some(label.to_string());
         h.frozen.store(false, Ordering::Release);
-        h.runnable_since_ns.store(h.now_ns(), Ordering::Release);
+        h.offline_present.store(false, Ordering::Release);
+        h.runnable_since_ns.store(0, Ordering::Release);
+    }
+
+    /// Whether the running gate has offline channels now (the daemon tells after each change
+    /// of the offline set): harvest counts only while it has.
+    pub fn gate_offline_present(&self, present: bool) {
+        let h = &self.harvest;
+        h.offline_present.store(present, Ordering::Release);
+        if !present {
+            h.close_span();
+        } else if !h.frozen.load(Ordering::Acquire) {
+            let _ = h.runnable_since_ns.compare_exchange(
+                0,
+                h.now_ns(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
     }
 
     /// The gate stopped (offline runs on, no longer harvested).
@@ -632,6 +652,7 @@ impl Metrics {
         let h = &self.harvest;
         h.close_span();
         h.frozen.store(false, Ordering::Release);
+        h.offline_present.store(false, Ordering::Release);
         *h.label.lock().unwrap_or_else(PoisonError::into_inner) = None;
         *self.gate.write().unwrap_or_else(PoisonError::into_inner) = None;
     }
@@ -666,7 +687,9 @@ impl Metrics {
     pub fn gate_enabled(&self, report: Option<&BatchReport>, held: Duration) {
         let h = &self.harvest;
         h.frozen.store(false, Ordering::Release);
-        h.runnable_since_ns.store(h.now_ns(), Ordering::Release);
+        if h.offline_present.load(Ordering::Acquire) {
+            h.runnable_since_ns.store(h.now_ns(), Ordering::Release);
+        }
         let gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
         for g in report.map(|r| r.gpus.as_slice()).unwrap_or_default() {
             self.record_enable(g.gpu, g.ioctl);

@@ -38,6 +38,13 @@ fn exposition(m: &Metrics) -> BTreeMap<String, f64> {
         .collect()
 }
 
+fn harvested_s(m: &Metrics) -> f64 {
+    exposition(m)
+        .get("valve_offline_harvested_seconds_total{label=\"batch\"}")
+        .copied()
+        .unwrap_or(0.0)
+}
+
 #[test]
 fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     let rm = FakeRm::host(1);
@@ -48,8 +55,12 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
         .add_channels(ClientHandle(0xc1d0_0042), inst, &chans);
     let m = Metrics::new(1);
     install_for_gate(m.clone());
-    let t0 = Instant::now();
     m.gate_started(&m.workload_label(Some("batch")));
+    // No offline channels yet: nothing is harvested.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(harvested_s(&m), 0.0);
+    // The daemon tells the metrics once the offline set has channels.
+    m.gate_offline_present(true);
     let started = Instant::now();
     let shared = Arc::new(Mutex::new(SharedStatus::default()));
     let cfg = GateConfig {
@@ -69,7 +80,7 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     gate.handle(GateInput::Online(BTreeSet::from([1])), monotonic_ns());
     // Offline runs (is harvested) until the edge.
     std::thread::sleep(Duration::from_millis(20));
-    // Offline ran at least from `started` to here, at most from `t0` to after the disable.
+    // Offline ran at least from `started` to here, at most to after the disable.
     let ran_at_least = started.elapsed().as_secs_f64();
     let edge_ts = monotonic_ns();
     gate.handle(
@@ -101,14 +112,14 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     assert!(e2s > 0.0 && e2s <= edge_to_now, "{e2s} vs {edge_to_now}");
     assert_eq!(v["valve_disable_seconds_count{gpu=\"0\"}"], 1.0);
     let harvested = v["valve_offline_harvested_seconds_total{label=\"batch\"}"];
-    let ran_at_most = t0.elapsed().as_secs_f64();
+    let ran_at_most = started.elapsed().as_secs_f64();
     assert!(
         (ran_at_least..=ran_at_most).contains(&harvested),
         "{harvested} not within the {ran_at_least}..{ran_at_most} s offline ran"
     );
     // Frozen offline is not harvested: the total stands still while frozen.
     std::thread::sleep(Duration::from_millis(10));
-    let still = exposition(&m)["valve_offline_harvested_seconds_total{label=\"batch\"}"];
+    let still = harvested_s(&m);
     assert_eq!(still, harvested);
     // The cooldown (fixed at zero) has passed: the gate releases.
     gate.tick(monotonic_ns() + 1);
@@ -127,15 +138,11 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     assert_eq!(v["valve_enable_seconds_count{gpu=\"0\"}"], 1.0);
     // Running again: harvested grows.
     std::thread::sleep(Duration::from_millis(5));
-    let again = exposition(&m)["valve_offline_harvested_seconds_total{label=\"batch\"}"];
+    let again = harvested_s(&m);
     assert!(again > harvested, "{again} after {harvested}");
     m.gate_stopped();
-    let after_stop = exposition(&m)["valve_offline_harvested_seconds_total{label=\"batch\"}"];
+    let after_stop = harvested_s(&m);
     std::thread::sleep(Duration::from_millis(5));
-    assert_eq!(
-        exposition(&m)["valve_offline_harvested_seconds_total{label=\"batch\"}"],
-        after_stop,
-        "no gate, no harvest"
-    );
+    assert_eq!(harvested_s(&m), after_stop, "no gate, no harvest");
     drop(gate);
 }
