@@ -6,24 +6,30 @@
 //! the registry are journaled, so a restart still knows running processes. Tests drive
 //! [`DaemonCore`] with the fake RM; [`crate::run()`] adds the socket, BPF and signals.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use valve::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
 use valve::gpu::GpuSelector;
-use valve::state::{reenable, DisabledRecord, StateFile};
+use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
+use crate::config::OfflinePolicy;
 use crate::gate::supervisor::{ActiveGate, GateStarter};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
+use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
 use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
 
 struct Preempted {
     records: Vec<DisabledRecord>,
+    /// The process's workload label as a metric label (set after the disable).
+    label: String,
     plan: PreemptPlan,
     since: Instant,
     deadline: Option<Instant>,
@@ -46,8 +52,15 @@ pub struct DaemonCore<D: RmDriver> {
     pub recovery_failures: Vec<String>,
     /// Processes whose registry entries were restored from the journal at start.
     pub restored: Vec<u32>,
+    /// Set when the state file did not parse at start and was moved aside.
+    pub state_salvage: Option<Salvage>,
     gate: Option<ActiveGate>,
     gate_starter: Option<GateStarter>,
+    metrics: Option<Arc<Metrics>>,
+    offline_policy: OfflinePolicy,
+    /// Whether a pid may be frozen under `offline_policy`, looked up once per process.
+    permit_cache: RefCell<BTreeMap<u32, bool>>,
+    gate_defaults: GateSpec,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -69,8 +82,21 @@ impl<D: RmDriver> DaemonCore<D> {
         mut pre_existing: BTreeSet<u32>,
         start_time: StartTimeFn,
     ) -> valve::error::Result<Self> {
-        let leftover = state.load()?;
-        let (recovered, recovery_failures) = reenable(&ctl, &leftover);
+        // A bad state file must not keep the daemon down: what can be read is re-enabled.
+        let leftover = state.load_or_salvage()?;
+        if let Some(s) = &leftover.salvage {
+            tracing::error!(
+                "the state file {} did not parse ({}); moved it to {}, re-enabling the {} \
+                 record(s) that could be read, {} unreadable; if a job stays frozen, resume it \
+                 from the saved file's contents",
+                state.path().display(),
+                s.reason,
+                s.moved_to.display(),
+                leftover.records.len(),
+                s.dropped
+            );
+        }
+        let (recovered, recovery_failures) = reenable(&ctl, &leftover.records);
         state.save(&[])?;
         let dir = state
             .path()
@@ -96,14 +122,45 @@ impl<D: RmDriver> DaemonCore<D> {
             recovered,
             recovery_failures,
             restored,
+            state_salvage: leftover.salvage,
             gate: None,
             gate_starter: None,
+            metrics: None,
+            offline_policy: OfflinePolicy::default(),
+            permit_cache: RefCell::new(BTreeMap::new()),
+            gate_defaults: GateSpec::default(),
         })
     }
 
     /// Writes the journal now (at shutdown).
     pub fn flush_journal(&mut self) -> valve::error::Result<()> {
         self.journal.flush()
+    }
+
+    /// Sets who may be frozen (the config's `[offline]`) and the defaults for the `gate start`
+    /// fields a request leaves out (its `[gate]`).
+    pub fn set_policy(&mut self, offline: OfflinePolicy, gate_defaults: GateSpec) {
+        self.offline_policy = offline;
+        self.permit_cache.get_mut().clear();
+        self.gate_defaults = gate_defaults;
+    }
+
+    /// Records preemptions, resumes and the gate's start and stop into `m` from now on.
+    pub fn set_metrics(&mut self, m: Arc<Metrics>) {
+        self.metrics = Some(m);
+    }
+
+    /// Sets the gauges: processes known, frozen by hand and by the gate.
+    pub fn publish_metrics(&self) {
+        let Some(m) = &self.metrics else { return };
+        let gated = match &self.gate {
+            Some(g) if m.gate_frozen() => {
+                let pids: BTreeSet<u32> = g.records().iter().map(|r| r.pid).collect();
+                pids.len()
+            }
+            _ => 0,
+        };
+        m.set_processes(self.registry.processes().len(), self.preempted.len(), gated);
     }
 
     /// The controller.
@@ -129,6 +186,7 @@ impl<D: RmDriver> DaemonCore<D> {
         self.journal.record(ev, &applied);
         if ev.kind == RmEventKind::Exit {
             self.pre_existing.remove(&ev.pid);
+            self.permit_cache.get_mut().remove(&ev.pid);
             // Its channels are gone with it: nothing left to re-enable.
             if self.preempted.remove(&ev.pid).is_some() {
                 if let Err(e) = self.save() {
@@ -136,6 +194,11 @@ impl<D: RmDriver> DaemonCore<D> {
                 }
             }
         }
+    }
+
+    /// Whether `pid` is preempted by hand now (`preempt --pid`).
+    pub fn is_preempted(&self, pid: u32) -> bool {
+        self.preempted.contains_key(&pid)
     }
 
     /// Resumes preemptions whose hold limit has passed; returns their pids.
@@ -174,6 +237,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 "recovered_at_start": self.recovered,
                 "recovery_failures": self.recovery_failures,
                 "restored_from_journal": self.restored,
+                "state_file_moved_aside": self.state_salvage.as_ref().map(|s| &s.moved_to),
                 "gpus": self.ctl.gpus(),
                 "gate": self.gate_status().data,
             })),
@@ -266,6 +330,9 @@ impl<D: RmDriver> DaemonCore<D> {
         if self.preempted.contains_key(&pid) {
             return Reply::ok(json!({"pid": pid, "already_preempted": true}));
         }
+        if let Err(why) = self.offline_policy.permits(pid) {
+            return Reply::err(4, format!("not preempting process {pid}: {why}"));
+        }
         let gpus = self.ctl.gpus();
         let want = match gpu.map(|s| s.parse::<GpuSelector>()) {
             None => None,
@@ -326,6 +393,7 @@ impl<D: RmDriver> DaemonCore<D> {
             pid,
             Preempted {
                 records,
+                label: String::new(),
                 plan,
                 since: Instant::now(),
                 deadline: limit.map(|l| Instant::now() + l),
@@ -344,6 +412,14 @@ impl<D: RmDriver> DaemonCore<D> {
                 .map(|g| (g.keep_disabled(), p.plan.channels(), p.plan.gpus()))
                 .map_err(|e| e.to_string())
         };
+        if let (Ok((report, ..)), Some(m)) = (&outcome, &self.metrics) {
+            // After the disable: the label lookup reads /proc and takes a lock.
+            let label = m.workload_label(crate::workload::label_of(pid).as_deref());
+            m.record_preemption(report, &label);
+            if let Some(p) = self.preempted.get_mut(&pid) {
+                p.label = label;
+            }
+        }
         match outcome {
             Ok((report, channels, gpus_n)) => Reply::ok(json!({
                 "pid": pid, "channels": channels, "gpus": gpus_n, "disable": report,
@@ -376,6 +452,9 @@ impl<D: RmDriver> DaemonCore<D> {
         match result {
             Ok(report) => {
                 let _ = self.save();
+                if let Some(m) = &self.metrics {
+                    m.record_resume(&report, &p.label, held);
+                }
                 Reply::ok(
                     json!({"pid": pid, "enable": report, "held_ms": held.as_secs_f64() * 1e3}),
                 )
@@ -432,7 +511,18 @@ impl<D: RmDriver> DaemonCore<D> {
         self.gate_starter = Some(starter);
     }
 
-    fn gate_start(&mut self, spec: GateSpec) -> Reply {
+    fn gate_start(&mut self, mut spec: GateSpec) -> Reply {
+        let d = &self.gate_defaults;
+        spec.cooldown_floor_us = spec.cooldown_floor_us.or(d.cooldown_floor_us);
+        spec.cooldown_ceiling_us = spec.cooldown_ceiling_us.or(d.cooldown_ceiling_us);
+        spec.gap_factor = spec.gap_factor.or(d.gap_factor);
+        spec.fixed_cooldown_us = spec.fixed_cooldown_us.or(d.fixed_cooldown_us);
+        if spec.online.is_empty() && spec.online_label.is_none() {
+            spec.online_label = d.online_label.clone();
+        }
+        if spec.offline.is_empty() && spec.offline_label.is_none() {
+            spec.offline_label = d.offline_label.clone();
+        }
         if self.gate.is_some() {
             return Reply::err(
                 1,
@@ -445,11 +535,15 @@ impl<D: RmDriver> DaemonCore<D> {
                 .contains(&pid)
                 .then(|| self.no_channels_reason(pid))
         };
+        let offline_label = spec.offline_label.clone();
         let gate = match ActiveGate::start(spec, self.gate_starter.as_ref(), not_discoverable) {
             Ok(g) => g,
             Err(reply) => return reply,
         };
         self.gate = Some(gate);
+        if let Some(m) = &self.metrics {
+            m.gate_started(&m.workload_label(offline_label.as_deref()));
+        }
         // The reply must show the sets the gate thread works with, not a status from before it
         // applied them.
         self.sync_gate();
@@ -485,6 +579,9 @@ impl<D: RmDriver> DaemonCore<D> {
             );
         };
         let status = g.stop(&self.ctl);
+        if let Some(m) = &self.metrics {
+            m.gate_stopped();
+        }
         if let Err(e) = self.save() {
             tracing::error!("updating the state file: {e}");
         }
@@ -509,6 +606,9 @@ impl<D: RmDriver> DaemonCore<D> {
         if g.handle_finished() {
             let records = std::mem::take(&mut g.records);
             self.gate = None;
+            if let Some(m) = &self.metrics {
+                m.gate_stopped();
+            }
             let (n, failures) = reenable(&self.ctl, &records);
             tracing::error!(
                 "the gate thread ended unexpectedly; re-enabled {n} offline channel(s), \
@@ -520,8 +620,17 @@ impl<D: RmDriver> DaemonCore<D> {
             return;
         }
         let preempted = &self.preempted;
-        let Some(update) = g.refresh(now, force, &self.registry, |p| preempted.contains_key(&p))
-        else {
+        let (policy, cache) = (&self.offline_policy, &self.permit_cache);
+        // Processes the config does not allow to be frozen are left out of the offline set.
+        let denied = |p: u32| {
+            policy.restricts()
+                && !*cache
+                    .borrow_mut()
+                    .entry(p)
+                    .or_insert_with(|| policy.permits(p).is_ok())
+        };
+        let left_alone = |p: u32| preempted.contains_key(&p) || denied(p);
+        let Some(update) = g.refresh(now, force, &self.registry, left_alone) else {
             return;
         };
         // Recorded before the gate thread may disable them.
@@ -530,6 +639,9 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         if let Some(g) = &self.gate {
             g.apply(update);
+            if let Some(m) = &self.metrics {
+                m.gate_offline_present(!g.records().is_empty());
+            }
         }
     }
 

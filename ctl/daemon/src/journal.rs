@@ -70,10 +70,23 @@ impl Journal {
     /// time into `registry`. Returns the restored pids; the others are dropped.
     pub fn restore(&mut self, registry: &mut Registry) -> Result<Vec<u32>> {
         let saved: BTreeMap<u32, ProcessLog> = match std::fs::read_to_string(&self.path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| Error::Os {
-                op: format!("parsing {}", self.path.display()),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            })?,
+            Ok(text) => match serde_json::from_str(&text) {
+                Ok(saved) => saved,
+                // Only discovery of processes started before this run is lost: keep running.
+                Err(e) => {
+                    let aside = self.path.with_extension("json.corrupt");
+                    let moved = std::fs::rename(&self.path, &aside);
+                    tracing::error!(
+                        "the registry journal {} did not parse ({e}); moved aside to {} ({}); \
+                         processes started before this daemon are not discoverable until they \
+                         restart",
+                        self.path.display(),
+                        aside.display(),
+                        moved.map_or_else(|e| format!("failed: {e}"), |_| "done".into()),
+                    );
+                    BTreeMap::new()
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => {
                 return Err(Error::Os {

@@ -18,6 +18,9 @@
 //! - [`procfs`]: what `/proc` says about other processes. [`error`]: why the daemon stopped.
 //! - [`memory`]: the GPU memory pool (issue 10): ledger, reclaim and the pool socket, started
 //!   beside the control socket by [`run_with_pool`].
+//! - [`config`]: the TOML config file and the `[offline]` rules; [`workload`]: a process's
+//!   workload label (`VALVE_LABEL` or its Kubernetes pod's label), uid and cgroup.
+//! - [`metrics`]: Prometheus metrics and their HTTP endpoint; [`audit`]: the audit trail.
 //!
 //! Everything the daemon disables is written to the state file (`valve::state`) *before* the
 //! disable, so a restarted daemon re-enables it even after a SIGKILL.
@@ -26,20 +29,24 @@
 //!
 //! New roles of the daemon get a module here beside [`gate`] and [`memory`], fed by
 //! [`DaemonCore`], with their requests in [`protocol`]:
-//! - metrics (Prometheus counters and histograms of what `status` and `gate status` report;
-//!   issue 12), not built yet;
+//! - the memory pool's metrics, registered through [`metrics::Metrics::with_registry`];
 //! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first
-//!   kernel launch; issue 11), not built yet.
+//!   kernel launch; issue 11), not built yet; it records into
+//!   [`metrics::Metrics::record_edge_to_stopped`] with [`metrics::EdgeKind::Arrival`].
 
+pub mod audit;
+pub mod config;
 pub mod core;
 pub mod error;
 pub mod gate;
 pub mod journal;
 pub mod memory;
+pub mod metrics;
 pub mod procfs;
 pub mod protocol;
 pub mod run;
 pub mod server;
+pub mod workload;
 
 pub use crate::core::DaemonCore;
 pub use error::DaemonError;

@@ -8,6 +8,10 @@ pub const DEFAULT_SOCKET: &str = "/run/valve/valve.sock";
 /// Where the daemon keeps its state by default.
 pub const DEFAULT_STATE_DIR: &str = "/run/valve";
 
+/// The longest request line the daemon reads (64 KiB; real requests are under 1 KiB). A
+/// longer one is refused after this many bytes, unread beyond them.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
 /// Exit code: the daemon is not running.
 pub const EXIT_NO_DAEMON: i32 = 7;
 /// Exit code: no such process, no GPU channels, or not discoverable.

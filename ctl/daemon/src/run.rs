@@ -1,7 +1,9 @@
 //! Starting and stopping the daemon: root and group checks, the driver, recovery of what a
 //! previous run left disabled, the eBPF watcher, the socket; at the end, everything is resumed.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use valve::controller::Controller;
@@ -10,12 +12,17 @@ use valve::state::StateFile;
 use valve::Signals;
 use valve_ebpf::{WatchConfig, Watcher};
 
+use crate::audit::{Audit, Caller};
+use crate::config::OfflinePolicy;
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::gate::supervisor::real_gate_starter;
+use crate::metrics::Metrics;
 use crate::procfs::nvidia_users;
 use crate::protocol::EXIT_BPF;
+use crate::protocol::{GateSpec, Reply, Request};
 use crate::server;
+use crate::workload::PodLabels;
 
 /// How the daemon is started.
 #[derive(Clone, Debug)]
@@ -28,6 +35,90 @@ pub struct DaemonConfig {
     pub group: Option<String>,
     /// The longest any preemption may last.
     pub max_hold: Option<Duration>,
+    /// Where audit records are appended as JSON lines (besides the log).
+    pub audit_log: Option<PathBuf>,
+    /// Where Prometheus metrics are served (`None`: not at all).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Who may be frozen (the config's `[offline]`).
+    pub offline: OfflinePolicy,
+    /// Defaults for the `gate start` fields a request leaves out.
+    pub gate_defaults: GateSpec,
+    /// Start a gate with `gate_defaults` when the daemon starts.
+    pub gate_autostart: bool,
+    /// Read Kubernetes pod labels as workload labels.
+    pub pod_labels: Option<PodLabels>,
+    /// The config file the settings came from (audited at start).
+    pub config_file: Option<PathBuf>,
+}
+
+/// Audits the settings the daemon starts with (its config file, with a digest of its text).
+fn audit_config(cfg: &DaemonConfig, audit: &Audit) {
+    use sha2::Digest;
+    let file = cfg.config_file.as_ref().map(|p| {
+        let digest = std::fs::read(p)
+            .map(|b| format!("{:x}", sha2::Sha256::digest(b)))
+            .unwrap_or_default();
+        serde_json::json!({"path": p, "sha256": digest})
+    });
+    let targets = serde_json::json!({
+        "file": file,
+        "group": cfg.group,
+        "max_hold_ms": cfg.max_hold.map(|d| d.as_millis() as u64),
+        "metrics_addr": cfg.metrics_addr,
+        "offline": {"labels": cfg.offline.labels, "uids": cfg.offline.uids, "cgroups": cfg.offline.cgroups},
+        "gate_defaults": cfg.gate_defaults,
+        "gate_autostart": cfg.gate_autostart,
+    });
+    audit.record(
+        "config",
+        Caller::daemon(),
+        targets,
+        &Reply::ok(serde_json::Value::Null),
+    );
+}
+
+/// Starts the configured gate (`gate.autostart`); a failure stops the daemon, since the
+/// operator asked for a gate and would otherwise not have one.
+fn autostart_gate(
+    cfg: &DaemonConfig,
+    core: &mut DaemonCore<NvDriver>,
+    audit: &Audit,
+) -> Result<(), DaemonError> {
+    if !cfg.gate_autostart {
+        return Ok(());
+    }
+    let spec = GateSpec::default();
+    let event = Audit::event_of(&Request::GateStart(spec.clone()));
+    let reply = core.handle(Request::GateStart(spec));
+    audit.served(Caller::daemon(), event, &reply);
+    match reply.error {
+        None => {
+            eprintln!("valvectl daemon: gate started from the config (gate.autostart)");
+            Ok(())
+        }
+        Some(e) => Err(derr(
+            e.code,
+            format!("gate.autostart: starting the gate failed: {}", e.message),
+        )),
+    }
+}
+
+/// Creates the metrics, has the core and the gate thread record into them, and serves them.
+fn start_metrics(
+    addr: SocketAddr,
+    core: &mut DaemonCore<NvDriver>,
+) -> Result<Arc<Metrics>, DaemonError> {
+    let m = Metrics::new(core.controller().gpus().len());
+    core.set_metrics(m.clone());
+    crate::metrics::install_for_gate(m.clone());
+    let bound = crate::metrics::serve_http(addr, m.clone()).map_err(|e| {
+        derr(
+            1,
+            format!("serving metrics on {addr}: {e} (is the port in use? choose another --metrics-addr)"),
+        )
+    })?;
+    eprintln!("valvectl daemon: Prometheus metrics on http://{bound}/metrics");
+    Ok(m)
 }
 
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
@@ -42,6 +133,19 @@ pub fn run_with_pool(
     signals: &Signals,
 ) -> Result<(), DaemonError> {
     let gid = check_start(cfg)?;
+    let audit = match &cfg.audit_log {
+        Some(path) => Audit::to_file(path).map_err(|e| {
+            derr(
+                1,
+                format!(
+                    "opening the audit log {}: {e} (fix the path or its directory's permissions)",
+                    path.display()
+                ),
+            )
+        })?,
+        None => Audit::log_only(),
+    };
+    server::raise_fd_limit();
     let (mut core, watcher) = start(cfg)?;
     let listener = server::bind(&cfg.socket, gid)?;
     let pool = match pool {
@@ -55,10 +159,34 @@ pub fn run_with_pool(
         cfg.socket.display()
     );
     core.set_gate_starter(Box::new(real_gate_starter));
-    let result = server::serve(&mut core, &watcher, &listener, gid, signals);
+    core.set_policy(cfg.offline.clone(), cfg.gate_defaults.clone());
+    if let Some(p) = &cfg.pod_labels {
+        crate::workload::use_pod_labels(p.clone());
+    }
+    audit_config(cfg, &audit);
+    // A failure from here on still goes through the shutdown below (socket file, pool).
+    let (metrics, started) = match cfg.metrics_addr.map(|a| start_metrics(a, &mut core)) {
+        Some(Err(e)) => (None, Err(e)),
+        Some(Ok(m)) => (Some(m), Ok(())),
+        None => (None, Ok(())),
+    };
+    let mut server = server::Server::new(&listener, gid, &audit).on_error(|cause| {
+        if let Some(m) = &metrics {
+            m.record_error(cause);
+        }
+    });
+    let result = started
+        .and_then(|()| autostart_gate(cfg, &mut core, &audit))
+        .and_then(|()| server::serve(&mut core, &watcher, &mut server, signals));
     // The pool first: a reclaim in flight thaws through the socket that is about to go.
     drop(pool);
     let r = core.shutdown();
+    audit.record(
+        "shutdown_resume",
+        Caller::daemon(),
+        serde_json::json!({"pids": r.data.get("resumed")}),
+        &r,
+    );
     let _ = std::fs::remove_file(&cfg.socket);
     drop(watcher);
     match (result, r.error) {

@@ -1,23 +1,39 @@
 //! The control socket: binding it with the right owner and mode, checking who connects
 //! (SO_PEERCRED: root or the daemon's group), and the main loop that serves requests.
 //!
-//! One request per connection, answered in order on the daemon's one thread; between requests
-//! the loop folds watcher events into the registry, expires hold limits and keeps the gate current.
+//! Connections are read without blocking, all of them at once through poll(2), so an idle or
+//! slow client holds a slot and never the loop. A request is one line of at most
+//! [`MAX_REQUEST_BYTES`], sent within [`REQUEST_TIMEOUT`]; at most [`MAX_CONNECTIONS`] wait at
+//! once (the oldest goes for a new one). Requests are answered in order on the daemon's one
+//! thread; between them the loop folds watcher events into the registry, expires hold limits
+//! and keeps the gate current.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials, UnixCredentials};
+use serde_json::json;
 use valve::driver::RmDriver;
 use valve::Signals;
-use valve_ebpf::Watcher;
+use valve_ebpf::{RmEvent, Watcher};
 
+use crate::audit::{Audit, Caller};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
-use crate::protocol::{Reply, Request, EXIT_BPF};
+use crate::metrics::ErrorCause;
+use crate::protocol::{Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
+
+/// How long a connection has to send its request line (and to take its reply).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; for a new one beyond this, the oldest is closed.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Refused callers audited per second at most (the rest are only counted), so that a local
+/// user cannot fill the disk by connecting in a loop.
+const REFUSALS_AUDITED_PER_S: u32 = 10;
 
 /// Whether a daemon already answers on `socket` (it replies to a status request in time).
 pub fn answers(socket: &Path, timeout: Duration) -> bool {
@@ -61,10 +77,11 @@ pub fn bind(socket: &Path, gid: Option<u32>) -> Result<UnixListener, DaemonError
 /// Whether the peer on `stream` may use Valve: root, or a member of group `gid` (its primary or
 /// a supplementary group).
 pub fn peer_allowed(stream: &UnixStream, gid: Option<u32>) -> bool {
-    let Ok(cred) = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
-    else {
-        return false;
-    };
+    getsockopt(stream, PeerCredentials).is_ok_and(|c| allowed(&c, gid))
+}
+
+/// Whether a peer with credentials `cred` may use Valve (see [`peer_allowed`]).
+fn allowed(cred: &UnixCredentials, gid: Option<u32>) -> bool {
     if cred.uid() == 0 {
         return true;
     }
@@ -83,76 +100,394 @@ pub fn peer_allowed(stream: &UnixStream, gid: Option<u32>) -> bool {
         .unwrap_or(false)
 }
 
-fn serve_one<D: RmDriver>(core: &mut DaemonCore<D>, stream: UnixStream, gid: Option<u32>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut writer = match stream.try_clone() {
-        Ok(w) => w,
-        Err(_) => return,
-    };
-    let reply = if !peer_allowed(&stream, gid) {
-        Reply::err(
-            4,
-            "permission denied: only root or the daemon's --group may use Valve",
-        )
-    } else {
-        let mut line = String::new();
-        match BufReader::new(stream).read_line(&mut line) {
-            Ok(_) => match serde_json::from_str::<Request>(&line) {
-                Ok(req) => core.handle(req),
-                Err(e) => Reply::err(2, format!("bad request: {e}")),
-            },
-            Err(e) => Reply::err(1, format!("reading the request: {e}")),
+/// Raises this process's open-file limit to its hard limit, so that many waiting clients do
+/// not run the daemon out of descriptors. Returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
         }
-    };
-    let mut out = serde_json::to_string(&reply).expect("replies serialise");
-    out.push('\n');
-    let _ = writer.write_all(out.as_bytes());
+        Ok((soft, _)) => soft,
+        Err(_) => 0,
+    }
 }
 
-/// Folds every event the watcher has delivered into the registry.
-fn drain<D: RmDriver>(core: &mut DaemonCore<D>, watcher: &Watcher) {
-    while let Some(ev) = watcher.poll(Duration::ZERO) {
+/// Where the loop gets RM events from: the eBPF [`Watcher`], or a test's queue.
+pub trait EventSource {
+    /// The next delivered event, without waiting.
+    fn next_event(&self) -> Option<RmEvent>;
+    /// Whether events can still come (false: the watcher died).
+    fn alive(&self) -> bool;
+}
+
+impl EventSource for Watcher {
+    fn next_event(&self) -> Option<RmEvent> {
+        self.poll(Duration::ZERO)
+    }
+    fn alive(&self) -> bool {
+        self.is_alive()
+    }
+}
+
+/// Folds every event the source has delivered into the registry.
+fn drain<D: RmDriver>(core: &mut DaemonCore<D>, events: &impl EventSource) {
+    while let Some(ev) = events.next_event() {
         core.on_event(&ev);
+    }
+}
+
+/// One client connection: reading its request line, then writing its reply.
+struct Conn {
+    stream: UnixStream,
+    caller: Option<Caller>,
+    request: Vec<u8>,
+    /// The reply and how much of it is written; set once the request is answered.
+    reply: Option<(Vec<u8>, usize)>,
+    since: Instant,
+    done: bool,
+}
+
+/// The control socket's connections and what the loop does with them each turn.
+pub struct Server<'a> {
+    listener: &'a UnixListener,
+    gid: Option<u32>,
+    audit: &'a Audit,
+    conns: Vec<Conn>,
+    on_error: Box<dyn Fn(ErrorCause) + 'a>,
+    gauges_published: Option<Instant>,
+    refusals_audited: (Instant, u32),
+}
+
+impl<'a> Server<'a> {
+    /// A server on a bound, non-blocking listener (see [`bind`]).
+    pub fn new(listener: &'a UnixListener, gid: Option<u32>, audit: &'a Audit) -> Self {
+        Server {
+            listener,
+            gid,
+            audit,
+            conns: Vec::new(),
+            on_error: Box::new(|_| {}),
+            gauges_published: None,
+            refusals_audited: (Instant::now(), 0),
+        }
+    }
+
+    /// Calls `f` for every refused or dropped connection and every failed request (the
+    /// metrics count them).
+    pub fn on_error(mut self, f: impl Fn(ErrorCause) + 'a) -> Self {
+        self.on_error = Box::new(f);
+        self
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// One turn of the loop: registry, hold limits and gate upkeep, then waits up to `wait`
+    /// for the sockets and serves what they have. Errors only when the event source died.
+    pub fn step<D: RmDriver>(
+        &mut self,
+        core: &mut DaemonCore<D>,
+        events: &impl EventSource,
+        wait: Duration,
+    ) -> Result<(), DaemonError> {
+        drain(core, events);
+        for pid in core.expire(Instant::now()) {
+            let reply = if core.is_preempted(pid) {
+                (self.on_error)(ErrorCause::Rm);
+                Reply::err(1, "resume at the hold limit failed; see the daemon's log")
+            } else {
+                Reply::ok(serde_json::Value::Null)
+            };
+            let targets = json!({"pid": pid});
+            self.audit
+                .record("hold_limit_resume", Caller::daemon(), targets, &reply);
+        }
+        core.refresh_gate(Instant::now(), false);
+        if !events.alive() {
+            return Err(derr(
+                EXIT_BPF,
+                "the eBPF watcher stopped; exiting so the service restarts",
+            ));
+        }
+        let ready = self.poll(wait);
+        let fresh = self.accept();
+        for i in ready.into_iter().chain(fresh) {
+            self.service(i, core, events);
+        }
+        self.close_stale(Instant::now());
+        // Gauges: after every request, else once a second.
+        let now = Instant::now();
+        if self
+            .gauges_published
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            core.publish_metrics();
+            self.gauges_published = Some(now);
+        }
+        Ok(())
+    }
+
+    /// Waits for the listener or any connection; returns the connections that are ready.
+    fn poll(&self, wait: Duration) -> Vec<usize> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        let mut fds = Vec::with_capacity(self.conns.len() + 1);
+        fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
+        for c in &self.conns {
+            let want = if c.reply.is_some() {
+                PollFlags::POLLOUT
+            } else {
+                PollFlags::POLLIN
+            };
+            fds.push(PollFd::new(c.stream.as_fd(), want));
+        }
+        let ms = wait.as_millis().min(u16::MAX as u128) as u16;
+        if nix::poll::poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) <= 0 {
+            return Vec::new();
+        }
+        fds[1..]
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Accepts every waiting connection; returns their indices. Callers that may not use Valve
+    /// get their refusal queued at once and are never read.
+    fn accept(&mut self) -> Vec<usize> {
+        let mut fresh = Vec::new();
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    break;
+                }
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if self.conns.len() >= MAX_CONNECTIONS {
+                self.evict_oldest();
+            }
+            let cred = getsockopt(&stream, PeerCredentials).ok();
+            let mut conn = Conn {
+                stream,
+                caller: cred.map(|c| Caller {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                    pid: c.pid(),
+                }),
+                request: Vec::new(),
+                reply: None,
+                since: Instant::now(),
+                done: false,
+            };
+            if !cred.is_some_and(|c| allowed(&c, self.gid)) {
+                let reply = Reply::err(
+                    4,
+                    "permission denied: only root or the daemon's --group may use Valve",
+                );
+                (self.on_error)(ErrorCause::Permission);
+                self.audit_refusal(conn.caller, &reply);
+                conn.answer(&reply);
+            }
+            self.conns.push(conn);
+            fresh.push(self.conns.len() - 1);
+        }
+        fresh
+    }
+
+    fn audit_refusal(&mut self, caller: Option<Caller>, reply: &Reply) {
+        let now = Instant::now();
+        if now.duration_since(self.refusals_audited.0) >= Duration::from_secs(1) {
+            self.refusals_audited = (now, 0);
+        }
+        if self.refusals_audited.1 < REFUSALS_AUDITED_PER_S {
+            self.refusals_audited.1 += 1;
+            let caller = caller.unwrap_or(Caller {
+                uid: u32::MAX,
+                gid: u32::MAX,
+                pid: 0,
+            });
+            self.audit.record("refused", caller, json!({}), reply);
+        }
+    }
+
+    fn evict_oldest(&mut self) {
+        if let Some(c) = self
+            .conns
+            .iter_mut()
+            .filter(|c| !c.done)
+            .min_by_key(|c| c.since)
+        {
+            // Closed by the retain at the end of the turn (indices stay valid until then).
+            c.done = true;
+            (self.on_error)(ErrorCause::Evicted);
+        }
+    }
+
+    /// Reads what connection `i` sent and answers a complete request, or writes its reply.
+    fn service<D: RmDriver>(
+        &mut self,
+        i: usize,
+        core: &mut DaemonCore<D>,
+        events: &impl EventSource,
+    ) {
+        let Some(conn) = self.conns.get_mut(i) else {
+            return;
+        };
+        if conn.done {
+            return;
+        }
+        if conn.reply.is_some() {
+            conn.write_reply();
+            return;
+        }
+        match conn.read_request() {
+            ReadOutcome::Pending => {}
+            ReadOutcome::Closed => conn.done = true,
+            ReadOutcome::TooLong => {
+                (self.on_error)(ErrorCause::Oversized);
+                conn.answer(&Reply::err(
+                    2,
+                    format!(
+                        "request refused: longer than {MAX_REQUEST_BYTES} bytes; a request is \
+                         one JSON line (see valve_daemon::protocol::Request)"
+                    ),
+                ));
+            }
+            ReadOutcome::Line(line) => {
+                let caller = conn.caller;
+                let reply = match serde_json::from_slice::<Request>(&line) {
+                    Ok(req) => {
+                        // Events that arrived before the request must be in the registry.
+                        drain(core, events);
+                        let event = Audit::event_of(&req);
+                        let reply = core.handle(req);
+                        if let Some(e) = &reply.error {
+                            (self.on_error)(ErrorCause::of_exit_code(e.code));
+                        }
+                        if let Some(c) = caller {
+                            self.audit.served(c, event, &reply);
+                        }
+                        self.gauges_published = None;
+                        reply
+                    }
+                    Err(e) => {
+                        (self.on_error)(ErrorCause::Malformed);
+                        Reply::err(2, format!("bad request: {e}"))
+                    }
+                };
+                if let Some(conn) = self.conns.get_mut(i) {
+                    conn.answer(&reply);
+                }
+            }
+        }
+    }
+
+    /// Closes finished connections and those past [`REQUEST_TIMEOUT`].
+    fn close_stale(&mut self, now: Instant) {
+        for c in &mut self.conns {
+            if !c.done && now.duration_since(c.since) >= REQUEST_TIMEOUT {
+                c.done = true;
+                if c.reply.is_none() {
+                    (self.on_error)(ErrorCause::Timeout);
+                }
+            }
+        }
+        self.conns.retain(|c| !c.done);
+    }
+}
+
+enum ReadOutcome {
+    /// No complete line yet.
+    Pending,
+    /// The line (without its newline; or everything, if the peer closed without one).
+    Line(Vec<u8>),
+    /// Over [`MAX_REQUEST_BYTES`] without a newline.
+    TooLong,
+    /// The peer closed without sending anything.
+    Closed,
+}
+
+impl Conn {
+    /// Reads what is there without blocking, never past [`MAX_REQUEST_BYTES`] + 1 bytes.
+    fn read_request(&mut self) -> ReadOutcome {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let room = (MAX_REQUEST_BYTES + 1 - self.request.len()).min(chunk.len());
+            if room == 0 {
+                return ReadOutcome::TooLong;
+            }
+            match self.stream.read(&mut chunk[..room]) {
+                Ok(0) if self.request.is_empty() => return ReadOutcome::Closed,
+                Ok(0) => return ReadOutcome::Line(std::mem::take(&mut self.request)),
+                Ok(n) => {
+                    let seen = self.request.len();
+                    self.request.extend_from_slice(&chunk[..n]);
+                    if let Some(p) = self.request[seen..].iter().position(|&b| b == b'\n') {
+                        self.request.truncate(seen + p);
+                        return ReadOutcome::Line(std::mem::take(&mut self.request));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return ReadOutcome::Pending
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return ReadOutcome::Closed,
+            }
+        }
+    }
+
+    /// Queues `reply` and writes as much of it as the socket takes now.
+    fn answer(&mut self, reply: &Reply) {
+        let mut out = serde_json::to_vec(reply).expect("replies serialise");
+        out.push(b'\n');
+        self.reply = Some((out, 0));
+        self.since = Instant::now();
+        self.write_reply();
+    }
+
+    fn write_reply(&mut self) {
+        let Some((out, written)) = &mut self.reply else {
+            return;
+        };
+        while *written < out.len() {
+            match self.stream.write(&out[*written..]) {
+                Ok(n) => *written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        self.done = true;
     }
 }
 
 /// Serves the socket until SIGINT/SIGTERM/SIGHUP (`Ok`) or until the eBPF watcher stops.
 pub fn serve<D: RmDriver>(
     core: &mut DaemonCore<D>,
-    watcher: &Watcher,
-    listener: &UnixListener,
-    gid: Option<u32>,
+    events: &impl EventSource,
+    server: &mut Server<'_>,
     signals: &Signals,
 ) -> Result<(), DaemonError> {
     loop {
-        drain(core, watcher);
-        core.expire(Instant::now());
-        core.refresh_gate(Instant::now(), false);
-        if !watcher.is_alive() {
-            return Err(derr(
-                EXIT_BPF,
-                "the eBPF watcher stopped; exiting so the service restarts",
-            ));
-        }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = stream.set_nonblocking(false);
-                // Events that arrived before the request must be in the registry.
-                drain(core, watcher);
-                serve_one(core, stream, gid);
-                continue;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => tracing::warn!("accept: {e}"),
-        }
-        let mut fds = [nix::poll::PollFd::new(
-            listener.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5u8));
+        server.step(core, events, Duration::from_millis(5))?;
         if let Some(sig) = signals.pending() {
             eprintln!("valvectl daemon: {sig}: resuming everything and exiting");
             return Ok(());
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

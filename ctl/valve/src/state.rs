@@ -57,6 +57,54 @@ impl StateFile {
         }
     }
 
+    /// The records, or, if the file does not parse (truncated by a crash or a full disk,
+    /// corrupted, or written by something else), the records that can still be read from it.
+    /// The bad file is moved aside to `disabled.json.corrupt-<unix seconds>` so that it is kept
+    /// for inspection and the next save starts clean. Only an unreadable file (I/O, permissions)
+    /// is an error: a daemon must start and re-enable what it can rather than refuse to run.
+    pub fn load_or_salvage(&self) -> Result<Loaded> {
+        let text = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Loaded::default()),
+            Err(e) => {
+                return Err(Error::Os {
+                    op: format!("reading {}", self.path.display()),
+                    source: e,
+                })
+            }
+        };
+        let reason = match serde_json::from_slice::<Vec<DisabledRecord>>(&text) {
+            Ok(records) => {
+                return Ok(Loaded {
+                    records,
+                    salvage: None,
+                })
+            }
+            Err(e) => e.to_string(),
+        };
+        let (records, dropped) = salvage_records(&text);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let aside = self.path.with_extension(format!("json.corrupt-{stamp}"));
+        std::fs::rename(&self.path, &aside).map_err(|e| Error::Os {
+            op: format!(
+                "moving the unreadable {} aside to {}",
+                self.path.display(),
+                aside.display()
+            ),
+            source: e,
+        })?;
+        Ok(Loaded {
+            records,
+            salvage: Some(Salvage {
+                moved_to: aside,
+                reason,
+                dropped,
+            }),
+        })
+    }
+
     /// Replaces the records (write to a temporary file, fsync, rename).
     pub fn save(&self, records: &[DisabledRecord]) -> Result<()> {
         use std::io::Write;
@@ -78,6 +126,64 @@ impl StateFile {
         .map_err(|e| os("writing", e))?;
         std::fs::rename(&tmp, &self.path).map_err(|e| os("replacing", e))
     }
+}
+
+/// What [`StateFile::load_or_salvage`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// The records (all of them, or those salvaged from a bad file).
+    pub records: Vec<DisabledRecord>,
+    /// Set when the file did not parse and was moved aside.
+    pub salvage: Option<Salvage>,
+}
+
+/// A state file that did not parse: where it went and what was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Salvage {
+    /// Where the bad file was moved.
+    pub moved_to: PathBuf,
+    /// Why it did not parse (serde_json's message, with line and column).
+    pub reason: String,
+    /// Record-like objects in it that could not be read as records.
+    pub dropped: usize,
+}
+
+/// The records that can be read from a state file that does not parse as a whole: every
+/// complete `{...}` object in it that is a valid record (records hold no nested objects, so
+/// a brace scan finds them even in a truncated array). Returns (records, objects dropped).
+fn salvage_records(text: &[u8]) -> (Vec<DisabledRecord>, usize) {
+    let mut records = Vec::new();
+    let mut dropped = 0;
+    let mut start = None;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &b) in text.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' => start = Some(i),
+            b'}' => {
+                if let Some(s) = start.take() {
+                    match serde_json::from_slice::<DisabledRecord>(&text[s..=i]) {
+                        Ok(r) if !r.channels.is_empty() => records.push(r),
+                        _ => dropped += 1,
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // An object cut off by the end of the file.
+    dropped += usize::from(start.is_some());
+    (records, dropped)
 }
 
 /// Channel targets of records, on the controller's GPUs; records of GPUs it does not have are
@@ -161,6 +267,43 @@ mod tests {
         assert_eq!(sf.load().unwrap(), recs);
         std::fs::write(sf.path(), "not json").unwrap();
         assert!(sf.load().unwrap_err().to_string().contains("parsing"));
+    }
+
+    #[test]
+    fn a_truncated_or_corrupt_state_file_is_moved_aside_and_what_is_whole_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let sf = StateFile::in_dir(dir.path());
+        let recs = vec![rec(1, 0, &[5, 6]), rec(2, 1, &[7]), rec(3, 0, &[8])];
+        sf.save(&recs).unwrap();
+        let whole = std::fs::read_to_string(sf.path()).unwrap();
+        // Cut inside the third record, as a crash during a non-atomic write would.
+        let cut = whole.find("\"pid\": 3").unwrap() + 4;
+        std::fs::write(sf.path(), &whole[..cut]).unwrap();
+        let loaded = sf.load_or_salvage().unwrap();
+        assert_eq!(loaded.records, recs[..2].to_vec());
+        let salvage = loaded.salvage.expect("the file did not parse");
+        assert_eq!(salvage.dropped, 1, "{salvage:?}");
+        assert!(salvage.reason.contains("EOF"), "{}", salvage.reason);
+        assert!(!sf.path().exists(), "the bad file is moved aside");
+        assert_eq!(
+            std::fs::read_to_string(&salvage.moved_to).unwrap(),
+            &whole[..cut]
+        );
+        // Garbage and a record of the wrong shape: nothing recovered, nothing invented.
+        std::fs::write(sf.path(), "\u{0}\u{0}{\"pid\": \"x\"} not json").unwrap();
+        let loaded = sf.load_or_salvage().unwrap();
+        assert!(loaded.records.is_empty());
+        assert_eq!(loaded.salvage.unwrap().dropped, 1);
+        // A good file is read as it is and left in place.
+        sf.save(&recs).unwrap();
+        assert_eq!(
+            sf.load_or_salvage().unwrap(),
+            Loaded {
+                records: recs,
+                salvage: None
+            }
+        );
+        assert!(sf.path().exists());
     }
 
     #[test]

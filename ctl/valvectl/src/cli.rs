@@ -130,13 +130,6 @@ impl Cli {
 
 /// Entry point of the binary: parses, runs, prints errors, returns the exit code.
 pub fn run() -> i32 {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .try_init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -144,6 +137,16 @@ pub fn run() -> i32 {
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
+    // The daemon sets up its own log (text or JSON, from its flags and config file).
+    if !matches!(cli.command, Command::Daemon(_)) {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .try_init();
+    }
     let json = cli.json;
     let result = Signals::install()
         .map_err(CliError::from)

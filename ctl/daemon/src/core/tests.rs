@@ -628,3 +628,118 @@ fn a_restart_reenables_what_a_killed_daemon_gate_held() {
     assert_eq!(second.recovered, 4);
     assert!(rm.disabled().is_empty());
 }
+
+#[test]
+fn a_truncated_state_file_and_journal_do_not_stop_the_daemon() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = core(&rm, dir.path(), None);
+    for (pid, client) in [(PID_A, 0xc1d0_0010), (PID_A + 1, 0xc1d0_0020)] {
+        for e in cuda_process(&rm, pid, client, &[0], 2) {
+            first.on_event(&e);
+        }
+        let r = first.handle(Request::Preempt {
+            pid,
+            gpu: None,
+            max_hold_ms: None,
+        });
+        assert!(r.error.is_none(), "{r:?}");
+    }
+    first.flush_journal().unwrap();
+    std::mem::forget(first); // SIGKILL
+    assert_eq!(rm.disabled().len(), 4);
+    // The disk filled up mid-write: the second record and the journal's end are cut off.
+    let state = dir.path().join("disabled.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    let second_record = text.rfind("\"pid\"").unwrap();
+    std::fs::write(&state, &text[..second_record + 3]).unwrap();
+    let journal = dir.path().join("registry.json");
+    let jtext = std::fs::read_to_string(&journal).unwrap();
+    std::fs::write(&journal, &jtext[..jtext.len() / 2]).unwrap();
+
+    let mut second = core(&rm, dir.path(), None);
+    // The whole record was re-enabled; the cut one could not be read.
+    assert_eq!(second.recovered, 2);
+    assert_eq!(rm.disabled().len(), 2);
+    let salvage = second.state_salvage.clone().expect("the file was bad");
+    assert_eq!(salvage.dropped, 1);
+    assert!(salvage.moved_to.exists());
+    assert!(dir.path().join("registry.json.corrupt").exists());
+    assert!(second.restored.is_empty());
+    // The daemon runs on a fresh, valid state file.
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+    let status = second.handle(Request::Status);
+    assert_eq!(
+        status.data["state_file_moved_aside"],
+        json!(salvage.moved_to),
+        "status tells the operator where the bad file went"
+    );
+}
+
+#[test]
+fn the_configs_offline_rules_decide_who_may_be_frozen_by_hand_and_by_the_gate() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    // This test process is the CUDA process (alive, so /proc can be read).
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    let preempt = Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: None,
+    };
+    let only_batch = crate::config::OfflinePolicy {
+        labels: vec!["batch-label-this-test-does-not-have".into()],
+        ..Default::default()
+    };
+    c.set_policy(only_batch.clone(), GateSpec::default());
+    let e = c.handle(preempt.clone()).error.expect("refused");
+    assert_eq!(e.code, 4);
+    assert!(
+        e.message.contains("[offline] allows labels"),
+        "{}",
+        e.message
+    );
+    assert!(rm.disabled().is_empty());
+    // The gate leaves it out of its offline set: busy freezes nothing.
+    assert!(c.handle(gate_spec(1, me)).error.is_none());
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    c.refresh_gate(Instant::now(), true);
+    assert!(c.gate.as_ref().unwrap().records().is_empty());
+    assert!(rm.disabled().is_empty());
+    assert!(c.handle(Request::GateStop).error.is_none());
+    // Allowed by uid: frozen.
+    let my_uid = crate::config::OfflinePolicy {
+        uids: vec![nix::unistd::getuid().as_raw()],
+        ..only_batch
+    };
+    c.set_policy(my_uid, GateSpec::default());
+    assert!(c.handle(preempt).error.is_none());
+    assert_eq!(rm.disabled().len(), 4);
+    assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+}
+
+#[test]
+fn gate_defaults_fill_what_a_gate_start_leaves_out() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    let defaults = GateSpec {
+        offline_label: Some("batch".into()),
+        gap_factor: Some(0.5),
+        ..GateSpec::default()
+    };
+    c.set_policy(Default::default(), defaults);
+    // The default's bad gap factor is applied (and refused) when the request has none...
+    let e = c.handle(gate_spec(1, me)).error.expect("refused");
+    assert!(e.message.contains("at least 1"), "{}", e.message);
+    // ...and a request's own value wins.
+    let own = Request::GateStart(GateSpec {
+        online: vec![1],
+        gap_factor: Some(2.0),
+        ..GateSpec::default()
+    });
+    let r = c.handle(own);
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["offline_label"], "batch", "{r:?}");
+    assert!(c.handle(Request::GateStop).error.is_none());
+}

@@ -198,6 +198,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
 
     fn error(&self, what: String) {
         tracing::error!("gate: {what}");
+        if let Some(m) = crate::metrics::for_gate() {
+            m.record_error(crate::metrics::ErrorCause::Gate);
+        }
         self.update(|s| {
             s.errors += 1;
             s.last_error = Some(what);
@@ -379,6 +382,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                         );
                     }
                 });
+                if let Some(m) = crate::metrics::for_gate() {
+                    let edge = edge_ts_ns.map(|ts| done_ns.saturating_sub(ts));
+                    let edge =
+                        edge.map(|ns| (crate::metrics::EdgeKind::Launch, Duration::from_nanos(ns)));
+                    m.gate_disabled(&report, edge);
+                }
             }
             Err(e) => {
                 // The controller rolled back. Most likely an offline process just exited and
@@ -416,10 +425,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         }
         let t0 = Instant::now();
         let result = match &self.plan {
-            Some(plan) => self.ctl.enable(plan).map(|_| ()),
-            None => Ok(()),
+            Some(plan) => self.ctl.enable(plan).map(Some),
+            None => Ok(None),
         };
-        if let Err(e) = result {
+        if let Err(e) = &result {
             let (_, failures) = reenable(&self.ctl, &self.records);
             if !failures.is_empty() {
                 self.error(format!(
@@ -436,6 +445,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .map(|t| t.elapsed().as_secs_f64())
             .unwrap_or(0.0);
         self.sample(|s| push(&mut s.enable, wall));
+        if let Some(m) = crate::metrics::for_gate() {
+            m.gate_enabled(
+                result.as_ref().ok().and_then(Option::as_ref),
+                Duration::from_secs_f64(held),
+            );
+        }
         self.update(|s| {
             s.resumes += 1;
             s.preempted_s += held;

@@ -286,7 +286,9 @@ impl ActiveGate {
             let live: BTreeSet<u32> = pids.iter().copied().collect();
             self.labels.retain(|p, _| live.contains(p));
             for p in pids {
-                self.labels.entry(p).or_insert_with(|| process_label(p));
+                self.labels
+                    .entry(p)
+                    .or_insert_with(|| crate::workload::label_of(p));
             }
             self.labels_scanned = Some(now);
         }

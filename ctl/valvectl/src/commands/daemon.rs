@@ -1,11 +1,13 @@
-//! `valvectl daemon`: runs the node daemon (root) in this process until SIGINT/SIGTERM/SIGHUP;
-//! the daemon itself is the `valve-daemon` crate, entered through [`valve_daemon::run()`].
+//! `valvectl daemon`: runs the node daemon (root) in this process until SIGINT/SIGTERM/SIGHUP,
+//! with settings from `--config FILE` overridden by flags; the daemon is the `valve-daemon` crate.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use valve::Signals;
+use valve_daemon::config::{FileConfig, LogFormat};
 use valve_daemon::protocol::DEFAULT_STATE_DIR;
 use valve_daemon::{DaemonConfig, PoolSettings};
 
@@ -14,18 +16,62 @@ use crate::error::CliError;
 
 /// The arguments of `valvectl daemon`.
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Settings come from --config FILE (TOML; every key is optional), and a flag given here overrides
+the file's key of the same meaning. Example file: deploy/kubernetes/valve.yaml (its ConfigMap);
+keys: group, max_hold, state_dir, audit_log, log_format, [metrics] address, [gate] autostart,
+online_label, offline_label, cooldown_floor, cooldown_ceiling, gap_factor, fixed_cooldown,
+[offline] labels, uids, cgroups (who may ever be frozen), [kubernetes] pod_label.
+
+Examples:
+  sudo valvectl daemon --group valve --max-hold 60s
+  sudo valvectl daemon --config /etc/valve/valve.toml --metrics-addr 127.0.0.1:9401
+  sudo valvectl daemon --config /etc/valve/valve.toml --log-format json --audit-log /var/log/valve/audit.jsonl")]
 pub struct DaemonArgs {
-    /// Directory of the state file (disabled.json).
-    #[arg(long, default_value = DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
+    /// The daemon's TOML config file; flags override its keys.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of the state file (disabled.json) [default: /run/valve].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Group whose members may use the socket besides root.
     #[arg(long)]
     pub group: Option<String>,
     /// Longest any preemption may last; longer ones are resumed by the daemon.
     #[arg(long, value_parser = parse_duration)]
     pub max_hold: Option<Duration>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off unless given here or in the
+    /// config); 127.0.0.1:9401 keeps them on the node.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Also append audit records (JSON lines: preempt, resume, gate start/stop, refused callers,
+    /// config) to this file; they are always in the log (target valve_audit).
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+    /// Log as text lines or as JSON objects (for log collectors) [default: text]. VALVE_LOG sets
+    /// the level (default info).
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormatArg>,
     #[command(flatten)]
     pub pool: PoolArgs,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(f: LogFormatArg) -> Self {
+        match f {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
 }
 
 /// The GPU memory pool (docs/memory.md): online and offline processes linked with Valve's
@@ -86,18 +132,125 @@ impl PoolArgs {
     }
 }
 
+/// The daemon's settings: the config file's, overridden by the flags given.
+pub fn settings(args: &DaemonArgs, socket: &Path) -> Result<(DaemonConfig, LogFormat), CliError> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path).map_err(|e| CliError::Usage(e.to_string()))?,
+        None => FileConfig::default(),
+    };
+    let log = args
+        .log_format
+        .map(LogFormat::from)
+        .or(file.log_format)
+        .unwrap_or(LogFormat::Text);
+    let cfg = DaemonConfig {
+        socket: socket.to_path_buf(),
+        state_dir: args
+            .state_dir
+            .clone()
+            .or(file.state_dir)
+            .unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
+        group: args.group.clone().or(file.group),
+        max_hold: args.max_hold.or(file.max_hold),
+        audit_log: args.audit_log.clone().or(file.audit_log),
+        metrics_addr: args.metrics_addr.or(file.metrics_addr),
+        offline: file.offline,
+        gate_defaults: file.gate_defaults,
+        gate_autostart: file.gate_autostart,
+        pod_labels: file.pod_labels,
+        config_file: args.config.clone(),
+    };
+    Ok((cfg, log))
+}
+
+/// The daemon's log: `VALVE_LOG` filters (default `info`, so audit records show), as text or
+/// JSON lines on stderr.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => fmt.json().try_init(),
+        LogFormat::Text => fmt.try_init(),
+    };
+}
+
 /// Runs the daemon on the global `--socket`.
 pub fn exec(args: &DaemonArgs, g: Globals, signals: &Signals) -> Result<(), CliError> {
     let pool = args.pool.settings()?;
-    valve_daemon::run_with_pool(
-        &DaemonConfig {
-            socket: g.socket.to_path_buf(),
-            state_dir: args.state_dir.clone(),
-            group: args.group.clone(),
-            max_hold: args.max_hold,
-        },
-        pool.as_ref(),
-        signals,
-    )
-    .map_err(|e| CliError::Daemon(e.code, e.message))
+    let (cfg, log) = settings(args, g.socket)?;
+    init_logging(log);
+    valve_daemon::run_with_pool(&cfg, pool.as_ref(), signals)
+        .map_err(|e| CliError::Daemon(e.code, e.message))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: DaemonArgs,
+    }
+
+    fn settings_of(argv: &[&str]) -> Result<(DaemonConfig, LogFormat), CliError> {
+        let cmd =
+            Cmd::try_parse_from(std::iter::once("daemon").chain(argv.iter().copied())).unwrap();
+        settings(&cmd.args, Path::new("/run/valve/valve.sock"))
+    }
+
+    #[test]
+    fn flags_override_the_config_file_and_bad_files_are_usage_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("valve.toml");
+        std::fs::write(
+            &file,
+            "group = \"gpu\"\nmax_hold = \"60s\"\nlog_format = \"json\"\n\
+             [metrics]\naddress = \"127.0.0.1:9401\"\n[offline]\nlabels = [\"batch\"]\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let (cfg, log) = settings_of(&["--config", path]).unwrap();
+        assert_eq!(cfg.group.as_deref(), Some("gpu"));
+        assert_eq!(cfg.max_hold, Some(Duration::from_secs(60)));
+        assert_eq!(cfg.metrics_addr, Some("127.0.0.1:9401".parse().unwrap()));
+        assert_eq!(cfg.offline.labels, vec!["batch"]);
+        assert_eq!(cfg.state_dir, Path::new(DEFAULT_STATE_DIR));
+        assert_eq!(log, LogFormat::Json);
+        let (cfg, log) = settings_of(&[
+            "--config",
+            path,
+            "--group",
+            "valve",
+            "--metrics-addr",
+            "0.0.0.0:9500",
+            "--log-format",
+            "text",
+        ])
+        .unwrap();
+        assert_eq!(cfg.group.as_deref(), Some("valve"));
+        assert_eq!(
+            cfg.max_hold,
+            Some(Duration::from_secs(60)),
+            "kept from the file"
+        );
+        assert_eq!(cfg.metrics_addr, Some("0.0.0.0:9500".parse().unwrap()));
+        assert_eq!(log, LogFormat::Text);
+        // No file: the defaults, metrics off.
+        let (cfg, _) = settings_of(&[]).unwrap();
+        assert_eq!(cfg.metrics_addr, None);
+        assert!(cfg.group.is_none());
+        std::fs::write(&file, "max_hold = \"forever\"\n").unwrap();
+        let e = settings_of(&["--config", path]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert_eq!(
+            e.to_string(),
+            format!("{path}: max_hold: 'forever' is not a duration (e.g. 500ms, 2s, 100us)")
+        );
+    }
 }

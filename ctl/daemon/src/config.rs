@@ -1,0 +1,387 @@
+//! The daemon's TOML config file (`valvectl daemon --config FILE`): socket group, hold limit,
+//! metrics address, audit log, gate defaults, who may be frozen, pod labels; validated into
+//! [`FileConfig`] with errors that name the file, the key and what is wrong.
+//!
+//! Command-line flags override the file (`valvectl daemon` merges them). See
+//! `deploy/kubernetes/valve.yaml` for a complete example.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::protocol::GateSpec;
+use crate::workload::PodLabels;
+
+/// A config problem: the file, the key (dotted, or a line number when the file does not
+/// parse) and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {key}: {problem}", file.display())]
+pub struct ConfigError {
+    /// The config file.
+    pub file: PathBuf,
+    /// The key, e.g. `gate.cooldown_floor`.
+    pub key: String,
+    /// What is wrong, and the fix.
+    pub problem: String,
+}
+
+/// How the daemon logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log collectors).
+    Json,
+}
+
+/// Who may be frozen (`[offline]`): a process must match one of the listed labels, uids or
+/// cgroup prefixes. Empty lists allow every process the operator names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OfflinePolicy {
+    /// Workload labels (`VALVE_LABEL` or the pod label).
+    pub labels: Vec<String>,
+    /// Real uids.
+    pub uids: Vec<u32>,
+    /// Cgroup path prefixes (whole path components).
+    pub cgroups: Vec<String>,
+}
+
+/// The validated config file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FileConfig {
+    /// `group`: who besides root may use the socket.
+    pub group: Option<String>,
+    /// `max_hold`.
+    pub max_hold: Option<Duration>,
+    /// `state_dir`.
+    pub state_dir: Option<PathBuf>,
+    /// `audit_log`: JSON-lines file of audit records.
+    pub audit_log: Option<PathBuf>,
+    /// `log_format`.
+    pub log_format: Option<LogFormat>,
+    /// `metrics.address`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// `[gate]` defaults for `gate start` fields a request leaves out.
+    pub gate_defaults: GateSpec,
+    /// `gate.autostart`: start a gate with the defaults when the daemon starts.
+    pub gate_autostart: bool,
+    /// `[offline]`.
+    pub offline: OfflinePolicy,
+    /// `[kubernetes]`: pod labels as workload labels.
+    pub pod_labels: Option<PodLabels>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    group: Option<String>,
+    max_hold: Option<String>,
+    state_dir: Option<PathBuf>,
+    audit_log: Option<PathBuf>,
+    log_format: Option<String>,
+    #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
+    gate: RawGate,
+    #[serde(default)]
+    offline: RawOffline,
+    kubernetes: Option<RawKubernetes>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    address: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGate {
+    #[serde(default)]
+    autostart: bool,
+    online_label: Option<String>,
+    offline_label: Option<String>,
+    cooldown_floor: Option<String>,
+    cooldown_ceiling: Option<String>,
+    gap_factor: Option<f64>,
+    fixed_cooldown: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOffline {
+    #[serde(default)]
+    labels: Vec<String>,
+    #[serde(default)]
+    uids: Vec<u32>,
+    #[serde(default)]
+    cgroups: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKubernetes {
+    pod_label: String,
+    #[serde(default = "default_kubelet_pods_dir")]
+    kubelet_pods_dir: PathBuf,
+}
+
+fn default_kubelet_pods_dir() -> PathBuf {
+    PathBuf::from("/var/lib/kubelet/pods")
+}
+
+/// A duration such as `500ms`, `2s`, `100us`, `1.5m` (ns, us, ms, s, m, h; up to 7 days).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (e.g. 500ms, 2s, 100us)"))?;
+    let scale = match unit.trim() {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "us" => 1e-6,
+        "ns" => 1e-9,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "" => return Err(format!("'{s}' has no unit: write e.g. {s}s or {s}ms")),
+        u => {
+            return Err(format!(
+                "unknown unit '{u}' in '{s}': use ns, us, ms, s, m or h"
+            ))
+        }
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || !(0.0..=7.0 * 86400.0).contains(&secs) {
+        return Err(format!("'{s}' is out of range (0 to 7 days)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl FileConfig {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            key: "(file)".into(),
+            problem: format!("cannot read it: {e}"),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validates config `text`; `file` names it in errors.
+    pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let err = |key: &str, problem: String| ConfigError {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            problem,
+        };
+        let raw: Raw = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let key = line.map_or("(file)".to_string(), |l| format!("line {l}"));
+            err(&key, e.message().to_string())
+        })?;
+        let duration = |key: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(|p| err(key, p))
+        };
+        let nonempty = |key: &str, v: &Option<String>| match v.as_deref() {
+            Some("") => Err(err(
+                key,
+                "must not be empty (leave the key out instead)".into(),
+            )),
+            _ => Ok(v.clone()),
+        };
+        let log_format = match raw.log_format.as_deref() {
+            None => None,
+            Some("text") => Some(LogFormat::Text),
+            Some("json") => Some(LogFormat::Json),
+            Some(o) => {
+                return Err(err(
+                    "log_format",
+                    format!("'{o}': use \"text\" or \"json\""),
+                ))
+            }
+        };
+        let metrics_addr = match raw.metrics.address.as_deref() {
+            None => None,
+            Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| {
+                err(
+                    "metrics.address",
+                    format!("'{a}' is not an address:port ({e}); e.g. \"0.0.0.0:9401\""),
+                )
+            })?),
+        };
+        if let Some(p) = raw.audit_log.as_ref().filter(|p| !p.is_absolute()) {
+            return Err(err(
+                "audit_log",
+                format!("'{}' must be an absolute path", p.display()),
+            ));
+        }
+        let g = &raw.gate;
+        let gate_defaults = GateSpec {
+            online_label: nonempty("gate.online_label", &g.online_label)?,
+            offline_label: nonempty("gate.offline_label", &g.offline_label)?,
+            cooldown_floor_us: duration("gate.cooldown_floor", &g.cooldown_floor)?
+                .map(|d| d.as_micros() as u64),
+            cooldown_ceiling_us: duration("gate.cooldown_ceiling", &g.cooldown_ceiling)?
+                .map(|d| d.as_micros() as u64),
+            gap_factor: g.gap_factor,
+            fixed_cooldown_us: duration("gate.fixed_cooldown", &g.fixed_cooldown)?
+                .map(|d| d.as_micros() as u64),
+            ..GateSpec::default()
+        };
+        check_gate(&gate_defaults, g.autostart).map_err(|(k, p)| err(k, p))?;
+        let offline = check_offline(raw.offline).map_err(|(k, p)| err(k, p))?;
+        let pod_labels = match raw.kubernetes {
+            None => None,
+            Some(k) => {
+                if k.pod_label.is_empty() || k.pod_label.contains(['=', '"', '\n']) {
+                    return Err(err(
+                        "kubernetes.pod_label",
+                        format!(
+                            "'{}' is not a label key (e.g. valve.dev/workload)",
+                            k.pod_label
+                        ),
+                    ));
+                }
+                Some(PodLabels {
+                    key: k.pod_label,
+                    kubelet_pods_dir: k.kubelet_pods_dir,
+                })
+            }
+        };
+        Ok(FileConfig {
+            group: nonempty("group", &raw.group)?,
+            max_hold: duration("max_hold", &raw.max_hold)?,
+            state_dir: raw.state_dir,
+            audit_log: raw.audit_log,
+            log_format,
+            metrics_addr,
+            gate_defaults,
+            gate_autostart: g.autostart,
+            offline,
+            pod_labels,
+        })
+    }
+}
+
+/// The gate defaults make sense together; `autostart` needs both sides named.
+fn check_gate(spec: &GateSpec, autostart: bool) -> Result<(), (&'static str, String)> {
+    if let (Some(f), Some(c)) = (spec.cooldown_floor_us, spec.cooldown_ceiling_us) {
+        if f > c {
+            return Err((
+                "gate.cooldown_floor",
+                format!("{f} us is above gate.cooldown_ceiling ({c} us)"),
+            ));
+        }
+    }
+    if let Some(f) = spec.gap_factor.filter(|f| !(f.is_finite() && *f >= 1.0)) {
+        return Err((
+            "gate.gap_factor",
+            format!("{f}: must be at least 1 (the cooldown must outlast one gap)"),
+        ));
+    }
+    if spec.online_label.is_some() && spec.online_label == spec.offline_label {
+        return Err((
+            "gate.offline_label",
+            "is the same as gate.online_label".into(),
+        ));
+    }
+    if autostart && (spec.online_label.is_none() || spec.offline_label.is_none()) {
+        return Err((
+            "gate.autostart",
+            "needs gate.online_label and gate.offline_label (a gate started by the daemon can \
+             only name processes by label)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_offline(raw: RawOffline) -> Result<OfflinePolicy, (&'static str, String)> {
+    if raw.labels.iter().any(String::is_empty) {
+        return Err(("offline.labels", "an empty label matches nothing".into()));
+    }
+    if let Some(c) = raw.cgroups.iter().find(|c| !c.starts_with('/')) {
+        return Err((
+            "offline.cgroups",
+            format!("'{c}' must be a cgroup path from the root, e.g. /kubepods.slice/kubepods-besteffort.slice"),
+        ));
+    }
+    Ok(OfflinePolicy {
+        labels: raw.labels,
+        uids: raw.uids,
+        cgroups: raw
+            .cgroups
+            .into_iter()
+            .map(|c| c.trim_end_matches('/').to_string())
+            .collect(),
+    })
+}
+
+impl OfflinePolicy {
+    /// Whether any rule is set (no rules: every process may be frozen).
+    pub fn restricts(&self) -> bool {
+        !(self.labels.is_empty() && self.uids.is_empty() && self.cgroups.is_empty())
+    }
+
+    /// Whether a process with this label, uid and cgroup path may be frozen; the error says
+    /// why not.
+    pub fn check(
+        &self,
+        label: Option<&str>,
+        uid: Option<u32>,
+        cgroup: Option<&str>,
+    ) -> Result<(), String> {
+        if !self.restricts() {
+            return Ok(());
+        }
+        let by_label = label.is_some_and(|l| self.labels.iter().any(|a| a == l));
+        let by_uid = uid.is_some_and(|u| self.uids.contains(&u));
+        let by_cgroup = cgroup.is_some_and(|c| {
+            self.cgroups.iter().any(|p| {
+                c.strip_prefix(p.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || p.is_empty())
+            })
+        });
+        if by_label || by_uid || by_cgroup {
+            return Ok(());
+        }
+        Err(format!(
+            "the daemon's config does not allow freezing it (label {}, uid {}, cgroup {}); \
+             [offline] allows labels {:?}, uids {:?}, cgroups {:?}",
+            label.unwrap_or("none"),
+            uid.map_or("unknown".into(), |u| u.to_string()),
+            cgroup.unwrap_or("unknown"),
+            self.labels,
+            self.uids,
+            self.cgroups
+        ))
+    }
+
+    /// [`OfflinePolicy::check`] for a running process (reads `/proc`).
+    pub fn permits(&self, pid: u32) -> Result<(), String> {
+        if !self.restricts() {
+            return Ok(());
+        }
+        use crate::workload::{label_of, process_cgroup, process_uid};
+        self.check(
+            label_of(pid).as_deref(),
+            process_uid(pid),
+            process_cgroup(pid).as_deref(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

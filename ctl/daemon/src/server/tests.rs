@@ -1,0 +1,156 @@
+//! Tests of the control socket against hostile and idle clients, with the fake RM behind it.
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use valve::controller::Controller;
+use valve::fake::FakeRm;
+use valve::state::StateFile;
+
+use super::*;
+
+/// RM events a test hands to the loop.
+#[derive(Default)]
+pub(crate) struct QueuedEvents(pub RefCell<VecDeque<RmEvent>>);
+
+impl EventSource for QueuedEvents {
+    fn next_event(&self) -> Option<RmEvent> {
+        self.0.borrow_mut().pop_front()
+    }
+    fn alive(&self) -> bool {
+        true
+    }
+}
+
+pub(crate) fn fake_core(rm: &Arc<FakeRm>, dir: &Path) -> DaemonCore<Arc<FakeRm>> {
+    let ctl = Controller::with_driver(rm.clone()).unwrap();
+    DaemonCore::with_start_time(ctl, StateFile::in_dir(dir), None, BTreeSet::new(), |_| {
+        Some(42)
+    })
+    .unwrap()
+}
+
+/// Our own group may use the socket, so the tests pass as root and as a user.
+pub(crate) fn own_group() -> Option<u32> {
+    Some(nix::unistd::getegid().as_raw())
+}
+
+/// Turns the loop until `client` has finished (at most 60 s); returns its result and the most
+/// connections the server held at once.
+pub(crate) fn serve_until<D: RmDriver, T>(
+    server: &mut Server<'_>,
+    core: &mut DaemonCore<D>,
+    events: &impl EventSource,
+    client: JoinHandle<T>,
+) -> (T, usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut most = 0;
+    while !client.is_finished() {
+        assert!(Instant::now() < deadline, "the client did not finish");
+        server.step(core, events, Duration::from_millis(5)).unwrap();
+        most = most.max(server.connections());
+    }
+    (client.join().unwrap(), most)
+}
+
+pub(crate) fn request(socket: &Path, req: &str) -> Reply {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn a_request_over_the_size_limit_is_refused_unread() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut core = fake_core(&rm, dir.path());
+    let socket = dir.path().join("valve.sock");
+    let listener = bind(&socket, own_group()).unwrap();
+    let audit = Audit::log_only();
+    let refusals = RefCell::new(Vec::new());
+    let mut server =
+        Server::new(&listener, own_group(), &audit).on_error(|r| refusals.borrow_mut().push(r));
+    let events = QueuedEvents::default();
+    let path = socket.clone();
+    let client = std::thread::spawn(move || {
+        let s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        // 10 MB that starts like a request and never ends its line.
+        let writer = std::thread::spawn(move || {
+            let mut big = br#"{"op":"status","pad":""#.to_vec();
+            big.resize(10 << 20, b'x');
+            w.write_all(&big)
+        });
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        (line, writer.join().unwrap())
+    });
+    let ((line, written), _) = serve_until(&mut server, &mut core, &events, client);
+    let reply: Reply = serde_json::from_str(&line).unwrap();
+    let err = reply.error.expect("refused");
+    assert_eq!(err.code, 2);
+    assert!(
+        err.message
+            .contains(&format!("longer than {MAX_REQUEST_BYTES} bytes")),
+        "{}",
+        err.message
+    );
+    assert!(
+        written.is_err(),
+        "the daemon closed the connection instead of reading 10 MB"
+    );
+    assert_eq!(*refusals.borrow(), vec![ErrorCause::Oversized]);
+    // And it still serves.
+    let client = std::thread::spawn(move || request(&socket, "{\"op\":\"status\"}\n"));
+    let (reply, _) = serve_until(&mut server, &mut core, &events, client);
+    assert!(reply.error.is_none(), "{reply:?}");
+}
+
+#[test]
+fn the_socket_answers_with_a_thousand_idle_connections_open() {
+    const IDLE: usize = 1000;
+    let limit = raise_fd_limit();
+    assert!(
+        limit >= 2 * IDLE as u64 + 64,
+        "this test needs {} open files (both ends of each connection); the hard limit is {limit}",
+        2 * IDLE + 64
+    );
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut core = fake_core(&rm, dir.path());
+    let socket = dir.path().join("valve.sock");
+    let listener = bind(&socket, own_group()).unwrap();
+    let audit = Audit::log_only();
+    let mut server = Server::new(&listener, own_group(), &audit);
+    let events = QueuedEvents::default();
+    let path = socket.clone();
+    let client = std::thread::spawn(move || {
+        // Connected, and never sending a byte.
+        let idle: Vec<UnixStream> = (0..IDLE)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        // Half of them start a request and stall mid-line.
+        for s in idle.iter().step_by(2) {
+            (&*s).write_all(br#"{"op":"pree"#).unwrap();
+        }
+        let reply = request(&path, "{\"op\":\"status\"}\n");
+        let still_open = idle.len();
+        drop(idle);
+        (reply, still_open)
+    });
+    let ((reply, still_open), most) = serve_until(&mut server, &mut core, &events, client);
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert!(reply.data["uptime_s"].is_number(), "{reply:?}");
+    assert_eq!(still_open, IDLE);
+    // The request was answered while every idle connection was held open, not refused.
+    assert!(
+        most >= IDLE,
+        "the server held at most {most} connections at once, not all {IDLE} idle ones"
+    );
+}
