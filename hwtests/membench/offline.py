@@ -87,11 +87,13 @@ def main() -> int:
     top_up(a.backlog)
     if a.ready:
         open(a.ready, "w").close()
+    solo_from = len(steps)  # until `go`, offline runs alone: its undisturbed step times
     while a.go and not os.path.exists(a.go):
         if manager.get_result(timeout=0.05) is not None:
             top_up(1)
     t0, done, errors = now(), [], []
     steps_before = len(steps)
+    solo_steps = steps[solo_from:steps_before]
     deadline = time.monotonic() + a.max_seconds
     while not (a.stop and os.path.exists(a.stop)) and time.monotonic() < deadline:
         if not manager.is_running():
@@ -108,7 +110,7 @@ def main() -> int:
     t1 = now()
     result = dict(mode=a.mode, fifo=a.fifo, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
-                  steps=steps[steps_before:], device=common.device_name())
+                  steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name())
     cache = manager.batch_processor.cache
     v = getattr(cache, "_valve", None)
     result["num_blocks"] = cache.num_blocks
@@ -117,7 +119,7 @@ def main() -> int:
         result["client"] = v.space.client.stats()
         result["client"].pop("space", None)
     common.write_json(a.out, result)
-    manager.stop(block=True, timeout=30)
+    manager.stop(block=True, timeout=30, hard_stop=True)  # not FLUSH_AND_STOP: the backlog is endless
     return 0 if not errors else 3
 
 

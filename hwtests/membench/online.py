@@ -154,7 +154,7 @@ def main() -> int:
         result["shim"] = dict(v.stats)
         result["client"] = v.space.client.stats()
         result["client"].pop("space", None)
-    manager.stop(block=True, timeout=30)
+    manager.stop(block=True, timeout=30, hard_stop=True)
     common.write_json(a.out, result)
     return 0 if not result["failed"] else 3
 

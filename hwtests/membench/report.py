@@ -100,7 +100,9 @@ def config_numbers(res: dict) -> dict:
         n.update(offline_tokens_per_s=off["tokens_per_s"], offline_finished=off["finished"],
                  offline_requeued=(off.get("shim") or {}).get("requeued", 0),
                  offline_invalidated_blocks=(off.get("shim") or {}).get("invalidated_blocks", 0))
-        n["boundary_wait_ms"] = boundary_wait(off.get("steps", []))
+        # Offline's steps while it ran alone (before the trace): with the gate, steps during the
+        # trace also contain the time offline was frozen, which waiting for a boundary would not.
+        n["boundary_wait_ms"] = boundary_wait(off.get("solo_steps") or off.get("steps", []))
     pool = res.get("pool") or {}
     before = (res.get("pool_before") or {}).get("reclaims") or {}
     if pool.get("reclaims") and on:

@@ -278,3 +278,27 @@ def test_without_reservation_online_holds_only_the_slots_in_use_and_never_asks_t
     online = [s for s in pool.spaces if s.role == "online"][-1]
     assert online.usage_reports == []  # the daemon's target (here: everything) is never asked for
     assert stats["grown_handles"] > 0 and stats["shrunk_handles"] == stats["grown_handles"]  # all back when idle
+
+
+def test_offline_short_of_blocks_asks_for_everything_the_pool_lends_at_a_step_boundary(model):
+    pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
+    asks: list[int] = []
+    base = pool.kv_space_factory("offline")
+
+    def factory(**kw):
+        space = base(**kw)
+        real = space.grow
+
+        def grow(count):
+            asks.append(count)
+            return real(count)
+
+        space.grow = grow
+        return space
+
+    vt.install("offline", kv_space=factory, initial_handles=1)
+    generate(model, max_batch_tokens=64)
+    # One handle at first; then, short with requests waiting, it asks for every empty slot at once
+    # rather than one handle a step (after a reclaim, offline must get its memory back quickly).
+    assert asks[0] == 1 and max(asks) == HANDLES - 1, asks
+    assert vt.stats()[-1]["grown_handles"] > 2

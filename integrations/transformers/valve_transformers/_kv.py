@@ -307,7 +307,8 @@ class ValveKV:
             free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
             low = self.policy.get("grow_below_free_fraction", 0.1) * len(self.held) * self.bps
             if scheduler.waiting_requests and free <= low:
-                self._grow(bm, self.policy.get("grow_handles", 1))
+                # All the pool lends (offline uses whatever online does not); halved until it fits.
+                self._grow(bm, self.policy.get("grow_handles") or self.space.slots - len(self.held))
         else:
             self._online_usage(bm)
 

@@ -100,6 +100,10 @@ pub struct Outcome {
     /// Pids still frozen: the caller hands the memory over first, then calls
     /// [`Reclaimer::thaw`] (online's wait does not include the enable).
     pub frozen: Vec<u32>,
+    /// Time spent freezing the targets (the daemon's disable), us.
+    pub freeze_us: u64,
+    /// Time from the last freeze to the last answer (the offline libraries' swaps), us.
+    pub answer_us: u64,
 }
 
 /// Counters for `status` and metrics.
@@ -203,6 +207,8 @@ impl Reclaimer {
             });
             asked.push((t, self.next_rid, sent));
         }
+        let frozen_at = Instant::now();
+        out.freeze_us = frozen_at.duration_since(started).as_micros() as u64;
         let deadline = started + self.deadline;
         for (t, rid, sent) in asked {
             let answer = if sent {
@@ -227,6 +233,7 @@ impl Reclaimer {
                 }
             }
         }
+        out.answer_us = frozen_at.elapsed().as_micros() as u64;
         self.stats.last_us = started.elapsed().as_micros() as u64;
         // Left frozen on purpose; if the caller never thaws (it panicked), the daemon's own hold
         // limit (DaemonSocketFreezer::max_hold) resumes them.

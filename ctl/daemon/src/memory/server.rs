@@ -49,6 +49,10 @@ pub struct PoolServer {
     reservation: ReservationConfig,
     /// Offline pids a reclaim left frozen until online's reply is out.
     to_thaw: Vec<u32>,
+    /// The last reclaim's freeze and answer times (us), for the log line after the thaw.
+    reclaim_times: (u64, u64),
+    /// What to log about the reclaim just answered: handles, freeze, answers, total (us).
+    reclaim_log: Option<[u64; 4]>,
     /// MIAD state per online client, fed by its `usage` reports.
     controllers: BTreeMap<ClientId, ReservationController>,
     started: Instant,
@@ -97,6 +101,8 @@ impl PoolServer {
             controllers: BTreeMap::new(),
             started: Instant::now(),
             to_thaw: Vec::new(),
+            reclaim_times: (0, 0),
+            reclaim_log: None,
         }
     }
 
@@ -221,6 +227,9 @@ impl PoolServer {
                 // Online has its answer; now offline may run again.
                 let pids = std::mem::take(&mut self.to_thaw);
                 self.reclaimer.thaw(&pids);
+                if let Some([handles, freeze_us, answer_us, total_us]) = self.reclaim_log.take() {
+                    tracing::info!(handles, freeze_us, answer_us, total_us, "reclaimed for online");
+                }
             }
             Ok(None) => self.drop_conn(fd),
             Err(e) => self.answer(fd, err_reply(2, format!("bad request: {e}"))),
@@ -469,9 +478,14 @@ impl PoolServer {
         } else {
             handles.clone()
         };
+        let elapsed_us = started.elapsed().as_micros() as u64;
         let reply = json!({"ok": true, "handles": handles, "fds_for": with_fds,
                            "reclaimed": reclaimed.len(), "short": count - handles.len(),
-                           "elapsed_us": started.elapsed().as_micros() as u64});
+                           "elapsed_us": elapsed_us});
+        if !reclaimed.is_empty() {
+            let (freeze_us, answer_us) = self.reclaim_times;
+            self.reclaim_log = Some([reclaimed.len() as u64, freeze_us, answer_us, elapsed_us]);
+        }
         Ok((reply, with_fds))
     }
 
@@ -499,6 +513,7 @@ impl PoolServer {
                 .is_ok_and(|c| handles.iter().all(|h| c.held.contains(h)))
         });
         self.to_thaw.extend(&outcome.frozen);
+        self.reclaim_times = (outcome.freeze_us, outcome.answer_us);
         let mut got = Vec::new();
         for (client, handles) in outcome.returned {
             if self.ledger.transfer(client, &handles, to).is_ok() {
