@@ -104,6 +104,11 @@ impl GatePolicy {
         }
     }
 
+    /// The cooldown ceiling (also the longest an arrival or a wait can hold offline unanswered).
+    pub fn ceiling(&self) -> Duration {
+        self.cfg.cooldown_ceiling
+    }
+
     /// Arrival edges seen.
     pub fn arrivals(&self) -> u64 {
         self.arrivals

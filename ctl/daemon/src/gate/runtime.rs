@@ -53,8 +53,12 @@ pub trait LaunchSource: Send {
     fn watch(&mut self, pid: u32) -> Result<(), String>;
     /// Stop reporting `pid`.
     fn unwatch(&mut self, pid: u32);
-    /// CLOCK_MONOTONIC ns of `pid`'s latest launch (0: none yet).
+    /// CLOCK_MONOTONIC ns of `pid`'s latest launch or end of a wait for its GPU work (0: none).
     fn last_launch_ns(&self, pid: u32) -> u64;
+    /// Whether a thread of `pid` is waiting for its GPU work now (inside a synchronising call).
+    fn in_sync(&self, _pid: u32) -> bool {
+        false
+    }
     /// Start counting request arrivals on `port` (edges go to the gate's input channel).
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
         Err(format!(
@@ -230,6 +234,10 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     shared: Arc<GateShared>,
 }
 
+/// A thread waiting for online GPU work holds offline for at most this many cooldown ceilings
+/// after the last online launch (a long prefill waits that long at most; a stuck wait is no work).
+const SYNC_HOLD_FACTOR: u64 = 5;
+
 /// Disable/enable rounds of each kind when the gate measures the issue mode.
 const PROBE_CYCLES: usize = 5;
 
@@ -390,6 +398,14 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .unwrap_or(0);
         if last > 0 {
             self.policy.saw_launch(last);
+        }
+        // A thread waiting for online GPU work: online is busy now although it launches nothing
+        // (a launch gap is not GPU idleness). Not for longer than SYNC_HOLD_FACTOR x the ceiling
+        // after its last launch, so a thread stuck in a wait cannot hold offline forever.
+        let bound = SYNC_HOLD_FACTOR * self.policy.ceiling().as_nanos() as u64;
+        let recent = last > 0 && now_ns.saturating_sub(last) < bound;
+        if recent && self.online.iter().any(|&p| self.launches.in_sync(p)) {
+            self.policy.saw_activity(now_ns);
         }
         let arrived = self
             .ports
@@ -818,11 +834,12 @@ mod tests {
     const US: u64 = 1_000;
     const ONLINE: u32 = 7_000_001;
 
-    /// Launch times per pid, and arrival times per watched port.
+    /// Launch times per pid, arrival times per watched port, pids waiting for their GPU work.
     #[derive(Clone, Default)]
     struct FakeLaunches(
         Arc<Mutex<BTreeMap<u32, u64>>>,
         Arc<Mutex<BTreeMap<u16, u64>>>,
+        Arc<Mutex<BTreeSet<u32>>>,
     );
 
     impl LaunchSource for FakeLaunches {
@@ -846,6 +863,48 @@ mod tests {
         fn last_arrival_ns(&self, port: u16) -> u64 {
             self.1.lock().unwrap().get(&port).copied().unwrap_or(0)
         }
+        fn in_sync(&self, pid: u32) -> bool {
+            self.2.lock().unwrap().contains(&pid)
+        }
+    }
+
+    #[test]
+    fn no_resume_while_online_waits_for_its_gpu_work() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            cooldown_ceiling: Duration::from_millis(50),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        // A prefill: launches at 10 ms, then the host waits for the GPU.
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 11 * MS);
+        launches.2.lock().unwrap().insert(ONLINE);
+        // The cooldown (the 50 ms ceiling) runs out while it waits: held.
+        rt.tick(61 * MS);
+        assert_eq!(rm.disabled().len(), 20, "held while online waits");
+        rt.tick(200 * MS);
+        assert_eq!(rm.disabled().len(), 20, "a long wait");
+        // Still waiting long after its last launch (a stuck thread): released after 5 ceilings.
+        rt.tick(262 * MS);
+        assert!(
+            rm.disabled().is_empty(),
+            "a wait cannot hold offline forever"
+        );
+        // Next request; its wait ends at 430 ms (the GPU work is done): the cooldown (now the
+        // 1 ms floor: nothing learned) runs from the wait's end, not from the launch.
+        rt.handle(edge(ONLINE, 400 * MS, 0), 400 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 401 * MS);
+        rt.tick(420 * MS);
+        assert_eq!(rm.disabled().len(), 20, "still waiting");
+        launches.2.lock().unwrap().clear();
+        launches.0.lock().unwrap().insert(ONLINE, 430 * MS);
+        rt.tick(430 * MS + 500 * US);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(432 * MS);
+        assert!(rm.disabled().is_empty());
     }
 
     fn arrival(port: u16, ts_ns: u64) -> GateInput {
