@@ -27,9 +27,10 @@
 //! New roles of the daemon get a module here beside [`gate`] and [`memory`], fed by
 //! [`DaemonCore`], with their requests in [`protocol`]:
 //! - metrics (Prometheus counters and histograms of what `status` and `gate status` report;
-//!   issue 12), not built yet;
-//! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first
-//!   kernel launch; issue 11), not built yet.
+//!   issue 12), not built yet.
+//!
+//! The arrival trigger (issue 11) is part of [`gate`]: BPF sees an online request's data arrive
+//! and the gate preempts before the request's first kernel launch.
 
 pub mod core;
 pub mod error;
