@@ -211,10 +211,13 @@ impl GatePolicy {
             }
         }
         if let Some(gap) = idle_ns.filter(|&g| g > 0) {
-            // A gap the gate resumed in, or one a request arrived in, is between requests, not
-            // between iterations. (With launch times alone an iteration gap longer than the
-            // cooldown looks the same; arrivals and busy/idle signals are what settle that.)
-            if !self.resumed_in_gap && !self.arrival_in_gap && gap < ceiling {
+            // A gap a request arrived in lies between requests, not between iterations. Without
+            // arrivals a gap the gate resumed in is taken to be one too (with launch times alone
+            // an iteration gap longer than the cooldown looks the same). Once arrivals are seen,
+            // a resumed gap without one was inside a request: it is learned, or the cooldown
+            // would never grow past it and every such gap would cost a preemption.
+            let between = self.arrival_in_gap || (self.resumed_in_gap && self.arrivals == 0);
+            if !between && gap < ceiling {
                 self.gaps.push_back(gap);
                 if self.gaps.len() > self.cfg.gap_window {
                     self.gaps.pop_front();
@@ -490,6 +493,29 @@ mod tests {
         assert_eq!(g.on_arrival(50 * MS), Some(Action::Preempt));
         assert_eq!(g.preemptions(), 3);
         assert_eq!(g.arrivals(), 2);
+    }
+
+    #[test]
+    fn with_arrivals_a_gap_resumed_in_without_one_is_learned() {
+        let mut g = learned(GateConfig::default());
+        g.on_arrival(0);
+        g.on_edge(MS, None);
+        assert_eq!(
+            g.cooldown(),
+            Duration::from_millis(1),
+            "floor: nothing learned yet"
+        );
+        // A 3 ms pause inside the request: resumed after the 1 ms cooldown, then the launch
+        // preempts again, and the pause is learned (no request arrived in it).
+        assert_eq!(g.on_tick(2 * MS + 100 * US), Some(Action::Resume));
+        assert_eq!(g.on_edge(4 * MS, Some(3 * MS)), Some(Action::Preempt));
+        assert_eq!(g.cooldown(), Duration::from_millis(6));
+        // Without arrivals the same gap is taken to be between requests.
+        let mut h = learned(GateConfig::default());
+        h.on_edge(0, None);
+        assert_eq!(h.on_tick(MS + 100 * US), Some(Action::Resume));
+        h.on_edge(4 * MS, Some(3 * MS));
+        assert_eq!(h.cooldown(), Duration::from_millis(1));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! A socket is a process's if one of its fds links to `socket:[INODE]`; a listening socket is a
 //! `/proc/PID/net/tcp{,6}` line in state 0A (that file shows the process's network namespace).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use valve_ebpf::WatchedPort;
@@ -78,16 +78,23 @@ pub fn listening_ports(proc_root: &Path, pid: u32) -> Vec<WatchedPort> {
     ports
 }
 
-/// The processes among `pids` that listen on `port` (in their own network namespace).
+/// The processes among `pids` that listen on `port` (in their own network namespace). Each
+/// namespace's socket tables are read once.
 pub fn port_owners(proc_root: &Path, port: u16, pids: &[u32]) -> Vec<u32> {
+    let mut tables: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     pids.iter()
         .copied()
         .filter(|&pid| {
-            let listening: Vec<u64> = listening_in_netns_of(proc_root, pid)
-                .into_iter()
-                .filter(|(p, _)| *p == port)
-                .map(|(_, inode)| inode)
-                .collect();
+            let Some(netns) = netns_of(proc_root, pid) else {
+                return false;
+            };
+            let listening = tables.entry(netns).or_insert_with(|| {
+                listening_in_netns_of(proc_root, pid)
+                    .into_iter()
+                    .filter(|(p, _)| *p == port)
+                    .map(|(_, inode)| inode)
+                    .collect()
+            });
             !listening.is_empty() && {
                 let mine = socket_inodes(proc_root, pid);
                 listening.iter().any(|i| mine.contains(i))
