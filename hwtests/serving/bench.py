@@ -250,6 +250,9 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         n = max(a.min_requests, min(a.requests, round(rate * a.run_s)))
+        if n / rate > a.run_s_max:
+            n = max(5, int(rate * a.run_s_max))
+            log(f"   only {n} requests: more would not fit the time budget (--budget-s)")
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
         out["records"] = recs
         if config.startswith("gate"):
@@ -372,6 +375,8 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=80, help="most requests per run")
     ap.add_argument("--min-requests", type=int, default=25, help="fewest requests per run")
     ap.add_argument("--run-s", type=float, default=40, help="aim for runs this long")
+    ap.add_argument("--budget-s", type=float, default=330,
+                    help="seconds for all measured runs together (the command must end in 8 min)")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--kv-memory", type=float, default=0.2, help="KV cache share of GPU memory")
@@ -428,6 +433,7 @@ def main(argv=None):
         os.kill(off.p.pid, signal.SIGCONT)
         log(f"== service time alone: {s * 1e3:.1f} ms per request")
         runs = []
+        a.run_s_max = a.budget_s / max(1, len(a.loads) * len(configs))
         for load in a.loads:
             # Poisson arrivals; with overlapping requests the busy share is about 1 - exp(-rate * s).
             rate = -math.log(1 - load) / s
