@@ -32,7 +32,7 @@ use skel::LaunchWatchSkelBuilder;
 
 /// libcuda entry points that block the calling thread until earlier GPU work is done: while a
 /// thread is inside one, the process's GPU is busy although it launches nothing.
-pub const SYNC_SYMBOLS: [&str; 10] = [
+pub const SYNC_SYMBOLS: [&str; 12] = [
     "cuCtxSynchronize",
     "cuStreamSynchronize",
     "cuStreamSynchronize_ptsz",
@@ -43,6 +43,8 @@ pub const SYNC_SYMBOLS: [&str; 10] = [
     "cuMemcpyDtoHAsync_v2_ptsz",
     "cuMemcpy",
     "cuMemcpy_ptds",
+    "cuMemcpyAsync",
+    "cuMemcpyAsync_ptsz",
 ];
 
 /// Size of `struct launch_stats` in the BPF program.
@@ -73,6 +75,9 @@ pub struct LaunchConfig {
     pub filter: bool,
     /// A launch this long after the process's previous one is an idle->busy edge.
     pub edge_gap: Duration,
+    /// Also probe the synchronising entry points ([`SYNC_SYMBOLS`]): a thread waiting for GPU
+    /// work keeps its process busy, and the wait's end is activity.
+    pub track_waits: bool,
 }
 
 /// Launch counters of one process.
@@ -308,7 +313,8 @@ fn run(
             }
         }
         // The waits: optional (a library without them still reports launches).
-        for sym in SYNC_SYMBOLS {
+        let waits: &[&'static str] = if cfg.track_waits { &SYNC_SYMBOLS } else { &[] };
+        for &sym in waits {
             if !names_symbol(&image, sym) {
                 continue;
             }

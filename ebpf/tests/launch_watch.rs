@@ -109,6 +109,7 @@ fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
         pids,
         filter: true,
         edge_gap: Duration::from_millis(5),
+        track_waits: true,
     }) {
         Ok(w) => Some(w),
         Err(e) => {

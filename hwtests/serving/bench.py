@@ -8,6 +8,9 @@ Servers (--server):
   cb         the same continuous batching manager behind aiohttp (server.py), if serve cannot run
   graph      the GPU-bound decode loop (decoder.py: CUDA-graph replay and a host sync per token)
 
+Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
+before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default).
+
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 """
 
@@ -36,6 +39,7 @@ CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival"]
 CONFIG_NAMES = {
     "alone": "online alone",
     "timeslice": "no control (time-slicing)",
+    "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
     "gate-arrival": "valvectl gate, arrivals + launch edges",
 }
@@ -135,8 +139,8 @@ class Valve:
             return None
         return r.stdout
 
-    def gate_start(self, port, arrivals):
-        extra = [] if arrivals else ["--no-arrivals"]
+    def gate_start(self, port, arrivals, waits=True):
+        extra = ([] if arrivals else ["--no-arrivals"]) + ([] if waits else ["--no-waits"])
         self.call(["gate", "start", "--online-port", str(port), "--offline-label", OFFLINE_LABEL, *extra])
 
     def gate_status(self):
@@ -246,7 +250,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
         time.sleep(1.0)  # what it had queued on the GPU drains
     try:
         if config.startswith("gate"):
-            valve.gate_start(a.port, arrivals=config == "gate-arrival")
+            valve.gate_start(a.port, arrivals=config == "gate-arrival", waits=config != "gate-old")
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         n = max(a.min_requests, min(a.requests, round(rate * a.run_s)))
@@ -316,7 +320,7 @@ def summarize(a, runs, rate_alone, device):
         alone = rows.get("alone")
         entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
                  "rows": rows, "checks": {}, "tails": {}}
-        for cfg in ("gate-launch", "gate-arrival"):
+        for cfg in ("gate-old", "gate-launch", "gate-arrival"):
             if alone and cfg in rows:
                 g = rows[cfg]
                 entry["checks"][cfg] = analysis.check_targets(

@@ -98,6 +98,9 @@ pub struct GateSpec {
     /// How several offline GPUs are issued: "auto" (default: measured once), "serial", "parallel".
     #[serde(default)]
     pub issue: Option<String>,
+    /// Online threads waiting for their GPU work keep online busy (default: on).
+    #[serde(default)]
+    pub waits: Option<bool>,
 }
 
 /// Why a request failed; `code` is the exit code valvectl uses.

@@ -287,6 +287,7 @@ mod tests {
             "--offline",
             "5",
             "--no-arrivals",
+            "--no-waits",
             "--issue",
             "serial",
         ])
@@ -299,6 +300,7 @@ mod tests {
         };
         assert_eq!(spec.online_ports, vec![8000, 8001]);
         assert_eq!(spec.arrivals, Some(false));
+        assert_eq!(spec.waits, Some(false));
         assert_eq!(spec.issue.as_deref(), Some("serial"));
         assert!(spec.online.is_empty());
         let zero = request(&["gate", "start", "--online-port", "0", "--offline", "5"]).unwrap_err();

@@ -36,6 +36,8 @@ pub struct GateConfig {
     pub arrivals: bool,
     /// How several offline GPUs are issued (`None`: measured once on the offline channels).
     pub issue: Option<IssueMode>,
+    /// A host thread of an online process waiting for its GPU work keeps online busy.
+    pub waits: bool,
 }
 
 impl Default for GateConfig {
@@ -48,6 +50,7 @@ impl Default for GateConfig {
             fixed_cooldown: None,
             arrivals: true,
             issue: None,
+            waits: true,
         }
     }
 }

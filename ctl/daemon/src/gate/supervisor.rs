@@ -77,6 +77,7 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         gap_window: d.gap_window,
         fixed_cooldown: spec.fixed_cooldown_us.map(Duration::from_micros),
         arrivals: spec.arrivals.unwrap_or(true),
+        waits: spec.waits.unwrap_or(true),
         issue: match spec.issue.as_deref() {
             None | Some("auto") => None,
             Some("serial") => Some(IssueMode::Serial),
@@ -209,6 +210,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                 pids: Vec::new(),
                 filter: true,
                 edge_gap: GATE_EDGE_GAP,
+                track_waits: cfg.waits,
             },
             move |e| {
                 let _ = tx.send(GateInput::Edge(e));

@@ -54,6 +54,10 @@ pub enum GateCommand {
         /// Do not preempt on request arrivals, only on GPU launch edges.
         #[arg(long)]
         no_arrivals: bool,
+        /// Ignore online threads waiting for their GPU work (the gate before issue 11: launch
+        /// gaps alone decide when online is idle; for comparison).
+        #[arg(long)]
+        no_waits: bool,
         /// How several offline GPUs are issued: auto measures serial against parallel once on
         /// the offline channels (the stock driver serialises them, so serial wins there).
         #[arg(long, value_enum, default_value_t = IssueArg::Auto, value_name = "MODE")]
@@ -123,6 +127,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
             online_label,
             online_port,
             no_arrivals,
+            no_waits,
             issue,
             offline,
             offline_label,
@@ -159,6 +164,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                 fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
                 online_ports: online_port.clone(),
                 arrivals: Some(!no_arrivals),
+                waits: Some(!no_waits),
                 issue: Some(
                     match issue {
                         IssueArg::Auto => "auto",
