@@ -147,8 +147,15 @@ class Valve:
         return json.loads(self.call(["gate", "status"]))
 
     def gate_trace(self):
-        out = self.call(["gate", "trace"])
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
+        """Every record the gate kept, read in pages of up to 10000."""
+        records, after = [], 0
+        while True:
+            out = self.call(["gate", "trace", "--after", str(after)])
+            page = [json.loads(line) for line in out.splitlines() if line.strip()]
+            if not page:
+                return records
+            records += page
+            after = page[-1]["seq"]
 
     def gate_stop(self):
         return json.loads(self.call(["gate", "stop"]))
