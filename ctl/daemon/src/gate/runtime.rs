@@ -7,7 +7,7 @@
 //! timeout that ends exactly when the policy's cooldown would; [`GateRuntime`] is the same logic
 //! without the thread, for tests.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -454,19 +454,33 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     }
 
     fn set_ports(&mut self, ports: BTreeSet<WatchedPort>) {
-        for &p in ports.difference(&self.ports) {
-            if let Err(e) = self.launches.watch_port(p) {
-                self.error(format!("watching online port {}: {e}", p.port));
+        // One filter entry per port: every namespace if any entry for it says so.
+        let effective = |set: &BTreeSet<WatchedPort>| {
+            let mut m: BTreeMap<u16, u32> = BTreeMap::new();
+            for p in set {
+                m.entry(p.port)
+                    .and_modify(|n| {
+                        if p.netns == 0 || *n != p.netns {
+                            *n = 0;
+                        }
+                    })
+                    .or_insert(p.netns);
+            }
+            m
+        };
+        let (old, new) = (effective(&self.ports), effective(&ports));
+        for (&port, &netns) in &new {
+            if old.get(&port) != Some(&netns) {
+                if let Err(e) = self.launches.watch_port(WatchedPort { port, netns }) {
+                    self.error(format!("watching online port {port}: {e}"));
+                }
             }
         }
-        for p in self.ports.difference(&ports) {
-            if !ports.iter().any(|q| q.port == p.port) {
-                self.launches.unwatch_port(p.port);
-            }
+        for &port in old.keys().filter(|p| !new.contains_key(p)) {
+            self.launches.unwatch_port(port);
         }
         self.ports = ports;
-        let mut list: Vec<u16> = self.ports.iter().map(|p| p.port).collect();
-        list.dedup();
+        let list: Vec<u16> = new.keys().copied().collect();
         self.update(|s| s.online_ports = list);
     }
 
@@ -985,6 +999,31 @@ mod tests {
             "last activity, cooldown"
         );
         assert_eq!(st.trace_head, 5);
+    }
+
+    #[test]
+    fn a_port_named_twice_is_watched_once_and_unwatched_when_gone() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, launches) = runtime(&rm, GateConfig::default());
+        let p = |netns| WatchedPort { port: PORT, netns };
+        rt.handle(GateInput::Ports([p(5)].into()), 0);
+        rt.handle(GateInput::Ports([p(0), p(5)].into()), 0);
+        assert_eq!(snapshot(&rt.shared).online_ports, vec![PORT]);
+        // Either namespace's data counts while both are named.
+        let mut e = ArrivalEdge {
+            port: PORT,
+            netns: 9,
+            ts_ns: MS,
+            idle_ns: 0,
+        };
+        assert!(rt.watched_port(&e));
+        rt.handle(GateInput::Ports([p(5)].into()), 0);
+        assert!(!rt.watched_port(&e), "only namespace 5 now");
+        e.netns = 5;
+        assert!(rt.watched_port(&e));
+        rt.handle(GateInput::Ports(BTreeSet::new()), 0);
+        assert!(launches.1.lock().unwrap().is_empty(), "unwatched");
+        assert!(snapshot(&rt.shared).online_ports.is_empty());
     }
 
     #[test]
