@@ -289,6 +289,24 @@ mod tests {
         assert!(text.contains("preemptions 7, resumes 6"), "{text}");
         assert!(text.contains("cooldown now 4.20 ms"), "{text}");
         assert!(text.contains("stopped 700/800 us"), "{text}");
+        assert!(
+            !text.contains("arrivals"),
+            "no arrival line from an older daemon: {text}"
+        );
+        let mut with_arrivals = v.clone();
+        with_arrivals["arrivals"] = serde_json::json!(12);
+        with_arrivals["online_ports"] = serde_json::json!([8000]);
+        with_arrivals["arrival_hold_us"] = serde_json::json!(6000.0);
+        with_arrivals["arrival_to_disable_us"] =
+            serde_json::json!({"p50_us": 1100.0, "p99_us": 1300.0});
+        with_arrivals["issue"] = serde_json::json!("serial (forced)");
+        let mut out = Vec::new();
+        gate_status(&mut out, &with_arrivals).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("online ports [8000], arrivals 12 (hold 6.00 ms), request arrival -> offline stopped 1100/1300 us; issue serial (forced)"),
+            "{text}"
+        );
         let mut out = Vec::new();
         gate_status(&mut out, &serde_json::json!({"running": false})).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "gate: not running\n");
