@@ -14,7 +14,7 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 int cuGraphLaunch(void *exec, void *stream) { (void)exec; (void)stream; return 0; }
 /* The "stream" is the number of microseconds to wait, as if for GPU work. */
 int usleep(unsigned);
-int cuStreamSynchronize(void *stream) { usleep((unsigned)(unsigned long)stream); return 0; }
+int cuStreamSynchronize(void *stream) { if (stream) usleep((unsigned)(unsigned long)stream); return 0; }
 "#;
 
 type Launch = unsafe extern "C" fn(
@@ -247,6 +247,37 @@ fn bench_uprobe_cost_per_launch() {
     let probed = time(&f);
     println!(
         "launch call: {base:.0} ns without the uprobe, {probed:.0} ns with it (+{:.0} ns)",
+        probed - base
+    );
+    drop(w);
+}
+
+/// Cost of the uprobe + uretprobe pair on a synchronising call that returns at once (run:
+/// `cargo test -p valve-ebpf --release --test launch_watch -- --ignored --nocapture`).
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn bench_wait_probe_cost_per_call() {
+    let f = fake_cuda();
+    let n = 200_000;
+    let time = |f: &FakeCuda| {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    // SAFETY: 0 makes the fake return at once.
+                    unsafe { (f.sync)(0) };
+                }
+                t.elapsed().as_nanos() as f64 / f64::from(n)
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let base = time(&f);
+    let Some(w) = start(&f.path, vec![std::process::id()]) else {
+        return;
+    };
+    let probed = time(&f);
+    println!(
+        "synchronising call: {base:.0} ns without the probes, {probed:.0} ns with uprobe + uretprobe (+{:.0} ns)",
         probed - base
     );
     drop(w);
