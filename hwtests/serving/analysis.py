@@ -170,9 +170,13 @@ def tails(requests, trace, threshold_ms):
             continue
         ttft = (r["first_ns"] - r["send_ns"]) / 1e6
         if ttft > threshold_ms:
+            inside = [x for x in trace if r["send_ns"] < x["t_ns"] < r["first_ns"]]
             out.append(
                 {
                     "ttft_ms": ttft,
+                    # Offline was resumed while the request waited for its first token.
+                    "resumed_inside": any(x["event"] == "enable" for x in inside),
+                    "disables_inside": sum(x["event"] == "disable" for x in inside),
                     "idle_at_send": r.get("idle_at_send"),
                     "in_flight_at_send": r.get("in_flight_at_send"),
                     "decisions": decisions_around(

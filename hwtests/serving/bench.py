@@ -368,6 +368,9 @@ def report_md(res, meta):
         for cfg, ts in e["tails"].items():
             if ts:
                 lines += ["", f"Slow first tokens under {CONFIG_NAMES[cfg]} (TTFT > 1.2 x alone p99), with the gate's decisions from 1 ms before the send:", ""]
+                resumed = sum(t["resumed_inside"] for t in ts)
+                lines.append(f"{len(ts)} slow, {resumed} of them with offline resumed while they waited for the first token.")
+                lines.append("")
                 for t in ts:
                     lines.append(f"- TTFT {t['ttft_ms']:.1f} ms, {t['in_flight_at_send']} in flight at send: " + "; ".join(t["decisions"]))
     return "\n".join(lines) + "\n"

@@ -89,6 +89,10 @@ class Trace(unittest.TestCase):
         self.assertEqual(t[0]["ttft_ms"], 60)
         self.assertIn("+3.00 ms launch", t[0]["decisions"][0])
         self.assertIn("disable took 1050 us", t[0]["decisions"][1])
+        self.assertEqual((t[0]["resumed_inside"], t[0]["disables_inside"]), (False, 1))
+        # A request whose first token came after a resume inside it.
+        t = a.tails([req(50 * MS, 70 * MS, 90 * MS)], self.TRACE, 10)
+        self.assertTrue(t[0]["resumed_inside"])
 
     def test_targets_pass_and_fail(self):
         alone = {"ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0, "tpot_p99_ms": 5.0, "requests": 10}
