@@ -260,6 +260,37 @@ impl Drop for LaunchWatcher {
 
 type Ready = Result<(MapHandle, MapHandle, Vec<&'static str>), WatchError>;
 
+/// Attaches the wait programs (uprobe at entry, uretprobe at return) to every [`SYNC_SYMBOLS`]
+/// entry `image` names; a symbol that fails is logged and left out.
+fn attach_waits(
+    skel: &skel::LaunchWatchSkel<'_>,
+    library: &Path,
+    image: &[u8],
+    links: &mut Vec<libbpf_rs::Link>,
+    attached: &mut Vec<&'static str>,
+) {
+    for sym in SYNC_SYMBOLS {
+        if !names_symbol(image, sym) {
+            continue;
+        }
+        for (retprobe, prog) in [
+            (false, &skel.progs.cuda_sync_enter),
+            (true, &skel.progs.cuda_sync_exit),
+        ] {
+            let opts = UprobeOpts {
+                retprobe,
+                func_name: Some(sym.to_string()),
+                ..Default::default()
+            };
+            match prog.attach_uprobe_with_opts(-1, library, 0, opts) {
+                Ok(link) => links.push(link),
+                Err(e) => tracing::warn!("launch watch: probing {sym}: {e}"),
+            }
+        }
+        attached.push(sym);
+    }
+}
+
 fn run(
     cfg: LaunchConfig,
     ready: SyncSender<Ready>,
@@ -313,26 +344,8 @@ fn run(
             }
         }
         // The waits: optional (a library without them still reports launches).
-        let waits: &[&'static str] = if cfg.track_waits { &SYNC_SYMBOLS } else { &[] };
-        for &sym in waits {
-            if !names_symbol(&image, sym) {
-                continue;
-            }
-            for (retprobe, prog) in [
-                (false, &skel.progs.cuda_sync_enter),
-                (true, &skel.progs.cuda_sync_exit),
-            ] {
-                let opts = UprobeOpts {
-                    retprobe,
-                    func_name: Some(sym.to_string()),
-                    ..Default::default()
-                };
-                match prog.attach_uprobe_with_opts(-1, &cfg.library, 0, opts) {
-                    Ok(link) => links.push(link),
-                    Err(e) => tracing::warn!("launch watch: probing {sym}: {e}"),
-                }
-            }
-            sync_attached.push(sym);
+        if cfg.track_waits {
+            attach_waits(&skel, &cfg.library, &image, &mut links, &mut sync_attached);
         }
         if attached.is_empty() {
             return Err(match last_err {
