@@ -487,8 +487,10 @@ def main(argv=None):
         print(md)
         failed = [n for e in res["loads"] for c, ch in e["checks"].items() if c == "gate-arrival"
                   for n, _, ok in ch if not ok]
-        log(f"== report: {a.out}/report.md; arrival-gate targets failed: {len(failed)}")
-        return 0
+        planned = len(a.loads) * len(configs)
+        log(f"== report: {a.out}/report.md; runs done: {len(runs)} of {planned}; "
+            f"arrival-gate targets failed: {len(failed)}")
+        return 0 if not failed and len(runs) == planned else 1
     finally:
         for p in reversed(procs):
             if p.p.poll() is None:
