@@ -5,7 +5,7 @@ use std::{env, path::PathBuf};
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: [&str; 2] = ["rm_watch", "launch_watch"];
+const PROGRAMS: [&str; 3] = ["rm_watch", "launch_watch", "arrival_watch"];
 
 fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));

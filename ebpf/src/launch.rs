@@ -1,7 +1,8 @@
 //! Online activity detection: uprobes on libcuda's launch entry points (kernel and graph launches,
-//! every variant) count each process's GPU work submissions and report idle->busy edges.
+//! every variant) count each process's GPU work submissions and report idle->busy edges; uprobes
+//! and uretprobes on its synchronising entry points tell when a host thread waits for GPU work.
 //!
-//! Works for launches made through the CUDA runtime too (it calls these exported symbols through
+//! Works for calls made through the CUDA runtime too (it calls these exported symbols through
 //! pointers from cuGetProcAddress), without touching the application.
 
 use std::mem::MaybeUninit;
@@ -29,6 +30,26 @@ mod skel {
 }
 use skel::LaunchWatchSkelBuilder;
 
+/// libcuda entry points that block the calling thread until earlier GPU work is done: while a
+/// thread is inside one, the process's GPU is busy although it launches nothing.
+pub const SYNC_SYMBOLS: [&str; 12] = [
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuStreamSynchronize_ptsz",
+    "cuEventSynchronize",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoH_v2_ptds",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoHAsync_v2_ptsz",
+    "cuMemcpy",
+    "cuMemcpy_ptds",
+    "cuMemcpyAsync",
+    "cuMemcpyAsync_ptsz",
+];
+
+/// Size of `struct launch_stats` in the BPF program.
+const STATS_SIZE: usize = 56;
+
 /// libcuda entry points that submit kernels (cookie 1) or graphs (cookie 2).
 pub const LAUNCH_SYMBOLS: [(&str, u64); 10] = [
     ("cuLaunchKernel", 1),
@@ -54,6 +75,9 @@ pub struct LaunchConfig {
     pub filter: bool,
     /// A launch this long after the process's previous one is an idle->busy edge.
     pub edge_gap: Duration,
+    /// Also probe the synchronising entry points ([`SYNC_SYMBOLS`]): a thread waiting for GPU
+    /// work keeps its process busy, and the wait's end is activity.
+    pub track_waits: bool,
 }
 
 /// Launch counters of one process.
@@ -63,10 +87,17 @@ pub struct LaunchCounts {
     pub kernel_launches: u64,
     /// Graph launches.
     pub graph_launches: u64,
-    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the latest launch.
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the latest activity: a launch or the end of a
+    /// synchronising call.
     pub last_ns: u64,
     /// Idle->busy edges.
     pub edges: u64,
+    /// Threads inside a synchronising call now (waiting for the process's GPU work).
+    pub in_sync: u64,
+    /// Synchronising calls entered.
+    pub syncs: u64,
+    /// When the latest synchronising call returned (0: none yet).
+    pub sync_end_ns: u64,
 }
 
 /// An idle->busy edge: the first launch of `pid` after at least `edge_gap` without one.
@@ -136,6 +167,9 @@ fn parse_counts(v: &[u8]) -> LaunchCounts {
         graph_launches: u(1),
         last_ns: u(2),
         edges: u(3),
+        in_sync: (u(4) as i64).max(0) as u64,
+        syncs: u(5),
+        sync_end_ns: u(6),
     }
 }
 
@@ -181,7 +215,7 @@ impl LaunchWatcher {
         }
     }
 
-    /// The symbols the probes are attached to.
+    /// The symbols the probes are attached to (launch entry points, then the waits).
     pub fn attached(&self) -> &[&'static str] {
         &self.attached
     }
@@ -202,7 +236,7 @@ impl LaunchWatcher {
     /// Launch counters of `pid` (zero if it launched nothing).
     pub fn counts(&self, pid: u32) -> LaunchCounts {
         match self.stats.lookup(&pid.to_ne_bytes(), MapFlags::ANY) {
-            Ok(Some(v)) if v.len() >= 32 => parse_counts(&v),
+            Ok(Some(v)) if v.len() >= STATS_SIZE => parse_counts(&v),
             _ => LaunchCounts::default(),
         }
     }
@@ -225,6 +259,37 @@ impl Drop for LaunchWatcher {
 }
 
 type Ready = Result<(MapHandle, MapHandle, Vec<&'static str>), WatchError>;
+
+/// Attaches the wait programs (uprobe at entry, uretprobe at return) to every [`SYNC_SYMBOLS`]
+/// entry `image` names; a symbol that fails is logged and left out.
+fn attach_waits(
+    skel: &skel::LaunchWatchSkel<'_>,
+    library: &Path,
+    image: &[u8],
+    links: &mut Vec<libbpf_rs::Link>,
+    attached: &mut Vec<&'static str>,
+) {
+    for sym in SYNC_SYMBOLS {
+        if !names_symbol(image, sym) {
+            continue;
+        }
+        for (retprobe, prog) in [
+            (false, &skel.progs.cuda_sync_enter),
+            (true, &skel.progs.cuda_sync_exit),
+        ] {
+            let opts = UprobeOpts {
+                retprobe,
+                func_name: Some(sym.to_string()),
+                ..Default::default()
+            };
+            match prog.attach_uprobe_with_opts(-1, library, 0, opts) {
+                Ok(link) => links.push(link),
+                Err(e) => tracing::warn!("launch watch: probing {sym}: {e}"),
+            }
+        }
+        attached.push(sym);
+    }
+}
 
 fn run(
     cfg: LaunchConfig,
@@ -254,6 +319,7 @@ fn run(
             .map_err(|e| WatchError::Thread(format!("reading {}: {e}", cfg.library.display())))?;
         let mut links = Vec::new();
         let mut attached = Vec::new();
+        let mut sync_attached = Vec::new();
         let mut last_err = None;
         for (sym, cookie) in LAUNCH_SYMBOLS {
             // Skip names the library does not carry at all (libbpf would warn for each).
@@ -277,6 +343,10 @@ fn run(
                 Err(e) => last_err = Some(e),
             }
         }
+        // The waits: optional (a library without them still reports launches).
+        if cfg.track_waits {
+            attach_waits(&skel, &cfg.library, &image, &mut links, &mut sync_attached);
+        }
         if attached.is_empty() {
             return Err(match last_err {
                 Some(e) => WatchError::bpf("attaching uprobes to the launch entry points", e),
@@ -286,6 +356,7 @@ fn run(
                 )),
             });
         }
+        attached.extend(sync_attached);
         let stats = MapHandle::try_from(&skel.maps.stats)
             .map_err(|e| WatchError::bpf("duplicating the stats map", e))?;
         let watched = MapHandle::try_from(&skel.maps.watched)

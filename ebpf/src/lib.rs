@@ -3,14 +3,20 @@
 //!
 //! [`Watcher`] loads `src/bpf/rm_watch.bpf.c` and yields [`RmEvent`]s; [`Registry`] folds
 //! them into per-process object trees and answers "which (client, channel) pairs does process
-//! P have on GPU G".
+//! P have on GPU G". [`LaunchWatcher`] (uprobes on libcuda) and [`ArrivalWatcher`] (request data
+//! on a port) tell the gate when online work starts.
 
+pub mod arrival;
 pub mod event;
 pub mod launch;
 pub mod registry;
 mod skel;
 pub mod watcher;
 
+pub use arrival::{
+    enable_run_time_stats, ArrivalConfig, ArrivalCounts, ArrivalEdge, ArrivalWatcher, ProgramStats,
+    StatsGuard, WatchedPort,
+};
 pub use event::{AllocEvent, DecodeError, FreeEvent, RmEvent, RmEventKind};
 pub use launch::{find_libcuda, LaunchConfig, LaunchCounts, LaunchEdge, LaunchWatcher};
 pub use registry::Registry;

@@ -12,6 +12,9 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 { (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem;
   (void)stream; (void)params; (void)extra; return 0; }
 int cuGraphLaunch(void *exec, void *stream) { (void)exec; (void)stream; return 0; }
+/* The "stream" is the number of microseconds to wait, as if for GPU work. */
+int usleep(unsigned);
+int cuStreamSynchronize(void *stream) { if (stream) usleep((unsigned)(unsigned long)stream); return 0; }
 "#;
 
 type Launch = unsafe extern "C" fn(
@@ -28,11 +31,13 @@ type Launch = unsafe extern "C" fn(
     *mut *mut u8,
 ) -> i32;
 type GraphLaunch = unsafe extern "C" fn(*mut u8, *mut u8) -> i32;
+type Sync = unsafe extern "C" fn(usize) -> i32;
 
 struct FakeCuda {
     path: PathBuf,
     launch: Launch,
     graph: GraphLaunch,
+    sync: Sync,
     _dir: tempfile::TempDir,
 }
 
@@ -56,11 +61,13 @@ fn fake_cuda() -> FakeCuda {
         assert!(!h.is_null());
         let launch = libc::dlsym(h, c"cuLaunchKernel".as_ptr());
         let graph = libc::dlsym(h, c"cuGraphLaunch".as_ptr());
-        assert!(!launch.is_null() && !graph.is_null());
+        let sync = libc::dlsym(h, c"cuStreamSynchronize".as_ptr());
+        assert!(!launch.is_null() && !graph.is_null() && !sync.is_null());
         FakeCuda {
             path,
             launch: std::mem::transmute::<*mut libc::c_void, Launch>(launch),
             graph: std::mem::transmute::<*mut libc::c_void, GraphLaunch>(graph),
+            sync: std::mem::transmute::<*mut libc::c_void, Sync>(sync),
             _dir: dir,
         }
     }
@@ -102,6 +109,7 @@ fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
         pids,
         filter: true,
         edge_gap: Duration::from_millis(5),
+        track_waits: true,
     }) {
         Ok(w) => Some(w),
         Err(e) => {
@@ -141,6 +149,68 @@ fn counts_kernel_and_graph_launches_and_reports_idle_edges() {
 }
 
 #[test]
+fn a_thread_waiting_for_gpu_work_keeps_the_process_busy() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start(&f.path, vec![me]) else {
+        return;
+    };
+    assert!(
+        w.attached().contains(&"cuStreamSynchronize"),
+        "{:?}",
+        w.attached()
+    );
+    call(&f, 1, 0);
+    assert!(
+        w.next_edge(Duration::from_secs(2)).is_some(),
+        "first launch"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    // A 60 ms wait on another thread: the process is busy throughout.
+    let sync = f.sync;
+    // SAFETY: the fake sleeps for its argument in microseconds.
+    let waiter = std::thread::spawn(move || unsafe { sync(60_000) });
+    assert!(
+        eventually(|| w.counts(me).in_sync == 1),
+        "{:?}",
+        w.counts(me)
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    // A launch meanwhile (after 40 ms without one) is no idle->busy edge: a thread is waiting.
+    call(&f, 1, 0);
+    assert!(w.next_edge(Duration::from_millis(10)).is_none());
+    waiter.join().unwrap();
+    let c = w.counts(me);
+    assert_eq!((c.in_sync, c.syncs), (0, 1), "{c:?}");
+    assert!(
+        c.sync_end_ns > 0 && c.last_ns == c.sync_end_ns,
+        "the wait's end is activity"
+    );
+    // A launch right after the wait is no edge either (the gap is from the wait's end), one
+    // after 20 ms of real idleness is, and its idle time counts from the wait's end.
+    call(&f, 1, 0);
+    assert!(w.next_edge(Duration::from_millis(10)).is_none());
+    let last = w.counts(me).last_ns;
+    std::thread::sleep(Duration::from_millis(20));
+    call(&f, 1, 0);
+    let e = w
+        .next_edge(Duration::from_secs(2))
+        .expect("edge after idle");
+    assert!(e.ts_ns - e.idle_ns == last, "{e:?} last {last}");
+}
+
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+#[test]
 fn other_processes_are_not_counted() {
     let f = fake_cuda();
     let me = std::process::id();
@@ -177,6 +247,37 @@ fn bench_uprobe_cost_per_launch() {
     let probed = time(&f);
     println!(
         "launch call: {base:.0} ns without the uprobe, {probed:.0} ns with it (+{:.0} ns)",
+        probed - base
+    );
+    drop(w);
+}
+
+/// Cost of the uprobe + uretprobe pair on a synchronising call that returns at once (run:
+/// `cargo test -p valve-ebpf --release --test launch_watch -- --ignored --nocapture`).
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn bench_wait_probe_cost_per_call() {
+    let f = fake_cuda();
+    let n = 200_000;
+    let time = |f: &FakeCuda| {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    // SAFETY: 0 makes the fake return at once.
+                    unsafe { (f.sync)(0) };
+                }
+                t.elapsed().as_nanos() as f64 / f64::from(n)
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let base = time(&f);
+    let Some(w) = start(&f.path, vec![std::process::id()]) else {
+        return;
+    };
+    let probed = time(&f);
+    println!(
+        "synchronising call: {base:.0} ns without the probes, {probed:.0} ns with uprobe + uretprobe (+{:.0} ns)",
         probed - base
     );
     drop(w);

@@ -58,7 +58,7 @@ impl Preempter for LibPreempter<'_> {
         let g = if self.serial {
             self.ctl.disable_serial(self.plan)?
         } else {
-            self.ctl.disable(self.plan)?
+            self.ctl.disable_parallel(self.plan)?
         };
         let call_us = (now_ns() - t0) as f64 / 1e3;
         let ioctl_us = g

@@ -34,6 +34,7 @@ pub fn run(bins: &Bins, g0: &GpuInfo, r: &mut Report) -> Result<()> {
         pids: Vec::new(),
         filter: false,
         edge_gap: Duration::from_millis(1),
+        track_waits: false,
     })?;
     r.line(&format!(
         "{}: probes on {}.",

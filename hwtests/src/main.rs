@@ -903,7 +903,7 @@ fn multi(
                 let g = if serial {
                     ctl.disable_serial(&p)?
                 } else {
-                    ctl.disable(&p)?
+                    ctl.disable_parallel(&p)?
                 };
                 walls[i].push((hog::now_ns() - t0) as f64 / 1e3);
                 if !serial {

@@ -102,6 +102,7 @@ impl Audit {
             Request::Ps
             | Request::Status
             | Request::GateStatus
+            | Request::GateTrace { .. }
             | Request::OnlineBusy
             | Request::OnlineIdle => return None,
         })

@@ -259,6 +259,13 @@ impl<D: RmDriver> DaemonCore<D> {
             Request::GateStatus => self.gate_status(),
             Request::OnlineBusy => self.gate_signal(true),
             Request::OnlineIdle => self.gate_signal(false),
+            Request::GateTrace { after, limit } => match &self.gate {
+                Some(g) => Reply::ok(g.trace(after, limit.unwrap_or(10_000))),
+                None => Reply::err(
+                    1,
+                    "no gate is running (start one with `valvectl gate start`)",
+                ),
+            },
         }
     }
 

@@ -29,10 +29,11 @@
 //!
 //! New roles of the daemon get a module here beside [`gate`] and [`memory`], fed by
 //! [`DaemonCore`], with their requests in [`protocol`]:
-//! - the memory pool's metrics, registered through [`metrics::Metrics::with_registry`];
-//! - the arrival trigger (BPF sees an online request arrive and signals the gate before its first
-//!   kernel launch; issue 11), not built yet; it records into
-//!   [`metrics::Metrics::record_edge_to_stopped`] with [`metrics::EdgeKind::Arrival`].
+//! - the memory pool's metrics, registered through [`metrics::Metrics::with_registry`].
+//!
+//! The arrival trigger (issue 11) is part of [`gate`]: BPF sees an online request's data arrive
+//! and the gate preempts before the request's first kernel launch; the gate records edge ->
+//! offline stopped into [`metrics::Metrics::record_edge_to_stopped`] by edge kind.
 
 pub mod audit;
 pub mod config;

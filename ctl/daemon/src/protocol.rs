@@ -55,6 +55,15 @@ pub enum Request {
     OnlineBusy,
     /// From a serving framework: no online request is in flight (resume now).
     OnlineIdle,
+    /// The gate's decision trace: records after sequence number `after`.
+    GateTrace {
+        /// Only records after this sequence number (0: from the oldest kept).
+        #[serde(default)]
+        after: u64,
+        /// At most this many records (default 10000).
+        #[serde(default)]
+        limit: Option<usize>,
+    },
 }
 
 /// What to gate and how, for [`Request::GateStart`].
@@ -84,6 +93,18 @@ pub struct GateSpec {
     /// A fixed cooldown instead of the learned one, us.
     #[serde(default)]
     pub fixed_cooldown_us: Option<u64>,
+    /// Online processes by the TCP port they listen on.
+    #[serde(default)]
+    pub online_ports: Vec<u16>,
+    /// Preempt when request data reaches an online port (default: on); launch edges always.
+    #[serde(default)]
+    pub arrivals: Option<bool>,
+    /// How several offline GPUs are issued: "auto" (default: measured once), "serial", "parallel".
+    #[serde(default)]
+    pub issue: Option<String>,
+    /// Online threads waiting for their GPU work keep online busy (default: on).
+    #[serde(default)]
+    pub waits: Option<bool>,
 }
 
 /// Why a request failed; `code` is the exit code valvectl uses.

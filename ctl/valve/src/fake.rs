@@ -46,6 +46,8 @@ pub struct FakeState {
     pub fail_disable_on: Option<(u32, RmStatus)>,
     /// Every FIFO_DISABLE_CHANNELS seen: (instance, disable, entries).
     pub disable_calls: Vec<(u32, bool, usize)>,
+    /// The name of the thread that issued each of those calls.
+    pub disable_threads: Vec<Option<String>>,
 }
 
 /// The in-memory RM: an [`RmDriver`] over [`FakeGpu`]s.
@@ -224,6 +226,8 @@ impl RmDriver for FakeRm {
                             return Err(RmCallError::Rm(b::NV_ERR_INVALID_ARGUMENT));
                         }
                         st.disable_calls.push((inst, p.disable != 0, n));
+                        st.disable_threads
+                            .push(std::thread::current().name().map(str::to_string));
                         if let Some((fail_inst, status)) = st.fail_disable_on {
                             if fail_inst == inst && p.disable != 0 {
                                 return Err(RmCallError::Rm(status));

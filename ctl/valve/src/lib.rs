@@ -4,7 +4,7 @@
 //! The path from a call to the GPU: [`Controller`] owns an RM root client and one device +
 //! subdevice per GPU; [`Controller::plan`] turns (GPU, client, channel) targets into prebuilt
 //! FIFO_DISABLE_CHANNELS parameter blocks (64 channels each); [`Controller::disable`] issues them,
-//! one thread per GPU, and returns a [`DisabledChannels`] guard whose `Drop` re-enables them.
+//! serially or on persistent per-GPU workers ([`issue`]), and returns a [`DisabledChannels`] guard whose `Drop` re-enables them.
 //! The ioctls sit behind the [`RmDriver`] trait: [`NvDriver`] is the real device files.
 //!
 //! Besides that: the state file of what was disabled ([`state`]), latency summaries ([`stats`])
@@ -16,6 +16,7 @@ pub mod controller;
 pub mod driver;
 pub mod error;
 pub mod gpu;
+pub mod issue;
 pub mod signals;
 pub mod state;
 pub mod stats;
@@ -29,5 +30,6 @@ pub use controller::{
 pub use driver::{DriverInfo, NvDriver, RmCallError, RmDriver};
 pub use error::Error;
 pub use gpu::{GpuInfo, GpuSelector};
+pub use issue::{IssueMode, IssueSetting, LockProbe};
 pub use signals::Signals;
 pub use valve_ioctl_bindings as bindings;

@@ -281,6 +281,55 @@ mod tests {
         assert_eq!(spec.cooldown_floor_us, Some(2_000));
         assert_eq!(spec.cooldown_ceiling_us, Some(200_000));
         assert_eq!(spec.gap_factor, Some(2.0));
+        // The service by port, arrivals off, serial issue; the trace request.
+        let cli = parse(&[
+            "gate",
+            "start",
+            "--online-port",
+            "8000,8001",
+            "--offline",
+            "5",
+            "--no-arrivals",
+            "--no-waits",
+            "--issue",
+            "serial",
+        ])
+        .unwrap();
+        let Command::Gate(GateArgs { action }) = &cli.command else {
+            panic!()
+        };
+        let Request::GateStart(spec) = gate::request(action).unwrap() else {
+            panic!()
+        };
+        assert_eq!(spec.online_ports, vec![8000, 8001]);
+        assert_eq!(spec.arrivals, Some(false));
+        assert_eq!(spec.waits, Some(false));
+        assert_eq!(spec.issue.as_deref(), Some("serial"));
+        assert!(spec.online.is_empty());
+        let zero = request(&["gate", "start", "--online-port", "0", "--offline", "5"]).unwrap_err();
+        assert_eq!(zero.exit_code(), 2);
+        assert!(parse(&[
+            "gate",
+            "start",
+            "--online",
+            "1",
+            "--offline",
+            "2",
+            "--issue",
+            "x"
+        ])
+        .is_err());
+        let cli = parse(&["gate", "trace", "--after", "7"]).unwrap();
+        let Command::Gate(GateArgs { action }) = &cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            gate::request(action).unwrap(),
+            Request::GateTrace {
+                after: 7,
+                limit: None
+            }
+        );
         for (sub, req) in [
             ("stop", Request::GateStop),
             ("status", Request::GateStatus),

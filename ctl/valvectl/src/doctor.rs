@@ -1,6 +1,7 @@
 //! `valvectl doctor`: what this node supports (driver, GSP, BPF, root, device-file exposure) and,
 //! with a self-started CUDA test load, whether channel control works and whether the driver
-//! serialises it across GPUs (stock: global lock) or not (patched: per-GPU lock).
+//! serialises it across GPUs (stock: global lock) or not (patched: per-GPU lock), measured with the
+//! controller's own issue probe: what serial and parallel issue each cost against one GPU.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -11,6 +12,7 @@ use serde::Serialize;
 use valve::controller::{ChannelTarget, Controller, PreemptMode};
 use valve::driver::DriverInfo;
 use valve::stats::summarize_us;
+use valve::{IssueMode, LockProbe};
 use valve_ebpf::{Registry, WatchConfig, Watcher};
 
 /// A check's outcome.
@@ -56,20 +58,22 @@ pub fn parse_gsp(information: &str) -> Option<bool> {
     Some(!value.is_empty() && !value.eq_ignore_ascii_case("N/A"))
 }
 
-/// The lock the driver takes for FIFO_DISABLE_CHANNELS, judged from the p50 wall time of one
-/// GPU and of `n` GPUs disabled in parallel.
-pub fn classify_lock(single_us: f64, parallel_us: f64, n: usize) -> (&'static str, String) {
-    let ratio = parallel_us / single_us;
-    let detail = format!(
-        "{n} GPUs in parallel take {parallel_us:.0} us, one GPU {single_us:.0} us ({ratio:.2}x)"
-    );
-    if ratio >= 0.6 * n as f64 {
-        ("stock: global lock", detail)
-    } else if ratio <= 1.0 + 0.25 * (n as f64 - 1.0) {
-        ("patched: per-GPU lock", detail)
+/// The lock the driver takes for FIFO_DISABLE_CHANNELS, judged from one measurement of one GPU
+/// against all GPUs issued serially and in parallel (the controller's own probe, the one the gate
+/// runs at start): a verdict, and the detail with both ratios against one GPU.
+pub fn classify_lock(p: &LockProbe) -> (&'static str, String) {
+    let verdict = if p.serialised() {
+        "stock: global lock"
+    } else if p.parallel_ratio() <= 1.0 + 0.25 * (p.gpus as f64 - 1.0) {
+        "patched: per-GPU lock"
     } else {
-        ("unclear", detail)
-    }
+        "unclear"
+    };
+    let issue = match p.best_mode() {
+        IssueMode::Serial => "serial",
+        IssueMode::Parallel => "parallel",
+    };
+    (verdict, format!("{}; Valve issues {issue}", p.describe()))
 }
 
 fn device_files() -> Vec<(String, u32)> {
@@ -273,7 +277,6 @@ fn check_test_load(ctl: &Controller, watcher: &Watcher, pid: u32) -> Result<Vec<
         per_gpu.push(t);
     }
     let mut out = Vec::new();
-    let mut single = Vec::new();
     for (i, t) in per_gpu.iter().enumerate() {
         if t.is_empty() {
             out.push(finding(
@@ -284,10 +287,9 @@ fn check_test_load(ctl: &Controller, watcher: &Watcher, pid: u32) -> Result<Vec<
             continue;
         }
         let p50 = disable_p50(ctl, t, &format!("GPU {i}: "))?;
-        single.push(p50);
         out.push(finding("channel control", Status::Ok, format!("GPU {i} ({}): disable/enable of {} test-load channel(s) works; disable p50 {:.0} us", gpus[i].name, t.len(), p50)));
     }
-    out.push(multi_gpu_check(ctl, &per_gpu, &single)?);
+    out.push(multi_gpu_check(ctl, &per_gpu)?);
     Ok(out)
 }
 
@@ -307,13 +309,9 @@ fn disable_p50(ctl: &Controller, targets: &[ChannelTarget], context: &str) -> Re
     Ok(summarize_us(&walls).p50_us)
 }
 
-/// Whether the driver serialises the disable across GPUs: all GPUs at once against the median
-/// single GPU (`single`: each GPU's p50).
-fn multi_gpu_check(
-    ctl: &Controller,
-    per_gpu: &[Vec<ChannelTarget>],
-    single: &[f64],
-) -> Result<Finding, String> {
+/// Whether the driver serialises the disable across GPUs: the controller's probe (one GPU, all
+/// serially, all in parallel; interleaved, 20 cycles each) on the test load's channels.
+fn multi_gpu_check(ctl: &Controller, per_gpu: &[Vec<ChannelTarget>]) -> Result<Finding, String> {
     let n = per_gpu.iter().filter(|t| !t.is_empty()).count();
     if n < 2 {
         return Ok(finding(
@@ -323,10 +321,11 @@ fn multi_gpu_check(
         ));
     }
     let all: Vec<ChannelTarget> = per_gpu.iter().flatten().copied().collect();
-    let parallel = disable_p50(ctl, &all, "")?;
-    let mut s = single.to_vec();
-    s.sort_by(f64::total_cmp);
-    let (verdict, detail) = classify_lock(s[s.len() / 2], parallel, n);
+    let plan = ctl
+        .plan(&all, PreemptMode::Preempt)
+        .map_err(|e| e.to_string())?;
+    let probe = ctl.probe_issue(&plan, 20).map_err(|e| e.to_string())?;
+    let (verdict, detail) = classify_lock(&probe);
     let status = if verdict.starts_with("patched") {
         Status::Ok
     } else {
@@ -425,13 +424,28 @@ mod tests {
         assert_eq!(parse_gsp("Model: x\n"), None);
     }
 
+    fn probe(gpus: usize, single: f64, serial: f64, parallel: f64) -> LockProbe {
+        LockProbe {
+            gpus,
+            single_us: single,
+            serial_us: serial,
+            parallel_us: parallel,
+        }
+    }
+
     #[test]
     fn lock_classification() {
-        // Measured on 2xH200 with the stock driver: 1791 us for 2 GPUs vs ~825 us for one.
-        assert_eq!(classify_lock(825.0, 1791.0, 2).0, "stock: global lock");
-        assert_eq!(classify_lock(825.0, 2500.0, 4).0, "stock: global lock");
-        assert_eq!(classify_lock(825.0, 900.0, 2).0, "patched: per-GPU lock");
-        assert_eq!(classify_lock(825.0, 1000.0, 4).0, "patched: per-GPU lock");
-        assert_eq!(classify_lock(825.0, 1500.0, 4).0, "unclear");
+        // The hardware notes' 4x H200 on the stock driver: parallel is no faster than serial,
+        // and serial costs 3.9x one GPU (what the doctor must report, not parallel's ratio).
+        let (v, d) = classify_lock(&probe(4, 814.0, 3190.0, 3479.0));
+        assert_eq!(v, "stock: global lock");
+        assert!(d.contains("serial 3190 us (3.92x one GPU)"), "{d}");
+        assert!(d.ends_with("Valve issues serial"), "{d}");
+        // A per-GPU lock: parallel close to one GPU.
+        let (v, d) = classify_lock(&probe(2, 825.0, 1650.0, 900.0));
+        assert_eq!(v, "patched: per-GPU lock");
+        assert!(d.ends_with("Valve issues parallel"), "{d}");
+        // Parallel clearly faster than serial but far from one GPU: unclear.
+        assert_eq!(classify_lock(&probe(4, 800.0, 3200.0, 1900.0)).0, "unclear");
     }
 }

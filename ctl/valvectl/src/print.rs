@@ -178,6 +178,18 @@ pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Resul
         f("edge_to_disable_us", "p50_us"),
         f("edge_to_disable_us", "p99_us")
     )?;
+    if v.get("arrivals").is_some() {
+        writeln!(
+            out,
+            "online ports {}, arrivals {} (hold {:.2} ms), request arrival -> offline stopped {:.0}/{:.0} us; issue {}",
+            v["online_ports"],
+            v["arrivals"],
+            v["arrival_hold_us"].as_f64().unwrap_or(0.0) / 1e3,
+            f("arrival_to_disable_us", "p50_us"),
+            f("arrival_to_disable_us", "p99_us"),
+            v["issue"].as_str().unwrap_or("?")
+        )?;
+    }
     if let Some(e) = v["last_error"].as_str() {
         writeln!(out, "errors {}, latest: {e}", v["errors"])?;
     }
@@ -187,9 +199,74 @@ pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Resul
     Ok(())
 }
 
+/// One `gate trace` record as a line: sequence, time in ms, event and its fields.
+pub fn trace_line(r: &serde_json::Value) -> String {
+    let ms = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / 1e6;
+    let us_after = |k: &str| {
+        r[k].as_u64()
+            .unwrap_or(0)
+            .saturating_sub(r["t_ns"].as_u64().unwrap_or(0)) as f64
+            / 1e3
+    };
+    let what = match r["event"].as_str().unwrap_or("?") {
+        "arrival" => format!(
+            "arrival   port {} (seen by the gate +{:.0} us, idle {:.2} ms before)",
+            r["port"],
+            us_after("recv_ns"),
+            ms("idle_ns")
+        ),
+        "launch" => format!(
+            "launch    pid {} (seen by the gate +{:.0} us, idle {:.2} ms before)",
+            r["pid"],
+            us_after("recv_ns"),
+            ms("idle_ns")
+        ),
+        e @ ("disable" | "enable") => format!(
+            "{e:<9} {} took {:.0} us{}",
+            match r["pid"].as_u64() {
+                Some(0) | None => "all offline".to_string(),
+                Some(p) => format!("pid {p}"),
+            },
+            us_after("end_ns"),
+            if r["ok"] == false { " FAILED" } else { "" }
+        ),
+        "cooldown" => format!(
+            "cooldown  {:.2} ms after the last online activity: resume",
+            ms("cooldown_ns")
+        ),
+        e => e.to_string(),
+    };
+    format!("{:>7} {:>14.3} ms  {what}", r["seq"], ms("t_ns"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_lines_name_each_event() {
+        let a = serde_json::json!({"seq": 3, "event": "arrival", "t_ns": 2_000_000u64,
+            "port": 8000, "recv_ns": 2_050_000u64, "idle_ns": 5_000_000u64});
+        let line = trace_line(&a);
+        assert!(
+            line.contains("arrival   port 8000 (seen by the gate +50 us, idle 5.00 ms before)"),
+            "{line}"
+        );
+        let d = serde_json::json!({"seq": 4, "event": "disable", "t_ns": 2_060_000u64,
+            "pid": 0, "end_ns": 3_160_000u64, "ok": true});
+        assert!(
+            trace_line(&d).contains("disable   all offline took 1100 us"),
+            "{}",
+            trace_line(&d)
+        );
+        let e = serde_json::json!({"seq": 5, "event": "enable", "t_ns": 1, "pid": 42,
+            "end_ns": 2, "ok": false});
+        assert!(
+            trace_line(&e).ends_with("pid 42 took 0 us FAILED"),
+            "{}",
+            trace_line(&e)
+        );
+    }
 
     #[test]
     fn gate_status_prints_what_an_operator_needs() {
@@ -212,6 +289,24 @@ mod tests {
         assert!(text.contains("preemptions 7, resumes 6"), "{text}");
         assert!(text.contains("cooldown now 4.20 ms"), "{text}");
         assert!(text.contains("stopped 700/800 us"), "{text}");
+        assert!(
+            !text.contains("arrivals"),
+            "no arrival line from an older daemon: {text}"
+        );
+        let mut with_arrivals = v.clone();
+        with_arrivals["arrivals"] = serde_json::json!(12);
+        with_arrivals["online_ports"] = serde_json::json!([8000]);
+        with_arrivals["arrival_hold_us"] = serde_json::json!(6000.0);
+        with_arrivals["arrival_to_disable_us"] =
+            serde_json::json!({"p50_us": 1100.0, "p99_us": 1300.0});
+        with_arrivals["issue"] = serde_json::json!("serial (forced)");
+        let mut out = Vec::new();
+        gate_status(&mut out, &with_arrivals).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("online ports [8000], arrivals 12 (hold 6.00 ms), request arrival -> offline stopped 1100/1300 us; issue serial (forced)"),
+            "{text}"
+        );
         let mut out = Vec::new();
         gate_status(&mut out, &serde_json::json!({"running": false})).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "gate: not running\n");

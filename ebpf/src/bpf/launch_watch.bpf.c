@@ -4,6 +4,11 @@
 // entry points (kernel launches and graph launches, every variant), and reports the first launch
 // after an idle gap (the online process's idle->busy edge) to a ring buffer.
 //
+// It also tracks host threads waiting for their GPU work (uprobe + uretprobe on the synchronising
+// entry points): while one waits, the process's GPU is busy even though it launches nothing, and
+// the wait's end (the GPU work is done) is activity too. A launch is an edge only when no thread
+// is waiting and the process has been idle (no launch, no wait ending) for the edge gap.
+//
 // The attach cookie says which kind of entry point fired (1 kernel launch, 2 graph launch).
 
 #include <linux/types.h>
@@ -20,11 +25,15 @@ const volatile __u64 edge_gap_ns = 1000000;
 #define KIND_KERNEL 1
 #define KIND_GRAPH 2
 
+// Mirrored in src/launch.rs (STATS_SIZE).
 struct launch_stats {
 	__u64 kernel_launches;
 	__u64 graph_launches;
-	__u64 last_ns;
+	__u64 last_ns; // latest launch or end of a wait (activity)
 	__u64 edges;
+	__s64 in_sync; // threads inside a synchronising call now
+	__u64 syncs;   // synchronising calls entered
+	__u64 sync_end_ns;
 };
 
 struct launch_edge {
@@ -53,29 +62,65 @@ struct {
 	__uint(max_entries, 1 << 16);
 } edges SEC(".maps");
 
-SEC("uprobe")
-int cuda_launch(void *ctx)
+// The counters of the calling process, created on first use; NULL if it is not watched.
+static __always_inline struct launch_stats *stats_of(__u32 pid)
 {
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	if (filter_pids && !bpf_map_lookup_elem(&watched, &pid))
 		return 0;
-	__u64 kind = bpf_get_attach_cookie(ctx);
-	__u64 now = bpf_ktime_get_ns();
 	struct launch_stats *s = bpf_map_lookup_elem(&stats, &pid);
 	if (!s) {
 		struct launch_stats zero = {};
 		bpf_map_update_elem(&stats, &pid, &zero, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&stats, &pid);
-		if (!s)
-			return 0;
 	}
+	return s;
+}
+
+SEC("uprobe")
+int cuda_sync_enter(void *ctx)
+{
+	struct launch_stats *s = stats_of(bpf_get_current_pid_tgid() >> 32);
+	if (!s)
+		return 0;
+	__sync_fetch_and_add(&s->in_sync, 1);
+	__sync_fetch_and_add(&s->syncs, 1);
+	return 0;
+}
+
+SEC("uretprobe")
+int cuda_sync_exit(void *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (filter_pids && !bpf_map_lookup_elem(&watched, &pid))
+		return 0;
+	struct launch_stats *s = bpf_map_lookup_elem(&stats, &pid);
+	if (!s)
+		return 0;
+	// A wait that began before the process was watched has no matching enter.
+	if (s->in_sync > 0)
+		__sync_fetch_and_add(&s->in_sync, -1);
+	__u64 now = bpf_ktime_get_ns();
+	s->sync_end_ns = now;
+	s->last_ns = now;
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_launch(void *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct launch_stats *s = stats_of(pid);
+	if (!s)
+		return 0;
+	__u64 kind = bpf_get_attach_cookie(ctx);
+	__u64 now = bpf_ktime_get_ns();
 	__u64 last = s->last_ns;
 	if (kind == KIND_GRAPH)
 		__sync_fetch_and_add(&s->graph_launches, 1);
 	else
 		__sync_fetch_and_add(&s->kernel_launches, 1);
 	s->last_ns = now;
-	if (last == 0 || now - last >= edge_gap_ns) {
+	if (s->in_sync <= 0 && (last == 0 || now - last >= edge_gap_ns)) {
 		__sync_fetch_and_add(&s->edges, 1);
 		struct launch_edge e = {
 			.pid = pid,

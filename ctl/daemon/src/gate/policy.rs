@@ -1,12 +1,20 @@
-//! The gate's decision logic: preempt offline work on the online process's idle->busy edge, resume
-//! it after online has been idle for 2x the longest recent gap between its iterations.
+//! The gate's decision logic: preempt offline work when an online request arrives or online
+//! launches after idling; resume it once online has been idle for 2x its longest recent gap.
 //!
 //! Pure and clock-free, so one online request is provably preempted against at most once: it is
-//! fed launch edges, explicit busy/idle signals and ticks, and answers with actions.
-//! [`super::runtime`] drives it from the uprobe launch watcher inside the daemon.
+//! fed arrival and launch edges, explicit busy/idle signals and ticks, and answers with actions.
+//! [`super::runtime`] drives it from the BPF watchers inside the daemon.
+//!
+//! An arrival (request data reached the online port) preempts at once and counts as online
+//! activity. Until a launch follows, offline is held for the arrival hold: 2x the longest recent
+//! arrival -> first launch delay (the ceiling until one has been seen), so a request whose
+//! server takes a while to parse and schedule it is not resumed against, and a request that
+//! never launches anything (a health check) releases offline after the hold.
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+use valve::IssueMode;
 
 /// Tuning of the gate.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -24,6 +32,12 @@ pub struct GateConfig {
     /// A fixed cooldown instead of the learned one (`Some(0)`: resume as soon as a tick finds
     /// online idle, i.e. preempt on every burst of launches and resume at once).
     pub fixed_cooldown: Option<Duration>,
+    /// Request arrivals on the online ports preempt (launch edges always do).
+    pub arrivals: bool,
+    /// How several offline GPUs are issued (`None`: measured once on the offline channels).
+    pub issue: Option<IssueMode>,
+    /// A host thread of an online process waiting for its GPU work keeps online busy.
+    pub waits: bool,
 }
 
 impl Default for GateConfig {
@@ -34,6 +48,9 @@ impl Default for GateConfig {
             gap_factor: 2.0,
             gap_window: 512,
             fixed_cooldown: None,
+            arrivals: true,
+            issue: None,
+            waits: true,
         }
     }
 }
@@ -61,6 +78,14 @@ pub struct GatePolicy {
     resumed_in_gap: bool,
     /// The serving framework said "busy" and has not said "idle" yet: no resume on ticks.
     pinned: bool,
+    /// The earliest arrival not yet followed by a launch.
+    pending_arrival_ns: Option<u64>,
+    /// Recent arrival -> first launch delays.
+    arrival_delays: VecDeque<u64>,
+    /// An arrival happened since the last launch: the gap now ending lies between requests.
+    arrival_in_gap: bool,
+    /// Arrival edges seen.
+    arrivals: u64,
 }
 
 impl GatePolicy {
@@ -75,7 +100,39 @@ impl GatePolicy {
             learned: false,
             resumed_in_gap: false,
             pinned: false,
+            pending_arrival_ns: None,
+            arrival_delays: VecDeque::new(),
+            arrival_in_gap: false,
+            arrivals: 0,
         }
+    }
+
+    /// The cooldown ceiling (also the longest an arrival or a wait can hold offline unanswered).
+    pub fn ceiling(&self) -> Duration {
+        self.cfg.cooldown_ceiling
+    }
+
+    /// Arrival edges seen.
+    pub fn arrivals(&self) -> u64 {
+        self.arrivals
+    }
+
+    /// How long an arrival holds offline preempted while no launch follows it: the gap factor x
+    /// the longest recent arrival -> first launch delay, clamped like the cooldown (the ceiling
+    /// until a delay has been seen).
+    pub fn arrival_hold(&self) -> Duration {
+        match self.arrival_delays.iter().copied().max() {
+            None => self.cfg.cooldown_ceiling,
+            Some(longest) => {
+                let ns = (longest as f64 * self.cfg.gap_factor) as u64;
+                Duration::from_nanos(ns).clamp(self.cfg.cooldown_floor, self.cfg.cooldown_ceiling)
+            }
+        }
+    }
+
+    /// The arrival still waiting for its first launch, if any.
+    pub fn pending_arrival_ns(&self) -> Option<u64> {
+        self.pending_arrival_ns
     }
 
     /// Whether offline is currently preempted.
@@ -111,13 +168,28 @@ impl GatePolicy {
         self.last_launch_ns
     }
 
-    /// When a tick would resume offline (`None`: not preempted, pinned, or no launch yet).
+    /// When a tick would resume offline (`None`: not preempted, pinned, or no activity yet).
     pub fn resume_due_ns(&self) -> Option<u64> {
         if !self.preempted || self.pinned {
             return None;
         }
         let last = self.last_launch_ns?;
-        Some(last.saturating_add(self.cooldown().as_nanos() as u64))
+        let due = last.saturating_add(self.cooldown().as_nanos() as u64);
+        Some(match self.pending_arrival_ns {
+            Some(a) => due.max(a.saturating_add(self.arrival_hold().as_nanos() as u64)),
+            None => due,
+        })
+    }
+
+    /// Request data reached the online service at `ts_ns` (an arrival edge): preempt now, before
+    /// its first kernel, and count it as online activity. Returns [`Action::Preempt`] when
+    /// offline is running.
+    pub fn on_arrival(&mut self, ts_ns: u64) -> Option<Action> {
+        self.arrivals += 1;
+        self.pending_arrival_ns.get_or_insert(ts_ns);
+        self.arrival_in_gap = true;
+        self.saw_activity(ts_ns);
+        self.preempt()
     }
 
     /// An online launch at `ts_ns`, the gap measured from the previous launch seen here.
@@ -131,11 +203,24 @@ impl GatePolicy {
     /// idle->busy edges; `None` for a process's first launch). Returns [`Action::Preempt`] when
     /// offline is running.
     pub fn on_edge(&mut self, ts_ns: u64, idle_ns: Option<u64>) -> Option<Action> {
+        let ceiling = self.cfg.cooldown_ceiling.as_nanos() as u64;
+        if let Some(a) = self.pending_arrival_ns.take() {
+            let delay = ts_ns.saturating_sub(a);
+            if delay < ceiling {
+                self.arrival_delays.push_back(delay);
+                if self.arrival_delays.len() > self.cfg.gap_window {
+                    self.arrival_delays.pop_front();
+                }
+            }
+        }
         if let Some(gap) = idle_ns.filter(|&g| g > 0) {
-            // A gap the gate resumed in is between requests, not between iterations. (With launch
-            // times alone an iteration gap longer than the cooldown looks the same; explicit
-            // busy/idle signals from the serving framework are what settle that.)
-            if !self.resumed_in_gap && gap < self.cfg.cooldown_ceiling.as_nanos() as u64 {
+            // A gap a request arrived in lies between requests, not between iterations. Without
+            // arrivals a gap the gate resumed in is taken to be one too (with launch times alone
+            // an iteration gap longer than the cooldown looks the same). Once arrivals are seen,
+            // a resumed gap without one was inside a request: it is learned, or the cooldown
+            // would never grow past it and every such gap would cost a preemption.
+            let between = self.arrival_in_gap || (self.resumed_in_gap && self.arrivals == 0);
+            if !between && gap < ceiling {
                 self.gaps.push_back(gap);
                 if self.gaps.len() > self.cfg.gap_window {
                     self.gaps.pop_front();
@@ -143,13 +228,23 @@ impl GatePolicy {
             }
         }
         self.resumed_in_gap = false;
-        self.saw_launch(ts_ns);
+        self.arrival_in_gap = false;
+        self.saw_activity(ts_ns);
         self.preempt()
     }
 
-    /// A launch that was not an edge (read from the watcher's counters): only moves the idle
-    /// clock forward.
+    /// A launch that was not an edge (read from the watcher's counters): moves the idle clock
+    /// forward, and ends the hold of an arrival it follows (without learning a delay: the first
+    /// launch after the arrival is not known).
     pub fn saw_launch(&mut self, ts_ns: u64) {
+        if self.pending_arrival_ns.is_some_and(|a| ts_ns > a) {
+            self.pending_arrival_ns = None;
+        }
+        self.saw_activity(ts_ns);
+    }
+
+    /// Online activity at `ts_ns` (a launch, an arrival, a busy signal): the idle clock restarts.
+    pub fn saw_activity(&mut self, ts_ns: u64) {
         self.last_launch_ns = Some(ts_ns.max(self.last_launch_ns.unwrap_or(0)));
     }
 
@@ -157,7 +252,7 @@ impl GatePolicy {
     /// [`Self::on_idle`], whatever the launch gaps look like.
     pub fn on_busy(&mut self, now_ns: u64) -> Option<Action> {
         self.pinned = true;
-        self.saw_launch(now_ns);
+        self.saw_activity(now_ns);
         self.preempt()
     }
 
@@ -172,6 +267,8 @@ impl GatePolicy {
     /// requests (not learned as an iteration gap).
     fn resume(&mut self) -> Action {
         self.preempted = false;
+        // An arrival that launched nothing within its hold is over.
+        self.pending_arrival_ns = None;
         self.learned = true;
         self.resumed_in_gap = true;
         Action::Resume
@@ -363,6 +460,88 @@ mod tests {
         assert_eq!(g.on_edge(150 * MS, Some(148 * MS)), Some(Action::Preempt));
         assert_eq!(g.cooldown(), Duration::from_millis(2));
         assert_eq!(g.preemptions(), 2);
+    }
+
+    #[test]
+    fn an_arrival_preempts_before_the_first_launch_and_holds_until_it() {
+        let mut g = learned(GateConfig::default());
+        // A request: data arrives, 3 ms of parsing and scheduling, then decode iterations 1 ms
+        // apart. Offline stops at the arrival; the first launch finds it stopped.
+        assert_eq!(g.on_arrival(10 * MS), Some(Action::Preempt));
+        assert_eq!(g.pending_arrival_ns(), Some(10 * MS));
+        // Not learned yet: the hold is the ceiling, so no resume before the first launch.
+        assert_eq!(g.arrival_hold(), Duration::from_millis(200));
+        assert_eq!(g.on_tick(12 * MS), None);
+        assert_eq!(g.on_edge(13 * MS, Some(50 * MS)), None, "already stopped");
+        assert_eq!(g.pending_arrival_ns(), None);
+        assert_eq!(
+            g.arrival_hold(),
+            Duration::from_millis(6),
+            "2 x the 3 ms delay"
+        );
+        // The idle gap before the request's first launch is between requests: not learned.
+        assert_eq!(
+            g.cooldown(),
+            Duration::from_millis(1),
+            "nothing learned: floor"
+        );
+        for i in 1..=5 {
+            assert_eq!(g.on_edge(13 * MS + i * MS, Some(MS - 10 * US)), None);
+        }
+        assert_eq!(g.cooldown(), Duration::from_micros(1_980));
+        // The request ends at 18 ms: resumed after the cooldown.
+        assert_eq!(g.on_tick(19 * MS), None);
+        assert_eq!(g.on_tick(20 * MS), Some(Action::Resume));
+        // The next request: again one preemption, at its arrival.
+        assert_eq!(g.on_arrival(50 * MS), Some(Action::Preempt));
+        assert_eq!(g.preemptions(), 3);
+        assert_eq!(g.arrivals(), 2);
+    }
+
+    #[test]
+    fn with_arrivals_a_gap_resumed_in_without_one_is_learned() {
+        let mut g = learned(GateConfig::default());
+        g.on_arrival(0);
+        g.on_edge(MS, None);
+        assert_eq!(
+            g.cooldown(),
+            Duration::from_millis(1),
+            "floor: nothing learned yet"
+        );
+        // A 3 ms pause inside the request: resumed after the 1 ms cooldown, then the launch
+        // preempts again, and the pause is learned (no request arrived in it).
+        assert_eq!(g.on_tick(2 * MS + 100 * US), Some(Action::Resume));
+        assert_eq!(g.on_edge(4 * MS, Some(3 * MS)), Some(Action::Preempt));
+        assert_eq!(g.cooldown(), Duration::from_millis(6));
+        // Without arrivals the same gap is taken to be between requests.
+        let mut h = learned(GateConfig::default());
+        h.on_edge(0, None);
+        assert_eq!(h.on_tick(MS + 100 * US), Some(Action::Resume));
+        h.on_edge(4 * MS, Some(3 * MS));
+        assert_eq!(h.cooldown(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn an_arrival_without_launches_releases_offline_after_its_hold() {
+        let mut g = learned(GateConfig::default());
+        g.on_arrival(0);
+        g.on_edge(4 * MS, None); // learns a 4 ms delay: hold 8 ms
+        assert_eq!(g.on_tick(10 * MS), Some(Action::Resume));
+        // A health check: data, no GPU work. Held for the arrival hold (longer than the
+        // cooldown), then released.
+        assert_eq!(g.on_arrival(100 * MS), Some(Action::Preempt));
+        assert_eq!(g.resume_due_ns(), Some(108 * MS));
+        assert_eq!(g.on_tick(107 * MS), None);
+        assert_eq!(g.on_tick(108 * MS), Some(Action::Resume));
+        assert_eq!(g.pending_arrival_ns(), None, "the hold is over");
+        // Non-edge launches after an arrival end its hold too (the cooldown takes over).
+        g.on_arrival(200 * MS);
+        g.saw_launch(201 * MS);
+        assert_eq!(g.pending_arrival_ns(), None);
+        assert_eq!(
+            g.resume_due_ns(),
+            Some(201 * MS + g.cooldown().as_nanos() as u64)
+        );
     }
 
     #[test]

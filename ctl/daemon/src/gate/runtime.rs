@@ -1,12 +1,13 @@
-//! The gate's runtime: one thread that owns its own RM client, turns launch edges and busy/idle
-//! signals into disables and enables of the offline channels, and re-enables them on every exit.
+//! The gate's runtime: one thread that owns its own RM client, turns arrival and launch edges and
+//! busy/idle signals into disables and enables of the offline channels, and re-enables them on
+//! every exit. Each decision is recorded in the gate's [`TraceRing`].
 //!
 //! The daemon starts it ([`spawn`]), feeds it the offline processes' channels as discovery learns
 //! them, and reads its [`GateStatus`]. The thread waits on one channel of [`GateInput`]s, with a
 //! timeout that ends exactly when the policy's cooldown would; [`GateRuntime`] is the same logic
 //! without the thread, for tests.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -18,15 +19,20 @@ use valve::driver::RmDriver;
 use valve::state::{reenable, targets_of, DisabledRecord};
 pub use valve::stats::monotonic_ns;
 use valve::stats::{summarize_us, Summary};
-use valve_ebpf::LaunchEdge;
+use valve_ebpf::{ArrivalEdge, LaunchEdge, WatchedPort};
 
 use super::policy::{Action, GateConfig, GatePolicy};
+use super::trace::{TraceKind, TraceRecord, TraceRing, TRACE_CAPACITY};
 
 /// What the gate thread is told.
 #[derive(Clone, Debug)]
 pub enum GateInput {
     /// An online process launched GPU work after an idle gap (from the uprobe watcher).
     Edge(LaunchEdge),
+    /// Request data reached an online port after an idle gap (from the arrival watcher).
+    Arrival(ArrivalEdge),
+    /// The online ports whose arrivals count (replaces the previous set).
+    Ports(BTreeSet<WatchedPort>),
     /// The serving framework: a request is in flight.
     Busy,
     /// The serving framework: no request is in flight.
@@ -47,8 +53,25 @@ pub trait LaunchSource: Send {
     fn watch(&mut self, pid: u32) -> Result<(), String>;
     /// Stop reporting `pid`.
     fn unwatch(&mut self, pid: u32);
-    /// CLOCK_MONOTONIC ns of `pid`'s latest launch (0: none yet).
+    /// CLOCK_MONOTONIC ns of `pid`'s latest launch or end of a wait for its GPU work (0: none).
     fn last_launch_ns(&self, pid: u32) -> u64;
+    /// Whether a thread of `pid` is waiting for its GPU work now (inside a synchronising call).
+    fn in_sync(&self, _pid: u32) -> bool {
+        false
+    }
+    /// Start counting request arrivals on `port` (edges go to the gate's input channel).
+    fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
+        Err(format!(
+            "port {}: this gate has no arrival watcher",
+            port.port
+        ))
+    }
+    /// Stop counting arrivals on `port`.
+    fn unwatch_port(&mut self, _port: u16) {}
+    /// CLOCK_MONOTONIC ns of the latest arrival on `port` (0: none yet).
+    fn last_arrival_ns(&self, _port: u16) -> u64 {
+        0
+    }
 }
 
 impl LaunchSource for valve_ebpf::LaunchWatcher {
@@ -78,8 +101,12 @@ pub struct GateStatus {
     pub resumes: u64,
     /// Idle->busy launch edges of online processes received.
     pub edges: u64,
+    /// Arrival edges (request data on an online port after idling) received.
+    pub arrivals: u64,
     /// Online processes watched.
     pub online_pids: Vec<u32>,
+    /// Online ports whose request arrivals preempt.
+    pub online_ports: Vec<u16>,
     /// Offline processes gated.
     pub offline_pids: Vec<u32>,
     /// Their channels, over all GPUs.
@@ -88,6 +115,12 @@ pub struct GateStatus {
     pub offline_gpus: usize,
     /// The cooldown in force now.
     pub cooldown_us: f64,
+    /// How long an arrival holds offline while no launch follows it.
+    pub arrival_hold_us: f64,
+    /// How the offline GPUs are issued: "serial", "parallel", or "serial (calibrating)".
+    pub issue: String,
+    /// The trace's latest sequence number (`valvectl gate trace --since`).
+    pub trace_head: u64,
     /// Total time offline spent preempted by the gate.
     pub preempted_s: f64,
     /// Disable calls (all GPUs at once), wall time.
@@ -98,6 +131,8 @@ pub struct GateStatus {
     pub reaction_us: Summary,
     /// From the online launch to the disable call's return (the offline GPUs are stopped).
     pub edge_to_disable_us: Summary,
+    /// From the request's arrival (BPF timestamp) to the disable call's return.
+    pub arrival_to_disable_us: Summary,
     /// Failed disables/enables (each is retried process by process).
     pub errors: u64,
     /// The latest failure.
@@ -110,6 +145,7 @@ struct Samples {
     enable: Vec<f64>,
     reaction: Vec<f64>,
     edge_to_disable: Vec<f64>,
+    arrival_to_disable: Vec<f64>,
 }
 
 /// Samples kept per series; older ones are dropped (status then covers the latest ones). Small
@@ -123,25 +159,61 @@ fn push(v: &mut Vec<f64>, x: f64) {
     v.push(x);
 }
 
+/// What the gate thread shares with the daemon: status and samples behind a lock (written after
+/// each decision), and the decision trace (lock-free).
+pub struct GateShared {
+    status: Mutex<SharedStatus>,
+    trace: TraceRing,
+}
+
+impl Default for GateShared {
+    fn default() -> Self {
+        GateShared {
+            status: Mutex::default(),
+            trace: TraceRing::new(TRACE_CAPACITY),
+        }
+    }
+}
+
+impl GateShared {
+    /// The decision trace.
+    pub fn trace(&self) -> &TraceRing {
+        &self.trace
+    }
+}
+
 /// The status and samples the gate thread shares with the daemon.
 #[derive(Default)]
-pub struct SharedStatus {
+struct SharedStatus {
     status: GateStatus,
     samples: Samples,
 }
 
 /// A snapshot of `shared` with the latency summaries filled in. Only the copy happens under the
 /// lock, so a status request never holds up the gate thread for the sorting.
-fn snapshot(shared: &Mutex<SharedStatus>) -> GateStatus {
+fn snapshot(shared: &GateShared) -> GateStatus {
     let (mut s, samples) = {
-        let g = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let g = shared.status.lock().unwrap_or_else(PoisonError::into_inner);
         (g.status.clone(), g.samples.clone())
     };
     s.disable_us = summarize_us(&samples.disable);
     s.enable_us = summarize_us(&samples.enable);
     s.reaction_us = summarize_us(&samples.reaction);
     s.edge_to_disable_us = summarize_us(&samples.edge_to_disable);
+    s.arrival_to_disable_us = summarize_us(&samples.arrival_to_disable);
+    s.trace_head = shared.trace.head();
     s
+}
+
+/// What started a preemption, for its latency samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    /// A launch edge at this CLOCK_MONOTONIC ns.
+    Launch(u64),
+    /// An arrival edge at this CLOCK_MONOTONIC ns.
+    Arrival(u64),
+    /// A busy signal, or channels that appeared while preempted.
+    Other,
 }
 
 /// The gate's state without the thread: feed it inputs and ticks with explicit times.
@@ -156,17 +228,25 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     disabled: bool,
     disabled_since: Option<Instant>,
     online: BTreeSet<u32>,
-    shared: Arc<Mutex<SharedStatus>>,
+    ports: BTreeSet<WatchedPort>,
+    /// The issue mode is to be measured once on the first offline plan with 2 or more GPUs.
+    probe_pending: bool,
+    shared: Arc<GateShared>,
 }
+
+/// A thread waiting for online GPU work holds offline for at most this many cooldown ceilings
+/// after the last online launch (a long prefill waits that long at most; a stuck wait is no work).
+const SYNC_HOLD_FACTOR: u64 = 5;
+
+/// Disable/enable rounds of each kind when the gate measures the issue mode.
+const PROBE_CYCLES: usize = 5;
 
 impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// A gate with offline running and nothing gated yet.
-    pub fn new(
-        ctl: Controller<D>,
-        launches: L,
-        cfg: GateConfig,
-        shared: Arc<Mutex<SharedStatus>>,
-    ) -> Self {
+    pub fn new(ctl: Controller<D>, launches: L, cfg: GateConfig, shared: Arc<GateShared>) -> Self {
+        if let Some(mode) = cfg.issue {
+            ctl.set_issue_mode(mode);
+        }
         let rt = GateRuntime {
             ctl,
             launches,
@@ -176,24 +256,44 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             disabled: false,
             disabled_since: None,
             online: BTreeSet::new(),
+            ports: BTreeSet::new(),
+            probe_pending: cfg.issue.is_none(),
             shared,
         };
-        rt.update(|s| s.running = true);
+        let issue = rt.ctl.issue_mode().describe();
+        rt.update(|s| {
+            s.running = true;
+            s.issue = issue;
+        });
         rt
     }
 
     fn update(&self, f: impl FnOnce(&mut GateStatus)) {
-        let mut g = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut g = self
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         f(&mut g.status);
         g.status.preempted = self.policy.preempted();
         g.status.pinned = self.policy.pinned();
         g.status.preemptions = self.policy.preemptions();
+        g.status.arrivals = self.policy.arrivals();
         g.status.cooldown_us = self.policy.cooldown().as_secs_f64() * 1e6;
+        g.status.arrival_hold_us = self.policy.arrival_hold().as_secs_f64() * 1e6;
     }
 
     fn sample(&self, f: impl FnOnce(&mut Samples)) {
-        let mut g = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut g = self
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         f(&mut g.samples);
+    }
+
+    fn trace(&self, kind: TraceKind, t_ns: u64, id: u32, a: u64, b: u64) {
+        self.shared.trace.push(kind, t_ns, id, a, b);
     }
 
     fn error(&self, what: String) {
@@ -217,49 +317,82 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         &self.policy
     }
 
-    /// Handles one input at `now_ns`; returns false on [`GateInput::Stop`].
+    /// The controller (for inspection).
+    pub fn controller(&self) -> &Controller<D> {
+        &self.ctl
+    }
+
+    fn watched_port(&self, e: &ArrivalEdge) -> bool {
+        self.ports
+            .iter()
+            .any(|p| p.port == e.port && (p.netns == 0 || p.netns == e.netns))
+    }
+
+    /// Handles one input received at `now_ns`; returns false on [`GateInput::Stop`].
     pub fn handle(&mut self, input: GateInput, now_ns: u64) -> bool {
-        let mut edges = 0;
         match input {
             GateInput::Edge(e) => {
                 if !self.online.contains(&e.pid) {
                     return true;
                 }
-                // Counted after the disable: nothing that can wait on a lock comes before it.
-                edges = 1;
+                self.trace(TraceKind::Launch, e.ts_ns, e.pid, now_ns, e.idle_ns);
                 let idle = (e.idle_ns > 0).then_some(e.idle_ns);
                 if self.policy.on_edge(e.ts_ns, idle) == Some(Action::Preempt) {
-                    self.disable(Some(e.ts_ns));
+                    self.disable(Cause::Launch(e.ts_ns));
                 }
+                // Counted after the disable: nothing that can wait on a lock comes before it.
+                self.update(|s| s.edges += 1);
+            }
+            GateInput::Arrival(e) => {
+                if !self.watched_port(&e) {
+                    return true;
+                }
+                self.trace(
+                    TraceKind::Arrival,
+                    e.ts_ns,
+                    u32::from(e.port),
+                    now_ns,
+                    e.idle_ns,
+                );
+                if self.policy.on_arrival(e.ts_ns) == Some(Action::Preempt) {
+                    self.disable(Cause::Arrival(e.ts_ns));
+                }
+                self.update(|_| {});
             }
             GateInput::Busy => {
+                self.trace(TraceKind::Busy, now_ns, 0, 0, 0);
                 if self.policy.on_busy(now_ns) == Some(Action::Preempt) {
-                    self.disable(None);
+                    self.disable(Cause::Other);
                 }
+                self.update(|_| {});
             }
             GateInput::Idle => {
+                self.trace(TraceKind::Idle, now_ns, 0, 0, 0);
                 if self.policy.on_idle() == Some(Action::Resume) {
                     self.enable();
                 }
+                self.update(|_| {});
             }
             GateInput::Offline(records) => self.set_offline(records),
             GateInput::Online(pids) => self.set_online(pids),
+            GateInput::Ports(ports) => self.set_ports(ports),
             GateInput::Sync(ack) => {
                 let _ = ack.try_send(());
             }
             GateInput::Stop => return false,
         }
-        self.update(|s| s.edges += edges);
         true
     }
 
-    /// Time passes: resumes offline once online has been idle for the cooldown.
+    /// Time passes: resumes offline once online has been idle for the cooldown (or, after an
+    /// arrival that launched nothing, for the arrival hold).
     pub fn tick(&mut self, now_ns: u64) {
-        // Later launches can only push the due time out, so before it nothing needs reading.
+        // Later activity can only push the due time out, so before it nothing needs reading.
         if self.policy.resume_due_ns().is_none_or(|due| now_ns < due) {
             return;
         }
-        // Launches that were not edges (closer together than the edge gap) still count.
+        // Launches that were not edges (closer together than the edge gap) still count, and so
+        // do arrivals that were not edges.
         let last = self
             .online
             .iter()
@@ -269,7 +402,33 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         if last > 0 {
             self.policy.saw_launch(last);
         }
+        // A thread waiting for online GPU work: online is busy now although it launches nothing
+        // (a launch gap is not GPU idleness). Not for longer than SYNC_HOLD_FACTOR x the ceiling
+        // after its last launch, so a thread stuck in a wait cannot hold offline forever.
+        let bound = SYNC_HOLD_FACTOR * self.policy.ceiling().as_nanos() as u64;
+        let recent = last > 0 && now_ns.saturating_sub(last) < bound;
+        if recent && self.online.iter().any(|&p| self.launches.in_sync(p)) {
+            self.policy.saw_activity(now_ns);
+        }
+        let arrived = self
+            .ports
+            .iter()
+            .map(|p| self.launches.last_arrival_ns(p.port))
+            .max()
+            .unwrap_or(0);
+        if arrived > 0 {
+            self.policy.saw_activity(arrived);
+        }
+        let activity = self.policy.last_launch_ns().unwrap_or(0);
+        let due = self.policy.resume_due_ns().unwrap_or(now_ns);
         if self.policy.on_tick(now_ns) == Some(Action::Resume) {
+            self.trace(
+                TraceKind::Cooldown,
+                now_ns,
+                0,
+                activity,
+                due.saturating_sub(activity),
+            );
             self.enable();
             self.update(|_| {});
         }
@@ -297,6 +456,37 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         self.update(|s| s.online_pids = online);
     }
 
+    fn set_ports(&mut self, ports: BTreeSet<WatchedPort>) {
+        // One filter entry per port: every namespace if any entry for it says so.
+        let effective = |set: &BTreeSet<WatchedPort>| {
+            let mut m: BTreeMap<u16, u32> = BTreeMap::new();
+            for p in set {
+                m.entry(p.port)
+                    .and_modify(|n| {
+                        if p.netns == 0 || *n != p.netns {
+                            *n = 0;
+                        }
+                    })
+                    .or_insert(p.netns);
+            }
+            m
+        };
+        let (old, new) = (effective(&self.ports), effective(&ports));
+        for (&port, &netns) in &new {
+            if old.get(&port) != Some(&netns) {
+                if let Err(e) = self.launches.watch_port(WatchedPort { port, netns }) {
+                    self.error(format!("watching online port {port}: {e}"));
+                }
+            }
+        }
+        for &port in old.keys().filter(|p| !new.contains_key(p)) {
+            self.launches.unwatch_port(port);
+        }
+        self.ports = ports;
+        let list: Vec<u16> = new.keys().copied().collect();
+        self.update(|s| s.online_ports = list);
+    }
+
     fn set_offline(&mut self, records: Vec<DisabledRecord>) {
         let (targets, unknown) = targets_of(&self.ctl, &records);
         for r in &unknown {
@@ -319,22 +509,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         // Offline is preempted now: channels that just appeared must stop too. (Channels that
         // went away belong to exited processes or to a manual `preempt --pid`: left alone.)
         if self.policy.preempted() {
-            let old: BTreeSet<(u32, u32, u32)> = channel_set(&self.records);
-            let added: Vec<DisabledRecord> = records
-                .iter()
-                .filter_map(|r| {
-                    let chans: Vec<u32> = r
-                        .channels
-                        .iter()
-                        .copied()
-                        .filter(|&c| !old.contains(&(r.device_instance, r.client, c)))
-                        .collect();
-                    (!chans.is_empty()).then(|| DisabledRecord {
-                        channels: chans,
-                        ..r.clone()
-                    })
-                })
-                .collect();
+            let added = added_channels(&self.records, &records);
             if !added.is_empty() {
                 self.disable_records(&added);
                 self.disabled = true;
@@ -350,15 +525,40 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .unwrap_or((0, 0));
         self.records = records;
         self.plan = plan;
+        self.probe_issue();
+        let issue = self.ctl.issue_mode().describe();
         self.update(|s| {
             s.offline_pids = pids;
             s.offline_channels = channels;
             s.offline_gpus = gpus;
+            s.issue = issue;
         });
     }
 
-    /// Disables the offline channels (all GPUs at once).
-    fn disable(&mut self, edge_ts_ns: Option<u64>) {
+    /// Once, while offline runs and its plan spans several GPUs: measures serial against
+    /// parallel issue on the offline channels and keeps the faster (a few ms of offline pauses;
+    /// an online edge that comes meanwhile waits for it, once per gate).
+    fn probe_issue(&mut self) {
+        if !self.probe_pending || self.policy.preempted() {
+            return;
+        }
+        let Some(plan) = self.plan.as_ref().filter(|p| p.gpus() >= 2) else {
+            return;
+        };
+        match self.ctl.probe_issue(plan, PROBE_CYCLES) {
+            Ok(p) => {
+                self.probe_pending = false;
+                tracing::info!("gate: issue mode {}", self.ctl.issue_mode().describe());
+                let _ = p;
+            }
+            Err(e) => self.error(format!(
+                "measuring serial against parallel issue: {e}; will try again on the next offline set"
+            )),
+        }
+    }
+
+    /// Disables the offline channels (all GPUs in one call).
+    fn disable(&mut self, cause: Cause) {
         let Some(plan) = &self.plan else {
             // Nothing to stop yet; the policy still counts as preempted, so channels that appear
             // before the resume are disabled on arrival.
@@ -366,28 +566,23 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         };
         let issue_ns = monotonic_ns();
         let result = self.ctl.disable(plan).map(|g| g.keep_disabled());
-        let done_ns = monotonic_ns();
+        let mut done_ns = monotonic_ns();
         self.disabled = true;
         self.disabled_since = Some(Instant::now());
-        match result {
+        let ok = result.is_ok();
+        self.trace(TraceKind::Disable, issue_ns, 0, done_ns, u64::from(!ok));
+        let wall = match result {
             Ok(report) => {
-                let wall = report.wall.as_secs_f64() * 1e6;
-                self.sample(|s| {
-                    push(&mut s.disable, wall);
-                    if let Some(ts) = edge_ts_ns {
-                        push(&mut s.reaction, issue_ns.saturating_sub(ts) as f64 / 1e3);
-                        push(
-                            &mut s.edge_to_disable,
-                            done_ns.saturating_sub(ts) as f64 / 1e3,
-                        );
-                    }
-                });
                 if let Some(m) = crate::metrics::for_gate() {
-                    let edge = edge_ts_ns.map(|ts| done_ns.saturating_sub(ts));
-                    let edge =
-                        edge.map(|ns| (crate::metrics::EdgeKind::Launch, Duration::from_nanos(ns)));
+                    let (kind, ts) = match cause {
+                        Cause::Launch(ts) => (Some(crate::metrics::EdgeKind::Launch), ts),
+                        Cause::Arrival(ts) => (Some(crate::metrics::EdgeKind::Arrival), ts),
+                        Cause::Other => (None, 0),
+                    };
+                    let edge = kind.map(|k| (k, Duration::from_nanos(done_ns.saturating_sub(ts))));
                     m.gate_disabled(&report, edge);
                 }
+                Some(report.wall.as_secs_f64() * 1e6)
             }
             Err(e) => {
                 // The controller rolled back. Most likely an offline process just exited and
@@ -397,18 +592,43 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 ));
                 let records = self.records.clone();
                 self.disable_records(&records);
+                done_ns = monotonic_ns();
+                None
             }
-        }
+        };
+        // The latency samples count the retry too: that is how long online waited.
+        let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
+        self.sample(|s| {
+            if let Some(w) = wall {
+                push(&mut s.disable, w);
+            }
+            match cause {
+                Cause::Launch(ts) => {
+                    push(&mut s.reaction, us(ts, issue_ns));
+                    push(&mut s.edge_to_disable, us(ts, done_ns));
+                }
+                Cause::Arrival(ts) => push(&mut s.arrival_to_disable, us(ts, done_ns)),
+                Cause::Other => {}
+            }
+        });
     }
 
     /// Disables record by record, skipping the ones that fail.
     fn disable_records(&mut self, records: &[DisabledRecord]) {
         for r in records {
             let (targets, _) = targets_of(&self.ctl, std::slice::from_ref(r));
+            let t0 = monotonic_ns();
             let res = self
                 .ctl
                 .plan(&targets, PreemptMode::Preempt)
                 .and_then(|p| self.ctl.disable(&p).map(|g| drop(g.keep_disabled())));
+            self.trace(
+                TraceKind::Disable,
+                t0,
+                r.pid,
+                monotonic_ns(),
+                u64::from(res.is_err()),
+            );
             if let Err(e) = res {
                 if alive(r.pid) {
                     self.error(format!("disabling offline pid {}: {e}", r.pid));
@@ -424,10 +644,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             return;
         }
         let t0 = Instant::now();
+        let start_ns = monotonic_ns();
         let result = match &self.plan {
             Some(plan) => self.ctl.enable(plan).map(Some),
             None => Ok(None),
         };
+        let ok = result.is_ok();
         if let Err(e) = &result {
             let (_, failures) = reenable(&self.ctl, &self.records);
             if !failures.is_empty() {
@@ -437,6 +659,13 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 ));
             }
         }
+        self.trace(
+            TraceKind::Enable,
+            start_ns,
+            0,
+            monotonic_ns(),
+            u64::from(!ok),
+        );
         let wall = t0.elapsed().as_secs_f64() * 1e6;
         self.disabled = false;
         let held = self
@@ -477,12 +706,35 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     }
 }
 
+/// The channels of `new` that `old` does not have, per record.
+fn added_channels(old: &[DisabledRecord], new: &[DisabledRecord]) -> Vec<DisabledRecord> {
+    let old = channel_set(old);
+    new.iter()
+        .filter_map(|r| {
+            let chans: Vec<u32> = r
+                .channels
+                .iter()
+                .copied()
+                .filter(|&c| !old.contains(&(r.device_instance, r.client, c)))
+                .collect();
+            (!chans.is_empty()).then(|| DisabledRecord {
+                channels: chans,
+                ..r.clone()
+            })
+        })
+        .collect()
+}
+
 impl<D: RmDriver, L: LaunchSource> Drop for GateRuntime<D, L> {
     fn drop(&mut self) {
         if self.disabled {
             self.enable();
         }
-        let mut g = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut g = self
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         g.status.running = false;
         g.status.preempted = false;
     }
@@ -506,7 +758,7 @@ fn alive(pid: u32) -> bool {
 /// A running gate thread.
 pub struct GateHandle {
     tx: Sender<GateInput>,
-    shared: Arc<Mutex<SharedStatus>>,
+    shared: Arc<GateShared>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -523,7 +775,7 @@ where
     F: FnOnce(Sender<GateInput>) -> Result<GateParts<D, L>, String> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel();
-    let shared = Arc::new(Mutex::new(SharedStatus::default()));
+    let shared = Arc::new(GateShared::default());
     let (ready_tx, ready_rx) = mpsc::sync_channel(1);
     let (tx2, shared2) = (tx.clone(), shared.clone());
     let thread = std::thread::Builder::new()
@@ -565,6 +817,11 @@ impl GateHandle {
     /// The gate's status now.
     pub fn status(&self) -> GateStatus {
         snapshot(&self.shared)
+    }
+
+    /// Trace records after sequence number `after` (at most `limit`, oldest first).
+    pub fn trace(&self, after: u64, limit: usize) -> Vec<TraceRecord> {
+        self.shared.trace.since(after, limit)
     }
 
     /// Whether the thread has ended (it should only after [`Self::stop`]).
@@ -611,8 +868,13 @@ mod tests {
     const US: u64 = 1_000;
     const ONLINE: u32 = 7_000_001;
 
+    /// Launch times per pid, arrival times per watched port, pids waiting for their GPU work.
     #[derive(Clone, Default)]
-    struct FakeLaunches(Arc<Mutex<BTreeMap<u32, u64>>>);
+    struct FakeLaunches(
+        Arc<Mutex<BTreeMap<u32, u64>>>,
+        Arc<Mutex<BTreeMap<u16, u64>>>,
+        Arc<Mutex<BTreeSet<u32>>>,
+    );
 
     impl LaunchSource for FakeLaunches {
         fn watch(&mut self, pid: u32) -> Result<(), String> {
@@ -625,6 +887,222 @@ mod tests {
         fn last_launch_ns(&self, pid: u32) -> u64 {
             self.0.lock().unwrap().get(&pid).copied().unwrap_or(0)
         }
+        fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
+            self.1.lock().unwrap().entry(port.port).or_insert(0);
+            Ok(())
+        }
+        fn unwatch_port(&mut self, port: u16) {
+            self.1.lock().unwrap().remove(&port);
+        }
+        fn last_arrival_ns(&self, port: u16) -> u64 {
+            self.1.lock().unwrap().get(&port).copied().unwrap_or(0)
+        }
+        fn in_sync(&self, pid: u32) -> bool {
+            self.2.lock().unwrap().contains(&pid)
+        }
+    }
+
+    #[test]
+    fn no_resume_while_online_waits_for_its_gpu_work() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            cooldown_ceiling: Duration::from_millis(50),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        // A prefill: launches at 10 ms, then the host waits for the GPU.
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 11 * MS);
+        launches.2.lock().unwrap().insert(ONLINE);
+        // The cooldown (the 50 ms ceiling) runs out while it waits: held.
+        rt.tick(61 * MS);
+        assert_eq!(rm.disabled().len(), 20, "held while online waits");
+        rt.tick(200 * MS);
+        assert_eq!(rm.disabled().len(), 20, "a long wait");
+        // Still waiting long after its last launch (a stuck thread): released after 5 ceilings.
+        rt.tick(262 * MS);
+        assert!(
+            rm.disabled().is_empty(),
+            "a wait cannot hold offline forever"
+        );
+        // Next request; its wait ends at 430 ms (the GPU work is done): the cooldown (now the
+        // 1 ms floor: nothing learned) runs from the wait's end, not from the launch.
+        rt.handle(edge(ONLINE, 400 * MS, 0), 400 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 401 * MS);
+        rt.tick(420 * MS);
+        assert_eq!(rm.disabled().len(), 20, "still waiting");
+        launches.2.lock().unwrap().clear();
+        launches.0.lock().unwrap().insert(ONLINE, 430 * MS);
+        rt.tick(430 * MS + 500 * US);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(432 * MS);
+        assert!(rm.disabled().is_empty());
+    }
+
+    fn arrival(port: u16, ts_ns: u64) -> GateInput {
+        GateInput::Arrival(ArrivalEdge {
+            port,
+            netns: 1,
+            ts_ns,
+            idle_ns: 0,
+        })
+    }
+
+    const PORT: u16 = 8000;
+
+    #[test]
+    fn an_arrival_stops_offline_before_the_first_launch_and_the_trace_tells_it() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, launches) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        rt.handle(
+            GateInput::Ports(
+                [WatchedPort {
+                    port: PORT,
+                    netns: 0,
+                }]
+                .into(),
+            ),
+            0,
+        );
+        assert!(launches.1.lock().unwrap().contains_key(&PORT));
+        // Another port's data is not the service's.
+        rt.handle(arrival(9000, MS), MS);
+        assert!(rm.disabled().is_empty());
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS + 50 * US);
+        assert_eq!(rm.disabled().len(), 20, "frozen at the arrival");
+        // The first kernel 3 ms later finds offline stopped: no second preemption.
+        rt.handle(edge(ONLINE, 13 * MS, 0), 13 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 20 * MS);
+        assert_eq!(rt.policy().preemptions(), 1);
+        // Not learned yet: the cooldown is the ceiling after the last launch.
+        rt.tick(210 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(221 * MS);
+        assert!(rm.disabled().is_empty());
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.arrivals, st.edges, st.preemptions), (1, 1, 1));
+        assert_eq!(st.arrival_to_disable_us.n, 1);
+        assert_eq!(st.online_ports, vec![PORT]);
+        let kinds: Vec<TraceKind> = rt
+            .shared
+            .trace
+            .since(0, 100)
+            .iter()
+            .map(|r| r.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                TraceKind::Arrival,
+                TraceKind::Disable,
+                TraceKind::Launch,
+                TraceKind::Cooldown,
+                TraceKind::Enable
+            ]
+        );
+        let t = rt.shared.trace.since(0, 100);
+        assert_eq!(
+            (t[0].t_ns, t[0].id, t[0].a),
+            (10 * MS, u32::from(PORT), 10 * MS + 50 * US)
+        );
+        assert!(
+            t[1].t_ns <= t[1].a && t[1].b == 0,
+            "disable start <= end, ok"
+        );
+        assert_eq!(
+            (t[3].a, t[3].b),
+            (20 * MS, 200 * MS),
+            "last activity, cooldown"
+        );
+        assert_eq!(st.trace_head, 5);
+    }
+
+    #[test]
+    fn a_port_named_twice_is_watched_once_and_unwatched_when_gone() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, launches) = runtime(&rm, GateConfig::default());
+        let p = |netns| WatchedPort { port: PORT, netns };
+        rt.handle(GateInput::Ports([p(5)].into()), 0);
+        rt.handle(GateInput::Ports([p(0), p(5)].into()), 0);
+        assert_eq!(snapshot(&rt.shared).online_ports, vec![PORT]);
+        // Either namespace's data counts while both are named.
+        let mut e = ArrivalEdge {
+            port: PORT,
+            netns: 9,
+            ts_ns: MS,
+            idle_ns: 0,
+        };
+        assert!(rt.watched_port(&e));
+        rt.handle(GateInput::Ports([p(5)].into()), 0);
+        assert!(!rt.watched_port(&e), "only namespace 5 now");
+        e.netns = 5;
+        assert!(rt.watched_port(&e));
+        rt.handle(GateInput::Ports(BTreeSet::new()), 0);
+        assert!(launches.1.lock().unwrap().is_empty(), "unwatched");
+        assert!(snapshot(&rt.shared).online_ports.is_empty());
+    }
+
+    #[test]
+    fn an_arrival_that_launches_nothing_releases_offline_after_the_hold() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            cooldown_ceiling: Duration::from_millis(50),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(
+            GateInput::Ports(
+                [WatchedPort {
+                    port: PORT,
+                    netns: 0,
+                }]
+                .into(),
+            ),
+            0,
+        );
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        // A later arrival (not an edge) read from the counters extends the hold.
+        launches.1.lock().unwrap().insert(PORT, 30 * MS);
+        rt.tick(60 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        assert_eq!(rt.wait_for(60 * MS), Duration::from_millis(20));
+        rt.tick(80 * MS);
+        assert!(rm.disabled().is_empty());
+    }
+
+    #[test]
+    fn the_issue_mode_is_measured_once_on_a_multi_gpu_offline_set() {
+        let rm = Arc::new(FakeRm::host(2));
+        let (mut rt, _) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Offline(offline(&rm)), 0);
+        let s = rt.controller().issue_mode();
+        assert!(s.probe.is_some() && !s.forced, "{s:?}");
+        assert!(rm.disabled().is_empty(), "the probe left nothing disabled");
+        let calls = rm.state.lock().unwrap().disable_calls.len();
+        rt.handle(GateInput::Offline(offline(&rm)[..2].to_vec()), 0);
+        rt.handle(GateInput::Offline(offline(&rm)), 0);
+        assert_eq!(
+            rm.state.lock().unwrap().disable_calls.len(),
+            calls,
+            "only once"
+        );
+        assert!(snapshot(&rt.shared).issue.contains("measured"));
+        // Forced: never measured.
+        let rm2 = Arc::new(FakeRm::host(2));
+        let forced = GateConfig {
+            issue: Some(valve::IssueMode::Parallel),
+            ..GateConfig::default()
+        };
+        let (mut rt2, _) = runtime(&rm2, forced);
+        rt2.handle(GateInput::Offline(offline(&rm2)), 0);
+        assert!(rm2.state.lock().unwrap().disable_calls.is_empty());
+        assert_eq!(snapshot(&rt2.shared).issue, "parallel (forced)");
     }
 
     fn edge(pid: u32, ts_ns: u64, idle_ns: u64) -> GateInput {
@@ -670,7 +1148,7 @@ mod tests {
             Controller::with_driver(rm.clone()).unwrap(),
             launches.clone(),
             cfg,
-            Arc::new(Mutex::new(SharedStatus::default())),
+            Arc::new(GateShared::default()),
         );
         (rt, launches)
     }

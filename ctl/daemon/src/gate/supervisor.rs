@@ -15,10 +15,13 @@ use valve::driver::{NvDriver, RmDriver};
 use valve::state::{reenable, DisabledRecord};
 use valve_ebpf::Registry;
 
-use super::runtime::GateHandle;
+use super::ports::{listening_ports, port_owners};
+use super::runtime::{GateHandle, LaunchSource};
 use super::{GateConfig, GateInput};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
+use valve::IssueMode;
+use valve_ebpf::WatchedPort;
 
 /// The environment variable that labels a process for `--online-label` / `--offline-label`.
 pub const LABEL_VAR: &str = "VALVE_LABEL";
@@ -43,6 +46,11 @@ pub struct ActiveGate {
     online: BTreeSet<u32>,
     labels: BTreeMap<u32, Option<String>>,
     labels_scanned: Option<Instant>,
+    /// Processes listening on the `--online-port`s (looked up with the labels).
+    port_owners: BTreeSet<u32>,
+    /// The ports whose arrivals the gate thread watches.
+    ports: BTreeSet<WatchedPort>,
+    ports_scanned: Option<Instant>,
 }
 
 /// A new offline channel set from [`ActiveGate::refresh`]: record it, then [`ActiveGate::apply`]
@@ -68,6 +76,18 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         gap_factor: spec.gap_factor.unwrap_or(d.gap_factor),
         gap_window: d.gap_window,
         fixed_cooldown: spec.fixed_cooldown_us.map(Duration::from_micros),
+        arrivals: spec.arrivals.unwrap_or(true),
+        waits: spec.waits.unwrap_or(true),
+        issue: match spec.issue.as_deref() {
+            None | Some("auto") => None,
+            Some("serial") => Some(IssueMode::Serial),
+            Some("parallel") => Some(IssueMode::Parallel),
+            Some(other) => {
+                return Err(format!(
+                    "--issue must be auto, serial or parallel, got {other:?}"
+                ))
+            }
+        },
     };
     if cfg.cooldown_floor > cfg.cooldown_ceiling {
         return Err(format!(
@@ -90,11 +110,15 @@ fn check_spec(spec: &GateSpec) -> Result<(), Reply> {
     if !label_ok(&spec.online_label) || !label_ok(&spec.offline_label) {
         return Err(Reply::err(2, "a label must not be empty"));
     }
-    if spec.online.is_empty() && spec.online_label.is_none() {
+    if spec.online.is_empty() && spec.online_label.is_none() && spec.online_ports.is_empty() {
         return Err(Reply::err(
             2,
-            "name the online processes: --online PID[,PID...] or --online-label LABEL",
+            "name the online service: --online PID[,PID...], --online-label LABEL or \
+             --online-port PORT[,PORT...]",
         ));
+    }
+    if spec.online_ports.contains(&0) {
+        return Err(Reply::err(2, "--online-port 0 is no port"));
     }
     if spec.offline.is_empty() && spec.offline_label.is_none() {
         return Err(Reply::err(
@@ -120,9 +144,62 @@ fn check_spec(spec: &GateSpec) -> Result<(), Reply> {
     Ok(())
 }
 
-/// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points.
+/// The real watchers: uprobes on libcuda for launches, and (unless arrivals are off) the
+/// `sk_data_ready` program for request arrivals on the online ports.
+pub struct GateWatchers {
+    launch: valve_ebpf::LaunchWatcher,
+    arrival: Option<valve_ebpf::ArrivalWatcher>,
+}
+
+impl LaunchSource for GateWatchers {
+    fn watch(&mut self, pid: u32) -> Result<(), String> {
+        self.launch.watch(pid).map_err(|e| e.to_string())
+    }
+    fn unwatch(&mut self, pid: u32) {
+        self.launch.unwatch(pid);
+    }
+    fn last_launch_ns(&self, pid: u32) -> u64 {
+        self.launch.counts(pid).last_ns
+    }
+    fn in_sync(&self, pid: u32) -> bool {
+        self.launch.counts(pid).in_sync > 0
+    }
+    fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
+        match &self.arrival {
+            Some(a) => a.watch_port(port).map_err(|e| e.to_string()),
+            None => Err("arrivals are off (--no-arrivals)".into()),
+        }
+    }
+    fn unwatch_port(&mut self, port: u16) {
+        if let Some(a) = &self.arrival {
+            a.unwatch_port(port);
+        }
+    }
+    fn last_arrival_ns(&self, port: u16) -> u64 {
+        self.arrival.as_ref().map_or(0, |a| a.counts(port).last_ns)
+    }
+}
+
+/// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and
+/// the arrival program.
 pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
-    super::runtime::spawn(cfg, |tx| {
+    super::runtime::spawn(cfg, move |tx| {
+        let arrival = if cfg.arrivals {
+            let tx = tx.clone();
+            let w = valve_ebpf::ArrivalWatcher::start_with(
+                valve_ebpf::ArrivalConfig {
+                    ports: Vec::new(),
+                    edge_gap: GATE_EDGE_GAP,
+                },
+                move |e| {
+                    let _ = tx.send(GateInput::Arrival(e));
+                },
+            )
+            .map_err(|e| format!("attaching the arrival program (tp_btf/sk_data_ready): {e}"))?;
+            Some(w)
+        } else {
+            None
+        };
         let library = valve_ebpf::find_libcuda().ok_or(
             "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
              the gate watches online launches with uprobes on it",
@@ -133,6 +210,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                 pids: Vec::new(),
                 filter: true,
                 edge_gap: GATE_EDGE_GAP,
+                track_waits: cfg.waits,
             },
             move |e| {
                 let _ = tx.send(GateInput::Edge(e));
@@ -140,7 +218,13 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
         )
         .map_err(|e| format!("attaching uprobes to libcuda: {e}"))?;
         let ctl = Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
-        Ok((ctl, watcher))
+        Ok((
+            ctl,
+            GateWatchers {
+                launch: watcher,
+                arrival,
+            },
+        ))
     })
 }
 
@@ -169,7 +253,21 @@ impl ActiveGate {
             online: BTreeSet::new(),
             labels: BTreeMap::new(),
             labels_scanned: None,
+            port_owners: BTreeSet::new(),
+            ports: BTreeSet::new(),
+            ports_scanned: None,
         })
+    }
+
+    /// The decision trace after sequence number `after`: `{"head": N, "records": [...]}`.
+    pub fn trace(&self, after: u64, limit: usize) -> serde_json::Value {
+        let records: Vec<serde_json::Value> = self
+            .handle
+            .trace(after, limit)
+            .iter()
+            .map(|r| r.to_json())
+            .collect();
+        json!({"head": self.handle.status().trace_head, "records": records})
     }
 
     /// Whether the gate thread has ended.
@@ -197,6 +295,7 @@ impl ActiveGate {
         let mut v = json!(self.handle.status());
         v["online_label"] = json!(self.spec.online_label);
         v["offline_label"] = json!(self.spec.offline_label);
+        v["arrivals_on"] = json!(self.spec.arrivals.unwrap_or(true));
         v
     }
 
@@ -241,6 +340,7 @@ impl ActiveGate {
             .copied()
             .filter(|&p| alive(p))
             .chain(self.labelled(&self.spec.online_label))
+            .chain(self.port_owners.iter().copied().filter(|&p| alive(p)))
             .collect();
         // Online is never frozen, whatever its label; a pid preempted by hand stays the
         // operator's until `resume --pid`.
@@ -253,9 +353,16 @@ impl ActiveGate {
             .filter(|p| !online.contains(p) && !by_hand(*p))
             .collect();
         let records = offline_records(&offline, registry);
-        if online != self.online {
+        let online_changed = online != self.online;
+        if online_changed {
             self.online = online.clone();
             self.handle.send(GateInput::Online(online));
+        }
+        if let Some(ports) = self.rescanned_ports(now, force || online_changed) {
+            if ports != self.ports {
+                self.ports = ports.clone();
+                self.handle.send(GateInput::Ports(ports));
+            }
         }
         if records != self.records {
             self.records = records.clone();
@@ -281,17 +388,55 @@ impl ActiveGate {
             || self
                 .labels_scanned
                 .is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN);
-        if rescan && (self.spec.online_label.is_some() || self.spec.offline_label.is_some()) {
+        let by_label = self.spec.online_label.is_some() || self.spec.offline_label.is_some();
+        if rescan && (by_label || !self.spec.online_ports.is_empty()) {
             let pids = all_pids();
             let live: BTreeSet<u32> = pids.iter().copied().collect();
-            self.labels.retain(|p, _| live.contains(p));
-            for p in pids {
-                self.labels
-                    .entry(p)
-                    .or_insert_with(|| crate::workload::label_of(p));
+            if by_label {
+                self.labels.retain(|p, _| live.contains(p));
+                for &p in &pids {
+                    self.labels
+                        .entry(p)
+                        .or_insert_with(|| crate::workload::label_of(p));
+                }
             }
+            let proc_root = std::path::Path::new("/proc");
+            self.port_owners = self
+                .spec
+                .online_ports
+                .iter()
+                .flat_map(|&port| port_owners(proc_root, port, &pids))
+                .collect();
             self.labels_scanned = Some(now);
         }
+    }
+
+    /// The ports to watch for arrivals, looked up again on the label cadence (`None`: not due).
+    /// `--online-port`s count in every network namespace; the ports the online processes
+    /// listen on count in theirs.
+    fn rescanned_ports(&mut self, now: Instant, force: bool) -> Option<BTreeSet<WatchedPort>> {
+        if !self.spec.arrivals.unwrap_or(true) {
+            return None;
+        }
+        let due = force
+            || self
+                .ports_scanned
+                .is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN);
+        if !due {
+            return None;
+        }
+        self.ports_scanned = Some(now);
+        let proc_root = std::path::Path::new("/proc");
+        let named = self
+            .spec
+            .online_ports
+            .iter()
+            .map(|&port| WatchedPort { port, netns: 0 });
+        let listened = self
+            .online
+            .iter()
+            .flat_map(|&pid| listening_ports(proc_root, pid));
+        Some(named.chain(listened).collect())
     }
 
     fn labelled(&self, label: &Option<String>) -> Vec<u32> {

@@ -97,7 +97,7 @@ fn measure<D: RmDriver>(
         let guard = if args.serial {
             ctl.disable_serial(plan)?
         } else {
-            ctl.disable(plan)?
+            ctl.disable_parallel(plan)?
         };
         std::thread::sleep(args.hold);
         let d = guard.disable_report().clone();

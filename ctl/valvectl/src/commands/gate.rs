@@ -1,5 +1,5 @@
-//! `valvectl gate start|stop|status|busy|idle`: workload-aware gating, which runs inside the
-//! daemon; these subcommands only send it requests and print its answers.
+//! `valvectl gate start|stop|status|trace|busy|idle`: workload-aware gating, which runs inside
+//! the daemon; these subcommands only send it requests and print its answers.
 
 use std::io::Write;
 use std::time::Duration;
@@ -27,17 +27,41 @@ pub enum GateCommand {
     ///
     /// Labels are the `VALVE_LABEL` environment variable of a process (e.g. `VALVE_LABEL=batch
     /// python train.py`); labelled processes that start later are picked up within a second.
+    ///
+    /// Offline is preempted when a request's data reaches the online service (a BPF program on
+    /// the socket receive path sees it on the service's listening ports; it only observes), and
+    /// when an online process launches GPU work after idling (uprobes on libcuda). Either way it
+    /// is resumed once online has been idle for the cooldown.
     #[command(after_help = "Examples:
-  valvectl gate start --online 4242 --offline 5151,5252
+  valvectl gate start --online-port 8000 --offline-label batch     # a server on port 8000
+  valvectl gate start --online 4242 --offline 5151,5252           # its listening ports too
   valvectl gate start --online-label serving --offline-label batch
+  valvectl gate start --online 4242 --offline 5151 --no-arrivals  # launch edges only
   valvectl gate start --online 4242 --offline 5151 --cooldown-floor 2ms --cooldown-ceiling 100ms")]
     Start {
-        /// Online (latency-critical) processes by pid.
+        /// Online (latency-critical) processes by pid; the TCP ports they listen on count as
+        /// the service's ports.
         #[arg(long, value_delimiter = ',', value_name = "PID")]
         online: Vec<u32>,
-        /// Online processes by label (VALVE_LABEL in their environment).
+        /// Online processes by label (VALVE_LABEL in their environment); their listening ports
+        /// count too.
         #[arg(long, value_name = "LABEL")]
         online_label: Option<String>,
+        /// The online service by the TCP port it listens on (any network namespace); the
+        /// processes listening on it are online.
+        #[arg(long, value_delimiter = ',', value_name = "PORT")]
+        online_port: Vec<u16>,
+        /// Do not preempt on request arrivals, only on GPU launch edges.
+        #[arg(long)]
+        no_arrivals: bool,
+        /// Ignore online threads waiting for their GPU work (the gate before issue 11: launch
+        /// gaps alone decide when online is idle; for comparison).
+        #[arg(long)]
+        no_waits: bool,
+        /// How several offline GPUs are issued: auto measures serial against parallel once on
+        /// the offline channels (the stock driver serialises them, so serial wins there).
+        #[arg(long, value_enum, default_value_t = IssueArg::Auto, value_name = "MODE")]
+        issue: IssueArg,
         /// Offline (preemptible) processes by pid; they must have started after the daemon.
         #[arg(long, value_delimiter = ',', value_name = "PID")]
         offline: Vec<u32>,
@@ -63,10 +87,35 @@ pub enum GateCommand {
     Stop,
     /// What the gate has done: preemptions, resumes, cooldown, latencies.
     Status,
+    /// Every decision with its timestamps: arrival and launch edges, busy/idle signals,
+    /// disables, cooldowns and enables (CLOCK_MONOTONIC ns); `--json` prints JSON lines.
+    #[command(after_help = "Examples:
+  valvectl gate trace                      # what is kept (the last 65536 records)
+  valvectl --json gate trace --follow > gate-trace.jsonl
+  valvectl --json gate trace --after 1200")]
+    Trace {
+        /// Only records after this sequence number.
+        #[arg(long, default_value_t = 0, value_name = "SEQ")]
+        after: u64,
+        /// Keep polling for new records (every 100 ms) until interrupted.
+        #[arg(long)]
+        follow: bool,
+    },
     /// For a serving framework: a request is in flight (preempt now, hold until `idle`).
     Busy,
     /// For a serving framework: no request is in flight (resume offline now).
     Idle,
+}
+
+/// `--issue`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IssueArg {
+    /// Measure once on the offline channels and keep the faster.
+    Auto,
+    /// One GPU after another.
+    Serial,
+    /// All GPUs at once on persistent per-GPU threads.
+    Parallel,
 }
 
 /// The request a `gate` subcommand sends; `start` must name both sides.
@@ -76,6 +125,10 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
         GateCommand::Start {
             online,
             online_label,
+            online_port,
+            no_arrivals,
+            no_waits,
+            issue,
             offline,
             offline_label,
             cooldown_floor,
@@ -83,11 +136,15 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
             gap_factor,
             fixed_cooldown,
         } => {
-            if online.is_empty() && online_label.is_none() {
+            if online.is_empty() && online_label.is_none() && online_port.is_empty() {
                 return Err(CliError::Usage(
-                    "name the online processes: --online PID[,PID...] or --online-label LABEL"
+                    "name the online service: --online PID[,PID...], --online-label LABEL or \
+                     --online-port PORT[,PORT...]"
                         .into(),
                 ));
+            }
+            if online_port.contains(&0) {
+                return Err(CliError::Usage("--online-port 0 is no port".into()));
             }
             if offline.is_empty() && offline_label.is_none() {
                 return Err(CliError::Usage(
@@ -105,10 +162,25 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                 cooldown_ceiling_us: Some(us(cooldown_ceiling)),
                 gap_factor: Some(*gap_factor),
                 fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
+                online_ports: online_port.clone(),
+                arrivals: Some(!no_arrivals),
+                waits: Some(!no_waits),
+                issue: Some(
+                    match issue {
+                        IssueArg::Auto => "auto",
+                        IssueArg::Serial => "serial",
+                        IssueArg::Parallel => "parallel",
+                    }
+                    .into(),
+                ),
             })
         }
         GateCommand::Stop => Request::GateStop,
         GateCommand::Status => Request::GateStatus,
+        GateCommand::Trace { after, .. } => Request::GateTrace {
+            after: *after,
+            limit: None,
+        },
         GateCommand::Busy => Request::OnlineBusy,
         GateCommand::Idle => Request::OnlineIdle,
     })
@@ -117,6 +189,9 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
 /// Sends the subcommand's request to the daemon and prints the answer.
 pub fn exec(args: &GateArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
     let action = &args.action;
+    if let GateCommand::Trace { after, follow } = action {
+        return trace(g, *after, *follow, out);
+    }
     let data = daemon_call(g.socket, &request(action)?)?;
     if g.json {
         writeln!(out, "{data}")?;
@@ -130,4 +205,27 @@ pub fn exec(args: &GateArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         print::gate_status(out, &data)?;
     }
     Ok(())
+}
+
+/// `gate trace`: prints the records after `after`, and with `follow` keeps polling.
+fn trace(g: Globals, mut after: u64, follow: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    loop {
+        let req = Request::GateTrace { after, limit: None };
+        let data = daemon_call(g.socket, &req)?;
+        let records = data["records"].as_array().cloned().unwrap_or_default();
+        for r in &records {
+            if g.json {
+                writeln!(out, "{r}")?;
+            } else {
+                writeln!(out, "{}", print::trace_line(r))?;
+            }
+            after = after.max(r["seq"].as_u64().unwrap_or(after));
+        }
+        out.flush()?;
+        if !follow {
+            return Ok(());
+        }
+        // Records dropped from the ring between two polls show as a gap in `seq`.
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -1,0 +1,224 @@
+"""The serving benchmark's numbers, from the load generator's per-request records, the offline
+job's progress samples and the gate's trace (`valvectl --json gate trace`). Standard library only,
+so CI tests it without torch (test_analysis.py).
+
+All times are CLOCK_MONOTONIC nanoseconds (Python's time.monotonic_ns, bpf_ktime_get_ns).
+"""
+
+import bisect
+import math
+
+
+def percentile(xs, p):
+    """Nearest-rank percentile (p in 0..100) of the values; None when there are none."""
+    s = sorted(x for x in xs if x is not None)
+    if not s:
+        return None
+    k = max(1, math.ceil(p / 100 * len(s)))
+    return s[k - 1]
+
+
+def union_ns(intervals, lo, hi):
+    """Total length of the union of [start, end) intervals, clipped to [lo, hi)."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def progress_at(samples, t):
+    """Offline progress (iterations) at time t, interpolated between (t_ns, iters) samples."""
+    if not samples:
+        return None
+    ts = [s[0] for s in samples]
+    i = bisect.bisect_right(ts, t)
+    if i == 0:
+        return samples[0][1]
+    if i >= len(samples):
+        return samples[-1][1]
+    (t0, c0), (t1, c1) = samples[i - 1], samples[i]
+    return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0)
+
+
+def window_of(requests):
+    """The measured window: first send to last end."""
+    return min(r["send_ns"] for r in requests), max(r["end_ns"] for r in requests)
+
+
+def request_stats(requests):
+    """TTFT (send -> first streamed token) and TPOT ((last - first) / (tokens - 1)), in ms."""
+    ok = [r for r in requests if r.get("first_ns") and r.get("error") is None]
+    ttft = [(r["first_ns"] - r["send_ns"]) / 1e6 for r in ok]
+    tpot = [
+        (r["end_ns"] - r["first_ns"]) / 1e6 / (r["tokens"] - 1) for r in ok if r["tokens"] > 1
+    ]
+    return {
+        "requests": len(requests),
+        "errors": len(requests) - len(ok),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "ttft_max_ms": percentile(ttft, 100),
+        "tpot_p50_ms": percentile(tpot, 50),
+        "tpot_p99_ms": percentile(tpot, 99),
+    }
+
+
+def busy_share(requests):
+    """Share of the window in which at least one request was in flight (send -> end)."""
+    lo, hi = window_of(requests)
+    return union_ns([(r["send_ns"], r["end_ns"]) for r in requests], lo, hi) / max(1, hi - lo)
+
+
+def harvest(requests, progress, rate_alone):
+    """Offline throughput against alone, and the share of online-idle time harvested: offline's
+    progress in the window, in seconds at its rate alone, over the window's online-idle seconds."""
+    lo, hi = window_of(requests)
+    p0, p1 = progress_at(progress, lo), progress_at(progress, hi)
+    if p0 is None or not rate_alone:
+        return {"offline_vs_alone": None, "harvested": None}
+    done_s = (p1 - p0) / rate_alone
+    idle_s = (hi - lo - union_ns([(r["send_ns"], r["end_ns"]) for r in requests], lo, hi)) / 1e9
+    return {
+        "offline_vs_alone": done_s / ((hi - lo) / 1e9),
+        "harvested": done_s / idle_s if idle_s > 0 else None,
+    }
+
+
+def disabled_intervals(trace):
+    """[(stopped_ns, resumed_ns)]: from each whole-offline disable's end to the next enable's
+    start (the last one open-ended)."""
+    out, start = [], None
+    for r in sorted(trace, key=lambda r: r["t_ns"]):
+        if r["event"] == "disable" and r.get("pid", 0) == 0 and r.get("ok", True):
+            if start is None:
+                start = r["end_ns"]
+        elif r["event"] == "enable" and start is not None:
+            out.append((start, r["t_ns"]))
+            start = None
+    if start is not None:
+        out.append((start, float("inf")))
+    return out
+
+
+def per_request(requests, trace, online_pids=None):
+    """For each request that arrived at an idle server (nothing else in flight): arrival ->
+    offline stopped and arrival -> first online kernel (ms; the kernel is the first launch edge
+    after the arrival, which is how an idle server's first launch shows in the trace)."""
+    launches = sorted(
+        r["t_ns"]
+        for r in trace
+        if r["event"] == "launch" and (online_pids is None or r["pid"] in online_pids)
+    )
+    stopped = disabled_intervals(trace)
+    rows = []
+    for q in requests:
+        if not q.get("idle_at_send"):
+            continue
+        a = q["send_ns"]
+        i = bisect.bisect_left(launches, a)
+        kernel = launches[i] if i < len(launches) and launches[i] < q["end_ns"] else None
+        # When offline was (or became) stopped for this request: the first stopped interval
+        # that reaches past the arrival and starts before the request ended.
+        stop = None
+        for s, e in stopped:
+            if e > a and s < q["end_ns"]:
+                stop = s
+                break
+        rows.append(
+            {
+                "send_ns": a,
+                "arrival_to_stopped_ms": None if stop is None else (stop - a) / 1e6,
+                "arrival_to_kernel_ms": None if kernel is None else (kernel - a) / 1e6,
+                "stopped_first": stop is not None and kernel is not None and stop <= kernel,
+            }
+        )
+    return rows
+
+
+def decisions_around(trace, lo, hi, base):
+    """The trace records between lo and hi, as text lines with times relative to base."""
+    out = []
+    for r in sorted(trace, key=lambda r: r["t_ns"]):
+        if lo <= r["t_ns"] <= hi:
+            rel = (r["t_ns"] - base) / 1e6
+            extra = ""
+            if "end_ns" in r:
+                extra = f" took {(r['end_ns'] - r['t_ns']) / 1e3:.0f} us"
+            elif "cooldown_ns" in r:
+                extra = f" after {r['cooldown_ns'] / 1e6:.2f} ms idle"
+            elif "recv_ns" in r:
+                extra = f" (gate got it +{(r['recv_ns'] - r['t_ns']) / 1e3:.0f} us)"
+            out.append(f"{rel:+.2f} ms {r['event']}{extra}")
+    return out
+
+
+def tails(requests, trace, threshold_ms):
+    """Requests whose TTFT exceeds threshold_ms, each with the gate's decisions from its send to
+    its first token: what a slow first token waited on."""
+    out = []
+    for r in requests:
+        if not r.get("first_ns"):
+            continue
+        ttft = (r["first_ns"] - r["send_ns"]) / 1e6
+        if ttft > threshold_ms:
+            inside = [x for x in trace if r["send_ns"] < x["t_ns"] < r["first_ns"]]
+            out.append(
+                {
+                    "ttft_ms": ttft,
+                    # Offline was resumed while the request waited for its first token.
+                    "resumed_inside": any(x["event"] == "enable" for x in inside),
+                    "disables_inside": sum(x["event"] == "disable" for x in inside),
+                    "idle_at_send": r.get("idle_at_send"),
+                    "in_flight_at_send": r.get("in_flight_at_send"),
+                    "decisions": decisions_around(
+                        trace, r["send_ns"] - 1_000_000, r["first_ns"], r["send_ns"]
+                    ),
+                }
+            )
+    return out
+
+
+def pct_change(x, base):
+    if x is None or base in (None, 0):
+        return None
+    return (x / base - 1) * 100
+
+
+def check_targets(alone, gated, rows, preemptions, harvested):
+    """The issue's targets for one load, against the same run's alone configuration:
+    [(name, value text, pass)]."""
+
+    def fmt(v, unit="%"):
+        return "n/a" if v is None else f"{v:+.1f}{unit}"
+
+    ttft50 = pct_change(gated["ttft_p50_ms"], alone["ttft_p50_ms"])
+    ttft99 = pct_change(gated["ttft_p99_ms"], alone["ttft_p99_ms"])
+    tpot99 = pct_change(gated["tpot_p99_ms"], alone["tpot_p99_ms"])
+    judged = [r for r in rows if r["arrival_to_kernel_ms"] is not None]
+    first = sum(r["stopped_first"] for r in judged) / len(judged) if judged else None
+    ppr = preemptions / gated["requests"] if preemptions is not None and gated["requests"] else None
+    return [
+        ("TTFT p50 vs alone <= +1%", fmt(ttft50), ttft50 is not None and ttft50 <= 1.0),
+        ("TTFT p99 vs alone <= +2%", fmt(ttft99), ttft99 is not None and ttft99 <= 2.0),
+        ("TPOT p99 vs alone <= +1%", fmt(tpot99), tpot99 is not None and tpot99 <= 1.0),
+        (
+            "offline stopped before the first kernel, idle arrivals >= 99%",
+            "n/a" if first is None else f"{first * 100:.1f}% of {len(judged)}",
+            first is not None and first >= 0.99,
+        ),
+        ("preemptions per request <= 1", "n/a" if ppr is None else f"{ppr:.2f}", ppr is not None and ppr <= 1.0),
+        (
+            "online-idle time harvested >= 90%",
+            "n/a" if harvested is None else f"{harvested * 100:.1f}%",
+            harvested is not None and harvested >= 0.90,
+        ),
+    ]

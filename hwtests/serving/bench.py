@@ -1,0 +1,513 @@
+"""The real serving benchmark: an online LLM service behind HTTP next to offline PyTorch training
+on the same GPU, in four configurations (alone, time-slicing, gate on launch edges, gate on
+arrivals) at two loads (online busy ~30% and ~70% of the time). Writes report.md and report.json
+and prints the numbers with pass/fail per target. Run by scripts/serving-bench.sh.
+
+Servers (--server):
+  serve      `transformers serve` (OpenAI-compatible, continuous batching) on a local random Llama
+  cb         the same continuous batching manager behind aiohttp (server.py), if serve cannot run
+  graph      the GPU-bound decode loop (decoder.py: CUDA-graph replay and a host sync per token)
+
+Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
+before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default).
+
+--dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
+"""
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import analysis  # noqa: E402
+import loadgen  # noqa: E402
+
+OFFLINE_LABEL = "valve-bench-offline"
+CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival"]
+CONFIG_NAMES = {
+    "alone": "online alone",
+    "timeslice": "no control (time-slicing)",
+    "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
+    "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
+    "gate-arrival": "valvectl gate, arrivals + launch edges",
+}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def device_name(dry):
+    if dry:
+        return "cpu (dry run)"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"],
+            capture_output=True, text=True, timeout=20,
+        ).stdout.strip()
+        return out or "unknown GPU"
+    except OSError:
+        return "unknown GPU (no nvidia-smi)"
+
+
+class Proc:
+    """A child process whose output goes to a log file; `wait_line` waits for a line prefix."""
+
+    def __init__(self, name, argv, logdir, env=None):
+        self.name = name
+        self.log_path = os.path.join(logdir, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        self.p = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, bufsize=1
+        )
+        self.lines = []
+
+    def wait_line(self, prefix, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = self.p.stdout.readline()
+            if not line:
+                if self.p.poll() is not None:
+                    break
+                continue
+            self.log.write(line)
+            self.log.flush()
+            self.lines.append(line.strip())
+            if line.startswith(prefix):
+                return line.strip()
+        raise RuntimeError(f"{self.name} did not print {prefix!r} (see {self.log_path})")
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                out, _ = self.p.communicate(timeout=timeout)
+                self.lines += out.splitlines()
+                self.log.write(out)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+class Valve:
+    """The daemon and `valvectl gate` (absent in a dry run)."""
+
+    def __init__(self, valvectl, workdir, logdir, dry):
+        self.dry = dry
+        self.vc = valvectl
+        self.sock = os.path.join(workdir, "valve.sock")
+        self.daemon = None
+        if dry:
+            return
+        state = os.path.join(workdir, "state")
+        os.makedirs(state, exist_ok=True)
+        self.daemon = Proc(
+            "daemon", [valvectl, "--socket", self.sock, "daemon", "--state-dir", state], logdir
+        )
+        deadline = time.time() + 30
+        while time.time() < deadline and self.call(["status"], check=False) is None:
+            time.sleep(0.2)
+        if self.call(["status"], check=False) is None:
+            raise RuntimeError("the daemon did not come up (see daemon.log)")
+
+    def call(self, args, check=True):
+        r = subprocess.run(
+            [self.vc, "--socket", self.sock, "--json", *args], capture_output=True, text=True
+        )
+        if r.returncode != 0:
+            if check:
+                raise RuntimeError(f"valvectl {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+            return None
+        return r.stdout
+
+    def gate_start(self, port, arrivals, waits=True):
+        extra = ([] if arrivals else ["--no-arrivals"]) + ([] if waits else ["--no-waits"])
+        self.call(["gate", "start", "--online-port", str(port), "--offline-label", OFFLINE_LABEL, *extra])
+
+    def gate_status(self):
+        return json.loads(self.call(["gate", "status"]))
+
+    def gate_trace(self):
+        """Every record the gate kept, read in pages of up to 10000."""
+        records, after = [], 0
+        while True:
+            out = self.call(["gate", "trace", "--after", str(after)])
+            page = [json.loads(line) for line in out.splitlines() if line.strip()]
+            if not page:
+                return records
+            records += page
+            after = page[-1]["seq"]
+
+    def gate_stop(self):
+        return json.loads(self.call(["gate", "stop"]))
+
+    def stop(self):
+        if self.daemon:
+            self.daemon.stop(signal.SIGTERM)
+
+
+def read_progress(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) == 2:
+                out.append((int(p[0]), int(p[1])))
+    return out
+
+
+def offline_rate(path, seconds):
+    """Iterations per second over the next `seconds` of progress."""
+    t0 = time.monotonic_ns()
+    time.sleep(seconds)
+    recent = [x for x in read_progress(path) if x[0] >= t0]
+    for _ in range(20):  # a slow job: wait for a few iterations
+        if len(recent) >= 3:
+            break
+        time.sleep(seconds / 2)
+        recent = [x for x in read_progress(path) if x[0] >= t0]
+    if len(recent) < 2:
+        return None
+    return (recent[-1][1] - recent[0][1]) / ((recent[-1][0] - recent[0][0]) / 1e9)
+
+
+def wait_http(url, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not become healthy in {timeout} s")
+
+
+def start_server(a, model_dir, port, logdir, env):
+    if a.server == "serve":
+        argv = [
+            sys.executable, "-m", "transformers.cli.transformers", "serve", model_dir,
+            "--continuous-batching", "--device", a.device, "--port", str(port),
+            "--host", "127.0.0.1", "--cb-max-memory-percent", str(a.kv_memory),
+        ]
+        if a.device.startswith("cuda"):
+            argv += ["--dtype", "bfloat16"]
+    elif a.server == "cb":
+        argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "cb", "--model", model_dir,
+                "--device", a.device, "--port", str(port), "--max-memory-percent", str(a.kv_memory)]
+    else:
+        argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "graph",
+                "--size", a.model_size, "--device", a.device, "--port", str(port)]
+    p = Proc("server", argv, logdir, env=env)
+    wait_http(f"http://127.0.0.1:{port}", a.start_timeout)
+    return p
+
+
+def prompt_text(model_dir, tokens):
+    """A prompt of about `tokens` tokens for the model's tokenizer (bytes for the graph decoder)."""
+    words = "ba ce di fo gu ha je ki lo mu na pe ri so tu va we xi yo zu".split()
+    text = " ".join(words[i % len(words)] + words[(i * 7) % len(words)] for i in range(tokens))
+    if model_dir is None:
+        return text[:tokens]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    ids = tok.encode(text).ids[:tokens]
+    return tok.decode(ids)
+
+
+MODEL_NAME = ["bench"]
+
+
+def run_load(url, rate, n, seed, prompt, max_tokens):
+    return asyncio.run(loadgen.run(url, rate, n, seed, prompt, max_tokens, model=MODEL_NAME[0]))
+
+
+def settle(url, prompt, max_tokens, gap_s):
+    """Two unrecorded requests with idle after each, so a gate has seen a request end."""
+    for _ in range(2):
+        run_load(url, 1000.0, 1, 0, prompt, max_tokens)
+        time.sleep(gap_s)
+
+
+def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
+    """One configuration at one rate: returns records and, under a gate, its status and trace."""
+    out = {"config": config, "rate": rate}
+    if config == "alone":
+        os.kill(offline_proc.p.pid, signal.SIGSTOP)
+        time.sleep(1.0)  # what it had queued on the GPU drains
+    try:
+        if config.startswith("gate"):
+            valve.gate_start(a.port, arrivals=config == "gate-arrival", waits=config != "gate-old")
+            settle(url, prompt, a.max_tokens, 0.3)
+            before = valve.gate_status()
+        n = max(a.min_requests, min(a.requests, round(rate * a.run_s)))
+        if n / rate > a.run_s_max:
+            n = max(5, int(rate * a.run_s_max))
+            log(f"   only {n} requests: more would not fit the time budget (--budget-s)")
+        recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
+        out["records"] = recs
+        if config.startswith("gate"):
+            st = valve.gate_status()
+            out["gate_status"] = st
+            out["preemptions"] = st["preemptions"] - before["preemptions"]
+            lo = min(r["send_ns"] for r in recs) - 2_000_000
+            out["trace"] = [r for r in valve.gate_trace() if r["t_ns"] >= lo]
+            out["online_pids"] = st.get("online_pids", [])
+            valve.gate_stop()
+    finally:
+        if config == "alone":
+            os.kill(offline_proc.p.pid, signal.SIGCONT)
+    return out
+
+
+def service_time(url, prompt, max_tokens, n=5):
+    """Mean send -> end of sequential requests on an otherwise idle server (s)."""
+    ts = []
+    for i in range(n):
+        r = run_load(url, 1000.0, 1, i, prompt, max_tokens)[0]
+        ts.append((r["end_ns"] - r["send_ns"]) / 1e9)
+        time.sleep(0.05)
+    return sum(ts[1:]) / (n - 1)
+
+
+def summarize(a, runs, rate_alone, device):
+    """Per load: one row per configuration and the target checks of the arrival gate."""
+    result = {"device": device, "server": a.server, "loads": []}
+    for load in a.loads:
+        if not any(r["load"] == load for r in runs):
+            continue
+        rows = {}
+        for run in (r for r in runs if r["load"] == load):
+            recs = run["records"]
+            s = analysis.request_stats(recs)
+            s.update(analysis.harvest(recs, run["progress"], rate_alone))
+            s["busy_share"] = analysis.busy_share(recs)
+            s["preemptions_per_request"] = (
+                run["preemptions"] / len(recs) if "preemptions" in run else None
+            )
+            if "trace" in run:
+                pids = set(run["online_pids"]) or None
+                per = analysis.per_request(recs, run["trace"], pids)
+                s["per_request"] = per
+                judged = [x for x in per if x["arrival_to_kernel_ms"] is not None]
+                s["stopped_first_share"] = (
+                    sum(x["stopped_first"] for x in judged) / len(judged) if judged else None
+                )
+                s["arrival_to_stopped_p50_ms"] = analysis.percentile(
+                    [x["arrival_to_stopped_ms"] for x in per], 50)
+                s["arrival_to_stopped_p99_ms"] = analysis.percentile(
+                    [x["arrival_to_stopped_ms"] for x in per], 99)
+                s["arrival_to_kernel_p50_ms"] = analysis.percentile(
+                    [x["arrival_to_kernel_ms"] for x in per], 50)
+                s["arrival_to_kernel_p99_ms"] = analysis.percentile(
+                    [x["arrival_to_kernel_ms"] for x in per], 99)
+                s["gate"] = {k: run["gate_status"].get(k) for k in (
+                    "issue", "cooldown_us", "arrival_hold_us", "arrival_to_disable_us",
+                    "edge_to_disable_us", "disable_us", "errors", "last_error")}
+            rows[run["config"]] = s
+            run["stats"] = s
+        alone = rows.get("alone")
+        entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
+                 "rows": rows, "checks": {}, "tails": {}}
+        for cfg in ("gate-old", "gate-launch", "gate-arrival"):
+            if alone and cfg in rows:
+                g = rows[cfg]
+                entry["checks"][cfg] = analysis.check_targets(
+                    alone, g, g.get("per_request", []),
+                    g["preemptions_per_request"] * g["requests"]
+                    if g["preemptions_per_request"] is not None else None,
+                    g["harvested"],
+                )
+                run = next(r for r in runs if r["load"] == load and r["config"] == cfg)
+                thr = (alone["ttft_p99_ms"] or 0) * 1.2
+                entry["tails"][cfg] = analysis.tails(run["records"], run["trace"], thr)
+        result["loads"].append(entry)
+    return result
+
+
+def fmt(v, spec=".2f"):
+    return "n/a" if v is None else format(v, spec)
+
+
+def report_md(res, meta):
+    lines = [f"# Serving benchmark: {res['server']} on {res['device']}", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    for e in res["loads"]:
+        lines += ["", f"## Load {e['load']:.0%} busy target ({e['rate_per_s']:.2f} requests/s)", "",
+                  "| configuration | busy | TTFT p50 / p99 / max (ms) | TPOT p50 / p99 (ms) | preemptions/request | offline vs alone | idle harvested | arrival -> offline stopped p50/p99 (ms) | arrival -> first kernel p50/p99 (ms) | stopped first |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for cfg, s in e["rows"].items():
+            lines.append(
+                f"| {CONFIG_NAMES[cfg]} | {fmt(s['busy_share'], '.0%')} | {fmt(s['ttft_p50_ms'])} / {fmt(s['ttft_p99_ms'])} / {fmt(s['ttft_max_ms'])} "
+                f"| {fmt(s['tpot_p50_ms'])} / {fmt(s['tpot_p99_ms'])} | {fmt(s['preemptions_per_request'])} "
+                f"| {fmt(s['offline_vs_alone'], '.0%')} | {fmt(s['harvested'], '.0%')} "
+                f"| {fmt(s.get('arrival_to_stopped_p50_ms'))} / {fmt(s.get('arrival_to_stopped_p99_ms'))} "
+                f"| {fmt(s.get('arrival_to_kernel_p50_ms'))} / {fmt(s.get('arrival_to_kernel_p99_ms'))} "
+                f"| {fmt(s.get('stopped_first_share'), '.0%')} |")
+        for cfg, checks in e["checks"].items():
+            lines += ["", f"Targets, {CONFIG_NAMES[cfg]}:", ""]
+            lines += [f"- [{'PASS' if ok else 'FAIL'}] {name}: {val}" for name, val, ok in checks]
+        for cfg, ts in e["tails"].items():
+            if ts:
+                lines += ["", f"Slow first tokens under {CONFIG_NAMES[cfg]} (TTFT > 1.2 x alone p99), with the gate's decisions from 1 ms before the send:", ""]
+                resumed = sum(t["resumed_inside"] for t in ts)
+                lines.append(f"{len(ts)} slow, {resumed} of them with offline resumed while they waited for the first token.")
+                lines.append("")
+                for t in ts:
+                    lines.append(f"- TTFT {t['ttft_ms']:.1f} ms, {t['in_flight_at_send']} in flight at send: " + "; ".join(t["decisions"]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(prefix="serving-"))
+    ap.add_argument("--server", choices=["serve", "cb", "graph"], default="serve")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model-size", default="3b")
+    ap.add_argument("--offline-size", default="1b")
+    ap.add_argument("--valvectl", default="valvectl")
+    ap.add_argument("--loads", default="0.3,0.7")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--requests", type=int, default=80, help="most requests per run")
+    ap.add_argument("--min-requests", type=int, default=25, help="fewest requests per run")
+    ap.add_argument("--run-s", type=float, default=40, help="aim for runs this long")
+    ap.add_argument("--deadline-s", type=float, default=420,
+                    help="start no run after this many seconds (the report covers the runs done)")
+    ap.add_argument("--budget-s", type=float, default=240,
+                    help="seconds for all measured runs together (the command must end in 8 min)")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--kv-memory", type=float, default=0.2, help="KV cache share of GPU memory")
+    ap.add_argument("--start-timeout", type=float, default=240)
+    ap.add_argument("--alone-s", type=float, default=5.0, help="seconds to measure offline alone")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--keep-model", help="reuse/keep the model dir here")
+    a = ap.parse_args(argv)
+    a.loads = [float(x) for x in a.loads.split(",")]
+    configs = [c for c in a.configs.split(",") if c]
+    if a.dry_run:
+        configs = [c for c in configs if not c.startswith("gate")]
+    os.makedirs(a.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="valve-serving-")
+    t_start = time.time()
+    device = device_name(a.dry_run)
+    log(f"== device: {device}; server: {a.server}; out: {a.out}")
+    procs, valve = [], None
+    try:
+        model_dir = None
+        if a.server != "graph":
+            model_dir = a.keep_model or os.path.join(work, "model")
+            if not os.path.exists(os.path.join(model_dir, "config.json")):
+                log(f"== building the random-weight model ({a.model_size}) and its tokenizer")
+                import make_model
+
+                info = make_model.build(model_dir, a.model_size, 0, device=a.device)
+                log(f"   {info}")
+        valve = Valve(a.valvectl, work, a.out, a.dry_run)
+        progress = os.path.join(work, "offline.progress")
+        env = dict(os.environ, VALVE_LABEL=OFFLINE_LABEL)
+        off = Proc("offline", [sys.executable, os.path.join(HERE, "offline.py"), "--progress", progress,
+                               "--size", a.offline_size, "--device", a.device], a.out, env=env)
+        procs.append(off)
+        off.wait_line("READY", 300)
+        a.port = free_port()
+        senv = {k: v for k, v in os.environ.items() if k != "VALVE_LABEL"}
+        senv.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        log("== starting the online server")
+        srv = start_server(a, model_dir, a.port, a.out, senv)
+        procs.append(srv)
+        url = f"http://127.0.0.1:{a.port}"
+        prompt = prompt_text(model_dir, a.prompt_tokens)
+        MODEL_NAME[0] = model_dir or a.model_size
+        for _ in range(3):  # warm-up
+            w = run_load(url, 1000.0, 1, 0, prompt, a.max_tokens)[0]
+        if w["error"] or w["tokens"] != a.max_tokens:
+            raise RuntimeError(f"warm-up request failed: {w} (see server.log)")
+        rate_alone = offline_rate(progress, a.alone_s)
+        log(f"== offline alone: {fmt(rate_alone)} iterations/s")
+        os.kill(off.p.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        s = service_time(url, prompt, a.max_tokens)
+        os.kill(off.p.pid, signal.SIGCONT)
+        log(f"== service time alone: {s * 1e3:.1f} ms per request")
+        runs = []
+        a.run_s_max = a.budget_s / max(1, len(a.loads) * len(configs))
+        for load in a.loads:
+            # Poisson arrivals; with overlapping requests the busy share is about 1 - exp(-rate * s).
+            rate = -math.log(1 - load) / s
+            for i, cfg in enumerate(configs):
+                if time.time() - t_start > a.deadline_s:
+                    log(f"== SKIPPED load {load:.0%} {CONFIG_NAMES[cfg]}: past --deadline-s")
+                    continue
+                log(f"== load {load:.0%} ({rate:.2f}/s): {CONFIG_NAMES[cfg]}")
+                r = measure(a, valve, url, prompt, off, rate, cfg, seed=int(load * 100))
+                r["load"] = load
+                r["progress"] = read_progress(progress)
+                runs.append(r)
+                st = analysis.request_stats(r["records"])
+                log(f"   TTFT p50/p99 {fmt(st['ttft_p50_ms'])}/{fmt(st['ttft_p99_ms'])} ms, "
+                    f"TPOT p50/p99 {fmt(st['tpot_p50_ms'])}/{fmt(st['tpot_p99_ms'])} ms, errors {st['errors']}")
+        res = summarize(a, runs, rate_alone, device)
+        meta = {
+            "requests per run": ", ".join(
+                f"{r['config']}@{r['load']:.0%}: {len(r['records'])}" for r in runs),
+            "prompt tokens (about)": a.prompt_tokens,
+            "tokens per request": a.max_tokens,
+            "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone",
+            "service time alone (s)": f"{s:.4f}",
+            "duration (s)": f"{time.time() - t_start:.0f}",
+        }
+        res["meta"] = meta
+        res["runs"] = [{k: v for k, v in r.items() if k not in ("progress",)} for r in runs]
+        with open(os.path.join(a.out, "report.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        md = report_md(res, meta)
+        with open(os.path.join(a.out, "report.md"), "w") as f:
+            f.write(md)
+        print(md)
+        failed = [n for e in res["loads"] for c, ch in e["checks"].items() if c == "gate-arrival"
+                  for n, _, ok in ch if not ok]
+        planned = len(a.loads) * len(configs)
+        log(f"== report: {a.out}/report.md; runs done: {len(runs)} of {planned}; "
+            f"arrival-gate targets failed: {len(failed)}")
+        return 0 if not failed and len(runs) == planned else 1
+    finally:
+        for p in reversed(procs):
+            if p.p.poll() is None:
+                try:
+                    os.kill(p.p.pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            p.stop()
+        if valve:
+            valve.stop()
+        for p in procs:
+            if p.name == "offline":
+                done = [x for x in p.lines if x.startswith("DONE")]
+                if done:
+                    log(f"== offline: {done[-1]}")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

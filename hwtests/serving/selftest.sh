@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# CPU self-test of the serving benchmark's analysis (standard library only; no torch needed).
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m unittest -v test_analysis 2>&1 | tail -3

@@ -1,0 +1,175 @@
+"""The online service for the serving benchmark when `transformers serve` is not used: an
+OpenAI-style streaming `/v1/completions` over aiohttp, on one of two engines.
+
+  --engine cb     transformers' continuous batching manager (paged attention) on a local model dir
+  --engine graph  the GPU-bound decode loop (decoder.py): one request at a time, CUDA-graph replay
+                  and a host sync per token
+
+    python3 server.py --engine cb --model DIR --port 8000 --device cuda
+    python3 server.py --engine graph --size 3b --port 8000 --device cuda
+
+Prints `READY <port>` once it serves. Prompts are text (tokenised here) or token ids.
+"""
+
+import argparse
+import asyncio
+import json
+import queue
+import sys
+import threading
+import time
+
+from aiohttp import web
+
+
+class GraphEngine:
+    """One request at a time on a worker thread; tokens go back through the event loop."""
+
+    def __init__(self, size, device, max_len):
+        from decoder import GraphDecoder
+
+        self.dec = GraphDecoder(size=size, device=device, max_len=max_len)
+        self.dec.capture()
+        # Warm up (allocator, kernels): a short request.
+        for _ in self.dec.generate(list(range(16)), 4):
+            pass
+        self.jobs = queue.Queue()
+        threading.Thread(target=self._run, name="decode", daemon=True).start()
+
+    def tokenize(self, prompt):
+        if isinstance(prompt, list):
+            return [int(t) % self.dec.vocab for t in prompt]
+        # Text: one token per byte, enough for a random-weight model.
+        return [b % self.dec.vocab for b in prompt.encode()]
+
+    def _run(self):
+        while True:
+            ids, n, loop, q = self.jobs.get()
+            try:
+                for tok in self.dec.generate(ids, n):
+                    loop.call_soon_threadsafe(q.put_nowait, (str(tok) + " ", False))
+            except Exception as e:  # reported to the client as an error chunk
+                loop.call_soon_threadsafe(q.put_nowait, (f"error: {e}", True))
+            loop.call_soon_threadsafe(q.put_nowait, (None, True))
+
+    def submit(self, ids, n, loop, q):
+        self.jobs.put((ids, n, loop, q))
+
+
+class CbEngine:
+    """transformers' ContinuousBatchingManager, streaming each token to the request's queue."""
+
+    def __init__(self, model_dir, device, max_memory_percent):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        gen = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=64)
+        try:
+            from transformers import ContinuousBatchingConfig
+
+            cb = ContinuousBatchingConfig(max_memory_percent=max_memory_percent)
+            self.mgr = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        except ImportError:
+            self.mgr = model.init_continuous_batching(generation_config=gen)
+        self.mgr.start()
+
+    def tokenize(self, prompt):
+        if isinstance(prompt, list):
+            return [int(t) for t in prompt]
+        return self.tok(prompt)["input_ids"]
+
+    def submit(self, ids, n, loop, q):
+        """Called on the event loop: the handler is registered there before the request exists."""
+        self.count = getattr(self, "count", 0) + 1
+        rid = f"bench-{self.count}"
+        seen = [0]
+
+        def on_result(out):
+            new = out.generated_tokens[seen[0]:]
+            seen[0] = len(out.generated_tokens)
+            for t in new:
+                q.put_nowait((self.tok.decode([t]), False))
+            if out.is_finished():
+                if out.error:
+                    q.put_nowait((f"error: {out.error}", True))
+                q.put_nowait((None, True))
+
+        self.mgr.register_result_handler(rid, on_result)
+        self.mgr.add_request(ids, request_id=rid, max_new_tokens=n, streaming=True)
+
+
+def make_app(engine, model_name):
+    async def completions(request):
+        body = await request.json()
+        ids = engine.tokenize(body.get("prompt", ""))
+        n = int(body.get("max_tokens", 16))
+        loop = asyncio.get_running_loop()
+        q = asyncio.Queue()
+        engine.submit(ids, n, loop, q)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        count = 0
+        while True:
+            text, done = await q.get()
+            if text is None:
+                break
+            if text.startswith("error: ") and done:
+                chunk = {"error": text}
+            else:
+                count += 1
+                chunk = {"choices": [{"index": 0, "text": text}], "model": model_name}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        final = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                 "usage": {"completion_tokens": count, "prompt_tokens": len(ids)}}
+        await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    async def health(_request):
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    return app
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=["cb", "graph"], required=True)
+    ap.add_argument("--model", help="model dir (cb)")
+    ap.add_argument("--size", default="tiny", help="decoder size (graph): tiny or 3b")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--max-memory-percent", type=float, default=0.3)
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    if a.engine == "graph":
+        engine = GraphEngine(a.size, a.device, a.max_len)
+    else:
+        if not a.model:
+            ap.error("--engine cb needs --model DIR")
+        engine = CbEngine(a.model, a.device, a.max_memory_percent)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def serve():
+        runner = web.AppRunner(make_app(engine, a.model or a.size))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", a.port).start()
+        print(f"READY {a.port} ({time.time() - t0:.1f} s to start)", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

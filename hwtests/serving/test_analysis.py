@@ -1,0 +1,110 @@
+"""Unit tests of analysis.py on small hand-made records (stdlib only; run by selftest.sh)."""
+
+import unittest
+
+import analysis as a
+
+MS = 1_000_000
+
+
+def req(send, first, end, tokens=5, idle=True):
+    return {
+        "send_ns": send,
+        "first_ns": first,
+        "end_ns": end,
+        "tokens": tokens,
+        "idle_at_send": idle,
+        "error": None,
+    }
+
+
+class Stats(unittest.TestCase):
+    def test_percentiles_are_nearest_rank(self):
+        xs = list(range(1, 101))
+        self.assertEqual(a.percentile(xs, 50), 50)
+        self.assertEqual(a.percentile(xs, 99), 99)
+        self.assertEqual(a.percentile(xs, 100), 100)
+        self.assertIsNone(a.percentile([], 50))
+
+    def test_union_merges_overlaps_and_clips(self):
+        iv = [(0, 10), (5, 15), (20, 30), (40, 50)]
+        self.assertEqual(a.union_ns(iv, 0, 100), 35)
+        self.assertEqual(a.union_ns(iv, 8, 45), 7 + 10 + 5)
+
+    def test_ttft_tpot_and_busy_share(self):
+        rs = [req(0, 10 * MS, 50 * MS), req(100 * MS, 108 * MS, 148 * MS)]
+        s = a.request_stats(rs)
+        self.assertEqual((s["ttft_p50_ms"], s["ttft_p99_ms"]), (8.0, 10.0))
+        self.assertEqual(s["tpot_p50_ms"], 10.0)
+        self.assertAlmostEqual(a.busy_share(rs), 98 / 148)
+
+    def test_harvest_counts_offline_progress_in_idle_time(self):
+        rs = [req(0, MS, 50 * MS), req(150 * MS, 151 * MS, 200 * MS)]
+        # Offline runs at 1000 it/s alone; in the window it did 100 iterations = 0.1 s of work,
+        # and online was idle 100 ms of the 200 ms window.
+        progress = [(0, 0), (200 * MS, 100)]
+        h = a.harvest(rs, progress, 1000.0)
+        self.assertAlmostEqual(h["harvested"], 1.0)
+        self.assertAlmostEqual(h["offline_vs_alone"], 0.5)
+
+
+class Trace(unittest.TestCase):
+    # A request sent at 10 ms: the arrival edge at 10.05 ms, offline stopped at 11.2 ms, first
+    # kernel at 14 ms, resume at 60 ms. A second one at 100 ms with gating on launches: kernel
+    # at 103 ms, offline stopped at 104.1 ms (after the kernel).
+    TRACE = [
+        {"event": "arrival", "t_ns": 10_050_000, "port": 8000},
+        {"event": "disable", "t_ns": 10_100_000, "end_ns": 11_200_000, "pid": 0, "ok": True},
+        {"event": "launch", "t_ns": 14 * MS, "pid": 7},
+        {"event": "cooldown", "t_ns": 60 * MS, "cooldown_ns": 4 * MS},
+        {"event": "enable", "t_ns": 60 * MS, "end_ns": 60_500_000, "pid": 0, "ok": True},
+        {"event": "launch", "t_ns": 103 * MS, "pid": 7},
+        {"event": "disable", "t_ns": 103_050_000, "end_ns": 104_100_000, "pid": 0, "ok": True},
+    ]
+
+    def test_offline_stopped_is_compared_with_the_first_kernel(self):
+        rs = [req(10 * MS, 20 * MS, 50 * MS), req(100 * MS, 110 * MS, 150 * MS)]
+        rows = a.per_request(rs, self.TRACE, online_pids={7})
+        self.assertEqual(len(rows), 2)
+        self.assertAlmostEqual(rows[0]["arrival_to_stopped_ms"], 1.2)
+        self.assertAlmostEqual(rows[0]["arrival_to_kernel_ms"], 4.0)
+        self.assertTrue(rows[0]["stopped_first"])
+        self.assertAlmostEqual(rows[1]["arrival_to_stopped_ms"], 4.1)
+        self.assertFalse(rows[1]["stopped_first"])
+        # A request that arrived while another was in flight is not judged.
+        busy = req(12 * MS, 20 * MS, 30 * MS, idle=False)
+        self.assertEqual(a.per_request([busy], self.TRACE), [])
+
+    def test_already_stopped_counts_as_stopped_first(self):
+        # Sent at 30 ms while offline was still stopped from the first request.
+        rows = a.per_request([req(30 * MS, 40 * MS, 45 * MS)], self.TRACE + [
+            {"event": "launch", "t_ns": 31 * MS, "pid": 7}])
+        self.assertTrue(rows[0]["stopped_first"])
+        self.assertLess(rows[0]["arrival_to_stopped_ms"], 0)
+
+    def test_tails_list_the_decisions_a_slow_first_token_waited_on(self):
+        rs = [req(100 * MS, 160 * MS, 200 * MS)]
+        t = a.tails(rs, self.TRACE, 50)
+        self.assertEqual(len(t), 1)
+        self.assertEqual(t[0]["ttft_ms"], 60)
+        self.assertIn("+3.00 ms launch", t[0]["decisions"][0])
+        self.assertIn("disable took 1050 us", t[0]["decisions"][1])
+        self.assertEqual((t[0]["resumed_inside"], t[0]["disables_inside"]), (False, 1))
+        # A request whose first token came after a resume inside it.
+        t = a.tails([req(50 * MS, 70 * MS, 90 * MS)], self.TRACE, 10)
+        self.assertTrue(t[0]["resumed_inside"])
+
+    def test_targets_pass_and_fail(self):
+        alone = {"ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0, "tpot_p99_ms": 5.0, "requests": 10}
+        good = {"ttft_p50_ms": 10.05, "ttft_p99_ms": 20.3, "tpot_p99_ms": 5.02, "requests": 10}
+        rows = [{"arrival_to_kernel_ms": 3.0, "stopped_first": True}] * 10
+        checks = a.check_targets(alone, good, rows, 8, 0.95)
+        self.assertTrue(all(ok for _, _, ok in checks), checks)
+        bad = dict(good, ttft_p99_ms=30.0)
+        checks = a.check_targets(alone, bad, rows[:9] + [{"arrival_to_kernel_ms": 1, "stopped_first": False}], 12, 0.5)
+        failed = [name for name, _, ok in checks if not ok]
+        self.assertEqual(len(failed), 4, checks)
+
+
+if __name__ == "__main__":
+    unittest.main()

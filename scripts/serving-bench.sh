@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The real serving benchmark (issue 11) on a GPU host, one command: an online LLM service behind
+# HTTP (`transformers serve`, continuous batching, random-weight Llama built here) next to offline
+# PyTorch training, alone / time-sliced / under `valvectl gate` on launch edges / on arrivals,
+# at two loads. Prints the device and the numbers with pass/fail per target; writes report.md and
+# report.json to $OUT (or a temp dir).
+#
+# Usage: sudo scripts/serving-bench.sh [bench.py options...]   (hwtests/serving/bench.py --help)
+#   --server serve|cb|graph   serve: `transformers serve` (default; needs the wheels in .whl/ when
+#                             fastapi/uvicorn/pydantic/openai are missing), cb: the same batching
+#                             manager behind aiohttp, graph: the GPU-bound CUDA-graph decode loop
+#   --loads 0.3,0.7           online busy shares to run
+#   VALVE_BIN=DIR             prebuilt valvectl (default: .carry/bin, else target/release, else cargo)
+# Without an NVIDIA driver it prints SKIP and exits 0. It never loads, unloads or resets anything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -e /dev/nvidiactl ]; then
+  echo "SKIP: no NVIDIA driver here (/dev/nvidiactl missing); run this on a GPU host"
+  exit 0
+fi
+
+bin="${VALVE_BIN:-}"
+if [ -z "$bin" ]; then
+  for d in .carry/bin target/release; do
+    if [ -x "$d/valvectl" ]; then bin="$d"; break; fi
+  done
+fi
+if [ -z "$bin" ]; then
+  echo "no prebuilt valvectl: building with cargo"
+  cargo build --release -p valvectl
+  bin=target/release
+fi
+
+out="${OUT:-$(mktemp -d)}"
+site="$(mktemp -d)"
+trap 'rm -rf "$site"' EXIT
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+server=serve
+args=("$@")
+for i in "${!args[@]}"; do
+  if [ "${args[$i]}" = "--server" ]; then server="${args[$((i + 1))]}"; fi
+done
+if [ "$server" = serve ] && ! python3 -c "import fastapi, uvicorn, pydantic, openai, requests, rich, accelerate" 2>/dev/null; then
+  echo "NOTE: transformers serve's extras are not importable (no .whl/?): using --server cb (aiohttp)"
+  args+=(--server cb)
+elif [ "$server" = serve ]; then
+  args+=(--server serve)
+fi
+
+echo "== host"
+nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader 2>/dev/null || true
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+set +e
+python3 hwtests/serving/bench.py --valvectl "$bin/valvectl" --out "$out" "${args[@]}" 2>&1 | tee "$out/bench.log"
+rc=${PIPESTATUS[0]}
+set -e
+echo "== report: $out/report.md (exit $rc)"
+exit "$rc"
