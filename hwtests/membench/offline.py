@@ -14,7 +14,9 @@ time is logged, for the comparison with waiting for an iteration boundary.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import random
 import sys
 import time
@@ -55,6 +57,7 @@ def main() -> int:
     ap.add_argument("--stop", help="measuring ends when this file appears")
     ap.add_argument("--max-seconds", type=float, default=900)
     a = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the benchmark asks for stacks before stopping
 
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig

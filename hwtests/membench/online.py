@@ -15,7 +15,9 @@ from the arrival of a request at an idle server, not from its first kernel.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import queue
 import sys
 import threading
@@ -103,6 +105,7 @@ def main() -> int:
     ap.add_argument("--go", help="file whose appearance starts the trace")
     ap.add_argument("--drain-s", type=float, default=60.0, help="longest wait for requests after the trace")
     a = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     import torch
     from transformers import GenerationConfig

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,6 +164,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
         open(files["go"], "w").close()
         result["online_exit"] = on.wait(timeout=a.seconds + 240)
         if with_offline:
+            dump_stacks(r, name, off)
             # The gate stops first: offline must not be frozen while it winds down.
             result["gate"] = json.loads(r.valvectl("gate", "status", "--json"))
             result["pool"] = pool_status(r) if mode == "valve" else None
@@ -179,6 +181,22 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
         if os.path.exists(path):
             result[side] = common.read_json(path)
     return result
+
+
+def dump_stacks(r: Run, name: str, off: subprocess.Popen) -> None:
+    """Where offline's threads are at the end (Python stacks into its log; native ones with py-spy
+    where it is installed), and the gate's decision trace: to explain an offline job that stopped
+    making progress."""
+    if off.poll() is None:
+        off.send_signal(signal.SIGUSR1)
+        spy = subprocess.run(["py-spy", "dump", "--native", "--pid", str(off.pid)], capture_output=True,
+                             text=True, timeout=60) if shutil.which("py-spy") else None
+        if spy is not None:
+            with r.log(f"{name}-offline-pyspy") as f:
+                f.write((spy.stdout + spy.stderr).encode())
+    trace = subprocess.run([r.a.valvectl, "gate", "trace", "--json"], capture_output=True, text=True, timeout=60)
+    with r.log(f"{name}-gate-trace") as f:
+        f.write((trace.stdout + trace.stderr).encode())
 
 
 def pool_status(r: Run) -> dict | None:

@@ -19,6 +19,9 @@ wheel=${VALVE_WHEEL:-$(ls .carry/valve_client-*.whl 2>/dev/null | head -1)}
 [ -f "${wheel:-}" ] || { echo "membench: no valve wheel: scripts/build-python-wheel.sh .carry, or set VALVE_WHEEL" >&2; exit 2; }
 site=$(mktemp -d /tmp/membench-site.XXXXXX)
 python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel"
+# Optional: py-spy (a wheel in .carry/whl) lets the benchmark dump native stacks of a stuck process.
+ls .carry/whl/py_spy-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target "$site" .carry/whl/py_spy-*.whl
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$site/bin:$PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 exec python3 hwtests/membench/run.py --valvectl "$valvectl" --out "$out" "$@"

@@ -2,13 +2,13 @@
 //! metrics that `valve_daemon::metrics::install_for_gate` sets, which no other test may touch).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use valve::controller::Controller;
 use valve::fake::FakeRm;
 use valve::state::DisabledRecord;
-use valve_daemon::gate::runtime::{monotonic_ns, SharedStatus};
+use valve_daemon::gate::runtime::{monotonic_ns, GateShared};
 use valve_daemon::gate::{GateConfig, GateInput, GateRuntime, LaunchSource};
 use valve_daemon::metrics::{install_for_gate, Metrics};
 use valve_ebpf::LaunchEdge;
@@ -62,7 +62,7 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     // The daemon tells the metrics once the offline set has channels.
     m.gate_offline_present(true);
     let started = Instant::now();
-    let shared = Arc::new(Mutex::new(SharedStatus::default()));
+    let shared = Arc::new(GateShared::default());
     let cfg = GateConfig {
         fixed_cooldown: Some(Duration::ZERO),
         ..GateConfig::default()
