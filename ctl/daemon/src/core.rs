@@ -250,7 +250,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 let r = self.resume(pid);
                 // Back under the gate, if it names the process (applied before the reply, so a
                 // gate that holds offline preempted has re-frozen it by then).
-                self.sync_gate();
+                self.sync_gate(false);
                 r
             }
             Request::ResumeAll => self.resume_all(),
@@ -411,7 +411,8 @@ impl<D: RmDriver> DaemonCore<D> {
             return Reply::err(1, format!("not preempting: cannot record it ({e})"));
         }
         // A gated process is the operator's from now on: the gate must not enable it again.
-        self.sync_gate();
+        // No rescan of /proc here: this is the memory pool's reclaim path.
+        self.sync_gate(false);
         let outcome = {
             let p = self.preempted.get(&pid).expect("inserted");
             self.ctl
@@ -553,7 +554,7 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         // The reply must show the sets the gate thread works with, not a status from before it
         // applied them.
-        self.sync_gate();
+        self.sync_gate(true);
         let status = self.gate_status();
         let waiting = self
             .gate
@@ -654,8 +655,10 @@ impl<D: RmDriver> DaemonCore<D> {
 
     /// Tells the gate thread the current sets and waits until it has applied them (so that a
     /// manual preempt/resume of a gated process does not race with the gate's own enable).
-    fn sync_gate(&mut self) {
-        self.refresh_gate(Instant::now(), true);
+    /// Applies the gate's offline set now (`rescan`: look up labels and ports in /proc first,
+    /// which costs milliseconds; without it the sets are recomputed from what is known).
+    fn sync_gate(&mut self, rescan: bool) {
+        self.refresh_gate(Instant::now(), rescan);
         if let Some(g) = &self.gate {
             g.sync();
         }

@@ -27,6 +27,8 @@ use crate::error::{derr, DaemonError};
 use crate::metrics::ErrorCause;
 use crate::protocol::{Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
 
+/// Requests that took this long from connection to reply are logged (with where the time went).
+const SLOW_REQUEST: Duration = Duration::from_millis(20);
 /// How long a connection has to send its request line (and to take its reply).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; for a new one beyond this, the oldest is closed.
@@ -366,29 +368,39 @@ impl<'a> Server<'a> {
                 ));
             }
             ReadOutcome::Line(line) => {
-                let caller = conn.caller;
-                let reply = match serde_json::from_slice::<Request>(&line) {
+                let (caller, waited) = (conn.caller, conn.since.elapsed());
+                let started = Instant::now();
+                let (reply, event) = match serde_json::from_slice::<Request>(&line) {
                     Ok(req) => {
                         // Events that arrived before the request must be in the registry.
                         drain(core, events);
                         let event = Audit::event_of(&req);
-                        let reply = core.handle(req);
-                        if let Some(e) = &reply.error {
-                            (self.on_error)(ErrorCause::of_exit_code(e.code));
-                        }
-                        if let Some(c) = caller {
-                            self.audit.served(c, event, &reply);
-                        }
-                        self.gauges_published = None;
-                        reply
+                        (core.handle(req), Some(event))
                     }
                     Err(e) => {
                         (self.on_error)(ErrorCause::Malformed);
-                        Reply::err(2, format!("bad request: {e}"))
+                        (Reply::err(2, format!("bad request: {e}")), None)
                     }
                 };
+                let handled = started.elapsed();
                 if let Some(conn) = self.conns.get_mut(i) {
                     conn.answer(&reply);
+                }
+                // Bookkeeping once the reply is on its way: a preempt (the memory pool's reclaim)
+                // waits for it.
+                if let Some(e) = &reply.error {
+                    (self.on_error)(ErrorCause::of_exit_code(e.code));
+                }
+                if let (Some(c), Some(event)) = (caller, event) {
+                    self.audit.served(c, event, &reply);
+                }
+                self.gauges_published = None;
+                if handled + waited >= SLOW_REQUEST {
+                    tracing::warn!(
+                        handled_us = handled.as_micros() as u64,
+                        waited_us = waited.as_micros() as u64,
+                        "slow request"
+                    );
                 }
             }
         }

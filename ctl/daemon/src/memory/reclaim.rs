@@ -209,7 +209,8 @@ impl Reclaimer {
         }
         let frozen_at = Instant::now();
         out.freeze_us = frozen_at.duration_since(started).as_micros() as u64;
-        let deadline = started + self.deadline;
+        // The deadline is the offline library's: a slow freeze (the daemon busy) is not its fault.
+        let deadline = frozen_at + self.deadline;
         for (t, rid, sent) in asked {
             let answer = if sent {
                 wait_answer(t.callback.as_ref(), rid, deadline)

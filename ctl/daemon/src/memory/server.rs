@@ -228,7 +228,13 @@ impl PoolServer {
                 let pids = std::mem::take(&mut self.to_thaw);
                 self.reclaimer.thaw(&pids);
                 if let Some([handles, freeze_us, answer_us, total_us]) = self.reclaim_log.take() {
-                    tracing::info!(handles, freeze_us, answer_us, total_us, "reclaimed for online");
+                    tracing::info!(
+                        handles,
+                        freeze_us,
+                        answer_us,
+                        total_us,
+                        "reclaimed for online"
+                    );
                 }
             }
             Ok(None) => self.drop_conn(fd),
@@ -542,8 +548,9 @@ mod tests {
     use crate::memory::ledger::tests::ledger;
     use std::sync::{Arc, Mutex};
 
+    /// Records the freezer's calls; a freeze takes `.1` (a busy daemon).
     #[derive(Clone, Default)]
-    struct Log(Arc<Mutex<Vec<String>>>);
+    struct Log(Arc<Mutex<Vec<String>>>, Duration);
 
     impl Log {
         /// The calls so far, once `n` have happened (the thaw follows online's reply, so it
@@ -559,6 +566,7 @@ mod tests {
 
     impl Freezer for Log {
         fn freeze(&mut self, pid: u32) -> Result<(), String> {
+            std::thread::sleep(self.1);
             self.0.lock().unwrap().push(format!("freeze {pid}"));
             Ok(())
         }
@@ -592,6 +600,11 @@ mod tests {
 
     /// A pool server over a GPU with `device_mib` of memory, on a socket in a temp dir.
     fn start(device_mib: u64) -> Running {
+        start_with(device_mib, Duration::ZERO)
+    }
+
+    /// [`start`], with every freeze taking `freeze_delay`.
+    fn start_with(device_mib: u64, freeze_delay: Duration) -> Running {
         let dir = std::env::temp_dir().join(format!(
             "valve-pool-{}-{:?}",
             std::process::id(),
@@ -600,7 +613,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let listener = wire::listen(&dir.join("pool.sock")).unwrap();
-        let log = Log::default();
+        let log = Log(Arc::default(), freeze_delay);
         let mut server = PoolServer::new(
             ledger(device_mib, 1 << 20),
             listener,
@@ -860,5 +873,31 @@ mod tests {
             st["gpus"][0]["offline"], 0,
             "the killed process holds nothing: {st}"
         );
+    }
+
+    #[test]
+    fn a_slow_freeze_does_not_count_against_offline_s_deadline() {
+        // The daemon takes 300 ms to freeze (busy), longer than the 200 ms deadline; offline then
+        // answers at once and must not be killed for the daemon's delay.
+        let r = start_with(64 * 11, Duration::from_millis(300));
+        let (off, off_id, token) = register(&r, "offline");
+        let (reply, _) = call(&off, json!({"op": "grow", "count": 10}));
+        let held: Vec<u64> = reply["handles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        offline_callback(&r, off_id, &token, held, false);
+        let (on, _, _) = register(&r, "online");
+        let (reply, _) = call(&on, json!({"op": "grow", "count": 2}));
+        assert_eq!(reply["reclaimed"], 2, "{reply}");
+        let me = std::process::id();
+        assert_eq!(
+            r.log.take(2),
+            vec![format!("freeze {me}"), format!("thaw {me}")]
+        );
+        let (st, _) = call(&on, json!({"op": "status"}));
+        assert_eq!(st["reclaims"]["killed"], 0, "{st}");
     }
 }
