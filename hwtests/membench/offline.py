@@ -59,8 +59,15 @@ def main() -> int:
     a = ap.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the benchmark asks for stacks before stopping
 
+    import torch
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    # A frozen process must not load GPU code: on the H100, cuDNN's runtime-compiled attention
+    # engine hung in cuKernelSetAttribute after a reclaim, for good. With CUDA_MODULE_LOADING=EAGER
+    # (set by run.py) every kernel is loaded at start; cuDNN's SDPA compiles kernels at run time,
+    # so offline uses the precompiled SDPA backends (docs/memory.md, "Offline must not load code").
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
     if a.mode == "valve":
         import valve_transformers as vt

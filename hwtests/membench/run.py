@@ -145,7 +145,8 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
                 off_args += ["--num-blocks", str(sizes["offline_blocks"])]
             if name.endswith("-fifo"):
                 off_args.append("--fifo")
-            off = r.spawn(f"{name}-offline", python("offline.py", *off_args), dict(r.env, VALVE_LABEL="batch"))
+            off_env = dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER")
+            off = r.spawn(f"{name}-offline", python("offline.py", *off_args), off_env)
             wait_files([files["off-ready"]], [off], 300)
         on_args = ["--model", r.model, "--mode", mode, "--trace", trace_path, "--out", on_out,
                    "--ready", files["on-ready"], "--go", files["go"], "--max-batch-tokens",
