@@ -246,13 +246,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 gpu,
                 max_hold_ms,
             } => self.preempt(pid, gpu.as_deref(), max_hold_ms.map(Duration::from_millis)),
-            Request::Resume { pid } => {
-                let r = self.resume(pid);
-                // Back under the gate, if it names the process (applied before the reply, so a
-                // gate that holds offline preempted has re-frozen it by then).
-                self.sync_gate(false);
-                r
-            }
+            Request::Resume { pid } => self.resume_to_gate(pid),
             Request::ResumeAll => self.resume_all(),
             Request::GateStart(spec) => self.gate_start(spec),
             Request::GateStop => self.gate_stop(),
@@ -413,6 +407,23 @@ impl<D: RmDriver> DaemonCore<D> {
         // A gated process is the operator's from now on: the gate must not enable it again.
         // No rescan of /proc here: this is the memory pool's reclaim path.
         self.sync_gate(false);
+        // If the gate held it disabled, it is taken over as it is: no second disable.
+        let from_gate = self.preempted.get(&pid).is_some_and(|p| {
+            let handed = self
+                .gate
+                .as_ref()
+                .map(|g| g.take_handed(pid))
+                .unwrap_or_default();
+            let ours = record_channels(&p.records);
+            !ours.is_empty() && ours.is_subset(&handed)
+        });
+        if from_gate {
+            let p = self.preempted.get(&pid).expect("inserted");
+            return Reply::ok(json!({
+                "pid": pid, "channels": p.plan.channels(), "gpus": p.plan.gpus(), "disable": null,
+                "from_gate": true, "max_hold_ms": limit.map(|l| l.as_millis() as u64),
+            }));
+        }
         let outcome = {
             let p = self.preempted.get(&pid).expect("inserted");
             self.ctl
@@ -439,6 +450,36 @@ impl<D: RmDriver> DaemonCore<D> {
                 Reply::err(EXIT_RM, message)
             }
         }
+    }
+
+    /// `resume --pid`: a process the gate names goes back to the gate still disabled (it keeps
+    /// it frozen while it holds offline, else enables it), so its channels never see an enable
+    /// followed at once by the gate's disable; any other process is enabled here.
+    fn resume_to_gate(&mut self, pid: u32) -> Reply {
+        let Some(records) = self.preempted.get(&pid).map(|p| p.records.clone()) else {
+            return self.resume(pid);
+        };
+        let Some(g) = &self.gate else {
+            return self.resume(pid);
+        };
+        g.adopt(records);
+        let p = self.preempted.remove(&pid).expect("checked");
+        // The gate's new offline set, with this process if the gate names it, is recorded in the
+        // state file before the gate thread gets it.
+        self.sync_gate(false);
+        let taken = self
+            .gate
+            .as_ref()
+            .is_some_and(|g| g.records().iter().any(|r| r.pid == pid));
+        if !taken {
+            self.preempted.insert(pid, p);
+            return self.resume(pid);
+        }
+        let _ = self.save();
+        let held = p.since.elapsed();
+        Reply::ok(
+            json!({"pid": pid, "enable": null, "to_gate": true, "held_ms": held.as_secs_f64() * 1e3}),
+        )
     }
 
     fn resume(&mut self, pid: u32) -> Reply {
@@ -667,3 +708,15 @@ impl<D: RmDriver> DaemonCore<D> {
 
 #[cfg(test)]
 mod tests;
+
+/// The (device instance, client, channel) triples of `records`.
+fn record_channels(records: &[DisabledRecord]) -> std::collections::BTreeSet<(u32, u32, u32)> {
+    records
+        .iter()
+        .flat_map(|r| {
+            r.channels
+                .iter()
+                .map(move |&c| (r.device_instance, r.client, c))
+        })
+        .collect()
+}

@@ -743,3 +743,58 @@ fn gate_defaults_fill_what_a_gate_start_leaves_out() {
     assert_eq!(r.data["offline_label"], "batch", "{r:?}");
     assert!(c.handle(Request::GateStop).error.is_none());
 }
+
+#[test]
+fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
+    // The memory pool freezes an offline process by pid for a reclaim, usually while the gate
+    // already holds it frozen (online is busy). Taking it over and handing it back must not
+    // disable it twice or enable it only for the gate to disable it again.
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    assert!(c.handle(gate_spec(1, me)).error.is_none());
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 4);
+    let calls = |rm: &FakeRm| rm.state.lock().unwrap().disable_calls.clone();
+    let before = calls(&rm);
+    let r = c.handle(Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: Some(2000),
+    });
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["from_gate"], true, "{r:?}");
+    assert_eq!(calls(&rm), before, "taken over as it was: no ioctl");
+    assert_eq!(rm.disabled().len(), 4);
+    let r = c.handle(Request::Resume { pid: me });
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.data["to_gate"], true, "{r:?}");
+    assert_eq!(
+        calls(&rm),
+        before,
+        "handed back frozen: no enable, no disable"
+    );
+    assert_eq!(rm.disabled().len(), 4);
+    assert_eq!(c.handle(Request::GateStatus).data["offline_channels"], 4);
+    // The gate owns it again: its resume enables it, its next preempt disables it.
+    assert!(c.handle(Request::OnlineIdle).error.is_none());
+    wait_for("idle enables", || rm.disabled().is_empty());
+    assert!(c.handle(Request::OnlineBusy).error.is_none());
+    wait_for("busy disables", || rm.disabled().len() == 4);
+    // Preempted by hand while offline runs: the daemon disables it itself, and hands it back
+    // disabled; the gate, not holding offline, enables it.
+    assert!(c.handle(Request::OnlineIdle).error.is_none());
+    wait_for("idle enables", || rm.disabled().is_empty());
+    let r = c.handle(Request::Preempt {
+        pid: me,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert!(r.data["from_gate"].is_null(), "{r:?}");
+    assert_eq!(rm.disabled().len(), 4);
+    assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+    assert!(rm.disabled().is_empty());
+    assert!(c.handle(Request::GateStop).error.is_none());
+    assert!(rm.disabled().is_empty());
+    assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
+}

@@ -41,6 +41,10 @@ pub enum GateInput {
     Offline(Vec<DisabledRecord>),
     /// The online processes (replaces the previous set).
     Online(BTreeSet<u32>),
+    /// These channels come back from a manual preempt still disabled: in the next offline set
+    /// the gate keeps them disabled if it holds offline, else enables them (never an enable
+    /// followed at once by a disable). Forgotten at the next [`GateInput::Sync`].
+    Adopt(Vec<DisabledRecord>),
     /// Answer on this channel once every earlier input has been applied.
     Sync(mpsc::SyncSender<()>),
     /// Enable everything and end the thread.
@@ -164,6 +168,9 @@ fn push(v: &mut Vec<f64>, x: f64) {
 pub struct GateShared {
     status: Mutex<SharedStatus>,
     trace: TraceRing,
+    /// Channels the gate held disabled when their process left its offline set (a manual
+    /// preempt takes them over as they are), per pid.
+    handed: Mutex<BTreeMap<u32, BTreeSet<(u32, u32, u32)>>>,
 }
 
 impl Default for GateShared {
@@ -171,6 +178,7 @@ impl Default for GateShared {
         GateShared {
             status: Mutex::default(),
             trace: TraceRing::new(TRACE_CAPACITY),
+            handed: Mutex::default(),
         }
     }
 }
@@ -226,6 +234,10 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     plan: Option<PreemptPlan>,
     /// Offline channels are disabled by this gate now.
     disabled: bool,
+    /// The channels this gate's own disables are known to hold now.
+    held: BTreeSet<(u32, u32, u32)>,
+    /// Channels handed back disabled ([`GateInput::Adopt`]), until the next sync.
+    adopt: BTreeSet<(u32, u32, u32)>,
     disabled_since: Option<Instant>,
     online: BTreeSet<u32>,
     ports: BTreeSet<WatchedPort>,
@@ -254,6 +266,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             records: Vec::new(),
             plan: None,
             disabled: false,
+            held: BTreeSet::new(),
+            adopt: BTreeSet::new(),
             disabled_since: None,
             online: BTreeSet::new(),
             ports: BTreeSet::new(),
@@ -376,7 +390,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Offline(records) => self.set_offline(records),
             GateInput::Online(pids) => self.set_online(pids),
             GateInput::Ports(ports) => self.set_ports(ports),
+            GateInput::Adopt(records) => self.adopt = channel_set(&records),
             GateInput::Sync(ack) => {
+                self.adopt.clear();
                 let _ = ack.try_send(());
             }
             GateInput::Stop => return false,
@@ -506,15 +522,22 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 }
             }
         };
-        // Offline is preempted now: channels that just appeared must stop too. (Channels that
-        // went away belong to exited processes or to a manual `preempt --pid`: left alone.)
+        self.hand_over_gone(&records);
+        // Offline is preempted now: channels that just appeared must stop too, unless they come
+        // back disabled from a manual preempt. Offline runs: those come back enabled.
+        let added = added_channels(&self.records, &records);
+        let (adopted, fresh) = split_adopted(&added, &self.adopt);
         if self.policy.preempted() {
-            let added = added_channels(&self.records, &records);
+            self.held.extend(channel_set(&adopted));
+            if !fresh.is_empty() {
+                self.disable_records(&fresh);
+            }
             if !added.is_empty() {
-                self.disable_records(&added);
                 self.disabled = true;
                 self.disabled_since.get_or_insert_with(Instant::now);
             }
+        } else if !adopted.is_empty() {
+            self.enable_records(&adopted);
         }
         let mut pids: Vec<u32> = records.iter().map(|r| r.pid).collect();
         pids.sort();
@@ -570,6 +593,11 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         self.disabled = true;
         self.disabled_since = Some(Instant::now());
         let ok = result.is_ok();
+        self.held = if ok {
+            channel_set(&self.records)
+        } else {
+            BTreeSet::new()
+        };
         self.trace(TraceKind::Disable, issue_ns, 0, done_ns, u64::from(!ok));
         let wall = match result {
             Ok(report) => {
@@ -629,10 +657,72 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 monotonic_ns(),
                 u64::from(res.is_err()),
             );
+            match res {
+                Ok(()) => self.held.extend(channel_set(std::slice::from_ref(r))),
+                Err(e) if alive(r.pid) => {
+                    self.error(format!("disabling offline pid {}: {e}", r.pid))
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Enables these channels (record by record, skipping the ones that fail).
+    fn enable_records(&mut self, records: &[DisabledRecord]) {
+        for r in records {
+            let (targets, _) = targets_of(&self.ctl, std::slice::from_ref(r));
+            let t0 = monotonic_ns();
+            let res = self
+                .ctl
+                .plan(&targets, PreemptMode::Preempt)
+                .and_then(|p| self.ctl.enable(&p));
+            self.trace(
+                TraceKind::Enable,
+                t0,
+                r.pid,
+                monotonic_ns(),
+                u64::from(res.is_err()),
+            );
             if let Err(e) = res {
                 if alive(r.pid) {
-                    self.error(format!("disabling offline pid {}: {e}", r.pid));
+                    self.error(format!("enabling offline pid {}: {e}", r.pid));
                 }
+            }
+        }
+    }
+
+    /// Channels this gate holds disabled whose process leaves the offline set (a manual
+    /// preempt) stay disabled: the daemon is told, so it takes them over without a disable.
+    fn hand_over_gone(&mut self, records: &[DisabledRecord]) {
+        let keep = channel_set(records);
+        let gone: Vec<(u32, u32, u32)> = self
+            .held
+            .iter()
+            .copied()
+            .filter(|c| !keep.contains(c))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let pid_of: BTreeMap<(u32, u32, u32), u32> = self
+            .records
+            .iter()
+            .flat_map(|r| {
+                r.channels
+                    .iter()
+                    .map(move |&c| ((r.device_instance, r.client, c), r.pid))
+            })
+            .collect();
+        let mut handed = self
+            .shared
+            .handed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for c in gone {
+            self.held.remove(&c);
+            // An exited process's channels are gone with it: nobody will take them over.
+            if let Some(&pid) = pid_of.get(&c).filter(|&&p| alive(p)) {
+                handed.entry(pid).or_default().insert(c);
             }
         }
     }
@@ -650,6 +740,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             None => Ok(None),
         };
         let ok = result.is_ok();
+        self.held.clear();
         if let Err(e) = &result {
             let (_, failures) = reenable(&self.ctl, &self.records);
             if !failures.is_empty() {
@@ -707,6 +798,31 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
 }
 
 /// The channels of `new` that `old` does not have, per record.
+/// Splits `added` into the channels handed back disabled (in `adopt`) and the others.
+fn split_adopted(
+    added: &[DisabledRecord],
+    adopt: &BTreeSet<(u32, u32, u32)>,
+) -> (Vec<DisabledRecord>, Vec<DisabledRecord>) {
+    let pick = |want: bool| -> Vec<DisabledRecord> {
+        added
+            .iter()
+            .filter_map(|r| {
+                let chans: Vec<u32> = r
+                    .channels
+                    .iter()
+                    .copied()
+                    .filter(|&c| adopt.contains(&(r.device_instance, r.client, c)) == want)
+                    .collect();
+                (!chans.is_empty()).then(|| DisabledRecord {
+                    channels: chans,
+                    ..r.clone()
+                })
+            })
+            .collect()
+    };
+    (pick(true), pick(false))
+}
+
 fn added_channels(old: &[DisabledRecord], new: &[DisabledRecord]) -> Vec<DisabledRecord> {
     let old = channel_set(old);
     new.iter()
@@ -817,6 +933,17 @@ impl GateHandle {
     /// The gate's status now.
     pub fn status(&self) -> GateStatus {
         snapshot(&self.shared)
+    }
+
+    /// The channels of `pid` the gate held disabled when `pid` left its offline set (and
+    /// forgets them): they are disabled now, and no longer the gate's.
+    pub fn take_handed(&self, pid: u32) -> BTreeSet<(u32, u32, u32)> {
+        let mut handed = self
+            .shared
+            .handed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        handed.remove(&pid).unwrap_or_default()
     }
 
     /// Trace records after sequence number `after` (at most `limit`, oldest first).

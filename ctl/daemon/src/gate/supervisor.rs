@@ -371,6 +371,17 @@ impl ActiveGate {
         None
     }
 
+    /// The channels of `pid` the gate held disabled when `pid` was taken out of its offline set
+    /// (a manual preempt): they are disabled already.
+    pub fn take_handed(&self, pid: u32) -> BTreeSet<(u32, u32, u32)> {
+        self.handle.take_handed(pid)
+    }
+
+    /// Tells the gate thread that these channels come back from a manual preempt disabled.
+    pub fn adopt(&self, records: Vec<DisabledRecord>) {
+        self.handle.send(GateInput::Adopt(records));
+    }
+
     /// Sends a recorded offline set to the gate thread.
     pub fn apply(&self, update: OfflineUpdate) {
         self.handle.send(GateInput::Offline(update.0));
