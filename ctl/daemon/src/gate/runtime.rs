@@ -170,8 +170,11 @@ pub struct GateShared {
     trace: TraceRing,
     /// Channels the gate held disabled when their process left its offline set (a manual
     /// preempt takes them over as they are), per pid.
-    handed: Mutex<BTreeMap<u32, BTreeSet<(u32, u32, u32)>>>,
+    handed: Mutex<BTreeMap<u32, ChannelSet>>,
 }
+
+/// Channels as (RM device instance, client, channel) triples.
+pub type ChannelSet = BTreeSet<(u32, u32, u32)>;
 
 impl Default for GateShared {
     fn default() -> Self {
