@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing Valve needs on Debian 12 / Ubuntu 22.04+: the C toolchain and
-# clang for the BPF programs, libelf/zlib for libbpf, pkg-config.
+# clang for the BPF programs, libelf/zlib for libbpf, pkg-config, python3 for the benchmarks' self-tests.
 # Rust itself (>= 1.85, with rustfmt and clippy) comes from rustup and is not installed here.
 set -euo pipefail
 
-packages=(build-essential clang llvm libelf-dev zlib1g-dev pkg-config linux-libc-dev ca-certificates xz-utils)
+packages=(build-essential clang llvm libelf-dev zlib1g-dev pkg-config linux-libc-dev ca-certificates xz-utils python3)
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then

@@ -12,7 +12,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
 
-for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh scripts/ci-driver-patch.sh; do
+for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/selftest.sh scripts/ci-driver-patch.sh; do
   if [ -f "$t" ]; then
     echo "== $t"
     bash "$t"

@@ -63,10 +63,11 @@ def main() -> int:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    # A frozen process must not load GPU code: on the H100, cuDNN's runtime-compiled attention
-    # engine hung in cuKernelSetAttribute after a reclaim, for good. With CUDA_MODULE_LOADING=EAGER
-    # (set by run.py) every kernel is loaded at start; cuDNN's SDPA compiles kernels at run time,
-    # so offline uses the precompiled SDPA backends (docs/memory.md, "Offline must not load code").
+    # No code loading while frozen: run.py sets CUDA_MODULE_LOADING=EAGER, and cuDNN's SDPA (which
+    # compiles kernels at run time) is off, so offline uses the precompiled SDPA backends. Tried
+    # after an offline job hung in cuKernelSetAttribute under cuDNN after a reclaim; the hang
+    # stayed (then in cuStreamSynchronize), see docs/results/2026-11-24-h100-membench.md. Kept in
+    # every configuration alike: it also made offline steps about 2x faster here.
     torch.backends.cuda.enable_cudnn_sdp(False)
 
     if a.mode == "valve":

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# CPU self-test of the memory benchmark's arithmetic (report.py, common.py; standard library only).
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m unittest -v test_report 2>&1 | tail -3
