@@ -132,8 +132,15 @@ fn default_kubelet_pods_dir() -> PathBuf {
     PathBuf::from("/var/lib/kubelet/pods")
 }
 
-/// A duration such as `500ms`, `2s`, `100us`, `1.5m` (ns, us, ms, s, m, h; up to 7 days).
+/// A duration such as `500ms`, `2s`, `100us`, `1.5m` (ns, us, ms, s, m, h; up to 7 days). The
+/// config file wants the unit written out.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_duration_with(s, false)
+}
+
+/// [`parse_duration`]; with `bare_is_seconds`, a number without a unit is seconds (the command
+/// line's convention). The one duration parser of the daemon and `valvectl`.
+pub fn parse_duration_with(s: &str, bare_is_seconds: bool) -> Result<Duration, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -143,13 +150,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("'{s}' is not a duration (e.g. 500ms, 2s, 100us)"))?;
     let scale = match unit.trim() {
+        "" if bare_is_seconds => 1.0,
+        "" => return Err(format!("'{s}' has no unit: write e.g. {s}s or {s}ms")),
         "s" => 1.0,
         "ms" => 1e-3,
-        "us" => 1e-6,
+        "us" | "µs" => 1e-6,
         "ns" => 1e-9,
-        "m" => 60.0,
+        "m" | "min" => 60.0,
         "h" => 3600.0,
-        "" => return Err(format!("'{s}' has no unit: write e.g. {s}s or {s}ms")),
         u => {
             return Err(format!(
                 "unknown unit '{u}' in '{s}': use ns, us, ms, s, m or h"

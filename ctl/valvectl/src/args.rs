@@ -88,32 +88,7 @@ fn parse_target(s: &str) -> Result<TargetSpec, String> {
 
 /// Parses `500ms`, `2s`, `1.5s`, `100us`, `1m`; a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (e.g. 500ms, 2s, 100us)"))?;
-    let scale = match unit.trim() {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "us" | "µs" => 1e-6,
-        "ns" => 1e-9,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        u => {
-            return Err(format!(
-                "unknown unit '{u}' in '{s}': use ns, us, ms, s, m or h"
-            ))
-        }
-    };
-    let secs = value * scale;
-    if !secs.is_finite() || !(0.0..=7.0 * 86400.0).contains(&secs) {
-        return Err(format!("'{s}' is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    valve_daemon::config::parse_duration_with(s, true)
 }
 
 impl TargetArgs {
