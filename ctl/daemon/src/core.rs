@@ -707,7 +707,7 @@ impl<D: RmDriver> DaemonCore<D> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// The (device instance, client, channel) triples of `records`.
 fn record_channels(records: &[DisabledRecord]) -> std::collections::BTreeSet<(u32, u32, u32)> {

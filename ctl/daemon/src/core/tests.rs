@@ -9,7 +9,7 @@ use valve::fake::FakeRm;
 use valve_ebpf::{AllocEvent, FreeEvent};
 use valve_ioctl_bindings::{self as b, ChannelHandle, ClientHandle, ObjectHandle};
 
-fn alloc(
+pub(crate) fn alloc(
     pid: u32,
     client: u32,
     parent: u32,
@@ -35,7 +35,13 @@ fn alloc(
 
 /// A CUDA-13-like process on the given device instances: client, device per GPU, one TSG
 /// of `n` channels per GPU. Returns its events and registers its channels with the fake RM.
-fn cuda_process(rm: &FakeRm, pid: u32, client: u32, instances: &[u32], n: u32) -> Vec<RmEvent> {
+pub(crate) fn cuda_process(
+    rm: &FakeRm,
+    pid: u32,
+    client: u32,
+    instances: &[u32],
+    n: u32,
+) -> Vec<RmEvent> {
     let mut ev = vec![alloc(pid, 0, 0, client, b::NV01_ROOT_CLIENT, None)];
     for (k, &inst) in instances.iter().enumerate() {
         let base = 0x5c00_0000 + 0x100 * k as u32;

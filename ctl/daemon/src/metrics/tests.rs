@@ -6,11 +6,10 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use valve::fake::FakeRm;
-use valve_ebpf::{AllocEvent, RmEvent, RmEventKind};
-use valve_ioctl_bindings::{self as b, ChannelHandle, ClientHandle, ObjectHandle};
 
 use super::*;
 use crate::audit::Audit;
+use crate::core::tests::cuda_process;
 use crate::server::tests::{fake_core, own_group, request, serve_until, QueuedEvents};
 use crate::server::{bind, Server};
 
@@ -70,67 +69,6 @@ fn workload_labels_are_capped() {
     assert_eq!(m.workload_label(Some("l0")), "l0", "known labels stay");
 }
 
-fn alloc(
-    pid: u32,
-    client: u32,
-    parent: u32,
-    object: u32,
-    class: u32,
-    extra: Option<u32>,
-) -> RmEvent {
-    RmEvent {
-        ts_ns: 0,
-        pid,
-        tid: pid,
-        kind: RmEventKind::Alloc(AllocEvent {
-            client: ClientHandle(client),
-            parent: ObjectHandle(parent),
-            object: ObjectHandle(object),
-            class,
-            extra,
-            minor: 255,
-            nvos64: true,
-        }),
-    }
-}
-
-/// A process with one TSG of two channels on each GPU (by RM device instance).
-fn cuda_process(rm: &FakeRm, pid: u32, client: u32, instances: &[u32]) -> Vec<RmEvent> {
-    let mut ev = vec![alloc(pid, 0, 0, client, b::NV01_ROOT_CLIENT, None)];
-    for &inst in instances {
-        let base = 0x5c00_0000 + 0x100 * inst;
-        ev.push(alloc(
-            pid,
-            client,
-            client,
-            base + 1,
-            b::NV01_DEVICE_0,
-            Some(inst),
-        ));
-        ev.push(alloc(
-            pid,
-            client,
-            base + 1,
-            base + 2,
-            b::KEPLER_CHANNEL_GROUP_A,
-            None,
-        ));
-        let chans = [ChannelHandle(base + 0x10), ChannelHandle(base + 0x11)];
-        for c in chans {
-            ev.push(alloc(
-                pid,
-                client,
-                base + 2,
-                c.0,
-                b::HOPPER_CHANNEL_GPFIFO_A,
-                None,
-            ));
-        }
-        rm.add_channels(ClientHandle(client), inst, &chans);
-    }
-    ev
-}
-
 #[test]
 fn a_scrape_shows_what_a_known_sequence_of_requests_did() {
     const PID: u32 = 4_100_001;
@@ -150,7 +88,7 @@ fn a_scrape_shows_what_a_known_sequence_of_requests_did() {
     events
         .0
         .borrow_mut()
-        .extend(cuda_process(&rm, PID, 0xc1d0_0077, &instances));
+        .extend(cuda_process(&rm, PID, 0xc1d0_0077, &instances, 2));
     let socket = dir.path().join("valve.sock");
     let listener = bind(&socket, own_group()).unwrap();
     let audit = Audit::log_only();
