@@ -725,6 +725,21 @@ mod tests {
 
     /// An offline client's callback side: answers each reclaim with the first handles it holds,
     /// or (if `silent`) never answers.
+    /// An offline client that takes all 10 handles and answers reclaims at once; keep the
+    /// returned connection open (closing it unregisters the client).
+    fn offline_holding_all(r: &Running) -> UnixStream {
+        let (off, off_id, token) = register(r, "offline");
+        let (reply, _) = call(&off, json!({"op": "grow", "count": 10}));
+        let held: Vec<u64> = reply["handles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        offline_callback(r, off_id, &token, held, false);
+        off
+    }
+
     fn offline_callback(r: &Running, client: u64, token: &str, held: Vec<u64>, silent: bool) {
         let cb = connect(r);
         let (reply, _) = call(
@@ -748,15 +763,7 @@ mod tests {
     #[test]
     fn online_grows_into_offline_memory_with_offline_frozen_around_the_swap() {
         let r = start(64 * 11); // 10 handles
-        let (off, off_id, token) = register(&r, "offline");
-        let (reply, _) = call(&off, json!({"op": "grow", "count": 10}));
-        let held: Vec<u64> = reply["handles"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
-        offline_callback(&r, off_id, &token, held, false);
+        let off = offline_holding_all(&r);
         let (on, on_id, on_token) = register(&r, "online");
         let on_cb = connect(&r);
         let (attached, fds) = call(
@@ -880,15 +887,7 @@ mod tests {
         // The daemon takes 300 ms to freeze (busy), longer than the 200 ms deadline; offline then
         // answers at once and must not be killed for the daemon's delay.
         let r = start_with(64 * 11, Duration::from_millis(300));
-        let (off, off_id, token) = register(&r, "offline");
-        let (reply, _) = call(&off, json!({"op": "grow", "count": 10}));
-        let held: Vec<u64> = reply["handles"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
-        offline_callback(&r, off_id, &token, held, false);
+        let _off = offline_holding_all(&r);
         let (on, _, _) = register(&r, "online");
         let (reply, _) = call(&on, json!({"op": "grow", "count": 2}));
         assert_eq!(reply["reclaimed"], 2, "{reply}");
