@@ -10,12 +10,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Program, RingBufferBuilder};
 
+use crate::poll_thread::PollThread;
 use crate::watcher::WatchError;
 
 #[allow(
@@ -118,11 +118,11 @@ pub fn enable_run_time_stats() -> std::io::Result<StatsGuard> {
 
 /// The attached program; detaches on drop.
 pub struct ArrivalWatcher {
+    /// Dropped first: stops the polling thread, which detaches the program.
+    _thread: PollThread,
     ports: MapHandle,
     program_id: u32,
     edges: Mutex<Option<Receiver<ArrivalEdge>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
 }
 
 fn parse_edge(data: &[u8]) -> Option<ArrivalEdge> {
@@ -163,27 +163,16 @@ impl ArrivalWatcher {
         cfg: ArrivalConfig,
         sink: impl FnMut(ArrivalEdge) + Send + 'static,
     ) -> Result<ArrivalWatcher, WatchError> {
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("arrival-watch".into())
-            .spawn(move || run(cfg, ready_tx, sink, stop2))
-            .map_err(|e| WatchError::Thread(e.to_string()))?;
-        match ready_rx.recv() {
-            Ok(Ok((ports, program_id))) => Ok(ArrivalWatcher {
-                ports,
-                program_id,
-                edges: Mutex::new(None),
-                stop,
-                thread: Some(thread),
-            }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => Err(WatchError::Thread("the arrival watcher thread died".into())),
-        }
+        let (thread, (ports, program_id)) =
+            PollThread::spawn("arrival-watch", move |ready, stop| {
+                run(cfg, ready, sink, stop)
+            })?;
+        Ok(ArrivalWatcher {
+            _thread: thread,
+            ports,
+            program_id,
+            edges: Mutex::new(None),
+        })
     }
 
     /// Starts counting arrivals on `p` (its counters start from zero).
@@ -245,15 +234,6 @@ impl ArrivalWatcher {
                 run_time_ns: p.run_time_ns,
             })
             .unwrap_or_default()
-    }
-}
-
-impl Drop for ArrivalWatcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeOpts};
 
+use crate::poll_thread::PollThread;
 use crate::watcher::WatchError;
 
 #[allow(
@@ -115,13 +115,13 @@ pub struct LaunchEdge {
 
 /// Attached uprobes; detaches on drop.
 pub struct LaunchWatcher {
+    /// Dropped first: stops the polling thread, which detaches the probes.
+    _thread: PollThread,
     stats: MapHandle,
     watched: MapHandle,
     /// Edges, unless they go to a sink given to [`LaunchWatcher::start_with`].
     edges: Mutex<Option<Receiver<LaunchEdge>>>,
     attached: Vec<&'static str>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
 }
 
 /// `libcuda.so.1` as the dynamic loader would find it, with symlinks resolved (uprobes attach to
@@ -191,28 +191,17 @@ impl LaunchWatcher {
         cfg: LaunchConfig,
         sink: impl FnMut(LaunchEdge) + Send + 'static,
     ) -> Result<LaunchWatcher, WatchError> {
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("launch-watch".into())
-            .spawn(move || run(cfg, ready_tx, sink, stop2))
-            .map_err(|e| WatchError::Thread(e.to_string()))?;
-        match ready_rx.recv() {
-            Ok(Ok((stats, watched, attached))) => Ok(LaunchWatcher {
-                stats,
-                watched,
-                edges: Mutex::new(None),
-                attached,
-                stop,
-                thread: Some(thread),
-            }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => Err(WatchError::Thread("the launch watcher thread died".into())),
-        }
+        let (thread, (stats, watched, attached)) =
+            PollThread::spawn("launch-watch", move |ready, stop| {
+                run(cfg, ready, sink, stop)
+            })?;
+        Ok(LaunchWatcher {
+            _thread: thread,
+            stats,
+            watched,
+            edges: Mutex::new(None),
+            attached,
+        })
     }
 
     /// The symbols the probes are attached to (launch entry points, then the waits).
@@ -246,15 +235,6 @@ impl LaunchWatcher {
     pub fn next_edge(&self, timeout: Duration) -> Option<LaunchEdge> {
         let rx = self.edges.lock().unwrap_or_else(PoisonError::into_inner);
         rx.as_ref()?.recv_timeout(timeout).ok()
-    }
-}
-
-impl Drop for LaunchWatcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod arrival;
 pub mod event;
 pub mod launch;
+mod poll_thread;
 pub mod registry;
 mod skel;
 pub mod watcher;

@@ -2,13 +2,13 @@
 //! The BPF object lives on a dedicated thread that polls the ring buffer; dropping the
 //! [`Watcher`] stops that thread, which detaches the programs.
 
+use crate::poll_thread::PollThread;
 use std::ffi::CString;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
@@ -134,11 +134,11 @@ struct Shared {
 
 /// A running watcher. Poll it for events (from any thread); drop it to detach.
 pub struct Watcher {
+    /// Dropped first: stops the polling thread, which detaches the programs.
+    thread: PollThread,
     rx: Mutex<Receiver<RmEvent>>,
     program_ids: [u32; 3],
-    stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Watcher {
@@ -149,44 +149,18 @@ impl Watcher {
         if !Path::new(VMLINUX_BTF).exists() {
             return Err(WatchError::NoBtf(VMLINUX_BTF.into()));
         }
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<[u32; 3], WatchError>>(1);
         let (tx, rx) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared::default());
-        let thread = {
-            let stop = Arc::clone(&stop);
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("valve-rm-watch".into())
-                .spawn(move || run(cfg, ready_tx, tx, stop, shared))
-                .map_err(|e| WatchError::Thread(e.to_string()))?
-        };
-        match ready_rx.recv() {
-            Ok(Ok(program_ids)) => Ok(Watcher {
-                rx: Mutex::new(rx),
-                program_ids,
-                stop,
-                shared,
-                thread: Some(thread),
-            }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => {
-                let msg = match thread.join() {
-                    Err(p) => format!(
-                        "panicked: {}",
-                        p.downcast_ref::<&str>()
-                            .copied()
-                            .or(p.downcast_ref::<String>().map(String::as_str))
-                            .unwrap_or("?")
-                    ),
-                    Ok(()) => "exited".into(),
-                };
-                Err(WatchError::Thread(msg))
-            }
-        }
+        let shared2 = Arc::clone(&shared);
+        let (thread, program_ids) = PollThread::spawn("valve-rm-watch", move |ready, stop| {
+            run(cfg, ready, tx, stop, shared2)
+        })?;
+        Ok(Watcher {
+            thread,
+            rx: Mutex::new(rx),
+            program_ids,
+            shared,
+        })
     }
 
     /// The next event, waiting up to `timeout`; `None` if none arrived in time.
@@ -204,7 +178,7 @@ impl Watcher {
     /// False once the polling thread has ended (it only ends early if it panicked): no more
     /// events will come.
     pub fn is_alive(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        self.thread.is_alive()
     }
 
     /// Every event already delivered, without waiting.
@@ -220,15 +194,6 @@ impl Watcher {
             read_failed: self.shared.read_failed.load(Ordering::Relaxed),
             rm_status_nonzero: self.shared.rm_status_nonzero.load(Ordering::Relaxed),
             decode_errors: self.shared.decode_errors.load(Ordering::Relaxed),
-        }
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }
