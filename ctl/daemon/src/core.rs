@@ -400,10 +400,12 @@ impl<D: RmDriver> DaemonCore<D> {
                 deadline: limit.map(|l| Instant::now() + l),
             },
         );
+        let t_record = Instant::now();
         if let Err(e) = self.save() {
             self.preempted.remove(&pid);
             return Reply::err(1, format!("not preempting: cannot record it ({e})"));
         }
+        let t_gate = Instant::now();
         // A gated process is the operator's from now on: the gate must not enable it again.
         // No rescan of /proc here: this is the memory pool's reclaim path.
         self.sync_gate(false);
@@ -417,11 +419,19 @@ impl<D: RmDriver> DaemonCore<D> {
             let ours = record_channels(&p.records);
             !ours.is_empty() && ours.is_subset(&handed)
         });
+        let t_disable = Instant::now();
+        // Where a preemption's time goes (the memory pool logs it with each reclaim).
+        let timing = |disable_us: u64| {
+            json!({"record": t_gate.duration_since(t_record).as_micros() as u64,
+                   "gate": t_disable.duration_since(t_gate).as_micros() as u64,
+                   "disable": disable_us})
+        };
         if from_gate {
             let p = self.preempted.get(&pid).expect("inserted");
             return Reply::ok(json!({
                 "pid": pid, "channels": p.plan.channels(), "gpus": p.plan.gpus(), "disable": null,
                 "from_gate": true, "max_hold_ms": limit.map(|l| l.as_millis() as u64),
+                "timing_us": timing(0),
             }));
         }
         let outcome = {
@@ -431,6 +441,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 .map(|g| (g.keep_disabled(), p.plan.channels(), p.plan.gpus()))
                 .map_err(|e| e.to_string())
         };
+        let disable_us = t_disable.elapsed().as_micros() as u64;
         if let (Ok((report, ..)), Some(m)) = (&outcome, &self.metrics) {
             // After the disable: the label lookup reads /proc and takes a lock.
             let label = m.workload_label(crate::workload::label_of(pid).as_deref());
@@ -442,7 +453,8 @@ impl<D: RmDriver> DaemonCore<D> {
         match outcome {
             Ok((report, channels, gpus_n)) => Reply::ok(json!({
                 "pid": pid, "channels": channels, "gpus": gpus_n, "disable": report,
-                "max_hold_ms": limit.map(|l| l.as_millis() as u64),
+                "max_hold_ms": limit.map(|l| l.as_millis() as u64), "from_gate": false,
+                "timing_us": timing(disable_us),
             })),
             Err(message) => {
                 self.preempted.remove(&pid);

@@ -105,7 +105,10 @@ impl StateFile {
         })
     }
 
-    /// Replaces the records (write to a temporary file, fsync, rename).
+    /// Replaces the records (write to a temporary file, rename). No fsync: the file guards
+    /// against a daemon crash, which the page cache survives; a machine crash resets the GPUs,
+    /// so records from before it are moot (and `/run` is a tmpfs). The write is on the memory
+    /// pool's reclaim path, where a disk flush would be the slowest step.
     pub fn save(&self, records: &[DisabledRecord]) -> Result<()> {
         use std::io::Write;
         let os = |op: &str, e: std::io::Error| Error::Os {
@@ -122,7 +125,6 @@ impl StateFile {
                 .expect("records serialise")
                 .as_bytes(),
         )
-        .and_then(|_| f.sync_all())
         .map_err(|e| os("writing", e))?;
         std::fs::rename(&tmp, &self.path).map_err(|e| os("replacing", e))
     }

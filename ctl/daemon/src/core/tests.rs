@@ -770,6 +770,8 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
     });
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data["from_gate"], true, "{r:?}");
+    assert_eq!(r.data["timing_us"]["disable"], 0, "{r:?}");
+    assert!(r.data["timing_us"]["gate"].is_u64(), "{r:?}");
     assert_eq!(calls(&rm), before, "taken over as it was: no ioctl");
     assert_eq!(rm.disabled().len(), 4);
     let r = c.handle(Request::Resume { pid: me });
@@ -796,7 +798,8 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
         gpu: None,
         max_hold_ms: None,
     });
-    assert!(r.data["from_gate"].is_null(), "{r:?}");
+    assert_eq!(r.data["from_gate"], false, "{r:?}");
+    assert!(r.data["timing_us"]["record"].is_u64(), "{r:?}");
     assert_eq!(rm.disabled().len(), 4);
     assert!(c.handle(Request::Resume { pid: me }).error.is_none());
     assert!(rm.disabled().is_empty());

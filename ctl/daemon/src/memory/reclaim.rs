@@ -17,10 +17,23 @@ use valve_vmm::wire;
 
 use super::ledger::{ClientId, HandleId};
 
+/// Where a freeze's time went, as the daemon reports it (zeros where a freezer cannot tell).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreezeReport {
+    /// The gate held the process disabled already and handed it over: no disable was issued.
+    pub from_gate: bool,
+    /// Writing the state file before the disable, us.
+    pub record_us: u64,
+    /// Taking the process out of the gate's offline set, us.
+    pub gate_us: u64,
+    /// The disable ioctls, us (0 when handed over).
+    pub disable_us: u64,
+}
+
 /// Stops and restarts a process's GPU work.
 pub trait Freezer: Send {
     /// Disables every channel of `pid`; when this returns Ok, none of its kernels runs.
-    fn freeze(&mut self, pid: u32) -> Result<(), String>;
+    fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String>;
     /// Enables them again.
     fn thaw(&mut self, pid: u32) -> Result<(), String>;
     /// Ends a process that did not give memory back in time (SIGKILL).
@@ -65,14 +78,26 @@ impl DaemonSocketFreezer {
 }
 
 impl Freezer for DaemonSocketFreezer {
-    fn freeze(&mut self, pid: u32) -> Result<(), String> {
-        self.call(
+    fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
+        let reply = self.call(
             json!({"op": "preempt", "pid": pid, "max_hold_ms": self.max_hold.as_millis() as u64}),
-        )
-        .map(|_| ())
+        )?;
+        Ok(freeze_report(&reply))
     }
     fn thaw(&mut self, pid: u32) -> Result<(), String> {
         self.call(json!({"op": "resume", "pid": pid})).map(|_| ())
+    }
+}
+
+/// Reads the breakdown out of the daemon's preempt reply (`{"data": {"from_gate", "timing_us"}}`).
+fn freeze_report(reply: &Value) -> FreezeReport {
+    let data = &reply["data"];
+    let us = |k: &str| data["timing_us"][k].as_u64().unwrap_or(0);
+    FreezeReport {
+        from_gate: data["from_gate"].as_bool().unwrap_or(false),
+        record_us: us("record"),
+        gate_us: us("gate"),
+        disable_us: us("disable"),
     }
 }
 
@@ -104,6 +129,8 @@ pub struct Outcome {
     pub freeze_us: u64,
     /// Time from the last freeze to the last answer (the offline libraries' swaps), us.
     pub answer_us: u64,
+    /// The slowest freeze's breakdown.
+    pub slowest_freeze: FreezeReport,
 }
 
 /// Counters for `status` and metrics.
@@ -185,15 +212,24 @@ impl Reclaimer {
             pids: Vec::new(),
         };
         let mut asked = Vec::new();
+        let mut slowest = Duration::ZERO;
         for t in targets {
-            if let Err(e) = frozen.freezer.freeze(t.pid) {
-                tracing::warn!(
-                    pid = t.pid,
-                    "cannot freeze offline process for a reclaim: {e}"
-                );
-                self.stats.freeze_failures += 1;
-                out.not_frozen.push(t.client);
-                continue;
+            let t0 = Instant::now();
+            match frozen.freezer.freeze(t.pid) {
+                Ok(report) if t0.elapsed() >= slowest => {
+                    slowest = t0.elapsed();
+                    out.slowest_freeze = report;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(
+                        pid = t.pid,
+                        "cannot freeze offline process for a reclaim: {e}"
+                    );
+                    self.stats.freeze_failures += 1;
+                    out.not_frozen.push(t.client);
+                    continue;
+                }
             }
             frozen.pids.push(t.pid);
             self.next_rid += 1;
@@ -269,5 +305,28 @@ fn wait_answer(sock: Option<&UnixStream>, rid: u64, deadline: Instant) -> Option
             .iter()
             .map(|v| v.as_u64().and_then(|h| HandleId::try_from(h).ok()))
             .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preempt_reply_gives_the_freeze_breakdown_and_an_old_reply_gives_zeros() {
+        let handed = json!({"data": {"from_gate": true,
+                                     "timing_us": {"record": 40, "gate": 300, "disable": 0}},
+                            "error": null});
+        assert_eq!(
+            freeze_report(&handed),
+            FreezeReport {
+                from_gate: true,
+                record_us: 40,
+                gate_us: 300,
+                disable_us: 0
+            }
+        );
+        let old = json!({"data": {"pid": 7, "channels": 4}, "error": null});
+        assert_eq!(freeze_report(&old), FreezeReport::default());
     }
 }

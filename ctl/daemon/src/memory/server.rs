@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use valve_vmm::wire;
 
 use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role};
-use super::reclaim::{Freezer, Reclaimer, Target};
+use super::reclaim::{FreezeReport, Freezer, Reclaimer, Target};
 use super::reservation::{ReservationConfig, ReservationController};
 
 /// Most connections served at once; more are closed at accept.
@@ -50,9 +50,9 @@ pub struct PoolServer {
     /// Offline pids a reclaim left frozen until online's reply is out.
     to_thaw: Vec<u32>,
     /// The last reclaim's freeze and answer times (us), for the log line after the thaw.
-    reclaim_times: (u64, u64),
+    reclaim_times: (u64, u64, FreezeReport),
     /// What to log about the reclaim just answered: handles, freeze, answers, total (us).
-    reclaim_log: Option<[u64; 4]>,
+    reclaim_log: Option<([u64; 4], FreezeReport)>,
     /// MIAD state per online client, fed by its `usage` reports.
     controllers: BTreeMap<ClientId, ReservationController>,
     started: Instant,
@@ -101,7 +101,7 @@ impl PoolServer {
             controllers: BTreeMap::new(),
             started: Instant::now(),
             to_thaw: Vec::new(),
-            reclaim_times: (0, 0),
+            reclaim_times: (0, 0, FreezeReport::default()),
             reclaim_log: None,
         }
     }
@@ -227,12 +227,18 @@ impl PoolServer {
                 // Online has its answer; now offline may run again.
                 let pids = std::mem::take(&mut self.to_thaw);
                 self.reclaimer.thaw(&pids);
-                if let Some([handles, freeze_us, answer_us, total_us]) = self.reclaim_log.take() {
+                if let Some(([handles, freeze_us, answer_us, total_us], f)) =
+                    self.reclaim_log.take()
+                {
                     tracing::info!(
                         handles,
                         freeze_us,
                         answer_us,
                         total_us,
+                        from_gate = f.from_gate,
+                        record_us = f.record_us,
+                        gate_us = f.gate_us,
+                        disable_us = f.disable_us,
                         "reclaimed for online"
                     );
                 }
@@ -489,8 +495,11 @@ impl PoolServer {
                            "reclaimed": reclaimed.len(), "short": count - handles.len(),
                            "elapsed_us": elapsed_us});
         if !reclaimed.is_empty() {
-            let (freeze_us, answer_us) = self.reclaim_times;
-            self.reclaim_log = Some([reclaimed.len() as u64, freeze_us, answer_us, elapsed_us]);
+            let (freeze_us, answer_us, slowest) = self.reclaim_times;
+            self.reclaim_log = Some((
+                [reclaimed.len() as u64, freeze_us, answer_us, elapsed_us],
+                slowest,
+            ));
         }
         Ok((reply, with_fds))
     }
@@ -519,7 +528,7 @@ impl PoolServer {
                 .is_ok_and(|c| handles.iter().all(|h| c.held.contains(h)))
         });
         self.to_thaw.extend(&outcome.frozen);
-        self.reclaim_times = (outcome.freeze_us, outcome.answer_us);
+        self.reclaim_times = (outcome.freeze_us, outcome.answer_us, outcome.slowest_freeze);
         let mut got = Vec::new();
         for (client, handles) in outcome.returned {
             if self.ledger.transfer(client, &handles, to).is_ok() {
@@ -565,10 +574,10 @@ mod tests {
     }
 
     impl Freezer for Log {
-        fn freeze(&mut self, pid: u32) -> Result<(), String> {
+        fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
             std::thread::sleep(self.1);
             self.0.lock().unwrap().push(format!("freeze {pid}"));
-            Ok(())
+            Ok(FreezeReport::default())
         }
         fn thaw(&mut self, pid: u32) -> Result<(), String> {
             self.0.lock().unwrap().push(format!("thaw {pid}"));
