@@ -35,9 +35,10 @@ import analysis  # noqa: E402
 import loadgen  # noqa: E402
 
 OFFLINE_LABEL = "valve-bench-offline"
-CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival"]
+CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival", "alone-2"]
 CONFIG_NAMES = {
     "alone": "online alone",
+    "alone-2": "online alone again, last (the noise floor of every comparison with alone)",
     "timeslice": "no control (time-slicing)",
     "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
@@ -252,7 +253,7 @@ def settle(url, prompt, max_tokens, gap_s):
 def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
     """One configuration at one rate: returns records and, under a gate, its status and trace."""
     out = {"config": config, "rate": rate}
-    if config == "alone":
+    if config.startswith("alone"):
         os.kill(offline_proc.p.pid, signal.SIGSTOP)
         time.sleep(1.0)  # what it had queued on the GPU drains
     try:
@@ -275,7 +276,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
             out["online_pids"] = st.get("online_pids", [])
             valve.gate_stop()
     finally:
-        if config == "alone":
+        if config.startswith("alone"):
             os.kill(offline_proc.p.pid, signal.SIGCONT)
     return out
 
@@ -341,6 +342,10 @@ def summarize(a, runs, rate_alone, device):
                 run = next(r for r in runs if r["load"] == load and r["config"] == cfg)
                 thr = (alone["ttft_p99_ms"] or 0) * 1.2
                 entry["tails"][cfg] = analysis.tails(run["records"], run["trace"], thr)
+        if alone and "alone-2" in rows:
+            again = rows["alone-2"]
+            entry["noise_pct"] = {m: analysis.pct_change(again[m], alone[m])
+                                  for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms")}
         result["loads"].append(entry)
     return result
 
@@ -364,6 +369,11 @@ def report_md(res, meta):
                 f"| {fmt(s.get('arrival_to_stopped_p50_ms'))} / {fmt(s.get('arrival_to_stopped_p99_ms'))} "
                 f"| {fmt(s.get('arrival_to_kernel_p50_ms'))} / {fmt(s.get('arrival_to_kernel_p99_ms'))} "
                 f"| {fmt(s.get('stopped_first_share'), '.0%')} |")
+        if e.get("noise_pct"):
+            n = e["noise_pct"]
+            lines += ["", f"Run-to-run noise: online alone run again, last, differs from the first by "
+                      f"{fmt(n['ttft_p50_ms'], '+.1f')}% in TTFT p50, {fmt(n['ttft_p99_ms'], '+.1f')}% in TTFT p99 "
+                      f"and {fmt(n['tpot_p99_ms'], '+.1f')}% in TPOT p99: read each target against that."]
         for cfg, checks in e["checks"].items():
             lines += ["", f"Targets, {CONFIG_NAMES[cfg]}:", ""]
             lines += [f"- [{'PASS' if ok else 'FAIL'}] {name}: {val}" for name, val, ok in checks]
@@ -443,6 +453,10 @@ def main(argv=None):
             w = run_load(url, 1000.0, 1, 0, prompt, a.max_tokens)[0]
         if w["error"] or w["tokens"] != a.max_tokens:
             raise RuntimeError(f"warm-up request failed: {w} (see server.log)")
+        # Then batches of 2-4 at once: the first measured run (alone) waited about 1 s for the
+        # first token of its first overlapping requests on the H100, which later runs did not.
+        for n in (2, 4, 4):
+            run_load(url, 1000.0, n, n, prompt, a.max_tokens)
         rate_alone = offline_rate(progress, a.alone_s)
         log(f"== offline alone: {fmt(rate_alone)} iterations/s")
         os.kill(off.p.pid, signal.SIGSTOP)
