@@ -7,6 +7,7 @@ the model stays on the CPU). The correctness setting is max_batch_tokens=1 (one 
 forward pass), so a reclaim cannot change any computation's batch: see DESIGN.md, "Batch invariance".
 """
 
+import logging
 import math
 import threading
 
@@ -63,8 +64,8 @@ def cb_config(max_batch_tokens: int) -> ContinuousBatchingConfig:
                                     use_async_batching=False)
 
 
-def generate(model, max_batch_tokens: int = 1, on_step=None) -> dict:
-    """Greedy continuous batching over PROMPTS; `on_step(step)` runs before the last layer of every
+def generate(model, max_batch_tokens: int = 1, on_step=None, prompts=PROMPTS) -> dict:
+    """Greedy continuous batching over `prompts`; `on_step(step)` runs before the last layer of every
     forward pass, i.e. in the middle of the step's kernels."""
     count = {"step": 0}
 
@@ -75,11 +76,11 @@ def generate(model, max_batch_tokens: int = 1, on_step=None) -> dict:
 
     handle = model.model.layers[-1].register_forward_pre_hook(hook)
     try:
-        out = model.generate_batch(PROMPTS, generation_config=GEN, continuous_batching_config=cb_config(max_batch_tokens),
+        out = model.generate_batch(prompts, generation_config=GEN, continuous_batching_config=cb_config(max_batch_tokens),
                                    warmup=False)
     finally:
         handle.remove()
-    assert len(out) == len(PROMPTS)
+    assert len(out) == len(prompts)
     for r in out.values():
         assert r.error is None, r.error
         assert len(r.generated_tokens) == MAX_NEW
@@ -94,12 +95,12 @@ def reclaim_at(pool: FakePool, steps: dict, policy: str):
     return on_step
 
 
-def reference(model, max_batch_tokens: int = 1) -> dict:
+def reference(model, max_batch_tokens: int = 1, on_step=None, prompts=PROMPTS) -> dict:
     """An unreclaimed run through the shim (offline, a pool large enough for everything)."""
     pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
     vt.install("offline", kv_space=pool.kv_space_factory("offline"))
     try:
-        return generate(model, max_batch_tokens)
+        return generate(model, max_batch_tokens, on_step, prompts)
     finally:
         vt.uninstall()
 
@@ -188,6 +189,71 @@ def test_a_requeued_request_recomputes_only_from_its_first_reclaimed_block(model
     assert stats["requeued"] == 2, stats
     assert sum(n for _, n in matched) > 0, matched
     assert got == ref
+
+
+# A batch job that repeats a prompt and extends it: 10 tokens are two complete blocks and half a block.
+PREFIX = [(11 * j) % 120 + 1 for j in range(10)]
+PREFIX_PROMPTS = [PREFIX, PREFIX, PREFIX + [3, 5, 7], PREFIX, PREFIX + [9], PREFIX, PREFIX, PREFIX]
+
+
+@pytest.mark.parametrize("handles, refill", [(HANDLES, False), (8, True)], ids=["wrong-tokens", "refilled-slot"])
+def test_a_reclaimed_block_is_never_shared_again(model, monkeypatch, caplog, handles, refill):
+    """Prefix sharing under reclaim. transformers shares a complete block in two places: a new request's
+    prompt matches it when the request is scheduled (`search_prefix_match`), and, in `update_batch`, a
+    request that has just completed a block whose tokens a cached block already holds gives its own block
+    back and takes the cached one (`BlockManager.mark_shareable_blocks_as_complete`). A repeated prompt
+    gives the second kind: the repeat decodes the same tokens as the first run, so each decode block it
+    completes is found in the prefix cache. Here a reclaim takes exactly the cached block that the update of
+    its step hands over. That block must reach no request, and the later requests with the same prefix must
+    neither read it nor find it in the prefix cache.
+
+    Had the block been handed over, the request holding it, and the later ones that find it, would read
+    garbage ("wrong-tokens"). With a small pool that offline refills as soon as requests wait
+    ("refilled-slot"), the refilled block would also be handed out while still in use, and transformers'
+    allocator would fail with a KeyError on it, as on the H100."""
+    from transformers.generation.continuous_batching.cache_manager import BlockManager
+
+    step = {"now": 0}
+    shared: list[tuple[int, int]] = []  # (step, block): the update of `step` handed the cached `block` over
+    original = BlockManager.mark_shareable_blocks_as_complete
+
+    def mark_shareable_blocks_as_complete(self, num_complete_blocks, allocated_blocks, prompt_ids):
+        before = set(allocated_blocks)
+        original(self, num_complete_blocks, allocated_blocks, prompt_ids)
+        shared.extend((step["now"], b) for b in allocated_blocks if b not in before)
+
+    monkeypatch.setattr(BlockManager, "mark_shareable_blocks_as_complete", mark_shareable_blocks_as_complete)
+    policy = {"grow_below_free_fraction": 1.0} if refill else {}
+
+    def run(on_step) -> tuple[FakePool, dict]:
+        pool = FakePool(handles, HANDLE_BYTES, PAGE)
+        vt.install("offline", kv_space=pool.kv_space_factory("offline"), **policy)
+        try:
+            return pool, generate(model, on_step=lambda s: on_step(pool, s), prompts=PREFIX_PROMPTS)
+        finally:
+            vt.uninstall()
+
+    _, ref = run(lambda pool, s: step.update(now=s))
+    assert shared, "the repeated prompts shared no block in update_batch: the test does not reach that path"
+    at, block = shared[0]
+    assert [b for _, b in shared].count(block) > 1, "no later repeat takes the same block: the test misses that path"
+
+    def on_step(pool, s):
+        step["now"] = s
+        if s == at:  # the same schedule as the reference up to here: the same block is about to be shared
+            space = pool.spaces[-1]
+            space.reclaim(1, slots=[block // space.blocks_per_slot])
+
+    shared.clear()
+    with caplog.at_level(logging.ERROR, logger="valve_transformers"):
+        _, got = run(on_step)
+    stats = vt.stats()[-1]
+    assert stats["invalidated_blocks"] == 2, stats
+    if refill:
+        assert stats["grown_handles"] > handles, "the reclaimed slot was not refilled"
+    assert got == ref
+    assert (at, block) not in shared
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_the_comparison_catches_reclaimed_blocks_that_are_not_requeued(model):
@@ -297,7 +363,9 @@ def test_offline_short_of_blocks_asks_for_everything_the_pool_lends_at_a_step_bo
         return space
 
     vt.install("offline", kv_space=factory, initial_handles=1)
-    generate(model, max_batch_tokens=64)
+    # One token a step, so requests wait at step boundaries (with 64, every prompt is admitted in the first
+    # step, each shortage is covered by the allocation hook's ask, and no request ever waits at a boundary).
+    generate(model, max_batch_tokens=1)
     # One handle at first; then, short with requests waiting, it asks for every empty slot at once
     # rather than one handle a step (after a reclaim, offline must get its memory back quickly).
     assert asks[0] == 1 and max(asks) == HANDLES - 1, asks

@@ -184,8 +184,8 @@ def _apply_patches() -> None:
             v.grow_for(self._block_manager, self.blocks_needed(num_requested_blocks, allocated_blocks))  # [FW] cache.py:325
         return orig[(PAC, "will_allocation_be_successful")](self, num_requested_blocks, allocated_blocks)
 
-    # continuous_api.py:445 -- the step boundary: requeue requests whose blocks were reclaimed, then
-    # let the update skip them, then the per-step pool bookkeeping.
+    # continuous_api.py:445 -- the step boundary: requeue requests whose blocks were reclaimed, drop those
+    # blocks from the allocator, then let the update skip the requeued states, then the per-step pool bookkeeping.
     @functools.wraps(orig[(CBP, "update_batch")])
     def update_batch(self):
         v = getattr(self.cache, "_valve", None)
@@ -199,6 +199,7 @@ def _apply_patches() -> None:
             state._status = FINISHED  # [FW] its token from this step is garbage: the update skips it
             self.scheduler.finish_request(state.request_id)  # [FW] frees its blocks
             self.scheduler.add_waiting_request(new_state)  # [FW] recomputed when scheduled again
+        v.drop_invalidated(self.cache)  # [FW] before the update, which shares cached blocks (cache_manager.py:258)
         skip = bool(doomed) and not self.use_async_batching
         if skip:
             self.use_async_batching = True  # [FW] continuous_api.py:454 skip finished states in sync mode too
@@ -207,7 +208,7 @@ def _apply_patches() -> None:
         finally:
             if skip:
                 self.use_async_batching = False  # [wrap] a patch changes the condition at line 454 instead
-        v.after_step(self.cache, self.scheduler, self.use_async_batching)  # [FW] purge, owners, MIAD, growth
+        v.after_step(self.cache, self.scheduler, self.use_async_batching)  # [FW] owners, quarantine, MIAD, growth
 
     # continuous_api.py:566 -- warmup allocates the largest batch it can: never grow the pool for it.
     @functools.wraps(orig[(CBP, "warmup")])

@@ -241,8 +241,10 @@ class ValveKV:
 
     def collect_doomed(self, cache: Any, scheduler: Any, use_async: bool = False) -> list:
         """The step boundary: blocks invalidated since the last step (Valve's callback) and the requests
-        owning any of them, which must go back to waiting. Their blocks leave the allocator once the
-        requests have released them (`drop_invalidated`)."""
+        holding any of them, which must go back to waiting. The holders are read from the block tables
+        (a block shared through the prefix cache dooms every request that references it); in transformers
+        5.17 only active requests hold blocks. The blocks leave the allocator once the requests have
+        released them (`drop_invalidated`)."""
         self._async = use_async
         if self.role != "offline":
             return []
@@ -253,28 +255,35 @@ class ValveKV:
         self._pending_blocks |= gone
         self.held -= {b // self.bps for b in gone}
         self.stats["invalidated_blocks"] += len(gone)
-        doomed = []
-        for rid, state in scheduler.active_requests.items():
-            if any(b in gone for cm in cache.group_cache_managers for b in cm.block_table.get(rid, ())):
-                doomed.append(state)
+        holders = {rid for cm in cache.group_cache_managers for rid, table in cm.block_table.items()
+                   if gone.intersection(table)}
+        doomed = [state for rid, state in scheduler.active_requests.items() if rid in holders]
         self.stats["requeued"] += len(doomed)
         logger.info("Valve reclaimed %d block(s): %d request(s) go back to waiting", len(gone), len(doomed))
         return doomed
 
     def drop_invalidated(self, cache: Any) -> None:
-        """After the requeue: the reclaimed blocks leave the allocator for good (until the slot is refilled)."""
+        """After the requeue and before the update: the reclaimed blocks leave the allocator for good (until
+        the slot is refilled). It must run before the update: `mark_shareable_blocks_as_complete`
+        (cache_manager.py:258-269) hands a request that completes a block the cached block with the same
+        hash, so a reclaimed block left in the hash table would go to a request that was not requeued."""
         if not self._pending_blocks:
             return
         gone, self._pending_blocks = self._pending_blocks, set()
-        for cm in cache.group_cache_managers:
-            for rid, table in cm.block_table.items():
-                if gone.intersection(table):
-                    logger.error("request %s still holds reclaimed blocks after the requeue", rid)
-        self.drop_blocks(cache._block_manager, gone)
-        # after_step counts this step first. In sync mode nothing runs on the GPU now: release at this
-        # step's end. In async mode the batch launched before this update may still write into the
-        # quarantine: release at the end of the next update, which has waited for that batch.
-        self._release_at_step = self._step + (2 if self._async else 1)
+        bm = cache._block_manager
+        self.drop_blocks(bm, gone)
+        held = {rid for cm in cache.group_cache_managers for rid, table in cm.block_table.items()
+                if gone.intersection(table)}
+        left = gone.intersection({*bm._id_to_block, *bm._hash_to_id.values(), *bm._uninit_block_ids,
+                                  *bm._init_block_ids})
+        if held or left:  # going on would hand out, or read, reclaimed memory: wrong tokens, then a corrupt allocator
+            raise RuntimeError(f"reclaimed blocks {sorted(left)} are still in transformers' allocator, held by "
+                               f"{sorted(held)}, after the requeue: this transformers version keeps blocks where the "
+                               "shim does not look; update the shim")
+        # Counted in after_step, which runs after this update and counts it first: sync mode releases at
+        # the end of the next update, async mode (whose batch launched before this update may still write
+        # into the quarantine) one update later.
+        self._release_at_step = self._step + (3 if self._async else 2)
 
     def _release_quarantine(self, force: bool = False) -> None:
         if self._release_at_step is not None and (force or self._step >= self._release_at_step):
@@ -297,7 +306,6 @@ class ValveKV:
         self._step += 1
         self.stats["steps"] += 1
         bm = cache._block_manager
-        self.drop_invalidated(cache)
         if self._pending_shrink:  # chosen last step; the batch that was in flight then is done now
             slots, self._pending_shrink = self._pending_shrink, []
             self.space.shrink(slots)
