@@ -115,10 +115,9 @@ def online_trace(seconds: float, seed: int, base_rate: float, burst_every: float
     return sorted(out, key=lambda r: r.at)
 
 
-def offline_prompts(count: int, seed: int, prompt: tuple[int, int]) -> list[int]:
-    """Prompt lengths of the offline backlog."""
-    rng = random.Random(seed)
-    return [rng.randint(*prompt) for _ in range(count)]
+def offline_prompt_len(index: int, prompt: tuple[int, int]) -> int:
+    """Prompt length of the offline backlog's request `index` (the same in every run)."""
+    return random.Random(1_000_003 * index + 5).randint(*prompt)
 
 
 def daemon_request(op: dict, sock: str = DAEMON_SOCKET, timeout: float = 5.0) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
-import signal
 import random
 import sys
 import time
@@ -57,7 +56,7 @@ def main() -> int:
     ap.add_argument("--stop", help="measuring ends when this file appears")
     ap.add_argument("--max-seconds", type=float, default=900)
     a = ap.parse_args()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the benchmark asks for stacks before stopping
+    faulthandler.enable()  # a fatal signal prints the Python stacks into the log
 
     import torch
     from transformers import GenerationConfig
@@ -85,14 +84,15 @@ def main() -> int:
                                    use_cuda_graph=False, use_async_batching=False)
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
     manager.start()
-    rng = random.Random(11)
-    prompts = [tok(common.text(rng, n))["input_ids"] for n in common.offline_prompts(64, 5, tuple(a.prompt))]
     added = 0
 
     def top_up(n: int) -> None:
+        # Every request has its own prompt (the same ones in every configuration): no prefix-cache
+        # hits to flatter one configuration's throughput.
         nonlocal added
         for _ in range(n):
-            manager.add_request(prompts[added % len(prompts)], f"off{added}", max_new_tokens=a.new_tokens)
+            prompt = tok(common.text(random.Random(added), common.offline_prompt_len(added, tuple(a.prompt))))
+            manager.add_request(prompt["input_ids"], f"off{added}", max_new_tokens=a.new_tokens)
             added += 1
 
     top_up(a.backlog)

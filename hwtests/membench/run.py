@@ -11,6 +11,8 @@ Each configuration writes `<config>.json`; `bench` also writes `report.json` and
 the measured numbers, the device name and the targets. Configurations:
 
 - alone: online only, a static cache as large as the pool (its peak use sizes the static split);
+- alone-2: the same again, last: how far two runs of the same thing differ (the noise floor of
+  every "vs alone" figure);
 - static: online gets its peak, offline the rest (the minimum free memory over the alone run);
 - valve-noreserve: the pool; online holds only what it uses (every burst is reclaimed);
 - valve-noreserve-fifo: the same with FIFO handle choice instead of Algorithm 1;
@@ -124,7 +126,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
     """One configuration: daemon and gate where offline runs, online plays the trace, offline runs
     until online is done. Returns what both sides and the daemon reported."""
     a = r.a
-    mode = {"alone": "alone", "static": "static"}.get(name, "valve")
+    mode = "alone" if name.startswith("alone") else {"static": "static"}.get(name, "valve")
     files = {k: os.path.join(r.work, f"{name}.{k}") for k in ("on-ready", "off-ready", "go", "stop")}
     for f in files.values():
         if os.path.exists(f):
@@ -133,7 +135,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
     mem_before = common.gpu_used_mib()
     result: dict = dict(config=name, gpu_used_mib_before=mem_before)
     try:
-        with_offline = name != "alone"
+        with_offline = mode != "alone"
         if with_offline:
             r.start_daemon(name, a.pool_gib if mode == "valve" else None, a.target_per_min)
             off_args = ["--model", r.model, "--mode", "static" if mode == "static" else "valve", "--out", off_out,
@@ -185,11 +187,11 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
 
 
 def dump_stacks(r: Run, name: str, off: subprocess.Popen) -> None:
-    """Where offline's threads are at the end (Python stacks into its log; native ones with py-spy
-    where it is installed), and the gate's decision trace: to explain an offline job that stopped
-    making progress."""
+    """Where offline's threads are at the end (native and Python stacks with py-spy where it is
+    installed; it reads them from outside, unlike faulthandler's SIGUSR1 dump, which crashed an
+    offline job mid-step on the H100), and the gate's decision trace: to explain an offline job
+    that stopped making progress."""
     if off.poll() is None:
-        off.send_signal(signal.SIGUSR1)
         spy = subprocess.run(["py-spy", "dump", "--native", "--pid", str(off.pid)], capture_output=True,
                              text=True, timeout=60) if shutil.which("py-spy") else None
         if spy is not None:
@@ -237,7 +239,7 @@ def bench(r: Run) -> int:
             common.write_json(prev, sizes)
         print(report.one_line(name, res), flush=True)
     all_results = {}
-    for name in ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad"):
+    for name in ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "alone-2"):
         path = os.path.join(r.out, f"{name}.json")
         if os.path.exists(path):
             all_results[name] = common.read_json(path)
@@ -306,7 +308,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("correctness")
     b = sub.add_parser("bench")
-    b.add_argument("--configs", default="alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad")
+    b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2")
     b.add_argument("--seconds", type=float, default=60)
     b.add_argument("--seed", type=int, default=11, help="trace seed (11: three bursts in 60 s)")
     b.add_argument("--pool-gib", type=int, default=12)
@@ -318,10 +320,14 @@ def main() -> int:
     b.add_argument("--burst-new-tokens", type=int, default=64, help="tokens a long online request generates")
     b.add_argument("--online-batch-tokens", type=int, default=4096)
     b.add_argument("--target-per-min", type=float, default=6.0, help="MIAD's target reclaims per minute")
-    b.add_argument("--offline-batch-tokens", type=int, default=256)
+    # Offline is long-context batch generation, decode-heavy: its batch (and so its throughput) is
+    # bounded by KV memory, the regime the pool is for. With short prompts (128-384 tokens, 64
+    # new) offline was bounded by its token budget and compute share instead: 1.09x static
+    # (docs/results/2026-11-24-h100-membench.md).
+    b.add_argument("--offline-batch-tokens", type=int, default=512)
     b.add_argument("--offline-max-requests", type=int, default=96)
-    b.add_argument("--offline-new-tokens", type=int, default=64)
-    b.add_argument("--offline-prompt", type=int, nargs=2, default=(128, 384))
+    b.add_argument("--offline-new-tokens", type=int, default=128)
+    b.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the benchmark starts the Valve daemon")

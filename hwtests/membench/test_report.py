@@ -75,6 +75,21 @@ class Targets(unittest.TestCase):
         self.assertIsNone(bad["valve-noreserve: offline throughput >= 1.5x static"], "not run is not a pass")
 
 
+class NoiseFloor(unittest.TestCase):
+    def test_a_second_alone_run_is_compared_with_the_first_and_is_no_offline_crash(self):
+        def online(tpot_gap):
+            return dict(t0=0.0, t_end=10.0, requests=[request(0.0, [0.1, 0.1 + tpot_gap, 0.1 + 2 * tpot_gap])])
+
+        results = {"alone": dict(config="alone", online=online(0.100)),
+                   "alone-2": dict(config="alone-2", online=online(0.104))}
+        rep = report.build(results, {}, dict(target_per_min=6.0))
+        self.assertAlmostEqual(rep["configs"]["alone-2"]["tpot_p99_vs_alone_pct"], 4.0, places=6)
+        self.assertNotIn("offline_crashed", rep["configs"]["alone-2"])
+        crash = {c["check"]: c for c in rep["checks"]}["no offline crash"]
+        self.assertIsNone(crash["ok"], "no configuration with offline ran")
+        self.assertIn("differs from the first by", report.markdown(rep))
+
+
 class Trace(unittest.TestCase):
     def test_trace_is_seeded_sorted_and_bursty(self):
         a = common.online_trace(90, 1, base_rate=0.4, burst_every=20, burst_size=5, burst_prompt=(8000, 9000))
