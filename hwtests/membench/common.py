@@ -65,14 +65,26 @@ def build_model(directory: str, seed: int = 0) -> None:
                             pad_token="<pad>").save_pretrained(directory)
 
 
-def load_model(directory: str):
-    """The saved model on the GPU in bf16 with sdpa attention (continuous batching switches it to
-    `paged|sdpa`: flash-attention is not installed on the hosts), and its tokenizer."""
+def load_model(directory: str, attention: str = "sdpa"):
+    """The saved model on the GPU in bf16, and its tokenizer. Attention `sdpa`: continuous batching
+    switches it to `paged|sdpa` (flash-attn is not installed on the hosts), whose cost grows with the
+    square of the batch; `varlen`: PyTorch's own varlen flash kernel (varlen_attention.py), linear in
+    it, which needs `cb_extra(attention)` in the continuous-batching config."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="sdpa")
+    if attention == "varlen":
+        import varlen_attention
+
+        model.set_attn_implementation(varlen_attention.install())
     return model.to(DEVICE).eval(), AutoTokenizer.from_pretrained(directory)
+
+
+def cb_extra(attention: str) -> dict:
+    """Continuous-batching settings an attention needs: varlen reads every key through the cache's
+    read index, so no decode fast path (that one is flash-attn's block-table kernel)."""
+    return dict(max_blocks_per_request=0) if attention == "varlen" else {}
 
 
 def device_name() -> str:

@@ -49,6 +49,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, nargs=2, default=(512, 1024), help="prompt length range (tokens)")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--max-batch-tokens", type=int, default=256)
+    ap.add_argument("--attention", choices=("sdpa", "varlen"), default="sdpa",
+                    help="paged|sdpa (cost grows with the batch squared) or PyTorch's varlen flash kernel")
     ap.add_argument("--max-requests", type=int, default=96, help="requests per forward pass at most")
     ap.add_argument("--backlog", type=int, default=256, help="requests kept queued")
     ap.add_argument("--ready")
@@ -76,12 +78,13 @@ def main() -> int:
         vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo))
     steps: list[float] = []
     log_steps(steps)
-    model, tok = common.load_model(a.model)
+    model, tok = common.load_model(a.model, a.attention)
     gen = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
                                    max_batch_tokens=a.max_batch_tokens, max_requests_per_batch=a.max_requests,
                                    scheduler_type="fifo", safety_margin=0.0,
-                                   use_cuda_graph=False, use_async_batching=False)
+                                   use_cuda_graph=False, use_async_batching=False,
+                                   **common.cb_extra(a.attention))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
     manager.start()
     added = 0

@@ -102,6 +102,8 @@ def main() -> int:
     ap.add_argument("--reservation", choices=("on", "off"), default="on")
     ap.add_argument("--gate-signals", action="store_true")
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
+    ap.add_argument("--attention", choices=("sdpa", "varlen"), default="sdpa",
+                    help="paged|sdpa (cost grows with the batch squared) or PyTorch's varlen flash kernel")
     ap.add_argument("--ready", help="file to create once warmed up")
     ap.add_argument("--go", help="file whose appearance starts the trace")
     ap.add_argument("--drain-s", type=float, default=60.0, help="longest wait for requests after the trace")
@@ -125,11 +127,12 @@ def main() -> int:
             return space
 
         vt.install("online", kv_space=factory, reservation=a.reservation == "on", usage_interval_s=0.01)
-    model, tok = common.load_model(a.model)
+    model, tok = common.load_model(a.model, a.attention)
     gen = GenerationConfig(max_new_tokens=64, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
                                    max_batch_tokens=a.max_batch_tokens, scheduler_type="fifo", safety_margin=0.0,
-                                   use_cuda_graph=False, use_async_batching=False)
+                                   use_cuda_graph=False, use_async_batching=False,
+                                   **common.cb_extra(a.attention))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
     manager.start()
     # Warm-up in the shapes the trace uses (a full prefill chunk next to short decodes), so the
