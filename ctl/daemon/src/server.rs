@@ -374,8 +374,15 @@ impl<'a> Server<'a> {
                     Ok(req) => {
                         // Events that arrived before the request must be in the registry.
                         drain(core, events);
+                        let drained = started.elapsed();
                         let event = Audit::event_of(&req);
-                        (core.handle(req), Some(event))
+                        let mut reply = core.handle(req);
+                        // A preempt says where its time went (the memory pool logs it per reclaim).
+                        if let Some(t) = reply.data.get_mut("timing_us") {
+                            t["drain"] = json!(drained.as_micros() as u64);
+                            t["queued"] = json!(waited.as_micros() as u64);
+                        }
+                        (reply, Some(event))
                     }
                     Err(e) => {
                         (self.on_error)(ErrorCause::Malformed);

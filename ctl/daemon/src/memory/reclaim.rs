@@ -28,6 +28,10 @@ pub struct FreezeReport {
     pub gate_us: u64,
     /// The disable ioctls, us (0 when handed over).
     pub disable_us: u64,
+    /// Folding the RM events that arrived before the request into the registry, us.
+    pub drain_us: u64,
+    /// From the connection's accept to its request being read, us.
+    pub queued_us: u64,
 }
 
 /// Stops and restarts a process's GPU work.
@@ -98,6 +102,8 @@ fn freeze_report(reply: &Value) -> FreezeReport {
         record_us: us("record"),
         gate_us: us("gate"),
         disable_us: us("disable"),
+        drain_us: us("drain"),
+        queued_us: us("queued"),
     }
 }
 
@@ -315,7 +321,8 @@ mod tests {
     #[test]
     fn a_preempt_reply_gives_the_freeze_breakdown_and_an_old_reply_gives_zeros() {
         let handed = json!({"data": {"from_gate": true,
-                                     "timing_us": {"record": 40, "gate": 300, "disable": 0}},
+                                     "timing_us": {"record": 40, "gate": 300, "disable": 0,
+                                                   "drain": 12, "queued": 80}},
                             "error": null});
         assert_eq!(
             freeze_report(&handed),
@@ -323,7 +330,9 @@ mod tests {
                 from_gate: true,
                 record_us: 40,
                 gate_us: 300,
-                disable_us: 0
+                disable_us: 0,
+                drain_us: 12,
+                queued_us: 80,
             }
         );
         let old = json!({"data": {"pid": 7, "channels": 4}, "error": null});

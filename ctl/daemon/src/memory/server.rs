@@ -239,6 +239,8 @@ impl PoolServer {
                         record_us = f.record_us,
                         gate_us = f.gate_us,
                         disable_us = f.disable_us,
+                        drain_us = f.drain_us,
+                        queued_us = f.queued_us,
                         "reclaimed for online"
                     );
                 }

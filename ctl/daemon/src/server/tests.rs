@@ -154,3 +154,39 @@ fn the_socket_answers_with_a_thousand_idle_connections_open() {
         "the server held at most {most} connections at once, not all {IDLE} idle ones"
     );
 }
+
+#[test]
+fn a_preempt_over_the_socket_says_how_long_it_queued_and_drained_events() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut core = fake_core(&rm, dir.path());
+    let socket = dir.path().join("valve.sock");
+    let listener = bind(&socket, own_group()).unwrap();
+    let audit = Audit::log_only();
+    let mut server = Server::new(&listener, own_group(), &audit);
+    let me = std::process::id();
+    // The process's channels are still in the event queue: the request drains them first.
+    let events = QueuedEvents(RefCell::new(
+        crate::core::tests::cuda_process(&rm, me, 0xc1d0_0001, &[0], 2).into(),
+    ));
+    let path = socket.clone();
+    let req = format!("{{\"op\":\"preempt\",\"pid\":{me},\"max_hold_ms\":2000}}\n");
+    let client = std::thread::spawn(move || request(&path, &req));
+    let (reply, _) = serve_until(&mut server, &mut core, &events, client);
+    assert!(reply.error.is_none(), "{reply:?}");
+    let t = &reply.data["timing_us"];
+    for k in ["record", "gate", "disable", "drain", "queued"] {
+        assert!(t[k].is_u64(), "timing_us.{k} missing: {reply:?}");
+    }
+    assert_eq!(
+        rm.disabled().len(),
+        2,
+        "drained first, so both channels were known"
+    );
+    let path = socket.clone();
+    let req = format!("{{\"op\":\"resume\",\"pid\":{me}}}\n");
+    let client = std::thread::spawn(move || request(&path, &req));
+    let (reply, _) = serve_until(&mut server, &mut core, &events, client);
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert!(rm.disabled().is_empty());
+}
