@@ -64,6 +64,10 @@ class CbEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
+        # cuDNN's SDPA builds a plan per new shape at run time, and paged|sdpa's key length changes
+        # every step: the first measured run paid for plans later runs reused (TPOT 2x slower alone
+        # than in the same configuration run again last, on the H100). The precompiled backends only.
+        torch.backends.cuda.enable_cudnn_sdp(False)
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         gen = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=64)
