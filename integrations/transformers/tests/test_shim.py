@@ -10,6 +10,7 @@ forward pass), so a reclaim cannot change any computation's batch: see DESIGN.md
 import logging
 import math
 import threading
+import time
 
 import pytest
 
@@ -370,3 +371,29 @@ def test_offline_short_of_blocks_asks_for_everything_the_pool_lends_at_a_step_bo
     # rather than one handle a step (after a reclaim, offline must get its memory back quickly).
     assert asks[0] == 1 and max(asks) == HANDLES - 1, asks
     assert vt.stats()[-1]["grown_handles"] > 2
+
+
+def test_an_idle_online_server_gives_back_what_its_reservation_no_longer_wants(model):
+    # MIAD shrinks online's headroom over time; on the H100 an idle online server held all 192 handles for
+    # 30 s after a burst (no step ran, so nothing asked the daemon), and offline starved.
+    pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
+    headroom = {"handles": 6}
+    target = lambda used, handle: math.ceil(used / handle) + headroom["handles"]  # noqa: E731
+    vt.install("online", kv_space=pool.kv_space_factory("online", usage_target=target), usage_interval_s=0)
+    manager = model.init_continuous_batching(generation_config=GEN, continuous_batching_config=cb_config(64))
+    manager.start()
+    try:
+        manager.add_request(PROMPTS[0], "r0", max_new_tokens=MAX_NEW)
+        assert manager.get_result("r0", timeout=60).error is None
+        online = [s for s in pool.spaces if s.role == "online"][-1]
+        deadline = time.monotonic() + 5
+        while len(online.held_slots()) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(online.held_slots()) >= 6, "the reservation's headroom is held"
+        headroom["handles"] = 0  # the daemon now wants no headroom; no request comes
+        deadline = time.monotonic() + 5
+        while online.held_slots() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert online.held_slots() == [], "an idle server kept handles its reservation no longer wants"
+    finally:
+        manager.stop(block=True, timeout=30)

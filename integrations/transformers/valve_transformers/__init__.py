@@ -133,7 +133,7 @@ def _apply_patches() -> None:
     from ._kv import ValveKV
 
     hooks = [(PAC, "__init__"), (PAC, "will_allocation_be_successful"), (Handler, "infer_max_batch_tokens_and_num_blocks"),
-             (BM, "num_free_blocks"), (CBP, "update_batch"), (CBP, "warmup"), (Sched, "_process_candidates"),
+             (BM, "num_free_blocks"), (CBP, "update_batch"), (CBP, "prepare_next_batch"), (CBP, "warmup"), (Sched, "_process_candidates"),
              (OM, "offload_requests"), (cache_mod, "torch")]
     missing = [f"{getattr(o, '__name__', o)}.{n}" for o, n in hooks if n not in vars(o)]
     if missing:
@@ -185,7 +185,7 @@ def _apply_patches() -> None:
         return orig[(PAC, "will_allocation_be_successful")](self, num_requested_blocks, allocated_blocks)
 
     # continuous_api.py:445 -- the step boundary: requeue requests whose blocks were reclaimed, drop those
-    # blocks from the allocator, then let the update skip the requeued states, then the per-step pool bookkeeping.
+    # blocks from the allocator, then let the update skip the requeued states.
     @functools.wraps(orig[(CBP, "update_batch")])
     def update_batch(self):
         v = getattr(self.cache, "_valve", None)
@@ -208,7 +208,15 @@ def _apply_patches() -> None:
         finally:
             if skip:
                 self.use_async_batching = False  # [wrap] a patch changes the condition at line 454 instead
-        v.after_step(self.cache, self.scheduler, self.use_async_batching)  # [FW] owners, quarantine, MIAD, growth
+
+    # continuous_api.py:381 -- every turn of the generation loop: after a step's update, and every 0.1 s while
+    # no request is pending (continuous_api.py:965), so online's reservation also shrinks while it is idle.
+    @functools.wraps(orig[(CBP, "prepare_next_batch")])
+    def prepare_next_batch(self):
+        v = getattr(self.cache, "_valve", None)
+        if v is not None:
+            v.between_steps(self.cache, self.scheduler, self.use_async_batching)  # [FW] owners, quarantine, MIAD, growth
+        return orig[(CBP, "prepare_next_batch")](self)
 
     # continuous_api.py:566 -- warmup allocates the largest batch it can: never grow the pool for it.
     @functools.wraps(orig[(CBP, "warmup")])
@@ -245,6 +253,7 @@ def _apply_patches() -> None:
         (Handler, "infer_max_batch_tokens_and_num_blocks"): infer,
         (BM, "num_free_blocks"): property(num_free_blocks, doc=orig[(BM, "num_free_blocks")].__doc__),
         (CBP, "update_batch"): update_batch,
+        (CBP, "prepare_next_batch"): prepare_next_batch,
         (CBP, "warmup"): warmup,
         (Sched, "_process_candidates"): process_candidates,
         (OM, "offload_requests"): offload_requests,

@@ -43,8 +43,8 @@ class ValveKV:
         self._rows = None  # the region seen as [tokens, tensors, kv_heads, head_dim]
         self._no_grow_until = 0.0  # after a refusal: no growth, and (online) no growable blocks shown
         self._growth_paused = False  # during warmup
-        self._release_at_step: int | None = None
-        self._step = 0
+        self._release_at_turn: int | None = None
+        self._turn = 0
         self._last_usage = float("-inf")
         self._reported: dict[str, tuple[int, ...]] = {}
         self._rid: dict[str, int] = {}
@@ -53,7 +53,7 @@ class ValveKV:
         self._pending_shrink: list[int] = []
         self._async = False  # the cache's batching mode, as last seen at a step boundary
         self.stats = {"requeued": 0, "invalidated_blocks": 0, "grown_handles": 0, "shrunk_handles": 0,
-                      "refusals": 0, "memory_waits": 0, "steps": 0}
+                      "refusals": 0, "memory_waits": 0, "turns": 0}
 
     # ------------------------------------------------------------------ creation
 
@@ -147,7 +147,7 @@ class ValveKV:
             held = sorted(set(held).intersection(self.space.held_slots()))
             if held:
                 self.space.shrink(held)
-            if self._release_at_step is not None:
+            if self._release_at_turn is not None:
                 self.space.release_quarantined()
             if hasattr(self.space, "close"):
                 self.space.close()
@@ -280,17 +280,17 @@ class ValveKV:
             raise RuntimeError(f"reclaimed blocks {sorted(left)} are still in transformers' allocator, held by "
                                f"{sorted(held)}, after the requeue: this transformers version keeps blocks where the "
                                "shim does not look; update the shim")
-        # Counted in after_step, which runs after this update and counts it first: sync mode releases at
-        # the end of the next update, async mode (whose batch launched before this update may still write
-        # into the quarantine) one update later.
-        self._release_at_step = self._step + (3 if self._async else 2)
+        # Counted in between_steps, whose next turn (right after this update) counts first: sync mode
+        # releases after the next update, async mode (whose batch launched before this update may still
+        # write into the quarantine) one update later.
+        self._release_at_turn = self._turn + (3 if self._async else 2)
 
     def _release_quarantine(self, force: bool = False) -> None:
-        if self._release_at_step is not None and (force or self._step >= self._release_at_step):
+        if self._release_at_turn is not None and (force or self._turn >= self._release_at_turn):
             if force:
                 self._sync_device()
             self.space.release_quarantined()
-            self._release_at_step = None
+            self._release_at_turn = None
 
     def _sync_device(self) -> None:
         """Waits for every kernel of this process on the cache's device (only off the hot path)."""
@@ -301,10 +301,13 @@ class ValveKV:
 
     # ------------------------------------------------------------------ step boundary
 
-    def after_step(self, cache: Any, scheduler: Any, use_async: bool) -> None:
+    def between_steps(self, cache: Any, scheduler: Any, use_async: bool) -> None:
+        """Each turn of the generation loop, before it schedules: after a step's update, and every 0.1 s while
+        idle. Counts turns (the quarantine and deferred shrinks wait for turns, and an idle turn has nothing
+        on the GPU), reports owners, gives back what online's reservation no longer wants, and grows offline."""
         self._async = use_async
-        self._step += 1
-        self.stats["steps"] += 1
+        self._turn += 1
+        self.stats["turns"] += 1
         bm = cache._block_manager
         if self._pending_shrink:  # chosen last step; the batch that was in flight then is done now
             slots, self._pending_shrink = self._pending_shrink, []
