@@ -20,6 +20,9 @@ use super::reservation::{ReservationConfig, ReservationController};
 /// Most connections served at once; more are closed at accept.
 pub const MAX_CONNECTIONS: usize = 4096;
 
+/// How long the pool waits for the rest of a message whose first part has arrived.
+pub const MESSAGE_PARTS_WITHIN: Duration = Duration::from_millis(250);
+
 /// Who may connect: a peer passes if this returns true for its stream.
 pub type PeerCheck = Box<dyn Fn(&UnixStream) -> bool + Send>;
 
@@ -190,6 +193,10 @@ impl PoolServer {
             };
             let _ = stream.set_nonblocking(false);
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            // A message is read once poll says it started; its later parts must follow at once.
+            // Without this, a client that sends part 0 of 2 and stops blocks the pool thread, and
+            // with it every online grow.
+            let _ = stream.set_read_timeout(Some(MESSAGE_PARTS_WITHIN));
             self.conns.insert(
                 stream.as_raw_fd(),
                 Conn {
@@ -246,6 +253,20 @@ impl PoolServer {
                 }
             }
             Ok(None) => self.drop_conn(fd),
+            Err(valve_vmm::VmmError::Os { source, .. })
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                // Mid-message: the connection cannot be resynchronised. Closed, as if the client
+                // had hung up (what it held is freed).
+                tracing::warn!(
+                    pid = conn.pid,
+                    "pool client stopped in the middle of a message for {MESSAGE_PARTS_WITHIN:?}: closing its connection"
+                );
+                self.drop_conn(fd);
+            }
             Err(e) => self.answer(fd, err_reply(2, format!("bad request: {e}"))),
         }
     }
@@ -714,6 +735,36 @@ mod tests {
         let other = connect(&r);
         let bad = json!({"op": "attach", "client": reply["client"], "token": "12345"});
         assert_eq!(call(&other, bad).0["code"], 13, "a wrong token is refused");
+    }
+
+    #[test]
+    fn a_client_that_stops_mid_message_is_closed_and_blocks_no_one() {
+        let r = start(1024);
+        let (stalled, _, _) = register(&r, "online");
+        // Part 0 of 2, then nothing: the pool must not wait for part 1.
+        valve_vmm::fdpass::send(&stalled, br#"{"op":"status","part":0,"parts":2}"#, &[]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let other = connect(&r);
+        other
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(call(&other, json!({"op": "status"})).0["ok"], true);
+        assert!(
+            t0.elapsed() < MESSAGE_PARTS_WITHIN * 4,
+            "another client waited {:?} behind the stalled one",
+            t0.elapsed()
+        );
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        assert!(
+            matches!(wire::recv(&stalled), Ok(None)),
+            "the stalled connection is closed"
+        );
+        // Closed as a hang-up: its registration is gone.
+        let (status, _) = call(&other, json!({"op": "status"}));
+        assert!(status["clients"].as_array().unwrap().is_empty(), "{status}");
     }
 
     #[test]
