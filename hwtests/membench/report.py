@@ -152,8 +152,9 @@ def targets(nums: dict, args: dict) -> list[dict]:
           worst is not None and worst <= TARGETS["reclaim_1gib_p99_ms"], "worst configuration")
     rate = miad.get("reclaims_per_min")
     tgt = args.get("target_per_min")
+    events = f"{miad.get('reclaims')} reclaims in {miad.get('trace_minutes', 0):.1f} min" if rate is not None else ""
     check(f"MIAD reclaims/min within 25% of the target ({tgt}/min)", rate,
-          rate is not None and tgt and abs(rate / tgt - 1) <= TARGETS["rate_within"])
+          rate is not None and tgt and abs(rate / tgt - 1) <= TARGETS["rate_within"], events)
     for k in ("valve-miad", "valve-noreserve"):
         v = nums.get(k, {}).get("offline_vs_static")
         check(f"{k}: offline throughput >= 1.5x static", v, v is not None and v >= TARGETS["offline_vs_static"])
