@@ -416,7 +416,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 .as_ref()
                 .map(|g| g.take_handed(pid))
                 .unwrap_or_default();
-            let ours = record_channels(&p.records);
+            let ours = crate::gate::runtime::channel_set(&p.records);
             !ours.is_empty() && ours.is_subset(&handed)
         });
         let t_disable = Instant::now();
@@ -720,15 +720,3 @@ impl<D: RmDriver> DaemonCore<D> {
 
 #[cfg(test)]
 pub(crate) mod tests;
-
-/// The (device instance, client, channel) triples of `records`.
-fn record_channels(records: &[DisabledRecord]) -> std::collections::BTreeSet<(u32, u32, u32)> {
-    records
-        .iter()
-        .flat_map(|r| {
-            r.channels
-                .iter()
-                .map(move |&c| (r.device_instance, r.client, c))
-        })
-        .collect()
-}

@@ -859,7 +859,8 @@ impl<D: RmDriver, L: LaunchSource> Drop for GateRuntime<D, L> {
     }
 }
 
-fn channel_set(records: &[DisabledRecord]) -> BTreeSet<(u32, u32, u32)> {
+/// The (device instance, client, channel) triples of `records`.
+pub(crate) fn channel_set(records: &[DisabledRecord]) -> ChannelSet {
     records
         .iter()
         .flat_map(|r| {

@@ -32,6 +32,23 @@ pub(crate) fn fake_core(rm: &Arc<FakeRm>, dir: &Path) -> DaemonCore<Arc<FakeRm>>
     .unwrap()
 }
 
+/// A daemon core over a one-GPU fake RM, its state in a temporary directory, and its control
+/// socket bound there for our own group.
+pub(crate) fn bound_core() -> (
+    Arc<FakeRm>,
+    tempfile::TempDir,
+    DaemonCore<Arc<FakeRm>>,
+    std::path::PathBuf,
+    UnixListener,
+) {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let core = fake_core(&rm, dir.path());
+    let socket = dir.path().join("valve.sock");
+    let listener = bind(&socket, own_group()).unwrap();
+    (rm, dir, core, socket, listener)
+}
+
 /// Our own group may use the socket, so the tests pass as root and as a user.
 pub(crate) fn own_group() -> Option<u32> {
     Some(nix::unistd::getegid().as_raw())
@@ -66,11 +83,7 @@ pub(crate) fn request(socket: &Path, req: &str) -> Reply {
 
 #[test]
 fn a_request_over_the_size_limit_is_refused_unread() {
-    let rm = Arc::new(FakeRm::host(1));
-    let dir = tempfile::tempdir().unwrap();
-    let mut core = fake_core(&rm, dir.path());
-    let socket = dir.path().join("valve.sock");
-    let listener = bind(&socket, own_group()).unwrap();
+    let (_rm, _dir, mut core, socket, listener) = bound_core();
     let audit = Audit::log_only();
     let refusals = RefCell::new(Vec::new());
     let mut server =
@@ -121,11 +134,7 @@ fn the_socket_answers_with_a_thousand_idle_connections_open() {
         "this test needs {} open files (both ends of each connection); the hard limit is {limit}",
         2 * IDLE + 64
     );
-    let rm = Arc::new(FakeRm::host(1));
-    let dir = tempfile::tempdir().unwrap();
-    let mut core = fake_core(&rm, dir.path());
-    let socket = dir.path().join("valve.sock");
-    let listener = bind(&socket, own_group()).unwrap();
+    let (_rm, _dir, mut core, socket, listener) = bound_core();
     let audit = Audit::log_only();
     let mut server = Server::new(&listener, own_group(), &audit);
     let events = QueuedEvents::default();
@@ -157,11 +166,7 @@ fn the_socket_answers_with_a_thousand_idle_connections_open() {
 
 #[test]
 fn a_preempt_over_the_socket_says_how_long_it_queued_and_drained_events() {
-    let rm = Arc::new(FakeRm::host(1));
-    let dir = tempfile::tempdir().unwrap();
-    let mut core = fake_core(&rm, dir.path());
-    let socket = dir.path().join("valve.sock");
-    let listener = bind(&socket, own_group()).unwrap();
+    let (rm, _dir, mut core, socket, listener) = bound_core();
     let audit = Audit::log_only();
     let mut server = Server::new(&listener, own_group(), &audit);
     let me = std::process::id();
