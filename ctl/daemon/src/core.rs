@@ -26,6 +26,9 @@ use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
 use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
 
+mod recorded;
+use recorded::RecordedState;
+
 struct Preempted {
     records: Vec<DisabledRecord>,
     /// The process's workload label as a metric label (set after the disable).
@@ -41,7 +44,7 @@ pub struct DaemonCore<D: RmDriver> {
     registry: Registry,
     preempted: BTreeMap<u32, Preempted>,
     pub(crate) pre_existing: BTreeSet<u32>,
-    state: StateFile,
+    state: RecordedState,
     journal: Journal,
     max_hold: Option<Duration>,
     started: Instant,
@@ -97,8 +100,10 @@ impl<D: RmDriver> DaemonCore<D> {
             );
         }
         let (recovered, recovery_failures) = reenable(&ctl, &leftover.records);
-        state.save(&[])?;
+        let state = RecordedState::new(state);
+        state.write(&[])?;
         let dir = state
+            .file()
             .path()
             .parent()
             .unwrap_or(Path::new("."))
@@ -169,14 +174,23 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     fn save(&self) -> valve::error::Result<()> {
+        self.state.write(&self.all_records())
+    }
+
+    /// Makes sure the state file lists everything recorded now, writing only if it lacks a
+    /// channel (a process moving between the gate and a preempt costs no write); the exact
+    /// set is written at the next [`Self::expire`].
+    fn record(&self) -> valve::error::Result<()> {
+        self.state.cover(&self.all_records())
+    }
+
+    fn all_records(&self) -> Vec<DisabledRecord> {
         // What the gate may disable counts too: a restart must not leave it frozen.
-        let all: Vec<DisabledRecord> = self
-            .preempted
+        self.preempted
             .values()
             .flat_map(|p| p.records.iter().cloned())
             .chain(self.gate.iter().flat_map(|g| g.records.iter().cloned()))
-            .collect();
-        self.state.save(&all)
+            .collect()
     }
 
     /// Folds one watcher event into the registry.
@@ -206,6 +220,11 @@ impl<D: RmDriver> DaemonCore<D> {
         if let Err(e) = self.journal.flush_if_due(now, Duration::from_millis(500)) {
             tracing::error!("writing the registry journal: {e}");
         }
+        if self.state.is_stale() {
+            if let Err(e) = self.save() {
+                tracing::error!("updating the state file: {e}");
+            }
+        }
         let due: Vec<u32> = self
             .preempted
             .iter()
@@ -233,7 +252,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 "processes": self.registry.processes().len(),
                 "preempted": self.preempted.keys().collect::<Vec<_>>(),
                 "max_hold_ms": self.max_hold.map(|d| d.as_millis() as u64),
-                "state_file": self.state.path(),
+                "state_file": self.state.file().path(),
                 "recovered_at_start": self.recovered,
                 "recovery_failures": self.recovery_failures,
                 "restored_from_journal": self.restored,
@@ -401,7 +420,7 @@ impl<D: RmDriver> DaemonCore<D> {
             },
         );
         let t_record = Instant::now();
-        if let Err(e) = self.save() {
+        if let Err(e) = self.record() {
             self.preempted.remove(&pid);
             return Reply::err(1, format!("not preempting: cannot record it ({e})"));
         }
@@ -487,7 +506,7 @@ impl<D: RmDriver> DaemonCore<D> {
             self.preempted.insert(pid, p);
             return self.resume(pid);
         }
-        let _ = self.save();
+        let _ = self.record();
         let held = p.since.elapsed();
         Reply::ok(
             json!({"pid": pid, "enable": null, "to_gate": true, "held_ms": held.as_secs_f64() * 1e3}),
@@ -695,7 +714,7 @@ impl<D: RmDriver> DaemonCore<D> {
             return;
         };
         // Recorded before the gate thread may disable them.
-        if let Err(e) = self.save() {
+        if let Err(e) = self.record() {
             tracing::error!("recording the gate's offline channels: {e}");
         }
         if let Some(g) = &self.gate {

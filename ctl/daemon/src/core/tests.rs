@@ -807,3 +807,59 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
     assert!(rm.disabled().is_empty());
     assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
 }
+
+#[test]
+fn a_reclaim_preempt_of_a_gated_process_writes_no_state_file_and_the_next_turn_tidies_it() {
+    // The state file already lists what the gate may disable, so the memory pool's preempt of
+    // a gated process costs no write on its reclaim path; a write follows at the loop's turn.
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    assert!(c.handle(gate_spec(1, me)).error.is_none());
+    let file = StateFile::in_dir(dir.path());
+    assert_eq!(
+        file.load().unwrap().len(),
+        1,
+        "the gate's offline set is recorded"
+    );
+    let writes = c.state.writes();
+    for busy in [true, false] {
+        let edge = if busy {
+            Request::OnlineBusy
+        } else {
+            Request::OnlineIdle
+        };
+        assert!(c.handle(edge).error.is_none());
+        let want = if busy { 4 } else { 0 };
+        wait_for("the gate's edge", || rm.disabled().len() == want);
+        let r = c.handle(Request::Preempt {
+            pid: me,
+            gpu: None,
+            max_hold_ms: None,
+        });
+        assert!(r.error.is_none(), "{r:?}");
+        assert_eq!(r.data["from_gate"], busy, "{r:?}");
+        assert_eq!(c.state.writes(), writes, "no write while preempting");
+        assert_eq!(file.load().unwrap().len(), 1, "still listed: {r:?}");
+        assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+        assert_eq!(c.state.writes(), writes, "no write handing it back");
+    }
+    // A process the gate does not name is new to the file: written before the disable.
+    for e in cuda_process(&rm, PID_B, 0xc1d0_0020, &[0], 2) {
+        c.on_event(&e);
+    }
+    let r = c.handle(Request::Preempt {
+        pid: PID_B,
+        gpu: None,
+        max_hold_ms: None,
+    });
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(c.state.writes(), writes + 1);
+    assert!(file.load().unwrap().iter().any(|r| r.pid == PID_B));
+    assert!(c.handle(Request::Resume { pid: PID_B }).error.is_none());
+    // The resume wrote the exact set: the gate's process only.
+    assert!(!c.state.is_stale());
+    assert!(c.handle(Request::GateStop).error.is_none());
+    c.expire(Instant::now());
+    assert!(file.load().unwrap().is_empty());
+}
