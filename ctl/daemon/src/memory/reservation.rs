@@ -295,6 +295,8 @@ pub struct ReservationController {
     /// Timestamps of the events inside the window, oldest first.
     events: VecDeque<Duration>,
     total_events: u64,
+    /// The most handles online can ever hold (the pool's size on its GPU).
+    capacity: u64,
 }
 
 impl ReservationController {
@@ -315,7 +317,17 @@ impl ReservationController {
             reserved: 0,
             events: VecDeque::new(),
             total_events: 0,
+            capacity: u64::MAX,
         })
+    }
+
+    /// Caps what online is asked to hold, and the headroom, at `handles`: the pool's size on
+    /// online's GPU. A reservation above what can be mapped would have to decay below the pool's
+    /// size, one handle per T, before a single handle went back to offline.
+    pub fn with_capacity(mut self, handles: u64) -> Self {
+        self.capacity = handles.max(1);
+        self.headroom = self.headroom.min(self.capacity);
+        self
     }
 
     /// Feeds one observation of online's memory; returns what online should have mapped.
@@ -342,10 +354,11 @@ impl ReservationController {
         } else if self.on_quiet(now) && self.reserved > base.saturating_add(self.cfg.min_headroom) {
             self.reserved -= 1;
         }
-        // Never less than use plus the floor headroom.
+        // Never less than use plus the floor headroom, never more than the pool has.
         self.reserved = self
             .reserved
-            .max(base.saturating_add(self.cfg.min_headroom));
+            .max(base.saturating_add(self.cfg.min_headroom))
+            .min(self.capacity);
         let target = self.reserved;
         self.last_target = target;
         Decision {
@@ -467,7 +480,7 @@ impl ReservationController {
             scaled as u64
         };
         let at_least = self.headroom.saturating_add(1).max(growth_handles);
-        scaled.max(at_least).min(max)
+        scaled.max(at_least).min(max).min(self.capacity)
     }
 
     /// No pressure: the headroom shrinks one handle per T (true when it did now), and T may
@@ -1038,6 +1051,61 @@ mod tests {
             !again.pressure,
             "the same burst again fits in what was kept"
         );
+    }
+
+    /// One observation every [`STEP`], the pool mapping what the last one asked for.
+    struct Feed {
+        now: Duration,
+        mapped: u64,
+    }
+
+    impl Feed {
+        fn new() -> Self {
+            Feed {
+                now: Duration::ZERO,
+                mapped: 0,
+            }
+        }
+
+        fn step(&mut self, ctl: &mut ReservationController, used_handles: u64) -> Decision {
+            self.now += STEP;
+            let d = ctl.observe(self.now, used_handles * HS, self.mapped);
+            self.mapped = d.target_mapped_handles * HS;
+            d
+        }
+    }
+
+    #[test]
+    fn a_burst_that_fills_the_pool_gives_handles_back_from_the_first_quiet_interval() {
+        // The membench trace on the H100: online jumps to 165 of a 192-handle pool. Uncapped, the
+        // reservation climbed above 192 and had to decay there, one handle a second, before
+        // offline got anything back: online held the whole pool, idle, for 30 s.
+        let capacity = 192;
+        let burst = [1, 8, 25, 60, 120, 165];
+        let mut ctl = ReservationController::new(cfg())
+            .unwrap()
+            .with_capacity(capacity);
+        let mut feed = Feed::new();
+        for used in burst {
+            let d = feed.step(&mut ctl, used);
+            assert!(d.target_mapped_handles <= capacity, "{d:?}");
+            assert!(d.headroom_handles <= capacity, "{d:?}");
+        }
+        assert_eq!(feed.mapped / HS, capacity, "the burst took the whole pool");
+        // The burst ends; one interval T (1 s) later a handle goes back, and one per T after.
+        let held: Vec<u64> = (0..300)
+            .map(|_| feed.step(&mut ctl, 0).target_mapped_handles)
+            .collect();
+        let first = held.iter().position(|&h| h < capacity);
+        assert!(first.is_some_and(|i| i < 100), "{:?}", &held[90..110]);
+        assert_eq!(held[299], capacity - 3, "one per T");
+        // Uncapped, the same burst leaves a reservation far above the pool.
+        let mut uncapped = ReservationController::new(cfg()).unwrap();
+        let mut feed = Feed::new();
+        for used in burst {
+            feed.step(&mut uncapped, used);
+        }
+        assert!(feed.mapped / HS > capacity, "{}", feed.mapped / HS);
     }
 
     #[test]

@@ -133,8 +133,11 @@ impl PoolServer {
         let handle = self.ledger.handle_bytes(info.gpu).unwrap_or(1) as u64;
         let mapped = info.held.len() as u64 * handle;
         let cfg = self.reservation;
+        let capacity = self.ledger.max_handles(info.gpu).unwrap_or(usize::MAX) as u64;
         let c = self.controllers.entry(client).or_insert_with(|| {
-            ReservationController::new(cfg).expect("validated in set_reservation")
+            ReservationController::new(cfg)
+                .expect("validated in set_reservation")
+                .with_capacity(capacity)
         });
         let d = c.observe(self.started.elapsed(), used, mapped);
         json!({"ok": true, "target_handles": d.target_mapped_handles, "pressure": d.pressure,
