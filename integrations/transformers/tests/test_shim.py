@@ -397,3 +397,45 @@ def test_an_idle_online_server_gives_back_what_its_reservation_no_longer_wants(m
         assert online.held_slots() == [], "an idle server kept handles its reservation no longer wants"
     finally:
         manager.stop(block=True, timeout=30)
+
+
+def test_a_reclaim_between_steps_that_takes_everything_is_collected_without_a_step(model, monkeypatch):
+    """On the H100 a reclaim took offline's last handles after its step's update. Nothing could then be
+    scheduled, so no update ran to collect the invalidated blocks; their slots stayed quarantined, the pool
+    could lend nothing into them, and offline stalled for the remaining 340 s. The blocks must be collected
+    at the next turn of the generation loop, step or no step."""
+    ref = reference(model)
+    pool = FakePool(8, HANDLE_BYTES, PAGE)
+    vt.install("offline", kv_space=pool.kv_space_factory("offline"), memory_wait_s=5)
+    from valve_transformers._kv import ValveKV
+
+    original = ValveKV.between_steps
+    turns = {"n": 0}
+
+    def between_steps(self, cache, scheduler, use_async):
+        turns["n"] += 1
+        if turns["n"] != 30:
+            return original(self, cache, scheduler, use_async)
+        # After the 29th update, before the next schedule: no step in flight.
+        taken = pool.take_from_offline(8, "fifo")
+        assert taken, "offline held nothing to reclaim"
+        for h in taken:
+            pool.lender[h] = "online"
+
+        def online_frees():
+            with pool.lock:
+                for h in taken:
+                    pool.lender[h] = None
+
+        threading.Timer(0.3, online_frees).start()
+        original(self, cache, scheduler, use_async)
+        turns["requeued_at_once"] = self.stats["requeued"]
+        turns["left_in_tables"] = sum(len(t) for cm in cache.group_cache_managers for t in cm.block_table.values())
+
+    monkeypatch.setattr(ValveKV, "between_steps", between_steps)
+    started = time.monotonic()
+    got = generate(model)
+    assert turns["requeued_at_once"] >= 1, "collected at this turn, not at an update that may never come"
+    assert turns["left_in_tables"] == 0, "every block was reclaimed: no request may still hold one"
+    assert got == ref
+    assert time.monotonic() - started < 5, "offline waited out its memory_wait_s"

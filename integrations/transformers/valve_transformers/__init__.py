@@ -115,7 +115,7 @@ def _apply_patches() -> None:
     import torch
     import transformers
     from transformers.generation.continuous_batching import cache as cache_mod
-    from transformers.generation.continuous_batching import cache_manager, continuous_api, offloading_manager, requests, scheduler
+    from transformers.generation.continuous_batching import cache_manager, continuous_api, offloading_manager, scheduler
 
     version = transformers.__version__
     if int(version.split(".")[0]) < 5:
@@ -129,7 +129,6 @@ def _apply_patches() -> None:
     CBP = continuous_api.ContinuousBatchProcessor
     Sched = scheduler.Scheduler
     OM = offloading_manager.OffloadingManager
-    FINISHED = requests.RequestStatus.FINISHED
     from ._kv import ValveKV
 
     hooks = [(PAC, "__init__"), (PAC, "will_allocation_be_successful"), (Handler, "infer_max_batch_tokens_and_num_blocks"),
@@ -194,11 +193,7 @@ def _apply_patches() -> None:
         if self.use_async_batching:
             self.inputs_and_outputs.prepare_batch_update()  # [wrap] a patch would collect after line 447, which waits
         doomed = v.collect_doomed(self.cache, self.scheduler, self.use_async_batching)  # [FW] owners of invalidated blocks
-        for state in doomed:
-            new_state = state.create_equivalent_initial_request()  # [FW] prompt + generated tokens, same id
-            state._status = FINISHED  # [FW] its token from this step is garbage: the update skips it
-            self.scheduler.finish_request(state.request_id)  # [FW] frees its blocks
-            self.scheduler.add_waiting_request(new_state)  # [FW] recomputed when scheduled again
+        v.requeue(self.scheduler, doomed)
         v.drop_invalidated(self.cache)  # [FW] before the update, which shares cached blocks (cache_manager.py:258)
         skip = bool(doomed) and not self.use_async_batching
         if skip:
@@ -244,7 +239,7 @@ def _apply_patches() -> None:
         n = orig[(OM, "offload_requests")](self)
         v = getattr(self.cache, "_valve", None)
         if n == 0 and v is not None and getattr(self.scheduler, "_valve_starved", False):
-            n = int(v.wait_for_memory(self.cache._block_manager))  # [FW] continuous_api.py:407
+            n = int(v.wait_for_memory(self.cache, self.scheduler))  # [FW] continuous_api.py:407
         return n
 
     patched = {

@@ -220,14 +220,19 @@ class ValveKV:
             want -= got
         self._no_grow_until = 0.0
 
-    def wait_for_memory(self, bm: Any) -> bool:
-        """Offline with nothing to evict: wait for the pool to lend a handle instead of failing."""
+    def wait_for_memory(self, cache: Any, scheduler: Any) -> bool:
+        """Offline with nothing to evict: wait for the pool to lend a handle instead of failing. A reclaim
+        that lands while it waits is collected here (sync mode: no step is in flight), else its slots would
+        stay quarantined and nothing could ever be lent into them."""
         if self.role != "offline":
             return False
         self.stats["memory_waits"] += 1
+        bm = cache._block_manager
         deadline = time.monotonic() + self.policy.get("memory_wait_s", 600.0)
         delay = 0.002
         while time.monotonic() < deadline:
+            if self.requeue_outside_step(cache, scheduler):
+                return True  # requests went back to waiting: let the scheduler look again
             self._release_quarantine(force=True)
             self._no_grow_until = 0.0
             if self._grow(bm, 1):
@@ -261,6 +266,29 @@ class ValveKV:
         self.stats["requeued"] += len(doomed)
         logger.info("Valve reclaimed %d block(s): %d request(s) go back to waiting", len(gone), len(doomed))
         return doomed
+
+    def requeue(self, scheduler: Any, doomed: list) -> None:
+        """Requests whose blocks were reclaimed go back to waiting with their prompt and generated tokens."""
+        from transformers.generation.continuous_batching.requests import RequestStatus
+
+        for state in doomed:
+            new_state = state.create_equivalent_initial_request()  # [FW] prompt + generated tokens, same id
+            state._status = RequestStatus.FINISHED  # [FW] its token from this step is garbage: the update skips it
+            scheduler.finish_request(state.request_id)  # [FW] frees its blocks
+            scheduler.add_waiting_request(new_state)  # [FW] recomputed when scheduled again
+
+    def requeue_outside_step(self, cache: Any, scheduler: Any) -> bool:
+        """Sync mode, between steps (nothing in flight): a reclaim that came after the last update is collected
+        now, not at the next update, which may never come: with every block reclaimed nothing can be scheduled,
+        and the reclaimed slots stay quarantined until collected. Returns whether anything was collected."""
+        if self.role != "offline" or self._async:
+            return False
+        doomed = self.collect_doomed(cache, scheduler, False)
+        if not self._pending_blocks:
+            return False
+        self.requeue(scheduler, doomed)
+        self.drop_invalidated(cache)
+        return True
 
     def drop_invalidated(self, cache: Any) -> None:
         """After the requeue and before the update: the reclaimed blocks leave the allocator for good (until
@@ -313,6 +341,7 @@ class ValveKV:
             slots, self._pending_shrink = self._pending_shrink, []
             self.space.shrink(slots)
         if self.role == "offline":
+            self.requeue_outside_step(cache, scheduler)
             self._release_quarantine()
             self._report_owners(cache, scheduler)
             free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
