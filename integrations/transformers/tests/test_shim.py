@@ -403,7 +403,9 @@ def test_a_reclaim_between_steps_that_takes_everything_is_collected_without_a_st
     """On the H100 a reclaim took offline's last handles after its step's update. Nothing could then be
     scheduled, so no update ran to collect the invalidated blocks; their slots stayed quarantined, the pool
     could lend nothing into them, and offline stalled for the remaining 340 s. The blocks must be collected
-    at the next turn of the generation loop, step or no step."""
+    at the next turn of the generation loop, step or no step. In the second such run the requeue left no
+    active request while transformers' eviction still blocked new ones, which only a finishing active
+    request unblocks: offline stalled again."""
     ref = reference(model)
     pool = FakePool(8, HANDLE_BYTES, PAGE)
     vt.install("offline", kv_space=pool.kv_space_factory("offline"), memory_wait_s=5)
@@ -428,7 +430,11 @@ def test_a_reclaim_between_steps_that_takes_everything_is_collected_without_a_st
                     pool.lender[h] = None
 
         threading.Timer(0.3, online_frees).start()
+        # As transformers' eviction leaves it: new requests wait until an active one finishes.
+        scheduler.block_new_requests = True
         original(self, cache, scheduler, use_async)
+        turns["blocked_after"] = scheduler.block_new_requests
+        scheduler.block_new_requests = False  # the test's own: a failing shim must fail the test, not hang it
         turns["requeued_at_once"] = self.stats["requeued"]
         turns["left_in_tables"] = sum(len(t) for cm in cache.group_cache_managers for t in cm.block_table.values())
 
@@ -437,5 +443,6 @@ def test_a_reclaim_between_steps_that_takes_everything_is_collected_without_a_st
     got = generate(model)
     assert turns["requeued_at_once"] >= 1, "collected at this turn, not at an update that may never come"
     assert turns["left_in_tables"] == 0, "every block was reclaimed: no request may still hold one"
+    assert turns["blocked_after"] is False, "nothing is active: new requests must be let in again"
     assert got == ref
     assert time.monotonic() - started < 5, "offline waited out its memory_wait_s"

@@ -192,9 +192,8 @@ def _apply_patches() -> None:
             return orig[(CBP, "update_batch")](self)
         if self.use_async_batching:
             self.inputs_and_outputs.prepare_batch_update()  # [wrap] a patch would collect after line 447, which waits
-        doomed = v.collect_doomed(self.cache, self.scheduler, self.use_async_batching)  # [FW] owners of invalidated blocks
-        v.requeue(self.scheduler, doomed)
-        v.drop_invalidated(self.cache)  # [FW] before the update, which shares cached blocks (cache_manager.py:258)
+        # Before the update, which shares cached blocks (cache_manager.py:258): the reclaimed blocks must be gone.
+        doomed = v.requeue_reclaimed(self.cache, self.scheduler, self.use_async_batching)  # [FW] owners requeued, blocks dropped
         skip = bool(doomed) and not self.use_async_batching
         if skip:
             self.use_async_batching = True  # [FW] continuous_api.py:454 skip finished states in sync mode too

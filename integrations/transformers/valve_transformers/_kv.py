@@ -276,6 +276,9 @@ class ValveKV:
             state._status = RequestStatus.FINISHED  # [FW] its token from this step is garbage: the update skips it
             scheduler.finish_request(state.request_id)  # [FW] frees its blocks
             scheduler.add_waiting_request(new_state)  # [FW] recomputed when scheduled again
+        if doomed and not scheduler.active_requests:
+            # transformers' eviction blocks new requests until an active one finishes; none is left to.
+            scheduler.block_new_requests = False  # [FW] as continuous_api.py:476
 
     def requeue_outside_step(self, cache: Any, scheduler: Any) -> bool:
         """Sync mode, between steps (nothing in flight): a reclaim that came after the last update is collected
@@ -283,12 +286,17 @@ class ValveKV:
         and the reclaimed slots stay quarantined until collected. Returns whether anything was collected."""
         if self.role != "offline" or self._async:
             return False
-        doomed = self.collect_doomed(cache, scheduler, False)
-        if not self._pending_blocks:
-            return False
+        before = self.stats["invalidated_blocks"]
+        self.requeue_reclaimed(cache, scheduler, False)
+        return self.stats["invalidated_blocks"] > before
+
+    def requeue_reclaimed(self, cache: Any, scheduler: Any, use_async: bool) -> list:
+        """Collects the blocks reclaimed since the last look, requeues the requests holding any of them and
+        drops the blocks from the allocator; returns the requeued (old) states."""
+        doomed = self.collect_doomed(cache, scheduler, use_async)
         self.requeue(scheduler, doomed)
         self.drop_invalidated(cache)
-        return True
+        return doomed
 
     def drop_invalidated(self, cache: Any) -> None:
         """After the requeue and before the update: the reclaimed blocks leave the allocator for good (until
