@@ -174,23 +174,26 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     fn save(&self) -> valve::error::Result<()> {
-        self.state.write(&self.all_records())
+        let all: Vec<DisabledRecord> = self.all_records().cloned().collect();
+        self.state.write(&all)
     }
 
     /// Makes sure the state file lists everything recorded now, writing only if it lacks a
-    /// channel (a process moving between the gate and a preempt costs no write); the exact
-    /// set is written at the next [`Self::expire`].
+    /// channel (a process moving between the gate and a preempt costs no write, nor a copy of
+    /// the records); the exact set is written at the next [`Self::expire`].
     fn record(&self) -> valve::error::Result<()> {
-        self.state.cover(&self.all_records())
+        if self.state.covers(self.all_records()) {
+            return Ok(());
+        }
+        self.save()
     }
 
-    fn all_records(&self) -> Vec<DisabledRecord> {
+    fn all_records(&self) -> impl Iterator<Item = &DisabledRecord> {
         // What the gate may disable counts too: a restart must not leave it frozen.
         self.preempted
             .values()
-            .flat_map(|p| p.records.iter().cloned())
-            .chain(self.gate.iter().flat_map(|g| g.records.iter().cloned()))
-            .collect()
+            .flat_map(|p| p.records.iter())
+            .chain(self.gate.iter().flat_map(|g| g.records.iter()))
     }
 
     /// Folds one watcher event into the registry.
