@@ -77,6 +77,54 @@ class KvSampler(threading.Thread):
             self.samples.append((now(), *self.used()))
 
 
+class StepLog:
+    """Every step of the generation loop: when it started, how long scheduling (`prepare_next_batch`,
+    the shim's turn included), the forward pass (sync mode: until its tokens reach the host) and the
+    update took, and what it computed (requests, query tokens, KV tokens read). Steps of the same shape
+    can then be compared across configurations: a slower forward pass of the same shape is the device
+    or the host, a different shape is scheduling. The forward pass's CPU time (this thread's) tells the
+    two apart: a step whose wall time is nearly all CPU time is bound by the host, not the GPU."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+        self._shape: tuple = (0, 0, 0)
+        self._prep = (0.0, 0.0)
+        self._step = self._step_cpu = 0.0
+
+    def install(self) -> None:
+        from transformers.generation.continuous_batching import continuous_api, scheduler
+
+        cbp, log = continuous_api.ContinuousBatchProcessor, self
+        prepare, step, update = cbp.prepare_next_batch, cbp._generation_step, cbp.update_batch
+        schedule = scheduler.FIFOScheduler.schedule_batch
+
+        def schedule_batch(sched, *args, **kwargs):
+            out = schedule(sched, *args, **kwargs)
+            batch = out[0] or []
+            log._shape = (len(batch), out[2], out[3])
+            return out
+
+        def prepare_next_batch(bp):
+            t = now()
+            ok = prepare(bp)
+            log._prep = (t, now() - t)
+            return ok
+
+        def generation_step(bp, model):
+            t, cpu = now(), time.thread_time()
+            step(bp, model)
+            log._step, log._step_cpu = now() - t, time.thread_time() - cpu
+
+        def update_batch(bp):
+            t = now()
+            update(bp)
+            log.steps.append((round(log._prep[0], 6), round(log._prep[1], 6), round(log._step, 6),
+                              round(now() - t, 6), *log._shape, round(log._step_cpu, 6)))
+
+        scheduler.FIFOScheduler.schedule_batch = schedule_batch
+        cbp.prepare_next_batch, cbp._generation_step, cbp.update_batch = prepare_next_batch, generation_step, update_batch
+
+
 def timed_grows(space, log: list) -> None:
     """Records every `grow` of the KV space: start, duration, handles, and how many the daemon took
     from offline for it (the client's `last_grow_reclaimed`)."""
@@ -127,6 +175,8 @@ def main() -> int:
             return space
 
         vt.install("online", kv_space=factory, reservation=a.reservation == "on", usage_interval_s=0.01)
+    steps = StepLog()
+    steps.install()  # after the shim's patches: a step's times include the shim's work
     model, tok = common.load_model(a.model, a.attention)
     gen = GenerationConfig(max_new_tokens=64, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
@@ -156,10 +206,13 @@ def main() -> int:
         open(a.ready, "w").close()
     while a.go and not os.path.exists(a.go):
         time.sleep(0.005)
+    steps.steps.clear()  # the warm-up's steps are not the trace's
     result = run_trace(manager, tok, trace, texts, GateSignals(a.gate_signals), a.drain_s)
     sampler.stop.set()
     result.update(mode=a.mode, reservation=a.reservation, num_blocks=cache.num_blocks, kv=sampler.samples,
-                  grows=grows, device=common.device_name())
+                  grows=grows, device=common.device_name(),
+                  steps=steps.steps, steps_fields=["t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens",
+                                                   "kv_read", "forward_cpu_s"])
     v = getattr(cache, "_valve", None)
     if v is not None:
         result["shim"] = dict(v.stats)

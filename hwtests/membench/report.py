@@ -81,6 +81,41 @@ def boundary_wait(steps: list[float], samples: int = 20000, seed: int = 0) -> di
                 step_max=max(gaps) * 1e3)
 
 
+KV_BIN = 8192  # tokens read per step: steps are compared within bins of this width
+
+
+def step_profile(online: dict) -> dict | None:
+    """Where online's generation loop spent the trace (online.py's StepLog): seconds in scheduling
+    (the shim's turn included), forward passes and updates, and the median forward pass of decode-only
+    steps per KV-read bin, so that two configurations can be compared on steps of the same shape."""
+    fields = online.get("steps_fields")
+    if not fields or not online.get("steps"):
+        return None
+    rows = [dict(zip(fields, s)) for s in online["steps"]]
+    bins: dict[int, list[float]] = {}
+    for r in rows:
+        if r["q_tokens"] == r["requests"] > 0:  # every request decodes one token
+            bins.setdefault(r["kv_read"] // KV_BIN, []).append(r["forward_s"] * 1e3)
+    cpu = [r["forward_cpu_s"] for r in rows if "forward_cpu_s" in r]
+    return dict(steps=len(rows), prepare_s=sum(r["prepare_s"] for r in rows),
+                forward_s=sum(r["forward_s"] for r in rows), update_s=sum(r["update_s"] for r in rows),
+                forward_cpu_s=sum(cpu) if cpu else None,
+                prepare_p99_ms=pct([r["prepare_s"] * 1e3 for r in rows], 99),
+                decode_steps=sum(len(v) for v in bins.values()),
+                decode_ms_by_kv_bin={str(b): dict(n=len(v), p50=pct(v, 50)) for b, v in sorted(bins.items())})
+
+
+def decode_vs(prof: dict | None, ref: dict | None) -> float | None:
+    """Mean ratio of median decode-step times in the KV bins both profiles have, weighted by the
+    steps of `prof`: above 1, the same work takes longer than in `ref`."""
+    if not prof or not ref:
+        return None
+    a, b = prof["decode_ms_by_kv_bin"], ref["decode_ms_by_kv_bin"]
+    pairs = [(a[k]["n"], a[k]["p50"] / b[k]["p50"]) for k in a if k in b and b[k]["p50"]]
+    total = sum(n for n, _ in pairs)
+    return sum(n * r for n, r in pairs) / total if total else None
+
+
 def config_numbers(res: dict) -> dict:
     """The numbers of one configuration."""
     n: dict = dict(config=res.get("config"), error=res.get("error"),
@@ -91,6 +126,7 @@ def config_numbers(res: dict) -> dict:
         n.update(latencies(on), busy=busy_fraction(on), device=on.get("device"),
                  online_peak_blocks=max((k[1] for k in on.get("kv", [])), default=None))
         n["reclaim_ms"] = reclaim_latency(on)
+        n["step_profile"] = step_profile(on)
         n["grows_with_reclaim"] = sum(1 for g in on.get("grows", []) if g[3] > 0)
         minutes = (on["t_end"] - on["t0"]) / 60
         n["trace_minutes"] = minutes
@@ -127,6 +163,7 @@ def build(results: dict, sizes: dict, args: dict) -> dict:
         if k != "alone":
             for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"):
                 n[f"{m}_vs_alone_pct"] = delta(n.get(m), alone.get(m))
+            n["decode_step_vs_alone"] = decode_vs(n.get("step_profile"), alone.get("step_profile"))
             n["offline_vs_static"] = None
             st = nums.get("static", {}).get("offline_tokens_per_s")
             if st and n.get("offline_tokens_per_s") is not None:
@@ -206,6 +243,16 @@ def markdown(rep: dict) -> str:
                   f"{fmt(noise.get('ttft_p99_vs_alone_pct'))}% in TTFT p99 and "
                   f"{fmt(noise.get('tpot_p99_vs_alone_pct'))}% in TPOT p99. Read every \"vs alone\" "
                   "figure against that."]
+    lines += ["", "Online's generation loop (s): scheduling with the shim's turn / forward passes / updates; "
+              "decode-only steps against alone at the same KV read:", "",
+              "| config | steps | schedule | forward (its CPU time) | update | schedule p99 ms | decode step vs alone |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for k, n in rep["configs"].items():
+        p = n.get("step_profile")
+        if p:
+            lines.append(f"| {k} | {p['steps']} | {fmt(p['prepare_s'], 2)} | {fmt(p['forward_s'], 2)} "
+                         f"({fmt(p.get('forward_cpu_s'), 2)}) | {fmt(p['update_s'], 2)} | {fmt(p['prepare_p99_ms'], 2)} | "
+                         f"{fmt(n.get('decode_step_vs_alone'), 3)} |")
     lines += ["", "Waiting for offline's iteration boundary instead (ms, sampled over offline's steps):", ""]
     for k, n in rep["configs"].items():
         b = n.get("boundary_wait_ms")

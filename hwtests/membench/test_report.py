@@ -37,6 +37,32 @@ class Latencies(unittest.TestCase):
         self.assertIsNone(common.pct([], 50))
 
 
+class Steps(unittest.TestCase):
+    FIELDS = ["t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens", "kv_read", "forward_cpu_s"]
+
+    def online(self, forward_ms_by_kv):
+        steps = [(0.0, 0.001, ms / 1e3, 0.0005, 4, 4, kv, ms / 2e3) for kv, ms in forward_ms_by_kv]
+        steps.append((0.0, 0.002, 0.5, 0.001, 2, 3000, 5000, 0.1))  # a prefill step: not a decode step
+        return dict(steps=steps, steps_fields=self.FIELDS)
+
+    def test_profile_sums_the_loop_and_bins_decode_steps_by_kv_read(self):
+        p = report.step_profile(self.online([(100, 10.0), (200, 12.0), (9000, 30.0)]))
+        self.assertEqual(p["steps"], 4)
+        self.assertEqual(p["decode_steps"], 3)
+        self.assertAlmostEqual(p["forward_s"], 0.552)
+        self.assertAlmostEqual(p["forward_cpu_s"], 0.126)
+        self.assertEqual(p["decode_ms_by_kv_bin"]["0"]["n"], 2)
+        self.assertAlmostEqual(p["decode_ms_by_kv_bin"]["1"]["p50"], 30.0)
+
+    def test_decode_comparison_uses_only_bins_both_have(self):
+        ref = report.step_profile(self.online([(100, 10.0), (9000, 30.0)]))
+        slow = report.step_profile(self.online([(100, 12.0), (100, 12.0), (9000, 30.0), (30000, 99.0)]))
+        # bin 0: 1.2 over 2 steps, bin 1: 1.0 over 1 step; bin 3 is not in ref
+        self.assertAlmostEqual(report.decode_vs(slow, ref), (2 * 1.2 + 1.0) / 3)
+        self.assertIsNone(report.decode_vs(None, ref))
+        self.assertIsNone(report.step_profile(dict(requests=[])))
+
+
 class Reclaims(unittest.TestCase):
     def test_only_grows_that_reclaimed_count_and_sizes_are_split(self):
         on = dict(grows=[(0, 0.002, 1, 1), (0, 0.050, 4, 0), (0, 0.004, 16, 16), (0, 0.012, 128, 100)])
