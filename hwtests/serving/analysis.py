@@ -74,21 +74,39 @@ def request_stats(requests):
 
 def busy_share(requests):
     """Share of the window in which at least one request was in flight (send -> end)."""
-    lo, hi = window_of(requests)
-    return union_ns([(r["send_ns"], r["end_ns"]) for r in requests], lo, hi) / max(1, hi - lo)
+    return busy_share_runs([requests])
+
+
+def busy_share_runs(runs):
+    """busy_share over several runs (lists of records) of one configuration: busy time over window time."""
+    busy = window = 0
+    for requests in runs:
+        lo, hi = window_of(requests)
+        busy += union_ns([(r["send_ns"], r["end_ns"]) for r in requests], lo, hi)
+        window += max(1, hi - lo)
+    return busy / window
 
 
 def harvest(requests, progress, rate_alone):
     """Offline throughput against alone, and the share of online-idle time harvested: offline's
     progress in the window, in seconds at its rate alone, over the window's online-idle seconds."""
-    lo, hi = window_of(requests)
-    p0, p1 = progress_at(progress, lo), progress_at(progress, hi)
-    if p0 is None or not rate_alone:
-        return {"offline_vs_alone": None, "harvested": None}
-    done_s = (p1 - p0) / rate_alone
-    idle_s = (hi - lo - union_ns([(r["send_ns"], r["end_ns"]) for r in requests], lo, hi)) / 1e9
+    return harvest_runs([(requests, progress)], rate_alone)
+
+
+def harvest_runs(runs, rate_alone):
+    """harvest over several runs ((records, progress samples) pairs) of one configuration: offline's
+    progress and the windows' idle seconds are summed before dividing."""
+    done_s = window_s = idle_s = 0.0
+    for requests, progress in runs:
+        lo, hi = window_of(requests)
+        p0, p1 = progress_at(progress, lo), progress_at(progress, hi)
+        if p0 is None or not rate_alone:
+            return {"offline_vs_alone": None, "harvested": None}
+        done_s += (p1 - p0) / rate_alone
+        window_s += (hi - lo) / 1e9
+        idle_s += (hi - lo - union_ns([(r["send_ns"], r["end_ns"]) for r in requests], lo, hi)) / 1e9
     return {
-        "offline_vs_alone": done_s / ((hi - lo) / 1e9),
+        "offline_vs_alone": done_s / window_s if window_s > 0 else None,
         "harvested": done_s / idle_s if idle_s > 0 else None,
     }
 

@@ -38,7 +38,7 @@ OFFLINE_LABEL = "valve-bench-offline"
 CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival", "alone-2"]
 CONFIG_NAMES = {
     "alone": "online alone",
-    "alone-2": "online alone again, last (the noise floor of every comparison with alone)",
+    "alone-2": "online alone, a second configuration (the noise floor of every comparison with alone)",
     "timeslice": "no control (time-slicing)",
     "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
@@ -250,8 +250,9 @@ def settle(url, prompt, max_tokens, gap_s):
         time.sleep(gap_s)
 
 
-def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
-    """One configuration at one rate: returns records and, under a gate, its status and trace."""
+def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
+    """One round of one configuration at one rate (n requests): returns records and, under a gate,
+    its status and trace."""
     out = {"config": config, "rate": rate}
     if config.startswith("alone"):
         os.kill(offline_proc.p.pid, signal.SIGSTOP)
@@ -261,10 +262,6 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
             valve.gate_start(a.port, arrivals=config == "gate-arrival", waits=config != "gate-old")
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
-        n = max(a.min_requests, min(a.requests, round(rate * a.run_s)))
-        if n / rate > a.run_s_max:
-            n = max(5, int(rate * a.run_s_max))
-            log(f"   only {n} requests: more would not fit the time budget (--budget-s)")
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
         out["records"] = recs
         if config.startswith("gate"):
@@ -281,6 +278,24 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed):
     return out
 
 
+def round_orders(configs, rounds):
+    """The order of the configurations in each round: forward, then backward, and so on, so that a
+    slow drift of the host (seen as 30-60% between the first and last run of the same
+    configuration) weighs on every configuration alike instead of on whichever ran first."""
+    return [list(configs) if i % 2 == 0 else list(reversed(configs)) for i in range(rounds)]
+
+
+def requests_per_round(a, rate, n_configs):
+    """A configuration's requests at one load (--requests at most, --min-requests at least, about
+    --run-s of arrivals), split over the rounds, and capped so that every run fits --budget-s."""
+    total = max(a.min_requests, min(a.requests, round(rate * a.run_s)))
+    n = math.ceil(total / a.rounds)
+    cap = max(3, int(rate * a.budget_s / max(1, len(a.loads) * n_configs * a.rounds)))
+    if n > cap:
+        log(f"   only {cap} requests per round: more would not fit the time budget (--budget-s)")
+    return min(n, cap)
+
+
 def service_time(url, prompt, max_tokens, n=5):
     """Mean send -> end of sequential requests on an otherwise idle server (s)."""
     ts = []
@@ -292,44 +307,20 @@ def service_time(url, prompt, max_tokens, n=5):
 
 
 def summarize(a, runs, rate_alone, device):
-    """Per load: one row per configuration and the target checks of the arrival gate."""
+    """Per load: one row per configuration, its rounds pooled, and the target checks of the gates."""
     result = {"device": device, "server": a.server, "loads": []}
     for load in a.loads:
         if not any(r["load"] == load for r in runs):
             continue
-        rows = {}
-        for run in (r for r in runs if r["load"] == load):
-            recs = run["records"]
-            s = analysis.request_stats(recs)
-            s.update(analysis.harvest(recs, run["progress"], rate_alone))
-            s["busy_share"] = analysis.busy_share(recs)
-            s["preemptions_per_request"] = (
-                run["preemptions"] / len(recs) if "preemptions" in run else None
-            )
-            if "trace" in run:
-                pids = set(run["online_pids"]) or None
-                per = analysis.per_request(recs, run["trace"], pids)
-                s["per_request"] = per
-                judged = [x for x in per if x["arrival_to_kernel_ms"] is not None]
-                s["stopped_first_share"] = (
-                    sum(x["stopped_first"] for x in judged) / len(judged) if judged else None
-                )
-                s["arrival_to_stopped_p50_ms"] = analysis.percentile(
-                    [x["arrival_to_stopped_ms"] for x in per], 50)
-                s["arrival_to_stopped_p99_ms"] = analysis.percentile(
-                    [x["arrival_to_stopped_ms"] for x in per], 99)
-                s["arrival_to_kernel_p50_ms"] = analysis.percentile(
-                    [x["arrival_to_kernel_ms"] for x in per], 50)
-                s["arrival_to_kernel_p99_ms"] = analysis.percentile(
-                    [x["arrival_to_kernel_ms"] for x in per], 99)
-                s["gate"] = {k: run["gate_status"].get(k) for k in (
-                    "issue", "cooldown_us", "arrival_hold_us", "arrival_to_disable_us",
-                    "edge_to_disable_us", "disable_us", "errors", "last_error")}
-            rows[run["config"]] = s
-            run["stats"] = s
+        rows, tails = {}, {}
+        for cfg in dict.fromkeys(r["config"] for r in runs if r["load"] == load):
+            group = [r for r in runs if r["load"] == load and r["config"] == cfg]
+            rows[cfg] = config_stats(group, rate_alone)
+            for run in group:
+                run["stats"] = rows[cfg]
         alone = rows.get("alone")
         entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
-                 "rows": rows, "checks": {}, "tails": {}}
+                 "rows": rows, "checks": {}, "tails": tails}
         for cfg in ("gate-old", "gate-launch", "gate-arrival"):
             if alone and cfg in rows:
                 g = rows[cfg]
@@ -339,15 +330,44 @@ def summarize(a, runs, rate_alone, device):
                     if g["preemptions_per_request"] is not None else None,
                     g["harvested"],
                 )
-                run = next(r for r in runs if r["load"] == load and r["config"] == cfg)
                 thr = (alone["ttft_p99_ms"] or 0) * 1.2
-                entry["tails"][cfg] = analysis.tails(run["records"], run["trace"], thr)
+                tails[cfg] = [t for r in runs if r["load"] == load and r["config"] == cfg
+                              for t in analysis.tails(r["records"], r["trace"], thr)]
         if alone and "alone-2" in rows:
             again = rows["alone-2"]
             entry["noise_pct"] = {m: analysis.pct_change(again[m], alone[m])
                                   for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms")}
         result["loads"].append(entry)
     return result
+
+
+def config_stats(group, rate_alone):
+    """The numbers of one configuration at one load from its rounds: latency percentiles over every
+    request of every round, offline's share summed over the rounds' windows, the gate's per-request
+    reaction from each round's own trace."""
+    recs = [x for r in group for x in r["records"]]
+    s = analysis.request_stats(recs)
+    s.update(analysis.harvest_runs([(r["records"], r["progress"]) for r in group], rate_alone))
+    s["busy_share"] = analysis.busy_share_runs([r["records"] for r in group])
+    s["rounds"] = len(group)
+    gated = [r for r in group if "preemptions" in r]
+    s["preemptions_per_request"] = (sum(r["preemptions"] for r in gated) / len(recs)
+                                    if gated and recs else None)
+    if not any("trace" in r for r in group):
+        return s
+    per = [x for r in group if "trace" in r
+           for x in analysis.per_request(r["records"], r["trace"], set(r["online_pids"]) or None)]
+    s["per_request"] = per
+    judged = [x for x in per if x["arrival_to_kernel_ms"] is not None]
+    s["stopped_first_share"] = sum(x["stopped_first"] for x in judged) / len(judged) if judged else None
+    for what in ("stopped", "kernel"):
+        for p in (50, 99):
+            s[f"arrival_to_{what}_p{p}_ms"] = analysis.percentile([x[f"arrival_to_{what}_ms"] for x in per], p)
+    last = group[-1]["gate_status"]
+    s["gate"] = {k: last.get(k) for k in (
+        "issue", "cooldown_us", "arrival_hold_us", "arrival_to_disable_us",
+        "edge_to_disable_us", "disable_us", "errors", "last_error")}
+    return s
 
 
 def fmt(v, spec=".2f"):
@@ -371,7 +391,7 @@ def report_md(res, meta):
                 f"| {fmt(s.get('stopped_first_share'), '.0%')} |")
         if e.get("noise_pct"):
             n = e["noise_pct"]
-            lines += ["", f"Run-to-run noise: online alone run again, last, differs from the first by "
+            lines += ["", f"Noise floor: online alone measured as a second configuration, in its own rounds, differs from the first by "
                       f"{fmt(n['ttft_p50_ms'], '+.1f')}% in TTFT p50, {fmt(n['ttft_p99_ms'], '+.1f')}% in TTFT p99 "
                       f"and {fmt(n['tpot_p99_ms'], '+.1f')}% in TPOT p99: read each target against that."]
         for cfg, checks in e["checks"].items():
@@ -398,9 +418,12 @@ def main(argv=None):
     ap.add_argument("--valvectl", default="valvectl")
     ap.add_argument("--loads", default="0.3,0.7")
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--requests", type=int, default=80, help="most requests per run")
-    ap.add_argument("--min-requests", type=int, default=25, help="fewest requests per run")
-    ap.add_argument("--run-s", type=float, default=40, help="aim for runs this long")
+    ap.add_argument("--requests", type=int, default=80, help="most requests per configuration and load")
+    ap.add_argument("--min-requests", type=int, default=25, help="fewest requests per configuration and load")
+    ap.add_argument("--run-s", type=float, default=40, help="aim for this many seconds of arrivals per configuration and load")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="split each configuration's requests into this many rounds, the configurations "
+                         "taking turns (forward, then backward): host drift then weighs on all alike")
     ap.add_argument("--deadline-s", type=float, default=420,
                     help="start no run after this many seconds (the report covers the runs done)")
     ap.add_argument("--budget-s", type=float, default=240,
@@ -414,6 +437,8 @@ def main(argv=None):
     ap.add_argument("--keep-model", help="reuse/keep the model dir here")
     a = ap.parse_args(argv)
     a.loads = [float(x) for x in a.loads.split(",")]
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     configs = [c for c in a.configs.split(",") if c]
     if a.dry_run:
         configs = [c for c in configs if not c.startswith("gate")]
@@ -465,7 +490,6 @@ def main(argv=None):
         os.kill(off.p.pid, signal.SIGCONT)
         log(f"== service time alone: {s * 1e3:.1f} ms per request")
         runs = []
-        a.run_s_max = a.budget_s / max(1, len(a.loads) * len(configs))
         for load in a.loads:
             # Poisson arrivals; with overlapping requests the busy share is about 1 - exp(-rate * s).
             rate = -math.log(1 - load) / s
@@ -473,22 +497,24 @@ def main(argv=None):
             # configuration run again last, whatever it was (alone TPOT p99 105 ms, again 47 ms).
             log(f"== load {load:.0%} ({rate:.2f}/s): warm-up run, not recorded")
             run_load(url, rate, 10, 999, prompt, a.max_tokens)
-            for i, cfg in enumerate(configs):
-                if time.time() - t_start > a.deadline_s:
-                    log(f"== SKIPPED load {load:.0%} {CONFIG_NAMES[cfg]}: past --deadline-s")
-                    continue
-                log(f"== load {load:.0%} ({rate:.2f}/s): {CONFIG_NAMES[cfg]}")
-                r = measure(a, valve, url, prompt, off, rate, cfg, seed=int(load * 100))
-                r["load"] = load
-                r["progress"] = read_progress(progress)
-                runs.append(r)
-                st = analysis.request_stats(r["records"])
-                log(f"   TTFT p50/p99 {fmt(st['ttft_p50_ms'])}/{fmt(st['ttft_p99_ms'])} ms, "
-                    f"TPOT p50/p99 {fmt(st['tpot_p50_ms'])}/{fmt(st['tpot_p99_ms'])} ms, errors {st['errors']}")
+            for rnd, order in enumerate(round_orders(configs, a.rounds)):
+                for cfg in order:
+                    if time.time() - t_start > a.deadline_s:
+                        log(f"== SKIPPED load {load:.0%} round {rnd + 1} {CONFIG_NAMES[cfg]}: past --deadline-s")
+                        continue
+                    n = requests_per_round(a, rate, len(configs))
+                    log(f"== load {load:.0%} ({rate:.2f}/s) round {rnd + 1}/{a.rounds}: {CONFIG_NAMES[cfg]}, {n} requests")
+                    r = measure(a, valve, url, prompt, off, rate, cfg, int(load * 100) + 1000 * rnd, n)
+                    r.update(load=load, round=rnd, progress=read_progress(progress))
+                    runs.append(r)
+                    st = analysis.request_stats(r["records"])
+                    log(f"   TTFT p50/p99 {fmt(st['ttft_p50_ms'])}/{fmt(st['ttft_p99_ms'])} ms, "
+                        f"TPOT p50/p99 {fmt(st['tpot_p50_ms'])}/{fmt(st['tpot_p99_ms'])} ms, errors {st['errors']}")
         res = summarize(a, runs, rate_alone, device)
         meta = {
-            "requests per run": ", ".join(
-                f"{r['config']}@{r['load']:.0%}: {len(r['records'])}" for r in runs),
+            "requests per configuration (rounds)": ", ".join(
+                f"{cfg}@{e['load']:.0%}: {st['requests']} ({st['rounds']})" for e in res["loads"]
+                for cfg, st in e["rows"].items()),
             "prompt tokens (about)": a.prompt_tokens,
             "tokens per request": a.max_tokens,
             "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone",
@@ -505,7 +531,7 @@ def main(argv=None):
         print(md)
         failed = [n for e in res["loads"] for c, ch in e["checks"].items() if c == "gate-arrival"
                   for n, _, ok in ch if not ok]
-        planned = len(a.loads) * len(configs)
+        planned = len(a.loads) * len(configs) * a.rounds
         log(f"== report: {a.out}/report.md; runs done: {len(runs)} of {planned}; "
             f"arrival-gate targets failed: {len(failed)}")
         return 0 if not failed and len(runs) == planned else 1

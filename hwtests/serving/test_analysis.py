@@ -47,6 +47,17 @@ class Stats(unittest.TestCase):
         self.assertAlmostEqual(h["harvested"], 1.0)
         self.assertAlmostEqual(h["offline_vs_alone"], 0.5)
 
+    def test_rounds_of_one_configuration_are_summed_before_dividing(self):
+        # Round 1 as above (0.1 s of offline work in 100 ms idle of 200 ms); round 2, 1 s later:
+        # online busy the whole 100 ms window and offline did nothing.
+        r1 = [req(0, MS, 50 * MS), req(150 * MS, 151 * MS, 200 * MS)]
+        r2 = [req(1000 * MS, 1001 * MS, 1100 * MS)]
+        progress = [(0, 0), (200 * MS, 100), (2000 * MS, 100)]
+        h = a.harvest_runs([(r1, progress), (r2, progress)], 1000.0)
+        self.assertAlmostEqual(h["harvested"], 1.0)  # 0.1 s of work in 0.1 s of idle time
+        self.assertAlmostEqual(h["offline_vs_alone"], 0.1 / 0.3)
+        self.assertAlmostEqual(a.busy_share_runs([r1, r2]), (100 + 100) / 300)
+
 
 class Trace(unittest.TestCase):
     # A request sent at 10 ms: the arrival edge at 10.05 ms, offline stopped at 11.2 ms, first
