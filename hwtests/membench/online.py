@@ -152,6 +152,9 @@ def main() -> int:
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
     ap.add_argument("--attention", choices=("sdpa", "varlen"), default="sdpa",
                     help="paged|sdpa (cost grows with the batch squared) or PyTorch's varlen flash kernel")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="replay CUDA graphs (transformers' padded shapes), as production servers do: without them "
+                         "a decode step is bound by the host's Python, 20-40 ms whatever its GPU work")
     ap.add_argument("--ready", help="file to create once warmed up")
     ap.add_argument("--go", help="file whose appearance starts the trace")
     ap.add_argument("--drain-s", type=float, default=60.0, help="longest wait for requests after the trace")
@@ -181,7 +184,7 @@ def main() -> int:
     gen = GenerationConfig(max_new_tokens=64, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
                                    max_batch_tokens=a.max_batch_tokens, scheduler_type="fifo", safety_margin=0.0,
-                                   use_cuda_graph=False, use_async_batching=False,
+                                   use_cuda_graph=a.cuda_graphs, use_async_batching=False,
                                    **common.cb_extra(a.attention))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
     manager.start()
@@ -209,7 +212,7 @@ def main() -> int:
     steps.steps.clear()  # the warm-up's steps are not the trace's
     result = run_trace(manager, tok, trace, texts, GateSignals(a.gate_signals), a.drain_s)
     sampler.stop.set()
-    result.update(mode=a.mode, reservation=a.reservation, num_blocks=cache.num_blocks, kv=sampler.samples,
+    result.update(mode=a.mode, reservation=a.reservation, cuda_graphs=a.cuda_graphs, num_blocks=cache.num_blocks, kv=sampler.samples,
                   grows=grows, device=common.device_name(),
                   steps=steps.steps, steps_fields=["t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens",
                                                    "kv_read", "forward_cpu_s"])

@@ -146,6 +146,12 @@ def config_numbers(res: dict) -> dict:
         n.update(reclaims=reclaims, reclaims_per_min=reclaims / n["trace_minutes"],
                  reclaimed_handles=pool["reclaims"]["handles"] - before.get("handles", 0),
                  offline_killed=pool["reclaims"].get("killed", 0))
+    samples = (res.get("miad") or {}).get("samples") or []
+    if samples:
+        t_ms = [x[3] for x in samples]
+        n["miad"] = dict(samples=len(samples), interval_ms_first=t_ms[0], interval_ms_min=min(t_ms),
+                         interval_ms_last=t_ms[-1], target_handles_max=max(x[1] for x in samples),
+                         balance_max=max(x[4] for x in samples), balance_last=samples[-1][4])
     gate = (res.get("gate") or {}).get("data") or res.get("gate") or {}
     n["gate_preemptions"] = (gate.get("stats") or {}).get("preemptions", gate.get("preemptions"))
     return n
@@ -225,7 +231,8 @@ def fmt(v, digits: int = 1) -> str:
 
 def markdown(rep: dict) -> str:
     lines = [f"# Memory benchmark ({rep.get('device')})", "",
-             f"Sizes: {json.dumps(rep['sizes'])}", "",
+             f"Sizes: {json.dumps(rep['sizes'])}. Online replays CUDA graphs: "
+             f"{'yes' if rep['args'].get('online_cuda_graphs') else 'no'}.", "",
              "| config | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | vs alone TTFT p99 / TPOT p99 | offline tok/s | "
              "vs static | reclaims/min | reclaim <=1GiB p50/p99 | requeued | busy |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -243,6 +250,13 @@ def markdown(rep: dict) -> str:
                   f"{fmt(noise.get('ttft_p99_vs_alone_pct'))}% in TTFT p99 and "
                   f"{fmt(noise.get('tpot_p99_vs_alone_pct'))}% in TPOT p99. Read every \"vs alone\" "
                   "figure against that."]
+    for k, n in rep["configs"].items():
+        m = n.get("miad")
+        if m:
+            lines += ["", f"MIAD ({k}, sampled every second): interval T {m['interval_ms_first']} ms at first, "
+                      f"{m['interval_ms_min']} ms at least, {m['interval_ms_last']} ms at the end; reservation up to "
+                      f"{m['target_handles_max']} handles; rate balance up to {fmt(m['balance_max'])} events, "
+                      f"{fmt(m['balance_last'])} at the end (positive: over the target)."]
     lines += ["", "Online's generation loop (s): scheduling with the shim's turn / forward passes / updates; "
               "decode-only steps against alone at the same KV read:", "",
               "| config | steps | schedule | forward (its CPU time) | update | schedule p99 ms | decode step vs alone |",

@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,13 +160,20 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
             on_args += ["--reservation", "on" if name == "valve-miad" else "off"]
         if with_offline:
             on_args.append("--gate-signals")
+        if a.online_cuda_graphs:
+            on_args.append("--cuda-graphs")
         on = r.spawn(f"{name}-online", python("online.py", *on_args))
         wait_files([files["on-ready"]], [on], 300)
         if with_offline:
             r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", "batch")
             result["pool_before"] = pool_status(r) if mode == "valve" else None
         open(files["go"], "w").close()
-        result["online_exit"] = on.wait(timeout=a.seconds + 240)
+        miad = MiadSampler(r) if name == "valve-miad" else None
+        try:
+            result["online_exit"] = on.wait(timeout=a.seconds + 240)
+        finally:
+            if miad:
+                result["miad"] = miad.finish()
         if with_offline:
             dump_stacks(r, name, off)
             # The gate stops first: offline must not be frozen while it winds down.
@@ -200,6 +208,31 @@ def dump_stacks(r: Run, name: str, off: subprocess.Popen) -> None:
     trace = subprocess.run([r.a.valvectl, "gate", "trace", "--json"], capture_output=True, text=True, timeout=60)
     with r.log(f"{name}-gate-trace") as f:
         f.write((trace.stdout + trace.stderr).encode())
+
+
+class MiadSampler(threading.Thread):
+    """Every second while online plays the trace: the MIAD state the pool reports for the online
+    client (`valvectl pool status --json`): target handles, headroom, interval T, balance, events."""
+
+    def __init__(self, r: Run) -> None:
+        super().__init__(daemon=True)
+        self.r, self.samples, self.stop = r, [], threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            st = pool_status(self.r) or {}
+            for c in st.get("clients", []):
+                m = c.get("reservation")
+                if m:
+                    self.samples.append([common.now(), m["target_handles"], m["headroom_handles"], m["interval_ms"],
+                                         round(m["balance_events"], 2), m["events"]])
+
+    def finish(self) -> dict:
+        self.stop.set()
+        self.join(timeout=60)
+        return dict(fields=["t", "target_handles", "headroom_handles", "interval_ms", "balance_events", "events"],
+                    samples=self.samples)
 
 
 def pool_status(r: Run) -> dict | None:
@@ -319,6 +352,9 @@ def main() -> int:
     b.add_argument("--base-new-tokens", type=int, default=24, help="tokens a short online request generates")
     b.add_argument("--burst-new-tokens", type=int, default=64, help="tokens a long online request generates")
     b.add_argument("--online-batch-tokens", type=int, default=4096)
+    b.add_argument("--online-cuda-graphs", action="store_true",
+                   help="online replays CUDA graphs, so its decode step is bound by the GPU, not by the host's "
+                        "Python (without: 20-40 ms a step whatever its GPU work, +-30%% between bursts)")
     b.add_argument("--target-per-min", type=float, default=6.0, help="MIAD's target reclaims per minute")
     # Offline is long-context batch generation, decode-heavy: its batch (and so its throughput) is
     # bounded by KV memory, the regime the pool is for. With short prompts (128-384 tokens, 64

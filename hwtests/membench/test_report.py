@@ -63,6 +63,16 @@ class Steps(unittest.TestCase):
         self.assertIsNone(report.step_profile(dict(requests=[])))
 
 
+class Miad(unittest.TestCase):
+    def test_interval_and_balance_are_summarised_from_the_pool_samples(self):
+        res = dict(config="valve-miad", miad=dict(samples=[[1.0, 10, 4, 1000, 3.0, 3], [2.0, 30, 8, 600, 8.5, 9],
+                                                            [3.0, 29, 7, 600, 7.2, 9]]))
+        m = report.config_numbers(res)["miad"]
+        self.assertEqual((m["interval_ms_first"], m["interval_ms_min"], m["interval_ms_last"]), (1000, 600, 600))
+        self.assertEqual((m["target_handles_max"], m["balance_max"], m["balance_last"]), (30, 8.5, 7.2))
+        self.assertNotIn("miad", report.config_numbers(dict(config="static")))
+
+
 class Reclaims(unittest.TestCase):
     def test_only_grows_that_reclaimed_count_and_sizes_are_split(self):
         on = dict(grows=[(0, 0.002, 1, 1), (0, 0.050, 4, 0), (0, 0.004, 16, 16), (0, 0.012, 128, 100)])

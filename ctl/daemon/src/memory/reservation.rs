@@ -374,6 +374,11 @@ impl ReservationController {
         &self.cfg
     }
 
+    /// The handles online was last asked to hold (0 before the first observation).
+    pub fn target_handles(&self) -> u64 {
+        self.last_target
+    }
+
     /// The current headroom, in handles.
     pub fn headroom_handles(&self) -> u64 {
         self.headroom

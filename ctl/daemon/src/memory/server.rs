@@ -474,10 +474,25 @@ impl PoolServer {
         let clients: Vec<Value> = self
             .ledger
             .clients()
-            .map(|(id, c)| json!({"client": id, "pid": c.pid, "role": c.role, "gpu": c.gpu, "handles": c.held.len()}))
+            .map(|(id, c)| {
+                let mut v = json!({"client": id, "pid": c.pid, "role": c.role, "gpu": c.gpu, "handles": c.held.len()});
+                if let Some(ctl) = self.controllers.get(&id) {
+                    v["reservation"] = reservation_state(ctl);
+                }
+                v
+            })
             .collect();
         json!({"ok": true, "gpus": self.ledger.usage(), "clients": clients, "reclaims": self.reclaimer.stats()})
     }
+}
+
+/// An online client's MIAD state for `status`: what it is asked to hold, its headroom and interval T,
+/// and how its pressure events compare with the target (the balance is positive when over it).
+fn reservation_state(ctl: &ReservationController) -> Value {
+    json!({"target_handles": ctl.target_handles(), "headroom_handles": ctl.headroom_handles(),
+           "interval_ms": ctl.interval().as_millis() as u64, "event_rate_per_min": ctl.event_rate_per_min(),
+           "balance_events": ctl.balance_events(), "events": ctl.total_events(),
+           "target_rate_per_min": ctl.config().target_rate_per_min})
 }
 
 fn handle_list(msg: &Value) -> Option<Vec<HandleId>> {
@@ -906,10 +921,20 @@ mod tests {
             reply["target_handles"].as_u64().unwrap() > 2,
             "headroom above use: {reply}"
         );
+        let status = call(&on, json!({"op": "status"})).0;
+        let miad = &status["clients"][0]["reservation"];
+        assert_eq!(miad["events"], 1, "{status}");
+        assert_eq!(miad["target_handles"], reply["target_handles"], "{status}");
+        assert!(miad["interval_ms"].as_u64().unwrap() > 0, "{status}");
         let (off, _, _) = register(&r, "offline");
         assert_eq!(
             call(&off, json!({"op": "usage", "used_bytes": 1})).0["code"],
             15
+        );
+        let status = call(&on, json!({"op": "status"})).0;
+        assert!(
+            status["clients"][1].get("reservation").is_none(),
+            "offline has no reservation: {status}"
         );
         assert_eq!(call(&on, json!({"op": "usage"})).0["code"], 2);
     }

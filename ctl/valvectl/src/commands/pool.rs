@@ -85,6 +85,19 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
             c["gpu"],
             c["handles"]
         )?;
+        let m = &c["reservation"];
+        if m.is_object() {
+            writeln!(
+                out,
+                "    MIAD: holds {} handle(s) by target, headroom {}, T {} ms, {:.1} events/min against {}/min (balance {:+.1})",
+                m["target_handles"],
+                m["headroom_handles"],
+                m["interval_ms"],
+                m["event_rate_per_min"].as_f64().unwrap_or(0.0),
+                m["target_rate_per_min"],
+                m["balance_events"].as_f64().unwrap_or(0.0)
+            )?;
+        }
     }
     let r = &v["reclaims"];
     writeln!(
@@ -118,7 +131,11 @@ mod tests {
             let (req, _) = wire::recv(&s).unwrap().unwrap();
             assert_eq!(req["op"], "status");
             let reply = json!({"ok": true, "gpus": [{"gpu": 0, "handle_bytes": 64u64 << 20, "handles": 4, "free": 1, "online": 2, "offline": 1}],
-                               "clients": [], "reclaims": {"reclaims": 1, "handles": 2, "killed": 0, "last_us": 1800}});
+                               "clients": [{"client": 1, "pid": 42, "role": "online", "gpu": 0, "handles": 2,
+                                            "reservation": {"target_handles": 2, "headroom_handles": 1, "interval_ms": 600,
+                                                            "event_rate_per_min": 3.0, "target_rate_per_min": 6.0,
+                                                            "balance_events": -1.5, "events": 3}}],
+                               "reclaims": {"reclaims": 1, "handles": 2, "killed": 0, "last_us": 1800}});
             wire::send(&s, &reply, &[]).unwrap();
         });
         let args = PoolArgs {
@@ -135,6 +152,10 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("256"), "pool MiB: {text}");
         assert!(text.contains("last reclaim 1800 us"), "{text}");
+        assert!(
+            text.contains("T 600 ms, 3.0 events/min against 6.0/min (balance -1.5)"),
+            "{text}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
