@@ -173,6 +173,8 @@ def decisions_around(trace, lo, hi, base):
                 extra = f" took {(r['end_ns'] - r['t_ns']) / 1e3:.0f} us"
             elif "cooldown_ns" in r:
                 extra = f" after {r['cooldown_ns'] / 1e6:.2f} ms idle"
+                if r.get("waits_ignored"):  # online still waited on its GPU work: its launches went unseen
+                    extra += ", ignoring a wait"
             elif "recv_ns" in r:
                 extra = f" (gate got it +{(r['recv_ns'] - r['t_ns']) / 1e3:.0f} us)"
             out.append(f"{rel:+.2f} ms {r['event']}{extra}")

@@ -104,6 +104,12 @@ class Trace(unittest.TestCase):
         # A request whose first token came after a resume inside it.
         t = a.tails([req(50 * MS, 70 * MS, 90 * MS)], self.TRACE, 10)
         self.assertTrue(t[0]["resumed_inside"])
+        self.assertIn("+10.00 ms cooldown after 4.00 ms idle", t[0]["decisions"][0])
+        self.assertNotIn("ignoring a wait", t[0]["decisions"][0])
+        # A resume that ignored a wait (the gate's stuck-wait bound) says so.
+        trace = [dict(r, waits_ignored=True) if r["event"] == "cooldown" else r for r in self.TRACE]
+        t = a.tails([req(50 * MS, 70 * MS, 90 * MS)], trace, 10)
+        self.assertIn("ignoring a wait", t[0]["decisions"][0])
 
     def test_targets_pass_and_fail(self):
         alone = {"ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0, "tpot_p99_ms": 5.0, "requests": 10}

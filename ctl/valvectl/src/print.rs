@@ -231,8 +231,13 @@ pub fn trace_line(r: &serde_json::Value) -> String {
             if r["ok"] == false { " FAILED" } else { "" }
         ),
         "cooldown" => format!(
-            "cooldown  {:.2} ms after the last online activity: resume",
-            ms("cooldown_ns")
+            "cooldown  {:.2} ms after the last online activity: resume{}",
+            ms("cooldown_ns"),
+            if r["waits_ignored"] == true {
+                " (an online thread still waited on its GPU work: its launches were not seen)"
+            } else {
+                ""
+            }
         ),
         e => e.to_string(),
     };
@@ -259,6 +264,17 @@ mod tests {
             "{}",
             trace_line(&d)
         );
+        let c = serde_json::json!({"seq": 5, "event": "cooldown", "t_ns": 1,
+            "last_activity_ns": 0, "cooldown_ns": 3_000_000u64, "waits_ignored": true});
+        assert!(
+            trace_line(&c)
+                .contains("3.00 ms after the last online activity: resume (an online thread"),
+            "{}",
+            trace_line(&c)
+        );
+        let c = serde_json::json!({"seq": 5, "event": "cooldown", "t_ns": 1,
+            "last_activity_ns": 0, "cooldown_ns": 3_000_000u64, "waits_ignored": false});
+        assert!(trace_line(&c).ends_with("resume"), "{}", trace_line(&c));
         let e = serde_json::json!({"seq": 5, "event": "enable", "t_ns": 1, "pid": 42,
             "end_ns": 2, "ok": false});
         assert!(

@@ -426,7 +426,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         // after its last launch, so a thread stuck in a wait cannot hold offline forever.
         let bound = SYNC_HOLD_FACTOR * self.policy.ceiling().as_nanos() as u64;
         let recent = last > 0 && now_ns.saturating_sub(last) < bound;
-        if recent && self.online.iter().any(|&p| self.launches.in_sync(p)) {
+        let waiting = self.online.iter().any(|&p| self.launches.in_sync(p));
+        if recent && waiting {
             self.policy.saw_activity(now_ns);
         }
         let arrived = self
@@ -441,10 +442,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         let activity = self.policy.last_launch_ns().unwrap_or(0);
         let due = self.policy.resume_due_ns().unwrap_or(now_ns);
         if self.policy.on_tick(now_ns) == Some(Action::Resume) {
+            // Flag a resume that ignored a wait (the stuck-thread bound ran out): if online was in
+            // fact busy, its launches did not reach the probe.
             self.trace(
                 TraceKind::Cooldown,
                 now_ns,
-                0,
+                u32::from(waiting),
                 activity,
                 due.saturating_sub(activity),
             );
@@ -1057,6 +1060,16 @@ mod tests {
         assert!(
             rm.disabled().is_empty(),
             "a wait cannot hold offline forever"
+        );
+        let cooldown = rt.shared.trace.since(0, 1000);
+        let cooldown = cooldown
+            .iter()
+            .rfind(|r| r.kind == TraceKind::Cooldown)
+            .unwrap();
+        assert_eq!(
+            cooldown.to_json()["waits_ignored"],
+            true,
+            "the trace says the resume ignored a wait"
         );
         // Next request; its wait ends at 430 ms (the GPU work is done): the cooldown (now the
         // 1 ms floor: nothing learned) runs from the wait's end, not from the launch.

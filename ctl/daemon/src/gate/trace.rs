@@ -28,7 +28,8 @@ pub enum TraceKind {
     /// Offline channels enabled: as [`TraceKind::Disable`].
     Enable,
     /// The gate decided to resume: `t_ns` the decision, `a` the last online activity, `b` the
-    /// cooldown (or arrival hold) that ran out, ns.
+    /// cooldown (or arrival hold) that ran out, ns; `id` 1 when an online thread was still
+    /// waiting for GPU work and the stuck-wait bound let the gate resume anyway.
     Cooldown,
 }
 
@@ -99,6 +100,7 @@ impl TraceRecord {
             TraceKind::Cooldown => {
                 put("last_activity_ns", json!(self.a));
                 put("cooldown_ns", json!(self.b));
+                put("waits_ignored", json!(self.id == 1));
             }
         }
         v
