@@ -406,6 +406,20 @@ impl Ledger {
             .collect()
     }
 
+    /// Handles `gpu`'s pool can lend without reclaiming from offline: free ones, and ones it may
+    /// still create (below its maximum, with the device's free memory above what it keeps free).
+    pub fn spare_handles(&self, gpu: usize) -> Result<usize, PoolError> {
+        let p = self.gpus.get(&gpu).ok_or(PoolError::NoSuchGpu(gpu))?;
+        let free = p.entries.iter().filter(|e| e.holder.is_none()).count();
+        let below_max = p.max_handles.saturating_sub(p.entries.len());
+        let hs = p.backing.handle_bytes() as u64;
+        let creatable = match p.backing.free_bytes() {
+            Some(bytes) => (bytes.saturating_sub(p.keep_free_bytes) / hs) as usize,
+            None => below_max,
+        };
+        Ok(free + below_max.min(creatable))
+    }
+
     /// Per-GPU numbers.
     pub fn usage(&self) -> Vec<GpuUsage> {
         self.gpus

@@ -19,6 +19,11 @@
 //! - Every interval T without an event, the headroom shrinks by one handle (floor
 //!   `min_headroom`).
 //!
+//! **Events are reclamations.** The operator's target is a reclamation rate, so a pressure event
+//! counts toward it (the window, the balance, T) only when the growth it asks for is more than
+//! the pool can lend from spare memory ([`ReservationController::observe_with_spare`]). One that
+//! spare memory serves still grows the headroom, but costs offline nothing.
+//!
 //! **Interval T (MIAD).** "Over target" is judged by a *balance*: +1 per event, minus
 //! `target_rate_per_min` per minute, kept within ± target × `memory` events. T changes:
 //! - at a pressure event, if the balance is positive: T × `t_growth` (cap `t_max`). Only when the
@@ -338,7 +343,26 @@ impl ReservationController {
     /// still mapping (or cannot map: the GPU is full), the same shortage is not counted again
     /// until use reaches `pressure_fraction` of the last target. Call it whenever online's use
     /// changes and at least every few `t_min`: the headroom shrinks by at most one handle a call.
+    ///
+    /// Every pressure event counts toward the rate here, as if the pool had no spare memory (each
+    /// growth reclaims); [`ReservationController::observe_with_spare`] says otherwise.
     pub fn observe(&mut self, now: Duration, used_bytes: u64, mapped_bytes: u64) -> Decision {
+        self.observe_with_spare(now, used_bytes, mapped_bytes, 0)
+    }
+
+    /// [`ReservationController::observe`], where the pool can lend `spare_handles` more without
+    /// reclaiming (free or not yet created). A pressure event whose growth fits in them still
+    /// grows the headroom, but it is no reclamation: it does not count toward the rate, the
+    /// balance or T. On the H100, two such events (short requests while the pool had free
+    /// handles) each doubled T before a burst, and the burst's reservation then decayed at one
+    /// handle per 4.8 s.
+    pub fn observe_with_spare(
+        &mut self,
+        now: Duration,
+        used_bytes: u64,
+        mapped_bytes: u64,
+        spare_handles: u64,
+    ) -> Decision {
         if self.now.is_none() {
             self.last_used = used_bytes; // what online starts with is not a jump to cover
         }
@@ -349,8 +373,16 @@ impl ReservationController {
         self.last_used = used_bytes;
         let base = self.base_handles(used_bytes);
         if pressure {
-            self.on_pressure(now, growth.div_ceil(self.cfg.handle_bytes));
+            let decayed = self.grow_headroom(growth.div_ceil(self.cfg.handle_bytes));
             self.reserved = base.saturating_add(self.headroom);
+            let need = self
+                .reserved
+                .min(self.capacity)
+                .saturating_sub(mapped_bytes / self.cfg.handle_bytes);
+            if need > spare_handles {
+                self.count_event(now, decayed);
+            }
+            self.next_decrease = now.saturating_add(self.interval);
         } else if self.on_quiet(now) && self.reserved > base.saturating_add(self.cfg.min_headroom) {
             self.reserved -= 1;
         }
@@ -457,23 +489,30 @@ impl ReservationController {
         now
     }
 
-    fn on_pressure(&mut self, now: Duration, growth_handles: u64) {
-        self.events.push_back(now);
-        self.total_events += 1;
-        self.balance = (self.balance + 1.0).min(self.cfg.balance_limit());
+    /// A pressure event: the headroom grows. Returns whether the headroom had decayed to at most
+    /// where it stood at the previous event (the decrease ate all of the last growth).
+    fn grow_headroom(&mut self, growth_handles: u64) -> bool {
         let at_event = self.headroom;
         let decayed = self
             .prev_event_headroom
             .is_some_and(|prev| at_event <= prev);
         self.prev_event_headroom = Some(at_event);
         self.headroom = self.grown_headroom(growth_handles);
+        decayed
+    }
+
+    /// A pressure event that reclaims: it counts toward the rate, and T grows if events are
+    /// over the target and the headroom had `decayed`.
+    fn count_event(&mut self, now: Duration, decayed: bool) {
+        self.events.push_back(now);
+        self.total_events += 1;
+        self.balance = (self.balance + 1.0).min(self.cfg.balance_limit());
         if decayed && self.balance > 0.0 {
             let longer = self.interval.as_secs_f64() * self.cfg.t_growth;
             let longer = Duration::try_from_secs_f64(longer).unwrap_or(self.cfg.t_max);
             self.interval = longer.min(self.cfg.t_max);
             self.last_t_change = now;
         }
-        self.next_decrease = now.saturating_add(self.interval);
     }
 
     fn grown_headroom(&self, growth_handles: u64) -> u64 {
@@ -1111,6 +1150,54 @@ mod tests {
             feed.step(&mut uncapped, used);
         }
         assert!(feed.mapped / HS > capacity, "{}", feed.mapped / HS);
+    }
+
+    #[test]
+    fn pressure_served_from_spare_memory_grows_the_headroom_but_is_no_reclamation() {
+        // run 10 of the fourth H100 session: short requests at the floor reservation, with free
+        // handles in the pool. Counted as reclamations, two of them doubled T before a burst.
+        let events = |spare: u64| {
+            let mut ctl = ReservationController::new(cfg())
+                .unwrap()
+                .with_capacity(192);
+            let (mut now, mut mapped) = (Duration::ZERO, 0);
+            ctl.observe_with_spare(now, 0, 0, spare);
+            for _ in 0..4 {
+                now += Duration::from_secs(3);
+                // A request that uses all online holds: pressure.
+                let d = ctl.observe_with_spare(now, mapped.max(1) * HS, mapped * HS, spare);
+                assert!(d.pressure, "{d:?}");
+                assert!(
+                    d.headroom_handles >= 2,
+                    "pressure grows the headroom: {d:?}"
+                );
+                mapped = d.target_mapped_handles;
+                // Online's requests end: use and the reservation decay back to the floor.
+                for _ in 0..300 {
+                    now += STEP;
+                    mapped = ctl
+                        .observe_with_spare(now, 0, mapped * HS, spare)
+                        .target_mapped_handles;
+                }
+            }
+            ctl
+        };
+        let spare = events(100);
+        assert_eq!((spare.total_events(), spare.events_in_window()), (0, 0));
+        assert_eq!(spare.interval(), cfg().t_initial, "no reclamation: T stays");
+        assert!(spare.balance_events() <= 0.0);
+        let none = events(0);
+        assert_eq!(
+            none.total_events(),
+            4,
+            "with nothing spare each event reclaims"
+        );
+        assert!(none.interval() > cfg().t_initial, "and T grows");
+        // An event whose growth does not fit in what is spare reclaims, and counts.
+        let mut ctl = events(100);
+        let d = ctl.observe_with_spare(Duration::from_secs(100), 40 * HS, 2 * HS, 10);
+        assert!(d.pressure && d.target_mapped_handles > 12, "{d:?}");
+        assert_eq!(ctl.total_events(), 1);
     }
 
     #[test]

@@ -139,7 +139,9 @@ impl PoolServer {
                 .expect("validated in set_reservation")
                 .with_capacity(capacity)
         });
-        let d = c.observe(self.started.elapsed(), used, mapped);
+        // Growth the pool can serve from spare memory reclaims nothing: not an event of the rate.
+        let spare = self.ledger.spare_handles(info.gpu).unwrap_or(0) as u64;
+        let d = c.observe_with_spare(self.started.elapsed(), used, mapped, spare);
         json!({"ok": true, "target_handles": d.target_mapped_handles, "pressure": d.pressure,
                "headroom_handles": d.headroom_handles, "interval_ms": d.interval.as_millis() as u64,
                "event_rate_per_min": c.event_rate_per_min()})
@@ -923,7 +925,10 @@ mod tests {
         );
         let status = call(&on, json!({"op": "status"})).0;
         let miad = &status["clients"][0]["reservation"];
-        assert_eq!(miad["events"], 1, "{status}");
+        assert_eq!(
+            miad["events"], 0,
+            "the pool has spare memory for the growth: no reclamation, no event: {status}"
+        );
         assert_eq!(miad["target_handles"], reply["target_handles"], "{status}");
         assert!(miad["interval_ms"].as_u64().unwrap() > 0, "{status}");
         let (off, _, _) = register(&r, "offline");
@@ -937,6 +942,21 @@ mod tests {
             "offline has no reservation: {status}"
         );
         assert_eq!(call(&on, json!({"op": "usage"})).0["code"], 2);
+    }
+
+    #[test]
+    fn a_pressure_event_counts_toward_the_rate_only_when_its_growth_must_reclaim() {
+        let r = start(64 * 11);
+        let (on, _, _) = register(&r, "online");
+        call(&on, json!({"op": "grow", "count": 1}));
+        let (off, _, _) = register(&r, "offline");
+        let (reply, _) = call(&off, json!({"op": "grow", "count": 9}));
+        assert_eq!(reply["handles"].as_array().map(Vec::len), Some(9), "{reply}");
+        // Online uses its whole handle; the pool has nothing spare: the growth must reclaim.
+        let (reply, _) = call(&on, json!({"op": "usage", "used_bytes": 64u64 << 20}));
+        assert_eq!(reply["pressure"], true, "{reply}");
+        let status = call(&on, json!({"op": "status"})).0;
+        assert_eq!(status["clients"][0]["reservation"]["events"], 1, "{status}");
     }
 
     #[test]
