@@ -23,6 +23,12 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// How long the pool waits for the rest of a message whose first part has arrived.
 pub const MESSAGE_PARTS_WITHIN: Duration = Duration::from_millis(250);
 
+/// How long the pool waits to hand a reply to a client's socket. A client blocks on its reply,
+/// so only one that sends without reading (hundreds of unread replies fill the socket's buffer)
+/// ever makes the pool wait; it is closed then, and every online grow waits at most this long
+/// behind it.
+pub const REPLY_WITHIN: Duration = Duration::from_millis(50);
+
 /// Who may connect: a peer passes if this returns true for its stream.
 pub type PeerCheck = Box<dyn Fn(&UnixStream) -> bool + Send>;
 
@@ -197,7 +203,7 @@ impl PoolServer {
                 continue;
             };
             let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.set_write_timeout(Some(REPLY_WITHIN));
             // A message is read once poll says it started; its later parts must follow at once.
             // Without this, a client that sends part 0 of 2 and stops blocks the pool thread, and
             // with it every online grow.
@@ -788,6 +794,38 @@ mod tests {
     }
 
     #[test]
+    fn a_client_that_never_reads_its_replies_is_closed_and_blocks_no_one() {
+        let r = start(1024);
+        let (flood, _, _) = register(&r, "online");
+        let sender = flood.try_clone().unwrap();
+        // Requests without reading a reply: the replies fill the socket, and the pool's write
+        // blocks until it gives up on the client.
+        let spam = std::thread::spawn(move || {
+            for _ in 0..200_000 {
+                if wire::send(&sender, &json!({"op": "status"}), &[]).is_err() {
+                    return true; // closed by the pool
+                }
+            }
+            false
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let other = connect(&r);
+        other
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(call(&other, json!({"op": "status"})).0["ok"], true);
+        assert!(
+            t0.elapsed() < REPLY_WITHIN * 4,
+            "another client waited {:?} behind the one that does not read",
+            t0.elapsed()
+        );
+        assert!(spam.join().unwrap(), "the flooding connection is closed");
+        let (status, _) = call(&other, json!({"op": "status"}));
+        assert!(status["clients"].as_array().unwrap().is_empty(), "{status}");
+    }
+
+    #[test]
     fn a_closed_connection_frees_what_the_process_held() {
         let r = start(64 * 11);
         let (off, _, _) = register(&r, "offline");
@@ -951,7 +989,11 @@ mod tests {
         call(&on, json!({"op": "grow", "count": 1}));
         let (off, _, _) = register(&r, "offline");
         let (reply, _) = call(&off, json!({"op": "grow", "count": 9}));
-        assert_eq!(reply["handles"].as_array().map(Vec::len), Some(9), "{reply}");
+        assert_eq!(
+            reply["handles"].as_array().map(Vec::len),
+            Some(9),
+            "{reply}"
+        );
         // Online uses its whole handle; the pool has nothing spare: the growth must reclaim.
         let (reply, _) = call(&on, json!({"op": "usage", "used_bytes": 64u64 << 20}));
         assert_eq!(reply["pressure"], true, "{reply}");
