@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 use valve::controller::{Controller, PreemptMode};
 use valve::driver::RmDriver;
-use valve::state::{reenable, StateFile};
+use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_daemon::protocol::{Request, DEFAULT_STATE_DIR};
 use valve_daemon::EXIT_NO_DAEMON;
 
@@ -82,10 +82,12 @@ pub fn exec_daemon(args: &ResumeArgs, g: Globals, out: &mut dyn Write) -> Result
     }
 }
 
-/// No daemon: re-enables what its state file records, directly.
+/// No daemon: re-enables what its state file records, directly. A file that does not parse (a
+/// crash mid-write, a full disk) is salvaged as the daemon does at start: what can be read is
+/// re-enabled and the bad file is moved aside. Refusing would leave offline frozen.
 fn from_state_file(out: &mut dyn Write) -> Result<(), CliError> {
     let state = StateFile::in_dir(std::path::Path::new(DEFAULT_STATE_DIR));
-    let records = state.load()?;
+    let records = records_to_resume(&state, out)?;
     let ctl = Controller::open()?;
     let (n, failures) = reenable(&ctl, &records);
     if failures.is_empty() {
@@ -105,5 +107,97 @@ fn from_state_file(out: &mut dyn Write) -> Result<(), CliError> {
         Ok(())
     } else {
         Err(CliError::Daemon(5, failures.join("; ")))
+    }
+}
+
+/// The state file's records, or what can be read of a file that does not parse (moved aside,
+/// and said so on `out`).
+fn records_to_resume(
+    state: &StateFile,
+    out: &mut dyn Write,
+) -> Result<Vec<DisabledRecord>, CliError> {
+    let loaded = state.load_or_salvage()?;
+    if let Some(s) = &loaded.salvage {
+        writeln!(out, "{}", salvage_note(s, loaded.records.len()))?;
+    }
+    Ok(loaded.records)
+}
+
+/// What `resume --all` says about a state file it had to salvage.
+fn salvage_note(s: &Salvage, kept: usize) -> String {
+    let mut note = format!(
+        "the state file did not parse ({}); it was moved to {}. Re-enabling the {kept} record(s) \
+         that could be read",
+        s.reason,
+        s.moved_to.display()
+    );
+    if s.dropped > 0 {
+        note.push_str(&format!(
+            "; {} record(s) could not be read: if an offline process stays frozen, enable its \
+             channels with `valvectl resume --gpu G --client C --channels ...` (`valvectl ps` \
+             lists them) or restart it",
+            s.dropped
+        ));
+    }
+    note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_salvaged_state_file_is_reported_with_where_it_went_and_what_to_do() {
+        let s = Salvage {
+            moved_to: "/run/valve/disabled.json.corrupt-7".into(),
+            reason: "EOF while parsing a list at line 9 column 0".into(),
+            dropped: 1,
+        };
+        let note = salvage_note(&s, 2);
+        assert!(
+            note.contains("moved to /run/valve/disabled.json.corrupt-7"),
+            "{note}"
+        );
+        assert!(note.contains("Re-enabling the 2 record(s)"), "{note}");
+        assert!(note.contains("1 record(s) could not be read"), "{note}");
+        assert!(
+            note.contains("valvectl resume --gpu G --client C"),
+            "{note}"
+        );
+        let whole = Salvage { dropped: 0, ..s };
+        assert!(!salvage_note(&whole, 2).contains("could not be read"));
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_salvaged_not_refused() {
+        let dir = std::env::temp_dir().join(format!("valvectl-resume-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = StateFile::in_dir(&dir);
+        assert!(
+            records_to_resume(&state, &mut Vec::new())
+                .unwrap()
+                .is_empty(),
+            "no file"
+        );
+        let whole = DisabledRecord {
+            pid: 42,
+            device_instance: 0,
+            client: 0xc1d0_0001,
+            channels: vec![0x5c00_0001, 0x5c00_0002],
+        };
+        let mut second = whole.clone();
+        second.pid = 43;
+        state.save(&[whole.clone(), second]).unwrap();
+        // A crash mid-write: the second record is cut off.
+        let text = std::fs::read(state.path()).unwrap();
+        std::fs::write(state.path(), &text[..text.len() - 30]).unwrap();
+        let mut out = Vec::new();
+        let records = records_to_resume(&state, &mut out).unwrap();
+        assert_eq!(records, vec![whole], "what is whole is re-enabled");
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("did not parse"), "{text}");
+        assert!(!state.path().exists(), "the bad file is moved aside");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
