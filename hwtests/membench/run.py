@@ -3,7 +3,12 @@ offline batch generation, with a static split and with Valve's pool; and the cor
 
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR correctness
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
-        --configs alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad [--seconds 90]
+        --configs alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad [--seconds 90] \
+        [--online-cuda-graphs]
+
+Compare online latency with `--online-cuda-graphs`: without CUDA graphs the online decode step is
+bound by the host's Python (20-40 ms whatever its GPU work, +-30% between bursts), and two alone
+runs differ by more than the targets; with them, by under 1% (docs/results/2026-11-24-h100-membench-4.md).
 
 Needs root (the daemon), one GPU, PyTorch and transformers >= 5, the `valve` wheel installed and
 `integrations/transformers` importable (this script puts it on the children's PYTHONPATH).
