@@ -410,14 +410,7 @@ impl Ledger {
     /// still create (below its maximum, with the device's free memory above what it keeps free).
     pub fn spare_handles(&self, gpu: usize) -> Result<usize, PoolError> {
         let p = self.gpus.get(&gpu).ok_or(PoolError::NoSuchGpu(gpu))?;
-        let free = p.entries.iter().filter(|e| e.holder.is_none()).count();
-        let below_max = p.max_handles.saturating_sub(p.entries.len());
-        let hs = p.backing.handle_bytes() as u64;
-        let creatable = match p.backing.free_bytes() {
-            Some(bytes) => (bytes.saturating_sub(p.keep_free_bytes) / hs) as usize,
-            None => below_max,
-        };
-        Ok(free + below_max.min(creatable))
+        Ok(p.free() + p.creatable())
     }
 
     /// Per-GPU numbers.
@@ -440,7 +433,7 @@ impl Ledger {
                     handle_bytes: p.backing.handle_bytes(),
                     handles: p.entries.len(),
                     max_handles: p.max_handles,
-                    free: p.entries.iter().filter(|e| e.holder.is_none()).count(),
+                    free: p.free(),
                     online: held_by(Role::Online),
                     offline: held_by(Role::Offline),
                 }
@@ -455,12 +448,26 @@ impl Ledger {
 }
 
 impl GpuPool {
-    fn can_create(&self) -> bool {
-        if self.entries.len() >= self.max_handles {
-            return false;
+    /// Handles created and lent to no one.
+    fn free(&self) -> usize {
+        self.entries.iter().filter(|e| e.holder.is_none()).count()
+    }
+
+    /// Handles that may still be created: below the maximum, and each leaving the device's
+    /// free memory above what the pool keeps free (the maximum alone where that is unknown).
+    fn creatable(&self) -> usize {
+        let below_max = self.max_handles.saturating_sub(self.entries.len());
+        match self.backing.free_bytes() {
+            Some(bytes) => {
+                let hs = self.backing.handle_bytes() as u64;
+                below_max.min((bytes.saturating_sub(self.keep_free_bytes) / hs) as usize)
+            }
+            None => below_max,
         }
-        let need = self.backing.handle_bytes() as u64 + self.keep_free_bytes;
-        self.backing.free_bytes().is_none_or(|free| free >= need)
+    }
+
+    fn can_create(&self) -> bool {
+        self.creatable() > 0
     }
 }
 
