@@ -347,11 +347,12 @@ impl ReservationController {
     /// Every pressure event counts toward the rate here, as if the pool had no spare memory (each
     /// growth reclaims); [`ReservationController::observe_with_spare`] says otherwise.
     pub fn observe(&mut self, now: Duration, used_bytes: u64, mapped_bytes: u64) -> Decision {
-        self.observe_with_spare(now, used_bytes, mapped_bytes, 0)
+        self.observe_with_spare(now, used_bytes, mapped_bytes, || 0)
     }
 
-    /// [`ReservationController::observe`], where the pool can lend `spare_handles` more without
-    /// reclaiming (free or not yet created). A pressure event whose growth fits in them still
+    /// [`ReservationController::observe`], where the pool can lend `spare_handles()` more without
+    /// reclaiming (free or not yet created); asked only at a pressure event, since the pool reads
+    /// the device's free memory for it. A pressure event whose growth fits in them still
     /// grows the headroom, but it is no reclamation: it does not count toward the rate, the
     /// balance or T. On the H100, two such events (short requests while the pool had free
     /// handles) each doubled T before a burst, and the burst's reservation then decayed at one
@@ -361,7 +362,7 @@ impl ReservationController {
         now: Duration,
         used_bytes: u64,
         mapped_bytes: u64,
-        spare_handles: u64,
+        spare_handles: impl FnOnce() -> u64,
     ) -> Decision {
         if self.now.is_none() {
             self.last_used = used_bytes; // what online starts with is not a jump to cover
@@ -379,7 +380,7 @@ impl ReservationController {
                 .reserved
                 .min(self.capacity)
                 .saturating_sub(mapped_bytes / self.cfg.handle_bytes);
-            if need > spare_handles {
+            if need > 0 && need > spare_handles() {
                 self.count_event(now, decayed);
             }
             self.next_decrease = now.saturating_add(self.interval);
@@ -1161,11 +1162,11 @@ mod tests {
                 .unwrap()
                 .with_capacity(192);
             let (mut now, mut mapped) = (Duration::ZERO, 0);
-            ctl.observe_with_spare(now, 0, 0, spare);
+            ctl.observe_with_spare(now, 0, 0, || spare);
             for _ in 0..4 {
                 now += Duration::from_secs(3);
                 // A request that uses all online holds: pressure.
-                let d = ctl.observe_with_spare(now, mapped.max(1) * HS, mapped * HS, spare);
+                let d = ctl.observe_with_spare(now, mapped.max(1) * HS, mapped * HS, || spare);
                 assert!(d.pressure, "{d:?}");
                 assert!(
                     d.headroom_handles >= 2,
@@ -1176,7 +1177,7 @@ mod tests {
                 for _ in 0..300 {
                     now += STEP;
                     mapped = ctl
-                        .observe_with_spare(now, 0, mapped * HS, spare)
+                        .observe_with_spare(now, 0, mapped * HS, || spare)
                         .target_mapped_handles;
                 }
             }
@@ -1195,7 +1196,7 @@ mod tests {
         assert!(none.interval() > cfg().t_initial, "and T grows");
         // An event whose growth does not fit in what is spare reclaims, and counts.
         let mut ctl = events(100);
-        let d = ctl.observe_with_spare(Duration::from_secs(100), 40 * HS, 2 * HS, 10);
+        let d = ctl.observe_with_spare(Duration::from_secs(100), 40 * HS, 2 * HS, || 10);
         assert!(d.pressure && d.target_mapped_handles > 12, "{d:?}");
         assert_eq!(ctl.total_events(), 1);
     }

@@ -146,7 +146,8 @@ impl PoolServer {
                 .with_capacity(capacity)
         });
         // Growth the pool can serve from spare memory reclaims nothing: not an event of the rate.
-        let spare = self.ledger.spare_handles(info.gpu).unwrap_or(0) as u64;
+        let ledger = &self.ledger;
+        let spare = || ledger.spare_handles(info.gpu).unwrap_or(0) as u64;
         let d = c.observe_with_spare(self.started.elapsed(), used, mapped, spare);
         json!({"ok": true, "target_handles": d.target_mapped_handles, "pressure": d.pressure,
                "headroom_handles": d.headroom_handles, "interval_ms": d.interval.as_millis() as u64,
