@@ -221,9 +221,9 @@ impl Reclaimer {
         let mut slowest = Duration::ZERO;
         for t in targets {
             let t0 = Instant::now();
-            match frozen.freezer.freeze(t.pid) {
-                Ok(report) if t0.elapsed() >= slowest => {
-                    slowest = t0.elapsed();
+            match frozen.freezer.freeze(t.pid).map(|r| (r, t0.elapsed())) {
+                Ok((report, took)) if took >= slowest => {
+                    slowest = took;
                     out.slowest_freeze = report;
                 }
                 Ok(_) => {}
