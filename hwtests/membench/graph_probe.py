@@ -39,8 +39,7 @@ def probe(model_dir: str, attention: str, graphs: bool, log: StepLog) -> dict:
         log.steps.clear()
         prompts = [tok(common.text(rng, n))["input_ids"] for n in PROMPTS]
         out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cfg, progress_bar=False)
-    rows = [dict(zip(("t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens", "kv_read", "cpu_s"), s))
-            for s in log.steps]
+    rows = [dict(zip(StepLog.FIELDS, s)) for s in log.steps]
     decode = [r["forward_s"] * 1e3 for r in rows if r["q_tokens"] == r["requests"]]
     prefill = [r["forward_s"] * 1e3 for r in rows if r["q_tokens"] != r["requests"]]
     return dict(decode_ms_p50=statistics.median(decode) if decode else None, decode_steps=len(decode),

@@ -85,6 +85,8 @@ class StepLog:
     or the host, a different shape is scheduling. The forward pass's CPU time (this thread's) tells the
     two apart: a step whose wall time is nearly all CPU time is bound by the host, not the GPU."""
 
+    FIELDS = ("t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens", "kv_read", "forward_cpu_s")
+
     def __init__(self) -> None:
         self.steps: list[tuple] = []
         self._shape: tuple = (0, 0, 0)
@@ -214,8 +216,7 @@ def main() -> int:
     sampler.stop.set()
     result.update(mode=a.mode, reservation=a.reservation, cuda_graphs=a.cuda_graphs, num_blocks=cache.num_blocks, kv=sampler.samples,
                   grows=grows, device=common.device_name(),
-                  steps=steps.steps, steps_fields=["t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens",
-                                                   "kv_read", "forward_cpu_s"])
+                  steps=steps.steps, steps_fields=list(StepLog.FIELDS))
     v = getattr(cache, "_valve", None)
     if v is not None:
         result["shim"] = dict(v.stats)
