@@ -497,12 +497,12 @@ def main(argv=None):
             # configuration run again last, whatever it was (alone TPOT p99 105 ms, again 47 ms).
             log(f"== load {load:.0%} ({rate:.2f}/s): warm-up run, not recorded")
             run_load(url, rate, 10, 999, prompt, a.max_tokens)
+            n = requests_per_round(a, rate, len(configs))
             for rnd, order in enumerate(round_orders(configs, a.rounds)):
                 for cfg in order:
                     if time.time() - t_start > a.deadline_s:
                         log(f"== SKIPPED load {load:.0%} round {rnd + 1} {CONFIG_NAMES[cfg]}: past --deadline-s")
                         continue
-                    n = requests_per_round(a, rate, len(configs))
                     log(f"== load {load:.0%} ({rate:.2f}/s) round {rnd + 1}/{a.rounds}: {CONFIG_NAMES[cfg]}, {n} requests")
                     r = measure(a, valve, url, prompt, off, rate, cfg, int(load * 100) + 1000 * rnd, n)
                     r.update(load=load, round=rnd, progress=read_progress(progress))
