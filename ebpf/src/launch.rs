@@ -47,8 +47,13 @@ pub const SYNC_SYMBOLS: [&str; 12] = [
     "cuMemcpyAsync_ptsz",
 ];
 
-/// Size of `struct launch_stats` in the BPF program.
-const STATS_SIZE: usize = 56;
+/// Size of `struct launch_stats` in the BPF program (as the skeleton's generated type has it).
+const STATS_SIZE: usize = std::mem::size_of::<skel::types::launch_stats>();
+
+/// An edge's kind: its entry point (1 kernel, 2 graph) in these bits...
+const KIND_MASK: u32 = 0xff;
+/// ...and this flag when only [`LaunchWatcher::arm_resume`] made it an edge.
+const KIND_AFTER_RESUME: u32 = 0x100;
 
 /// libcuda entry points that submit kernels (cookie 1) or graphs (cookie 2).
 pub const LAUNCH_SYMBOLS: [(&str, u64); 10] = [
@@ -98,9 +103,12 @@ pub struct LaunchCounts {
     pub syncs: u64,
     /// When the latest synchronising call returned (0: none yet).
     pub sync_end_ns: u64,
+    /// `bpf_ktime_get_ns` of the latest launch (not the end of a wait; 0: none yet).
+    pub last_launch_ns: u64,
 }
 
-/// An idle->busy edge: the first launch of `pid` after at least `edge_gap` without one.
+/// An idle->busy edge: the first launch of `pid` after at least `edge_gap` without one, or its
+/// first launch since the last [`LaunchWatcher::arm_resume`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchEdge {
     /// The process.
@@ -111,6 +119,10 @@ pub struct LaunchEdge {
     pub ts_ns: u64,
     /// The idle gap before it (0 for the process's first launch).
     pub idle_ns: u64,
+    /// Reported only because it is the process's first launch since
+    /// [`LaunchWatcher::arm_resume`]: the idle rule alone (no thread waiting, `edge_gap` without
+    /// activity) would not have made it an edge.
+    pub after_resume: bool,
 }
 
 /// Attached uprobes; detaches on drop.
@@ -119,6 +131,7 @@ pub struct LaunchWatcher {
     _thread: PollThread,
     stats: MapHandle,
     watched: MapHandle,
+    resumed: MapHandle,
     /// Edges, unless they go to a sink given to [`LaunchWatcher::start_with`].
     edges: Mutex<Option<Receiver<LaunchEdge>>>,
     attached: Vec<&'static str>,
@@ -170,6 +183,7 @@ fn parse_counts(v: &[u8]) -> LaunchCounts {
         in_sync: (u(4) as i64).max(0) as u64,
         syncs: u(5),
         sync_end_ns: u(6),
+        last_launch_ns: u(7),
     }
 }
 
@@ -191,7 +205,7 @@ impl LaunchWatcher {
         cfg: LaunchConfig,
         sink: impl FnMut(LaunchEdge) + Send + 'static,
     ) -> Result<LaunchWatcher, WatchError> {
-        let (thread, (stats, watched, attached)) =
+        let (thread, (stats, watched, resumed, attached)) =
             PollThread::spawn("launch-watch", move |ready, stop| {
                 run(cfg, ready, sink, stop)
             })?;
@@ -199,6 +213,7 @@ impl LaunchWatcher {
             _thread: thread,
             stats,
             watched,
+            resumed,
             edges: Mutex::new(None),
             attached,
         })
@@ -222,6 +237,16 @@ impl LaunchWatcher {
         let _ = self.stats.delete(&pid.to_ne_bytes());
     }
 
+    /// Offline is about to resume at `now_ns` (CLOCK_MONOTONIC): every watched process's first
+    /// launch after it is an edge, whatever the idle rule says. Call it before re-reading the
+    /// counters one last time and then enabling offline: a launch the re-read misses is then
+    /// reported.
+    pub fn arm_resume(&self, now_ns: u64) -> Result<(), WatchError> {
+        self.resumed
+            .update(&0u32.to_ne_bytes(), &now_ns.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| WatchError::bpf("arming the resume edge", e))
+    }
+
     /// Launch counters of `pid` (zero if it launched nothing).
     pub fn counts(&self, pid: u32) -> LaunchCounts {
         match self.stats.lookup(&pid.to_ne_bytes(), MapFlags::ANY) {
@@ -238,7 +263,7 @@ impl LaunchWatcher {
     }
 }
 
-type Ready = Result<(MapHandle, MapHandle, Vec<&'static str>), WatchError>;
+type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>), WatchError>;
 
 /// Attaches the wait programs (uprobe at entry, uretprobe at return) to every [`SYNC_SYMBOLS`]
 /// entry `image` names; a symbol that fails is logged and left out.
@@ -341,16 +366,20 @@ fn run(
             .map_err(|e| WatchError::bpf("duplicating the stats map", e))?;
         let watched = MapHandle::try_from(&skel.maps.watched)
             .map_err(|e| WatchError::bpf("duplicating the pid filter map", e))?;
+        let resumed = MapHandle::try_from(&skel.maps.resumed)
+            .map_err(|e| WatchError::bpf("duplicating the resume map", e))?;
         let mut rb = RingBufferBuilder::new();
         rb.add(&skel.maps.edges, move |data: &[u8]| {
             if data.len() >= 24 {
                 let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
                 let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
+                let kind = u32_at(4);
                 sink(LaunchEdge {
                     pid: u32_at(0),
-                    graph: u32_at(4) == 2,
+                    graph: kind & KIND_MASK == 2,
                     ts_ns: u64_at(8),
                     idle_ns: u64_at(16),
+                    after_resume: kind & KIND_AFTER_RESUME != 0,
                 });
             }
             0
@@ -359,16 +388,16 @@ fn run(
         let rb = rb
             .build()
             .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
-        Ok((skel, links, rb, stats, watched, attached))
+        Ok((skel, links, rb, stats, watched, resumed, attached))
     };
-    let (_skel, _links, rb, stats, watched, attached) = match setup() {
+    let (_skel, _links, rb, stats, watched, resumed, attached) = match setup() {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let _ = ready.send(Ok((stats, watched, attached)));
+    let _ = ready.send(Ok((stats, watched, resumed, attached)));
     while !stop.load(Ordering::Relaxed) {
         let _ = rb.poll(Duration::from_millis(50));
     }
@@ -378,6 +407,28 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_read_where_the_program_writes_them() {
+        use skel::types::launch_stats as S;
+        use std::mem::offset_of;
+        let offsets = [
+            offset_of!(S, kernel_launches),
+            offset_of!(S, graph_launches),
+            offset_of!(S, last_ns),
+            offset_of!(S, edges),
+            offset_of!(S, in_sync),
+            offset_of!(S, syncs),
+            offset_of!(S, sync_end_ns),
+            offset_of!(S, last_launch_ns),
+        ];
+        // parse_counts reads field i at byte 8 * i.
+        assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 56]);
+        assert_eq!(STATS_SIZE, 64);
+        let bytes: Vec<u8> = (1..=8u64).flat_map(u64::to_ne_bytes).collect();
+        let c = parse_counts(&bytes);
+        assert_eq!((c.kernel_launches, c.last_launch_ns), (1, 8));
+    }
 
     #[test]
     fn symbol_names_match_whole_strings_only() {

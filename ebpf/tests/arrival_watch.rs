@@ -5,6 +5,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::monotonic_ns;
 use valve_ebpf::{enable_run_time_stats, ArrivalConfig, ArrivalWatcher, WatchedPort};
 
 fn start(ports: Vec<WatchedPort>) -> Option<ArrivalWatcher> {
@@ -22,12 +24,6 @@ fn start(ports: Vec<WatchedPort>) -> Option<ArrivalWatcher> {
             None
         }
     }
-}
-
-/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
 fn listener() -> (TcpListener, u16) {

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::monotonic_ns;
 use valve_ebpf::{LaunchConfig, LaunchWatcher};
 
 const FAKE_LIBCUDA: &str = r#"
@@ -281,4 +283,51 @@ fn bench_wait_probe_cost_per_call() {
         probed - base
     );
     drop(w);
+}
+
+#[test]
+fn the_first_launch_after_a_resume_is_an_edge_whatever_its_gap() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start(&f.path, vec![me]) else {
+        return;
+    };
+    call(&f, 1, 0);
+    assert!(
+        w.next_edge(Duration::from_secs(2)).is_some(),
+        "first launch"
+    );
+    // A short wait, then a launch right after it: no idle edge (the gap is from the wait's end).
+    // SAFETY: the fake sleeps for its argument in microseconds.
+    unsafe { (f.sync)(100) };
+    call(&f, 1, 0);
+    assert!(w.next_edge(Duration::from_millis(20)).is_none());
+    // The gate resumes offline: the next launch is an edge although it comes as soon, and says
+    // that only the resume made it one; the launch after it is not.
+    w.arm_resume(monotonic_ns()).unwrap();
+    // SAFETY: as above.
+    unsafe { (f.sync)(100) };
+    call(&f, 1, 1);
+    let e = w
+        .next_edge(Duration::from_secs(2))
+        .expect("the first launch after the resume is an edge");
+    assert!(e.after_resume && !e.graph && e.idle_ns < 5_000_000, "{e:?}");
+    assert!(
+        w.next_edge(Duration::from_millis(20)).is_none(),
+        "only the first"
+    );
+    let c = w.counts(me);
+    assert!(c.last_launch_ns > e.ts_ns && c.edges == 2, "{c:?}");
+    // While another thread waits, the first launch after a resume is an edge too.
+    let sync = f.sync;
+    // SAFETY: as above.
+    let waiter = std::thread::spawn(move || unsafe { sync(60_000) });
+    assert!(eventually(|| w.counts(me).in_sync == 1));
+    w.arm_resume(monotonic_ns()).unwrap();
+    call(&f, 1, 0);
+    let e = w
+        .next_edge(Duration::from_secs(2))
+        .expect("edge during a wait");
+    assert!(e.after_resume, "{e:?}");
+    waiter.join().unwrap();
 }

@@ -162,6 +162,34 @@ def per_request(requests, trace, online_pids=None):
     return rows
 
 
+def offline_ran_in_decode(requests, trace):
+    """Per request with a first token: ms that offline ran between its first token and its end
+    (not inside a stopped interval of the trace). Under a gate this should be 0; a positive value
+    is a cooldown that resumed offline mid-request, which TPOT pays for until the next edge."""
+    stopped = disabled_intervals(trace)
+    out = []
+    for q in requests:
+        lo, hi = q.get("first_ns"), q["end_ns"]
+        if not lo or hi <= lo:
+            continue
+        covered = union_ns([(s, min(e, hi)) for s, e in stopped if e > lo and s < hi], lo, hi)
+        out.append((hi - lo - covered) / 1e6)
+    return out
+
+
+def decode_summary(requests, trace):
+    """How often offline ran inside a request's decode, and the edges the resume arm caught."""
+    ran = offline_ran_in_decode(requests, trace)
+    hit = [x for x in ran if x > 0.05]
+    return {
+        "requests": len(ran),
+        "with_offline_running": len(hit),
+        "offline_ran_max_ms": max(ran, default=None),
+        "offline_ran_sum_ms": sum(hit),
+        "edges_after_resume": sum(1 for r in trace if r["event"] == "launch" and r.get("after_resume")),
+    }
+
+
 def decisions_around(trace, lo, hi, base):
     """The trace records between lo and hi, as text lines with times relative to base."""
     out = []
@@ -177,6 +205,8 @@ def decisions_around(trace, lo, hi, base):
                     extra += ", ignoring a wait"
             elif "recv_ns" in r:
                 extra = f" (gate got it +{(r['recv_ns'] - r['t_ns']) / 1e3:.0f} us)"
+                if r.get("after_resume"):  # an edge only because it was the first launch since the resume
+                    extra += ", first since the resume"
             out.append(f"{rel:+.2f} ms {r['event']}{extra}")
     return out
 

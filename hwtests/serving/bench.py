@@ -358,6 +358,9 @@ def config_stats(group, rate_alone):
     per = [x for r in group if "trace" in r
            for x in analysis.per_request(r["records"], r["trace"], set(r["online_pids"]) or None)]
     s["per_request"] = per
+    decode = [analysis.decode_summary(r["records"], r["trace"]) for r in group if "trace" in r]
+    s["decode"] = {k: (max((d[k] for d in decode if d[k] is not None), default=None) if k.endswith("max_ms")
+                       else sum(d[k] for d in decode)) for k in decode[0]} if decode else None
     judged = [x for x in per if x["arrival_to_kernel_ms"] is not None]
     s["stopped_first_share"] = sum(x["stopped_first"] for x in judged) / len(judged) if judged else None
     for what in ("stopped", "kernel"):
@@ -389,6 +392,13 @@ def report_md(res, meta):
                 f"| {fmt(s.get('arrival_to_stopped_p50_ms'))} / {fmt(s.get('arrival_to_stopped_p99_ms'))} "
                 f"| {fmt(s.get('arrival_to_kernel_p50_ms'))} / {fmt(s.get('arrival_to_kernel_p99_ms'))} "
                 f"| {fmt(s.get('stopped_first_share'), '.0%')} |")
+        decode = [(cfg, s["decode"]) for cfg, s in e["rows"].items() if s.get("decode")]
+        if decode:
+            lines += ["", "Offline running inside a request's decode (first token to end; 0 if the gate held it):", ""]
+            lines += [f"- {CONFIG_NAMES[cfg]}: {d['with_offline_running']} of {d['requests']} requests, "
+                      f"{d['offline_ran_sum_ms']:.1f} ms in all, at most {fmt(d['offline_ran_max_ms'])} ms; "
+                      f"{d['edges_after_resume']} launch edges reported only because they followed a resume"
+                      for cfg, d in decode]
         if e.get("noise_pct"):
             n = e["noise_pct"]
             lines += ["", f"Noise floor: online alone measured as a second configuration, in its own rounds, differs from the first by "

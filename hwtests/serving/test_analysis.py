@@ -93,6 +93,21 @@ class Trace(unittest.TestCase):
         self.assertTrue(rows[0]["stopped_first"])
         self.assertLess(rows[0]["arrival_to_stopped_ms"], 0)
 
+    def test_offline_running_inside_a_decode_is_measured(self):
+        # First request decodes 14-50 ms, all inside the stop (11.2-60 ms); the second decodes
+        # 104-150 ms and the stop that begins at 104.1 ms never ends: offline ran 0.1 ms of it.
+        # A third decodes 61-80 ms with offline resumed at 60 ms: all 19 ms.
+        rs = [req(10 * MS, 14 * MS, 50 * MS), req(100 * MS, 104 * MS, 150 * MS),
+              req(58 * MS, 61 * MS, 80 * MS)]
+        ran = a.offline_ran_in_decode(rs, self.TRACE)
+        self.assertAlmostEqual(ran[0], 0.0)
+        self.assertAlmostEqual(ran[1], 0.1)
+        self.assertAlmostEqual(ran[2], 19.0)
+        trace = self.TRACE + [{"event": "launch", "t_ns": 61 * MS, "pid": 7, "after_resume": True}]
+        d = a.decode_summary(rs, trace)
+        self.assertEqual((d["requests"], d["with_offline_running"], d["edges_after_resume"]), (3, 2, 1))
+        self.assertAlmostEqual(d["offline_ran_max_ms"], 19.0)
+
     def test_tails_list_the_decisions_a_slow_first_token_waited_on(self):
         rs = [req(100 * MS, 160 * MS, 200 * MS)]
         t = a.tails(rs, self.TRACE, 50)

@@ -89,6 +89,7 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
             graph: false,
             ts_ns: edge_ts,
             idle_ns: 0,
+            after_resume: false,
         }),
         monotonic_ns(),
     );

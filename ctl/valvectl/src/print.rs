@@ -216,10 +216,15 @@ pub fn trace_line(r: &serde_json::Value) -> String {
             ms("idle_ns")
         ),
         "launch" => format!(
-            "launch    pid {} (seen by the gate +{:.0} us, idle {:.2} ms before)",
+            "launch    pid {} (seen by the gate +{:.0} us, idle {:.2} ms before){}",
             r["pid"],
             us_after("recv_ns"),
-            ms("idle_ns")
+            ms("idle_ns"),
+            if r["after_resume"] == true {
+                ": first since the resume (too soon after a wait, or during one, to be an idle edge)"
+            } else {
+                ""
+            }
         ),
         e @ ("disable" | "enable") => format!(
             "{e:<9} {} took {:.0} us{}",
@@ -256,6 +261,13 @@ mod tests {
         assert!(
             line.contains("arrival   port 8000 (seen by the gate +50 us, idle 5.00 ms before)"),
             "{line}"
+        );
+        let l = serde_json::json!({"seq": 3, "event": "launch", "t_ns": 2_000_000u64,
+            "pid": 7, "recv_ns": 2_010_000u64, "idle_ns": 50_000u64, "after_resume": true});
+        assert!(
+            trace_line(&l).contains("idle 0.05 ms before): first since the resume"),
+            "{}",
+            trace_line(&l)
         );
         let d = serde_json::json!({"seq": 4, "event": "disable", "t_ns": 2_060_000u64,
             "pid": 0, "end_ns": 3_160_000u64, "ok": true});

@@ -9,6 +9,12 @@
 // the wait's end (the GPU work is done) is activity too. A launch is an edge only when no thread
 // is waiting and the process has been idle (no launch, no wait ending) for the edge gap.
 //
+// The gate also arms `resumed` just before it resumes offline: a process's first launch after
+// that time is an edge whatever the idle rule says, so no online launch can run beside resumed
+// offline work unreported (a short wait just before it, or a thread still waiting, would
+// otherwise hide it). Such an edge carries KIND_AFTER_RESUME when the idle rule alone would not
+// have reported it.
+//
 // The attach cookie says which kind of entry point fired (1 kernel launch, 2 graph launch).
 
 #include <linux/types.h>
@@ -24,8 +30,10 @@ const volatile __u64 edge_gap_ns = 1000000;
 
 #define KIND_KERNEL 1
 #define KIND_GRAPH 2
+// Flag on an edge's kind: reported only because it is the first launch after a resume.
+#define KIND_AFTER_RESUME 0x100
 
-// Mirrored in src/launch.rs (STATS_SIZE).
+// Read field by field in src/launch.rs (parse_counts).
 struct launch_stats {
 	__u64 kernel_launches;
 	__u64 graph_launches;
@@ -34,6 +42,7 @@ struct launch_stats {
 	__s64 in_sync; // threads inside a synchronising call now
 	__u64 syncs;   // synchronising calls entered
 	__u64 sync_end_ns;
+	__u64 last_launch_ns; // latest launch (not the end of a wait)
 };
 
 struct launch_edge {
@@ -56,6 +65,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct launch_stats);
 } stats SEC(".maps");
+
+// CLOCK_MONOTONIC ns at which the gate last resumed offline (0: never), written by user space.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} resumed SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -120,11 +137,17 @@ int cuda_launch(void *ctx)
 	else
 		__sync_fetch_and_add(&s->kernel_launches, 1);
 	s->last_ns = now;
-	if (s->in_sync <= 0 && (last == 0 || now - last >= edge_gap_ns)) {
+	__u64 prev_launch = s->last_launch_ns;
+	s->last_launch_ns = now;
+	__u32 zero = 0;
+	__u64 *resumed_at = bpf_map_lookup_elem(&resumed, &zero);
+	int idle_edge = s->in_sync <= 0 && (last == 0 || now - last >= edge_gap_ns);
+	int resume_edge = resumed_at && *resumed_at && prev_launch < *resumed_at;
+	if (idle_edge || resume_edge) {
 		__sync_fetch_and_add(&s->edges, 1);
 		struct launch_edge e = {
 			.pid = pid,
-			.kind = (__u32)kind,
+			.kind = (__u32)kind | (idle_edge ? 0 : KIND_AFTER_RESUME),
 			.ts_ns = now,
 			.idle_ns = last ? now - last : 0,
 		};

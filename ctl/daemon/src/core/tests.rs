@@ -606,6 +606,7 @@ fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
         graph: false,
         ts_ns: 1,
         idle_ns: 0,
+        after_resume: false,
     }))
     .unwrap();
     wait_for("the gate thread dies", || {

@@ -76,6 +76,9 @@ pub trait LaunchSource: Send {
     fn last_arrival_ns(&self, _port: u16) -> u64 {
         0
     }
+    /// Offline is about to resume at `now_ns`: report each online process's next launch as an
+    /// edge whatever its idle gap. Errors are the source's to log; the gate resumes anyway.
+    fn arm_resume(&self, _now_ns: u64) {}
 }
 
 impl LaunchSource for valve_ebpf::LaunchWatcher {
@@ -87,6 +90,11 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
     }
     fn last_launch_ns(&self, pid: u32) -> u64 {
         self.counts(pid).last_ns
+    }
+    fn arm_resume(&self, now_ns: u64) {
+        if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
+            tracing::warn!("gate: {e}");
+        }
     }
 }
 
@@ -352,7 +360,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 if !self.online.contains(&e.pid) {
                     return true;
                 }
-                self.trace(TraceKind::Launch, e.ts_ns, e.pid, now_ns, e.idle_ns);
+                let kind = if e.after_resume {
+                    TraceKind::LaunchAfterResume
+                } else {
+                    TraceKind::Launch
+                };
+                self.trace(kind, e.ts_ns, e.pid, now_ns, e.idle_ns);
                 let idle = (e.idle_ns > 0).then_some(e.idle_ns);
                 if self.policy.on_edge(e.ts_ns, idle) == Some(Action::Preempt) {
                     self.disable(Cause::Launch(e.ts_ns));
@@ -386,6 +399,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Idle => {
                 self.trace(TraceKind::Idle, now_ns, 0, 0, 0);
                 if self.policy.on_idle() == Some(Action::Resume) {
+                    self.launches.arm_resume(monotonic_ns());
                     self.enable();
                 }
                 self.update(|_| {});
@@ -405,13 +419,47 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
 
     /// Time passes: resumes offline once online has been idle for the cooldown (or, after an
     /// arrival that launched nothing, for the arrival hold).
+    ///
+    /// Before it resumes it arms the launch watcher and reads the counters once more: a launch
+    /// after the arm is reported as an edge (which preempts again at once), and one before it is
+    /// in this second reading (which pushes the resume out). So no online launch runs beside
+    /// resumed offline work without the gate hearing of it, whatever its idle gap.
     pub fn tick(&mut self, now_ns: u64) {
         // Later activity can only push the due time out, so before it nothing needs reading.
-        if self.policy.resume_due_ns().is_none_or(|due| now_ns < due) {
+        if !self.resume_due(now_ns) {
             return;
         }
-        // Launches that were not edges (closer together than the edge gap) still count, and so
-        // do arrivals that were not edges.
+        let waiting = self.read_activity(now_ns);
+        if !self.resume_due(now_ns) {
+            return;
+        }
+        self.launches.arm_resume(monotonic_ns());
+        let waiting = self.read_activity(now_ns) || waiting;
+        let activity = self.policy.last_launch_ns().unwrap_or(0);
+        let due = self.policy.resume_due_ns().unwrap_or(now_ns);
+        if self.policy.on_tick(now_ns) == Some(Action::Resume) {
+            // Flag a resume that ignored a wait (the stuck-thread bound ran out): if online was in
+            // fact busy, its launches did not reach the probe.
+            self.trace(
+                TraceKind::Cooldown,
+                now_ns,
+                u32::from(waiting),
+                activity,
+                due.saturating_sub(activity),
+            );
+            self.enable();
+            self.update(|_| {});
+        }
+    }
+
+    fn resume_due(&self, now_ns: u64) -> bool {
+        self.policy.resume_due_ns().is_some_and(|due| now_ns >= due)
+    }
+
+    /// Feeds the policy the online activity the watchers' counters hold: launches that were not
+    /// edges (closer together than the edge gap), threads waiting for online GPU work, and
+    /// arrivals that were not edges. Returns whether a thread is waiting now.
+    fn read_activity(&mut self, now_ns: u64) -> bool {
         let last = self
             .online
             .iter()
@@ -439,21 +487,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         if arrived > 0 {
             self.policy.saw_activity(arrived);
         }
-        let activity = self.policy.last_launch_ns().unwrap_or(0);
-        let due = self.policy.resume_due_ns().unwrap_or(now_ns);
-        if self.policy.on_tick(now_ns) == Some(Action::Resume) {
-            // Flag a resume that ignored a wait (the stuck-thread bound ran out): if online was in
-            // fact busy, its launches did not reach the probe.
-            self.trace(
-                TraceKind::Cooldown,
-                now_ns,
-                u32::from(waiting),
-                activity,
-                due.saturating_sub(activity),
-            );
-            self.enable();
-            self.update(|_| {});
-        }
+        waiting
     }
 
     /// How long the thread may wait for input before it must tick.
@@ -1003,11 +1037,16 @@ mod tests {
     const ONLINE: u32 = 7_000_001;
 
     /// Launch times per pid, arrival times per watched port, pids waiting for their GPU work.
+    /// Last launch per pid, last arrival per port, pids waiting for their GPU work, the times
+    /// the gate armed the resume edge, and a launch (pid, time) that happens as it arms.
     #[derive(Clone, Default)]
+    #[allow(clippy::type_complexity)]
     struct FakeLaunches(
         Arc<Mutex<BTreeMap<u32, u64>>>,
         Arc<Mutex<BTreeMap<u16, u64>>>,
         Arc<Mutex<BTreeSet<u32>>>,
+        Arc<Mutex<Vec<u64>>>,
+        Arc<Mutex<Option<(u32, u64)>>>,
     );
 
     impl LaunchSource for FakeLaunches {
@@ -1034,6 +1073,67 @@ mod tests {
         fn in_sync(&self, pid: u32) -> bool {
             self.2.lock().unwrap().contains(&pid)
         }
+        fn arm_resume(&self, now_ns: u64) {
+            self.3.lock().unwrap().push(now_ns);
+            if let Some((pid, t)) = self.4.lock().unwrap().take() {
+                self.0.lock().unwrap().insert(pid, t);
+            }
+        }
+    }
+
+    #[test]
+    fn no_online_launch_runs_beside_resumed_offline_unreported() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            cooldown_ceiling: Duration::from_millis(50),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 10 * MS);
+        // The cooldown runs out at 60 ms, but online launches after the gate's first reading of
+        // the counters, as it arms: its second reading sees the launch, and offline stays stopped.
+        *launches.4.lock().unwrap() = Some((ONLINE, 61 * MS));
+        rt.tick(61 * MS);
+        assert_eq!(
+            rm.disabled().len(),
+            20,
+            "a launch in the window holds offline"
+        );
+        assert_eq!(
+            launches.3.lock().unwrap().len(),
+            1,
+            "armed before reading again"
+        );
+        // Nothing more: it resumes, armed (the watcher then reports online's next launch).
+        rt.tick(112 * MS);
+        assert!(rm.disabled().is_empty());
+        assert_eq!(launches.3.lock().unwrap().len(), 2);
+        // That launch, 50 us after a wait's end (no idle edge), comes flagged: preempt at once.
+        rt.handle(
+            GateInput::Edge(LaunchEdge {
+                pid: ONLINE,
+                graph: true,
+                ts_ns: 113 * MS,
+                idle_ns: 50 * US,
+                after_resume: true,
+            }),
+            113 * MS,
+        );
+        assert_eq!(rm.disabled().len(), 20, "the armed edge preempts");
+        let trace = rt.shared.trace.since(0, 1000);
+        let flagged = trace
+            .iter()
+            .find(|r| r.kind == TraceKind::LaunchAfterResume)
+            .expect("the trace marks it");
+        assert_eq!(flagged.to_json()["after_resume"], true);
+        // A resume on an explicit idle signal arms too.
+        rt.handle(GateInput::Busy, 120 * MS);
+        rt.handle(GateInput::Idle, 130 * MS);
+        assert!(rm.disabled().is_empty());
+        assert_eq!(launches.3.lock().unwrap().len(), 3);
     }
 
     #[test]
@@ -1255,6 +1355,7 @@ mod tests {
             graph: false,
             ts_ns,
             idle_ns,
+            after_resume: false,
         })
     }
 

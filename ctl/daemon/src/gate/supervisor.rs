@@ -178,6 +178,9 @@ impl LaunchSource for GateWatchers {
     fn last_arrival_ns(&self, port: u16) -> u64 {
         self.arrival.as_ref().map_or(0, |a| a.counts(port).last_ns)
     }
+    fn arm_resume(&self, now_ns: u64) {
+        LaunchSource::arm_resume(&self.launch, now_ns);
+    }
 }
 
 /// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and

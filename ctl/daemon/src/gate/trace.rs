@@ -16,8 +16,12 @@ pub enum TraceKind {
     /// thread got it, `b` the port's idle time before it.
     Arrival,
     /// An online process launched after idling: `id` the pid, `t_ns` the launch (uprobe), `a`
-    /// when the gate thread got it, `b` the idle gap before it.
+    /// when the gate thread got it, `b` the idle gap before it (JSON `"after_resume": false`).
     Launch,
+    /// As [`TraceKind::Launch`], for a launch that was an edge only because it was the
+    /// process's first since the gate resumed offline: a thread was waiting, or the gap since
+    /// its last activity was below the edge gap. JSON: event `launch`, `"after_resume": true`.
+    LaunchAfterResume,
     /// `valvectl gate busy`: `t_ns` when the gate thread got it.
     Busy,
     /// `valvectl gate idle`: `t_ns` when the gate thread got it.
@@ -34,9 +38,10 @@ pub enum TraceKind {
 }
 
 impl TraceKind {
-    const ALL: [TraceKind; 7] = [
+    const ALL: [TraceKind; 8] = [
         TraceKind::Arrival,
         TraceKind::Launch,
+        TraceKind::LaunchAfterResume,
         TraceKind::Busy,
         TraceKind::Idle,
         TraceKind::Disable,
@@ -86,10 +91,13 @@ impl TraceRecord {
                 put("recv_ns", json!(self.a));
                 put("idle_ns", json!(self.b));
             }
-            TraceKind::Launch => {
+            TraceKind::Launch | TraceKind::LaunchAfterResume => {
+                let after_resume = self.kind == TraceKind::LaunchAfterResume;
+                put("event", json!(TraceKind::Launch));
                 put("pid", json!(self.id));
                 put("recv_ns", json!(self.a));
                 put("idle_ns", json!(self.b));
+                put("after_resume", json!(after_resume));
             }
             TraceKind::Busy | TraceKind::Idle => {}
             TraceKind::Disable | TraceKind::Enable => {
@@ -221,6 +229,7 @@ mod tests {
         assert_eq!(r.head(), 6);
         let j = all[0].to_json();
         assert_eq!(j["event"], "launch");
+        assert_eq!(j["after_resume"], false);
         assert_eq!(
             (j["pid"].as_u64(), j["recv_ns"].as_u64()),
             (Some(42), Some(3))
@@ -235,7 +244,12 @@ mod tests {
         }
         let got: Vec<TraceKind> = r.since(0, 100).iter().map(|x| x.kind).collect();
         assert_eq!(got, TraceKind::ALL.to_vec());
-        let d = r.since(4, 1)[0].to_json();
+        let after = r.since(2, 1)[0].to_json();
+        assert_eq!(
+            (after["event"].as_str(), after["after_resume"].as_bool()),
+            (Some("launch"), Some(true))
+        );
+        let d = r.since(5, 1)[0].to_json();
         assert_eq!(
             (d["event"].as_str(), d["ok"].as_bool()),
             (Some("disable"), Some(false))
