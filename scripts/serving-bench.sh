@@ -56,8 +56,20 @@ echo "== host"
 nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader 2>/dev/null || true
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 set +e
-python3 hwtests/serving/bench.py --valvectl "$bin/valvectl" --out "$out" "${args[@]}" 2>&1 | tee "$out/bench.log"
-rc=${PIPESTATUS[0]}
+# tee ignores SIGTERM (`timeout` signals the whole process group), so the benchmark's last lines
+# still reach the log after it is told to stop.
+python3 hwtests/serving/bench.py --valvectl "$bin/valvectl" --out "$out" "${args[@]}" \
+  > >(trap '' TERM; exec tee "$out/bench.log") 2>&1 &
+pid=$!
+# A TERM to this script alone (kill, `timeout --foreground`) must reach python too: the benchmark
+# then stops measuring and still writes its report of the runs done.
+trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+wait "$pid"
+rc=$?
+while kill -0 "$pid" 2>/dev/null; do
+  wait "$pid"
+  rc=$?
+done
 set -e
 echo "== report: $out/report.md (exit $rc)"
 exit "$rc"

@@ -237,6 +237,13 @@ def tails(requests, trace, threshold_ms):
     return out
 
 
+def fits_deadline(elapsed_s, run_s, deadline_s):
+    """Whether one more run, as long as the longest so far, ends before the deadline: a run
+    started just before it would otherwise overrun it (and a `timeout` around the command would
+    lose the report)."""
+    return elapsed_s + max(run_s, default=0.0) <= deadline_s
+
+
 def pct_change(x, base):
     if x is None or base in (None, 0):
         return None

@@ -278,6 +278,17 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
     return out
 
 
+class Terminated(Exception):
+    """SIGTERM (a `timeout` around the benchmark): stop measuring and report what is done."""
+
+
+def on_sigterm(_sig, _frame):
+    # Once: a second TERM (the script passes one on, `timeout` signals the group) must not cut
+    # the report short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
 def round_orders(configs, rounds):
     """The order of the configurations in each round: forward, then backward, and so on, so that a
     slow drift of the host (seen as 30-60% between the first and last run of the same
@@ -499,8 +510,11 @@ def main(argv=None):
         s = service_time(url, prompt, a.max_tokens)
         os.kill(off.p.pid, signal.SIGCONT)
         log(f"== service time alone: {s * 1e3:.1f} ms per request")
-        runs = []
+        runs, run_s, stopped = [], [], False
+        signal.signal(signal.SIGTERM, on_sigterm)
         for load in a.loads:
+            if stopped:
+                break
             # Poisson arrivals; with overlapping requests the busy share is about 1 - exp(-rate * s).
             rate = -math.log(1 - load) / s
             # An unrecorded run at this load first: the first measured run was slower than the same
@@ -509,12 +523,21 @@ def main(argv=None):
             run_load(url, rate, 10, 999, prompt, a.max_tokens)
             n = requests_per_round(a, rate, len(configs))
             for rnd, order in enumerate(round_orders(configs, a.rounds)):
+                if stopped:
+                    break
                 for cfg in order:
-                    if time.time() - t_start > a.deadline_s:
-                        log(f"== SKIPPED load {load:.0%} round {rnd + 1} {CONFIG_NAMES[cfg]}: past --deadline-s")
+                    if not analysis.fits_deadline(time.time() - t_start, run_s, a.deadline_s):
+                        log(f"== SKIPPED load {load:.0%} round {rnd + 1} {CONFIG_NAMES[cfg]}: it would end past --deadline-s")
                         continue
                     log(f"== load {load:.0%} ({rate:.2f}/s) round {rnd + 1}/{a.rounds}: {CONFIG_NAMES[cfg]}, {n} requests")
-                    r = measure(a, valve, url, prompt, off, rate, cfg, int(load * 100) + 1000 * rnd, n)
+                    t_run = time.time()
+                    try:
+                        r = measure(a, valve, url, prompt, off, rate, cfg, int(load * 100) + 1000 * rnd, n)
+                    except Terminated:
+                        log("== SIGTERM: reporting the runs done so far")
+                        stopped = True
+                        break
+                    run_s.append(time.time() - t_run)
                     r.update(load=load, round=rnd, progress=read_progress(progress))
                     runs.append(r)
                     st = analysis.request_stats(r["records"])

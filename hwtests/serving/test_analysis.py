@@ -47,6 +47,11 @@ class Stats(unittest.TestCase):
         self.assertAlmostEqual(h["harvested"], 1.0)
         self.assertAlmostEqual(h["offline_vs_alone"], 0.5)
 
+    def test_a_run_is_started_only_if_it_can_end_before_the_deadline(self):
+        self.assertTrue(a.fits_deadline(0, [], 10))
+        self.assertTrue(a.fits_deadline(400, [50, 60], 460))
+        self.assertFalse(a.fits_deadline(410, [50, 60], 460))  # the longest run would overrun
+
     def test_rounds_of_one_configuration_are_summed_before_dividing(self):
         # Round 1 as above (0.1 s of offline work in 100 ms idle of 200 ms); round 2, 1 s later:
         # online busy the whole 100 ms window and offline did nothing.
