@@ -8,8 +8,9 @@
 //! without the thread, for tests.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -175,6 +176,10 @@ fn push(v: &mut Vec<f64>, x: f64) {
 /// each decision), and the decision trace (lock-free).
 pub struct GateShared {
     status: Mutex<SharedStatus>,
+    /// Signalled once the runtime has enabled offline on its way out (its `Drop`).
+    ended: Condvar,
+    /// The runtime was dropped by a panic.
+    panicked: AtomicBool,
     trace: TraceRing,
     /// Channels the gate held disabled when their process left its offline set (a manual
     /// preempt takes them over as they are), per pid.
@@ -188,6 +193,8 @@ impl Default for GateShared {
     fn default() -> Self {
         GateShared {
             status: Mutex::default(),
+            ended: Condvar::new(),
+            panicked: AtomicBool::new(false),
             trace: TraceRing::new(TRACE_CAPACITY),
             handed: Mutex::default(),
         }
@@ -893,6 +900,11 @@ impl<D: RmDriver, L: LaunchSource> Drop for GateRuntime<D, L> {
             .unwrap_or_else(PoisonError::into_inner);
         g.status.running = false;
         g.status.preempted = false;
+        self.shared
+            .panicked
+            .store(std::thread::panicking(), Ordering::SeqCst);
+        drop(g);
+        self.shared.ended.notify_all();
     }
 }
 
@@ -1005,9 +1017,31 @@ impl GateHandle {
 
     fn stop_inner(&mut self) -> (GateStatus, Option<String>) {
         let _ = self.tx.send(GateInput::Stop);
-        let panicked = match self.thread.take() {
-            Some(t) => t.join().is_err(),
-            None => false,
+        let Some(thread) = self.thread.take() else {
+            return (self.status(), None);
+        };
+        // Wait until the runtime has enabled offline and marked itself stopped (its Drop), not
+        // for the thread's end: detaching the uprobes after that takes about 0.1 s per probe
+        // (over 4 s on libcuda's), and would hold the daemon's control loop that long.
+        let mut g = self
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while g.status.running && !thread.is_finished() {
+            g = self
+                .shared
+                .ended
+                .wait_timeout(g, Duration::from_millis(50))
+                .map_or_else(|e| e.into_inner().0, |r| r.0);
+        }
+        drop(g);
+        let panicked = if thread.is_finished() {
+            thread.join().is_err()
+        } else {
+            // The probes go on detaching on the gate thread; nothing waits for it.
+            drop(thread);
+            self.shared.panicked.load(Ordering::SeqCst)
         };
         (
             self.status(),
@@ -1559,5 +1593,67 @@ mod tests {
         })
         .err();
         assert_eq!(err.as_deref(), Some("no libcuda"));
+    }
+
+    /// A launch source whose drop (detaching uprobes) waits until the test releases it.
+    struct SlowToDetach {
+        release: Mutex<mpsc::Receiver<()>>,
+        detached: Arc<AtomicBool>,
+    }
+
+    impl LaunchSource for SlowToDetach {
+        fn watch(&mut self, _pid: u32) -> Result<(), String> {
+            Ok(())
+        }
+        fn unwatch(&mut self, _pid: u32) {}
+        fn last_launch_ns(&self, _pid: u32) -> u64 {
+            0
+        }
+    }
+
+    impl Drop for SlowToDetach {
+        fn drop(&mut self) {
+            let rx = self.release.lock().unwrap();
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            self.detached.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn stop_returns_once_offline_runs_without_waiting_for_the_probes_to_detach() {
+        let rm = Arc::new(FakeRm::host(1));
+        let recs = offline(&rm)[..1].to_vec();
+        let (release_tx, release_rx) = mpsc::channel();
+        let detached = Arc::new(AtomicBool::new(false));
+        let (rm2, detached2) = (rm.clone(), detached.clone());
+        let h = spawn(GateConfig::default(), move |_tx| {
+            Ok((
+                Controller::with_driver(rm2).map_err(|e| e.to_string())?,
+                SlowToDetach {
+                    release: Mutex::new(release_rx),
+                    detached: detached2,
+                },
+            ))
+        })
+        .unwrap();
+        h.send(GateInput::Offline(recs));
+        h.send(GateInput::Busy);
+        let t0 = Instant::now();
+        while rm.disabled().len() != 20 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (st, err) = h.stop();
+        // Offline runs and the status is final, while the probes are still detaching.
+        assert!(rm.disabled().is_empty() && !st.running && err.is_none());
+        assert!(
+            !detached.load(Ordering::SeqCst),
+            "stop waited for the detach"
+        );
+        release_tx.send(()).unwrap();
+        let t0 = Instant::now();
+        while !detached.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(detached.load(Ordering::SeqCst), "the detach still happens");
     }
 }
