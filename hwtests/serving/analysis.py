@@ -157,6 +157,10 @@ def per_request(requests, trace, online_pids=None):
                 "arrival_to_stopped_ms": None if stop is None else (stop - a) / 1e6,
                 "arrival_to_kernel_ms": None if kernel is None else (kernel - a) / 1e6,
                 "stopped_first": stop is not None and kernel is not None and stop <= kernel,
+                # Offline was still stopped from before (a cooldown or hold not yet over). Then no
+                # resume armed the probe, so the request's first launch need not be an edge, and
+                # the first edge can come well after the first kernel.
+                "already_stopped": stop is not None and stop <= a,
             }
         )
     return rows

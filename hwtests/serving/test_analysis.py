@@ -96,7 +96,11 @@ class Trace(unittest.TestCase):
         rows = a.per_request([req(30 * MS, 40 * MS, 45 * MS)], self.TRACE + [
             {"event": "launch", "t_ns": 31 * MS, "pid": 7}])
         self.assertTrue(rows[0]["stopped_first"])
+        self.assertTrue(rows[0]["already_stopped"])
         self.assertLess(rows[0]["arrival_to_stopped_ms"], 0)
+        # A request that found offline running is not marked.
+        rows = a.per_request([req(10 * MS, 20 * MS, 50 * MS)], self.TRACE, online_pids={7})
+        self.assertFalse(rows[0]["already_stopped"])
 
     def test_offline_running_inside_a_decode_is_measured(self):
         # First request decodes 14-50 ms, all inside the stop (11.2-60 ms); the second decodes
