@@ -240,7 +240,7 @@ impl LaunchWatcher {
     /// Offline is about to resume at `now_ns` (CLOCK_MONOTONIC): every watched process's first
     /// launch after it is an edge, whatever the idle rule says. Call it before re-reading the
     /// counters one last time and then enabling offline: a launch the re-read misses is then
-    /// reported.
+    /// reported. 0 disarms (the resume was called off).
     pub fn arm_resume(&self, now_ns: u64) -> Result<(), WatchError> {
         self.resumed
             .update(&0u32.to_ne_bytes(), &now_ns.to_ne_bytes(), MapFlags::ANY)

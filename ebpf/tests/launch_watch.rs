@@ -318,6 +318,13 @@ fn the_first_launch_after_a_resume_is_an_edge_whatever_its_gap() {
     );
     let c = w.counts(me);
     assert!(c.last_launch_ns > e.ts_ns && c.edges == 2, "{c:?}");
+    // Armed, then disarmed (the resume was called off): no edge.
+    w.arm_resume(monotonic_ns()).unwrap();
+    w.arm_resume(0).unwrap();
+    // SAFETY: as above.
+    unsafe { (f.sync)(100) };
+    call(&f, 1, 0);
+    assert!(w.next_edge(Duration::from_millis(20)).is_none(), "disarmed");
     // While another thread waits, the first launch after a resume is an edge too.
     let sync = f.sync;
     // SAFETY: as above.
