@@ -1121,8 +1121,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn no_online_launch_runs_beside_resumed_offline_unreported() {
+    /// One offline process (20 channels on one GPU) and the online pid, cooldown ceiling 50 ms.
+    fn one_offline_one_online() -> (
+        Arc<FakeRm>,
+        GateRuntime<Arc<FakeRm>, FakeLaunches>,
+        FakeLaunches,
+    ) {
         let rm = Arc::new(FakeRm::host(1));
         let cfg = GateConfig {
             cooldown_ceiling: Duration::from_millis(50),
@@ -1131,6 +1135,12 @@ mod tests {
         let (mut rt, launches) = runtime(&rm, cfg);
         rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
         rt.handle(GateInput::Online([ONLINE].into()), 0);
+        (rm, rt, launches)
+    }
+
+    #[test]
+    fn no_online_launch_runs_beside_resumed_offline_unreported() {
+        let (rm, mut rt, launches) = one_offline_one_online();
         rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
         launches.0.lock().unwrap().insert(ONLINE, 10 * MS);
         // The cooldown runs out at 60 ms, but online launches after the gate's first reading of
@@ -1179,14 +1189,7 @@ mod tests {
 
     #[test]
     fn no_resume_while_online_waits_for_its_gpu_work() {
-        let rm = Arc::new(FakeRm::host(1));
-        let cfg = GateConfig {
-            cooldown_ceiling: Duration::from_millis(50),
-            ..GateConfig::default()
-        };
-        let (mut rt, launches) = runtime(&rm, cfg);
-        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
-        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        let (rm, mut rt, launches) = one_offline_one_online();
         // A prefill: launches at 10 ms, then the host waits for the GPU.
         rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
         launches.0.lock().unwrap().insert(ONLINE, 11 * MS);
