@@ -181,16 +181,18 @@ def offline_ran_in_decode(requests, trace):
     return out
 
 
-def decode_summary(requests, trace):
-    """How often offline ran inside a request's decode, and the edges the resume arm caught."""
-    ran = offline_ran_in_decode(requests, trace)
+def decode_summary(runs):
+    """Over (requests, trace) rounds: how often offline ran inside a request's decode, and the
+    edges the resume arm caught."""
+    ran = [x for requests, trace in runs for x in offline_ran_in_decode(requests, trace)]
     hit = [x for x in ran if x > 0.05]
     return {
         "requests": len(ran),
         "with_offline_running": len(hit),
         "offline_ran_max_ms": max(ran, default=None),
         "offline_ran_sum_ms": sum(hit),
-        "edges_after_resume": sum(1 for r in trace if r["event"] == "launch" and r.get("after_resume")),
+        "edges_after_resume": sum(1 for _, trace in runs for r in trace
+                                  if r["event"] == "launch" and r.get("after_resume")),
     }
 
 

@@ -369,9 +369,7 @@ def config_stats(group, rate_alone):
     per = [x for r in group if "trace" in r
            for x in analysis.per_request(r["records"], r["trace"], set(r["online_pids"]) or None)]
     s["per_request"] = per
-    decode = [analysis.decode_summary(r["records"], r["trace"]) for r in group if "trace" in r]
-    s["decode"] = {k: (max((d[k] for d in decode if d[k] is not None), default=None) if k.endswith("max_ms")
-                       else sum(d[k] for d in decode)) for k in decode[0]} if decode else None
+    s["decode"] = analysis.decode_summary([(r["records"], r["trace"]) for r in group if "trace" in r])
     judged = [x for x in per if x["arrival_to_kernel_ms"] is not None]
     s["stopped_first_share"] = sum(x["stopped_first"] for x in judged) / len(judged) if judged else None
     # The first kernel is known exactly only where offline ran at the arrival (the gate's resume

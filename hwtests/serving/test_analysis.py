@@ -113,7 +113,7 @@ class Trace(unittest.TestCase):
         self.assertAlmostEqual(ran[1], 0.1)
         self.assertAlmostEqual(ran[2], 19.0)
         trace = self.TRACE + [{"event": "launch", "t_ns": 61 * MS, "pid": 7, "after_resume": True}]
-        d = a.decode_summary(rs, trace)
+        d = a.decode_summary([(rs, trace)])
         self.assertEqual((d["requests"], d["with_offline_running"], d["edges_after_resume"]), (3, 2, 1))
         self.assertAlmostEqual(d["offline_ran_max_ms"], 19.0)
 
