@@ -15,22 +15,90 @@ TARGETS = dict(reclaim_1gib_p99_ms=10.0, rate_within=0.25, offline_vs_static=1.5
                tpot_p99_pct=2.0)
 
 
-def latencies(online: dict) -> dict:
-    """TTFT (arrival to first token) and TPOT (mean gap between later tokens), ms, per request kind."""
-    ttft, tpot, ttft_burst = [], [], []
-    for q in online.get("requests", []):
+def request_latencies(online: dict) -> dict:
+    """Per request id: (is it a burst request, TTFT ms from arrival, TPOT ms or None under 2 tokens)."""
+    out = {}
+    for i, q in enumerate(online.get("requests", [])):
         ts = q["timestamps"]
         if q["error"] or not ts or q["arrival"] is None:
             continue
-        t = (ts[0] - q["arrival"]) * 1e3
-        (ttft_burst if q["burst"] else ttft).append(t)
-        if len(ts) >= 2:
-            tpot.append((ts[-1] - ts[0]) / (len(ts) - 1) * 1e3)
+        tpot = (ts[-1] - ts[0]) / (len(ts) - 1) * 1e3 if len(ts) >= 2 else None
+        out[q.get("rid", f"#{i}")] = (q["burst"], (ts[0] - q["arrival"]) * 1e3, tpot)
+    return out
+
+
+def latencies(online: dict) -> dict:
+    """TTFT (arrival to first token) and TPOT (mean gap between later tokens), ms, per request kind."""
+    per = request_latencies(online).values()
+    ttft = [t for burst, t, _ in per if not burst]
+    ttft_burst = [t for burst, t, _ in per if burst]
+    tpot = [p for _, _, p in per if p is not None]
     every = ttft + ttft_burst
     return dict(requests=len(online.get("requests", [])), failed=online.get("failed"),
                 ttft_p50=pct(every, 50), ttft_p99=pct(every, 99), ttft_short_p50=pct(ttft, 50),
                 ttft_short_p99=pct(ttft, 99), ttft_burst_p50=pct(ttft_burst, 50), ttft_burst_p99=pct(ttft_burst, 99),
                 tpot_p50=pct(tpot, 50), tpot_p99=pct(tpot, 99))
+
+
+def pooled(runs: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
+    """Online latency over several benchmark runs, each a {config: raw result} of one trace (its own
+    seed), so that a p99 is not one run's slowest burst request. Per configuration: the pooled
+    TTFT/TPOT percentiles and their change against pooled alone, the median per-request TPOT ratio
+    against alone's same request in the same run, and a paired bootstrap (requests drawn again within
+    each run, the same draw for both configurations) of the TPOT p99 change: its 5th and 95th
+    percentiles."""
+    per_run = [{c: request_latencies(r[c]["online"]) for c in r if (r[c] or {}).get("online")} for r in runs]
+    configs = [c for c in ("alone", "valve-miad", "alone-2", "static") if any(c in pr for pr in per_run)]
+    rng = random.Random(seed)
+
+    def p(vals, q):
+        return pct([v for v in vals if v is not None], q)
+
+    out: dict = dict(runs=len(runs), configs={})
+    for c in configs:
+        pairs = [(pr["alone"][rid], lat) for pr in per_run if c in pr and "alone" in pr
+                 for rid, lat in pr[c].items() if rid in pr["alone"]]
+        mine = [lat for pr in per_run if c in pr for lat in pr[c].values()]
+        n = dict(runs=sum(1 for pr in per_run if c in pr), requests=len(mine),
+                 ttft_p50=p([x[1] for x in mine], 50), ttft_p99=p([x[1] for x in mine], 99),
+                 tpot_p50=p([x[2] for x in mine], 50), tpot_p99=p([x[2] for x in mine], 99))
+        ratios = [b[2] / a[2] for a, b in pairs if a[2] and b[2]]
+        n["tpot_ratio_median"] = pct(ratios, 50)
+        if c != "alone" and pairs:
+            by_run = [[(pr["alone"][rid], lat) for rid, lat in pr[c].items() if rid in pr["alone"]]
+                      for pr in per_run if c in pr and "alone" in pr]
+            draws = []
+            for _ in range(resamples):
+                d = [pair for run in by_run for pair in rng.choices(run, k=len(run))]
+                ref, got = p([a[2] for a, _ in d], 99), p([b[2] for _, b in d], 99)
+                if ref and got:
+                    draws.append((got / ref - 1) * 100)
+            n["tpot_p99_change_pct_90ci"] = [pct(draws, 5), pct(draws, 95)] if draws else None
+        out["configs"][c] = n
+    alone = out["configs"].get("alone", {})
+    for c, n in out["configs"].items():
+        if c != "alone":
+            for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"):
+                n[f"{m}_vs_alone_pct"] = delta(n.get(m), alone.get(m))
+    return out
+
+
+def signed_pct(v) -> str:
+    return "-" if v is None else f"{v:+.1f}%"
+
+
+def pooled_markdown(pool: dict, labels: list[str]) -> str:
+    lines = [f"Online latency pooled over {pool['runs']} runs ({', '.join(labels)}):", "",
+             "| config | runs | requests | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | TTFT p99 / TPOT p99 vs alone | "
+             "TPOT p99 change, 90% bootstrap interval | median per-request TPOT ratio to alone |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c, n in pool["configs"].items():
+        ci = n.get("tpot_p99_change_pct_90ci")
+        lines.append(f"| {c} | {n['runs']} | {n['requests']} | {fmt(n['ttft_p50'])} / {fmt(n['ttft_p99'])} | "
+                     f"{fmt(n['tpot_p50'], 2)} / {fmt(n['tpot_p99'], 2)} | {signed_pct(n.get('ttft_p99_vs_alone_pct'))} / "
+                     f"{signed_pct(n.get('tpot_p99_vs_alone_pct'))} | "
+                     f"{'-' if not ci else f'{ci[0]:+.1f}% .. {ci[1]:+.1f}%'} | {fmt(n.get('tpot_ratio_median'), 3)} |")
+    return "\n".join(lines) + "\n"
 
 
 def busy_fraction(online: dict) -> float | None:
@@ -315,3 +383,33 @@ def correctness_markdown(out: dict) -> str:
     lines.append(f"\nNVML used memory: {out.get('gpu_used_mib_before')} MiB before, "
                  f"{out.get('gpu_used_mib_after')} MiB after.")
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(description="Pool the online latency of several `run.py bench` output "
+                                 "directories (each with alone, valve-miad and alone-2 of one trace).")
+    ap.add_argument("dirs", nargs="+", help="bench output directories (<config>.json in each)")
+    ap.add_argument("--json", help="write the pooled numbers here too")
+    a = ap.parse_args(argv)
+    runs = []
+    for d in a.dirs:
+        run = {}
+        for c in ("alone", "valve-miad", "alone-2", "static"):
+            path = os.path.join(d, f"{c}.json")
+            if os.path.exists(path):
+                run[c] = common.read_json(path)
+        if "alone" not in run:
+            raise SystemExit(f"{d}: no alone.json (every pooled run needs its own alone configuration)")
+        runs.append(run)
+    pool = pooled(runs)
+    if a.json:
+        common.write_json(a.json, pool)
+    print(pooled_markdown(pool, a.dirs), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

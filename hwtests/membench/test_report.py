@@ -156,5 +156,41 @@ class Correctness(unittest.TestCase):
             self.assertFalse(report.compare_outputs(ref, os.path.join(d, "none"), pres, 1)["identical"])
 
 
+class Pooled(unittest.TestCase):
+    @staticmethod
+    def online(tpots, slower=1.0):
+        """Requests on0.. each with a first token 10 ms after arrival and 3 tokens `tpot * slower` apart."""
+        reqs = []
+        for i, t in enumerate(tpots):
+            gap = t * slower / 1e3
+            reqs.append(dict(rid=f"on{i}", arrival=float(i), burst=False, error=None,
+                             timestamps=[i + 0.01, i + 0.01 + gap, i + 0.01 + 2 * gap]))
+        return dict(online=dict(requests=reqs))
+
+    def test_runs_pool_their_requests_and_pair_each_with_alones_same_request(self):
+        a, b = [5.0] * 98 + [40.0, 50.0], [6.0] * 99 + [60.0]
+        runs = [dict(alone=self.online(a), **{"valve-miad": self.online(a, 1.1)}),
+                dict(alone=self.online(b), **{"valve-miad": self.online(b, 1.1)})]
+        pool = report.pooled(runs, resamples=200)
+        alone, miad = pool["configs"]["alone"], pool["configs"]["valve-miad"]
+        self.assertEqual((alone["requests"], miad["requests"]), (200, 200))
+        self.assertAlmostEqual(alone["tpot_p99"], 40.0, places=6)  # the 198th of 200: no single run's slowest
+        self.assertAlmostEqual(miad["tpot_p99_vs_alone_pct"], 10.0, places=6)
+        self.assertAlmostEqual(miad["tpot_ratio_median"], 1.1, places=6)
+        lo, hi = miad["tpot_p99_change_pct_90ci"]
+        self.assertAlmostEqual(lo, 10.0, places=6)
+        self.assertAlmostEqual(hi, 10.0, places=6)
+
+    def test_the_interval_is_wide_when_one_request_decides_the_p99(self):
+        a = [5.0] * 99 + [50.0]
+        miad = self.online(a)  # then two requests made 60 ms a token: the slowest and the first
+        miad["online"]["requests"][-1]["timestamps"] = [99.01, 99.07, 99.13]  # 60 ms a token
+        miad["online"]["requests"][0]["timestamps"] = [0.01, 0.07, 0.13]
+        pool = report.pooled([dict(alone=self.online(a), **{"valve-miad": miad})], resamples=500)
+        lo, hi = pool["configs"]["valve-miad"]["tpot_p99_change_pct_90ci"]
+        self.assertLess(lo, 1.0)
+        self.assertGreater(hi, 10.0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -214,7 +214,10 @@ def start_server(a, model_dir, port, logdir, env):
             argv += ["--dtype", "bfloat16"]
     elif a.server == "cb":
         argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "cb", "--model", model_dir,
-                "--device", a.device, "--port", str(port), "--max-memory-percent", str(a.kv_memory)]
+                "--device", a.device, "--port", str(port), "--max-memory-percent", str(a.kv_memory),
+                "--attention", a.cb_attention]
+        if a.cb_cuda_graphs:
+            argv.append("--cuda-graphs")
     else:
         argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "graph",
                 "--size", a.model_size, "--device", a.device, "--port", str(port)]
@@ -453,6 +456,11 @@ def main(argv=None):
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--kv-memory", type=float, default=0.2, help="KV cache share of GPU memory")
+    ap.add_argument("--cb-attention", choices=["sdpa", "varlen"], default="varlen",
+                    help="cb server: paged|sdpa, or PyTorch's varlen flash kernel (the memory benchmark's)")
+    ap.add_argument("--cb-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="cb server: replay CUDA graphs, as production servers do (without them a decode "
+                         "step is bound by the host's Python, and two alone runs differ by 8-16%% in TTFT p50)")
     ap.add_argument("--start-timeout", type=float, default=240)
     ap.add_argument("--alone-s", type=float, default=5.0, help="seconds to measure offline alone")
     ap.add_argument("--dry-run", action="store_true")
@@ -551,6 +559,8 @@ def main(argv=None):
                 for cfg, st in e["rows"].items()),
             "prompt tokens (about)": a.prompt_tokens,
             "tokens per request": a.max_tokens,
+            "cb server": (f"attention {a.cb_attention}, CUDA graphs {'asked for (transformers drops them without CUDA)' if a.cb_cuda_graphs else 'off'}"
+                          if a.server == "cb" else "not used"),
             "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone",
             "service time alone (s)": f"{s:.4f}",
             "duration (s)": f"{time.time() - t_start:.0f}",

@@ -14,12 +14,15 @@ Prints `READY <port>` once it serves. Prompts are text (tokenised here) or token
 import argparse
 import asyncio
 import json
+import os
 import queue
 import sys
 import threading
 import time
 
 from aiohttp import web
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class GraphEngine:
@@ -57,9 +60,15 @@ class GraphEngine:
 
 
 class CbEngine:
-    """transformers' ContinuousBatchingManager, streaming each token to the request's queue."""
+    """transformers' ContinuousBatchingManager, streaming each token to the request's queue.
 
-    def __init__(self, model_dir, device, max_memory_percent):
+    `attention` "varlen" is the memory benchmark's PyTorch varlen flash kernel (linear in the batch;
+    `paged|sdpa` grows with its square), and `cuda_graphs` replays transformers' padded-shape graphs.
+    Without both, a decode step is bound by the host's Python (40 ms a token for the 3B model on the
+    H100, against about 5 ms with them: docs/results/2026-11-24-h100-membench-4.md, "CUDA graphs").
+    """
+
+    def __init__(self, model_dir, device, max_memory_percent, attention="sdpa", cuda_graphs=False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -69,16 +78,38 @@ class CbEngine:
         # than in the same configuration run again last, on the H100). The precompiled backends only.
         torch.backends.cuda.enable_cudnn_sdp(False)
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        gen = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=64)
-        try:
-            from transformers import ContinuousBatchingConfig
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        extra = {}
+        if attention == "varlen":
+            sys.path.insert(0, os.path.join(os.path.dirname(HERE), "membench"))
+            import varlen_attention
 
-            cb = ContinuousBatchingConfig(max_memory_percent=max_memory_percent)
-            self.mgr = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-        except ImportError:
-            self.mgr = model.init_continuous_batching(generation_config=gen)
+            model.set_attn_implementation(varlen_attention.install())
+            extra = dict(max_blocks_per_request=0)  # varlen reads every key through the read index
+        model = model.to(device).eval()
+        gen = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=64)
+        from transformers import ContinuousBatchingConfig
+
+        cb = ContinuousBatchingConfig(max_memory_percent=max_memory_percent, use_cuda_graph=cuda_graphs,
+                                      use_async_batching=False, **extra)
+        self.mgr = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         self.mgr.start()
+        self.warm_up()
+
+    def warm_up(self):
+        """Batches of 1, 2, 4 and 8 requests of short and long prompts before serving, so graph
+        captures and kernel loading happen here and not in the first measured requests."""
+        ids = self.tok(" ".join(f"w{i}" for i in range(600)))["input_ids"]
+        n = 0
+        for batch in (1, 2, 4, 8):
+            rids = []
+            for i in range(batch):
+                n += 1
+                rids.append(f"warmup-{n}")
+                self.mgr.add_request(ids[: 16 + 500 * (i % 2)], request_id=rids[-1], max_new_tokens=8)
+            for rid in rids:
+                if self.mgr.get_result(rid, timeout=300) is None:
+                    raise RuntimeError(f"warm-up request {rid} got no result in 300 s")
 
     def tokenize(self, prompt):
         if isinstance(prompt, list):
@@ -150,6 +181,9 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--max-memory-percent", type=float, default=0.3)
+    ap.add_argument("--attention", choices=["sdpa", "varlen"], default="sdpa",
+                    help="cb: paged|sdpa, or PyTorch's varlen flash kernel (linear in the batch)")
+    ap.add_argument("--cuda-graphs", action="store_true", help="cb: replay CUDA graphs over padded shapes")
     a = ap.parse_args(argv)
     t0 = time.time()
     if a.engine == "graph":
@@ -157,7 +191,7 @@ def main(argv=None):
     else:
         if not a.model:
             ap.error("--engine cb needs --model DIR")
-        engine = CbEngine(a.model, a.device, a.max_memory_percent)
+        engine = CbEngine(a.model, a.device, a.max_memory_percent, a.attention, a.cuda_graphs)
     try:
         import uvloop
 
