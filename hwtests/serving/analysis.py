@@ -285,3 +285,48 @@ def check_targets(alone, gated, rows, preemptions, harvested):
             harvested is not None and harvested >= 0.90,
         ),
     ]
+
+
+def pool_reports(reports):
+    """Several benchmark reports (report.json) of the same command, pooled per load and
+    configuration: latency over every request of every report, the change against pooled alone,
+    the median of each request's TTFT against alone's same request (same report, round and
+    index: the rounds replay the same arrivals in every configuration), and idle arrivals that
+    found offline stopped before the first kernel, summed."""
+    out = {}
+    for rep_no, rep in enumerate(reports):
+        for run in rep["runs"]:
+            e = out.setdefault(run["load"], {}).setdefault(run["config"], {"records": {}, "rows": []})
+            for x in run["records"]:
+                e["records"][(rep_no, run["round"], x["i"])] = x
+        for entry in rep["loads"]:
+            for cfg, row in entry["rows"].items():
+                out[entry["load"]][cfg]["rows"].append(row)
+    pooled = {}
+    for load, configs in out.items():
+        alone = configs.get("alone", {}).get("records", {})
+        rows = {}
+        for cfg, e in configs.items():
+            s = request_stats(list(e["records"].values()))
+            ratios = [ttft_ms(x) / ttft_ms(alone[k]) for k, x in e["records"].items()
+                      if k in alone and ttft_ms(x) and ttft_ms(alone[k])]
+            s["ttft_ratio_median"] = percentile(ratios, 50)
+            judged = [p for row in e["rows"] for p in row.get("per_request", [])
+                      if p["arrival_to_kernel_ms"] is not None]
+            s["stopped_first"] = (sum(p["stopped_first"] for p in judged), len(judged)) if judged else None
+            gated = [row for row in e["rows"] if row.get("preemptions_per_request") is not None]
+            s["preemptions"] = sum(row["preemptions_per_request"] * row["requests"] for row in gated) if gated else None
+            rows[cfg] = s
+        base = rows.get("alone", {})
+        for s in rows.values():
+            for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
+                s[f"{m}_vs_alone_pct"] = pct_change(s[m], base.get(m))
+        pooled[load] = rows
+    return pooled
+
+
+def ttft_ms(record):
+    """Send -> first streamed token (ms); None for a failed request."""
+    if not record.get("first_ns") or record.get("error") is not None:
+        return None
+    return (record["first_ns"] - record["send_ns"]) / 1e6

@@ -9,7 +9,9 @@ Servers (--server):
   graph      the GPU-bound decode loop (decoder.py: CUDA-graph replay and a host sync per token)
 
 Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
-before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default).
+before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
+gate-offline-stopped (gate-arrival with offline SIGSTOPped: what the gate itself costs online),
+alone-2 (alone again: the noise floor).
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 """
@@ -43,6 +45,7 @@ CONFIG_NAMES = {
     "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
     "gate-arrival": "valvectl gate, arrivals + launch edges",
+    "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
 }
 
 
@@ -257,12 +260,14 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
     """One round of one configuration at one rate (n requests): returns records and, under a gate,
     its status and trace."""
     out = {"config": config, "rate": rate}
-    if config.startswith("alone"):
+    offline_stopped = config.startswith("alone") or config == "gate-offline-stopped"
+    if offline_stopped:
         os.kill(offline_proc.p.pid, signal.SIGSTOP)
         time.sleep(1.0)  # what it had queued on the GPU drains
     try:
         if config.startswith("gate"):
-            valve.gate_start(a.port, arrivals=config == "gate-arrival", waits=config != "gate-old")
+            valve.gate_start(a.port, arrivals=config in ("gate-arrival", "gate-offline-stopped"),
+                             waits=config != "gate-old")
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
@@ -276,7 +281,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             out["online_pids"] = st.get("online_pids", [])
             valve.gate_stop()
     finally:
-        if config.startswith("alone"):
+        if offline_stopped:
             os.kill(offline_proc.p.pid, signal.SIGCONT)
     return out
 

@@ -147,5 +147,43 @@ class Trace(unittest.TestCase):
         self.assertEqual(len(failed), 4, checks)
 
 
+class Pool(unittest.TestCase):
+    @staticmethod
+    def report(ttft_alone_ms, ttft_gate_ms, stopped_first):
+        """One report at load 0.3: a round of alone and of the gate, one request per TTFT given."""
+
+        def recs(ttfts):
+            return [dict(req(0, int(t * MS), int(t * MS) + 10 * MS), i=i) for i, t in enumerate(ttfts)]
+
+        per = [{"arrival_to_kernel_ms": 3.0, "stopped_first": s} for s in stopped_first]
+        return {
+            "runs": [{"load": 0.3, "config": "alone", "round": 0, "records": recs(ttft_alone_ms)},
+                     {"load": 0.3, "config": "gate-arrival", "round": 0, "records": recs(ttft_gate_ms)}],
+            "loads": [{"load": 0.3, "rows": {
+                "alone": {"requests": len(ttft_alone_ms)},
+                "gate-arrival": {"requests": len(ttft_gate_ms), "per_request": per,
+                                 "preemptions_per_request": 0.5}}}],
+        }
+
+    def test_runs_pool_requests_and_pair_each_with_alones_same_request(self):
+        one = self.report([10, 20], [11, 22], [True, True])
+        two = self.report([30, 40], [30, 40], [True, False])
+        pooled = a.pool_reports([one, two])[0.3]
+        gate = pooled["gate-arrival"]
+        self.assertEqual(gate["requests"], 4)
+        self.assertEqual(gate["stopped_first"], (3, 4))
+        self.assertAlmostEqual(gate["preemptions"], 2.0)
+        # Ratios 1.1, 1.1, 1.0, 1.0: the median (nearest rank) is 1.0.
+        self.assertAlmostEqual(gate["ttft_ratio_median"], 1.0)
+        self.assertAlmostEqual(pooled["alone"]["ttft_p50_ms"], 20.0)
+        self.assertAlmostEqual(gate["ttft_p50_ms_vs_alone_pct"], 10.0)
+
+    def test_a_request_pairs_only_with_the_same_report_round_and_index(self):
+        one = self.report([10], [20], [True])
+        two = self.report([100], [200], [True])
+        gate = a.pool_reports([one, two])[0.3]["gate-arrival"]
+        self.assertAlmostEqual(gate["ttft_ratio_median"], 2.0)
+
+
 if __name__ == "__main__":
     unittest.main()
