@@ -26,9 +26,10 @@
 //!
 //! **Interval T (MIAD).** "Over target" is judged by a *balance*: +1 per event, minus
 //! `target_rate_per_min` per minute, kept within ± target × `memory` events. T changes:
-//! - at a pressure event, if the balance is positive: T × `t_growth` (cap `t_max`). Only when the
-//!   headroom at this event is not above the headroom at the previous event, i.e. the decrease
-//!   ate all of the last growth: otherwise the headroom is still climbing to a new demand level
+//! - at a pressure event that reclaims, if the balance is positive: T × `t_growth` (cap
+//!   `t_max`). Only when the headroom at this event is not above the headroom at the previous
+//!   reclaiming event, i.e. the decrease ate all of that growth (events spare memory served do
+//!   not count here either): otherwise the headroom is still climbing to a new demand level
 //!   (a burst of events right after a quiet spell), which says nothing about T, and multiplying T
 //!   at each of those events would overshoot it many times over;
 //! - at an observation without pressure, if the balance is zero or negative and one target
@@ -287,7 +288,7 @@ pub struct ReservationController {
     last_t_change: Duration,
     /// Events minus target × time, in events, within ± `balance_limit`.
     balance: f64,
-    /// The headroom at the previous event, before it grew.
+    /// The headroom at the previous event that reclaimed, before it grew.
     prev_event_headroom: Option<u64>,
     /// Used bytes at the previous observation.
     last_used: u64,
@@ -374,14 +375,15 @@ impl ReservationController {
         self.last_used = used_bytes;
         let base = self.base_handles(used_bytes);
         if pressure {
-            let decayed = self.grow_headroom(growth.div_ceil(self.cfg.handle_bytes));
+            let at_event = self.headroom;
+            self.headroom = self.grown_headroom(growth.div_ceil(self.cfg.handle_bytes));
             self.reserved = base.saturating_add(self.headroom);
             let need = self
                 .reserved
                 .min(self.capacity)
                 .saturating_sub(mapped_bytes / self.cfg.handle_bytes);
             if need > 0 && need > spare_handles() {
-                self.count_event(now, decayed);
+                self.count_event(now, at_event);
             }
             self.next_decrease = now.saturating_add(self.interval);
         } else if self.on_quiet(now) && self.reserved > base.saturating_add(self.cfg.min_headroom) {
@@ -490,21 +492,17 @@ impl ReservationController {
         now
     }
 
-    /// A pressure event: the headroom grows. Returns whether the headroom had decayed to at most
-    /// where it stood at the previous event (the decrease ate all of the last growth).
-    fn grow_headroom(&mut self, growth_handles: u64) -> bool {
-        let at_event = self.headroom;
+    /// A pressure event that reclaims, found with `at_event` handles of headroom: it counts
+    /// toward the rate, and T grows if events are over the target and the headroom had decayed
+    /// to at most where it stood at the previous reclaiming event (the decrease ate all of that
+    /// growth). Events spare memory served are left out of that comparison: on the H100 such an
+    /// event often came first in a burst, grew the headroom a little, and then every reclaim of
+    /// the burst found more headroom than it, so T grew at 2 of about 9 bursts over the target.
+    fn count_event(&mut self, now: Duration, at_event: u64) {
         let decayed = self
             .prev_event_headroom
             .is_some_and(|prev| at_event <= prev);
         self.prev_event_headroom = Some(at_event);
-        self.headroom = self.grown_headroom(growth_handles);
-        decayed
-    }
-
-    /// A pressure event that reclaims: it counts toward the rate, and T grows if events are
-    /// over the target and the headroom had `decayed`.
-    fn count_event(&mut self, now: Duration, decayed: bool) {
         self.events.push_back(now);
         self.total_events += 1;
         self.balance = (self.balance + 1.0).min(self.cfg.balance_limit());
@@ -1397,6 +1395,36 @@ mod tests {
             d.interval,
             cfg().t_min,
             "under target: an event leaves T alone"
+        );
+    }
+
+    #[test]
+    fn an_event_spare_memory_served_does_not_hide_the_decay_from_the_next_reclaim() {
+        let mut ctl = ReservationController::new(cfg()).unwrap();
+        let t0 = cfg().t_initial;
+        ctl.observe(at(0), 0, 0);
+        for i in 1..=4 {
+            use_everything(&mut ctl, at(i)); // a burst: the last reclaim found 8 handles
+        }
+        let now = quiet(&mut ctl, at(4), 20);
+        assert_eq!(
+            ctl.headroom_handles(),
+            cfg().min_headroom,
+            "decayed to the floor"
+        );
+        assert!(ctl.balance_events() > 0.0);
+        // The next burst: its first event is served from spare memory, and grows the headroom.
+        let used = ctl.last_target * HS;
+        let d = ctl.observe_with_spare(now + STEP, used, used, || 1_000);
+        assert!(d.pressure);
+        assert_eq!((ctl.total_events(), d.interval), (4, t0), "not a reclaim");
+        // Its first reclaim finds 2 handles of headroom, less than the 8 of the last reclaim.
+        let d = use_everything(&mut ctl, now + 2 * STEP);
+        assert_eq!(ctl.total_events(), 5);
+        assert_eq!(
+            d.interval,
+            2 * t0,
+            "over target, decayed since the last reclaim: T doubles"
         );
     }
 
