@@ -260,6 +260,8 @@ impl PoolServer {
                         disable_us = f.disable_us,
                         drain_us = f.drain_us,
                         queued_us = f.queued_us,
+                        round_trip_us = f.round_trip_us,
+                        outside_daemon_us = f.outside_daemon_us(),
                         "reclaimed for online"
                     );
                 }
