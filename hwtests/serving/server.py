@@ -64,8 +64,8 @@ class CbEngine:
 
     `attention` "varlen" is the memory benchmark's PyTorch varlen flash kernel (linear in the batch;
     `paged|sdpa` grows with its square), and `cuda_graphs` replays transformers' padded-shape graphs.
-    Without both, a decode step is bound by the host's Python (40 ms a token for the 3B model on the
-    H100, against about 5 ms with them: docs/results/2026-11-24-h100-membench-4.md, "CUDA graphs").
+    Without both, a decode step is bound by the host's Python: 40 ms a token for the 3B model on the
+    H100, against 8.4 ms with them (TPOT p50, docs/results/2026-11-24-h100-serving-4.md).
     """
 
     def __init__(self, model_dir, device, max_memory_percent, attention="sdpa", cuda_graphs=False):
