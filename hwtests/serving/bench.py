@@ -386,6 +386,8 @@ def config_stats(group, rate_alone):
     for what in ("stopped", "kernel"):
         for p in (50, 99):
             s[f"arrival_to_{what}_p{p}_ms"] = analysis.percentile([x[f"arrival_to_{what}_ms"] for x in timed[what]], p)
+    hops = [x["arrival_to_gate_ms"] for x in per if x.get("arrival_to_gate_ms") is not None]
+    s["arrival_to_gate_ms"] = {f"p{p}": analysis.percentile(hops, p) for p in (50, 99, 100)}
     last = group[-1]["gate_status"]
     s["gate"] = {k: last.get(k) for k in (
         "issue", "cooldown_us", "arrival_hold_us", "arrival_to_disable_us",
@@ -419,6 +421,12 @@ def report_md(res, meta):
                       f"{d['offline_ran_sum_ms']:.1f} ms in all, at most {fmt(d['offline_ran_max_ms'])} ms; "
                       f"{d['edges_after_resume']} launch edges reported only because they followed a resume"
                       for cfg, d in decode]
+        hops = [(cfg, s["arrival_to_gate_ms"]) for cfg, s in e["rows"].items()
+                if (s.get("arrival_to_gate_ms") or {}).get("p50") is not None]
+        if hops:
+            lines += ["", "Arrival seen (BPF) -> the gate thread has it, idle arrivals (ms, p50 / p99 / max):", ""]
+            lines += [f"- {CONFIG_NAMES[cfg]}: {fmt(h['p50'], '.3f')} / {fmt(h['p99'], '.3f')} / {fmt(h['p100'], '.3f')}"
+                      for cfg, h in hops]
         if e.get("noise_pct"):
             n = e["noise_pct"]
             lines += ["", f"Noise floor: online alone measured as a second configuration, in its own rounds, differs from the first by "

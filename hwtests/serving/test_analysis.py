@@ -91,6 +91,15 @@ class Trace(unittest.TestCase):
         busy = req(12 * MS, 20 * MS, 30 * MS, idle=False)
         self.assertEqual(a.per_request([busy], self.TRACE), [])
 
+    def test_the_arrivals_hop_to_the_gate_thread_is_timed(self):
+        trace = [dict(r, recv_ns=15_250_000) if r["event"] == "arrival" else r for r in self.TRACE]
+        rs = [req(10 * MS, 20 * MS, 50 * MS), req(100 * MS, 110 * MS, 150 * MS)]
+        rows = a.per_request(rs, trace, online_pids={7})
+        self.assertAlmostEqual(rows[0]["arrival_to_gate_ms"], 5.2)
+        self.assertIsNone(rows[1]["arrival_to_gate_ms"], "no arrival inside the second request")
+        # A trace from before recv_ns was recorded: not timed.
+        self.assertIsNone(a.per_request(rs, self.TRACE, online_pids={7})[0]["arrival_to_gate_ms"])
+
     def test_already_stopped_counts_as_stopped_first(self):
         # Sent at 30 ms while offline was still stopped from the first request.
         rows = a.per_request([req(30 * MS, 40 * MS, 45 * MS)], self.TRACE + [
