@@ -1076,7 +1076,6 @@ mod tests {
     const US: u64 = 1_000;
     const ONLINE: u32 = 7_000_001;
 
-    /// Launch times per pid, arrival times per watched port, pids waiting for their GPU work.
     /// Last launch per pid, last arrival per port, pids waiting for their GPU work, the times
     /// the gate armed the resume edge, and a launch (pid, time) that happens as it arms.
     #[derive(Clone, Default)]

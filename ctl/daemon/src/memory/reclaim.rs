@@ -32,7 +32,8 @@ pub struct FreezeReport {
     pub drain_us: u64,
     /// From the connection's accept to its request being read, us.
     pub queued_us: u64,
-    /// The freezer's own clock: from connecting to the daemon to its reply, us (0: not timed).
+    /// The whole freeze call on the reclaimer's clock (for the daemon's freezer: connecting to
+    /// its socket until its reply), us; 0 where not timed.
     pub round_trip_us: u64,
 }
 
@@ -96,14 +97,10 @@ impl DaemonSocketFreezer {
 
 impl Freezer for DaemonSocketFreezer {
     fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
-        let started = Instant::now();
         let reply = self.call(
             json!({"op": "preempt", "pid": pid, "max_hold_ms": self.max_hold.as_millis() as u64}),
         )?;
-        Ok(FreezeReport {
-            round_trip_us: started.elapsed().as_micros() as u64,
-            ..freeze_report(&reply)
-        })
+        Ok(freeze_report(&reply))
     }
     fn thaw(&mut self, pid: u32) -> Result<(), String> {
         self.call(json!({"op": "resume", "pid": pid})).map(|_| ())
@@ -242,7 +239,10 @@ impl Reclaimer {
             match frozen.freezer.freeze(t.pid).map(|r| (r, t0.elapsed())) {
                 Ok((report, took)) if took >= slowest => {
                     slowest = took;
-                    out.slowest_freeze = report;
+                    out.slowest_freeze = FreezeReport {
+                        round_trip_us: took.as_micros() as u64,
+                        ..report
+                    };
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -356,6 +356,38 @@ mod tests {
         );
         let old = json!({"data": {"pid": 7, "channels": 4}, "error": null});
         assert_eq!(freeze_report(&old), FreezeReport::default());
+    }
+
+    /// Freezes in 5 ms, reporting 1 ms of it as the daemon's; thaws and kills do nothing.
+    struct Slow;
+
+    impl Freezer for Slow {
+        fn freeze(&mut self, _pid: u32) -> Result<FreezeReport, String> {
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(FreezeReport {
+                gate_us: 1_000,
+                ..FreezeReport::default()
+            })
+        }
+        fn thaw(&mut self, _pid: u32) -> Result<(), String> {
+            Ok(())
+        }
+        fn kill(&mut self, _pid: u32) {}
+    }
+
+    #[test]
+    fn the_slowest_freeze_carries_its_round_trip_on_the_reclaimers_clock() {
+        let mut r = Reclaimer::new(Box::new(Slow), Duration::from_millis(1));
+        let target = Target {
+            client: 1,
+            pid: 7,
+            count: 1,
+            callback: None,
+        };
+        let out = r.run(vec![target], |_, _| true);
+        let f = out.slowest_freeze;
+        assert!(f.round_trip_us >= 5_000, "{f:?}");
+        assert!(f.outside_daemon_us() >= 4_000, "{f:?}");
     }
 
     #[test]
