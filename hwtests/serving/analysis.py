@@ -56,8 +56,8 @@ def window_of(requests):
 
 def request_stats(requests):
     """TTFT (send -> first streamed token) and TPOT ((last - first) / (tokens - 1)), in ms."""
-    ok = [r for r in requests if r.get("first_ns") and r.get("error") is None]
-    ttft = [(r["first_ns"] - r["send_ns"]) / 1e6 for r in ok]
+    ok = [r for r in requests if ttft_ms(r) is not None]
+    ttft = [ttft_ms(r) for r in ok]
     tpot = [
         (r["end_ns"] - r["first_ns"]) / 1e6 / (r["tokens"] - 1) for r in ok if r["tokens"] > 1
     ]
