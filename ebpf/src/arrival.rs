@@ -42,6 +42,8 @@ pub struct ArrivalConfig {
     pub ports: Vec<WatchedPort>,
     /// An arrival this long after the port's previous one is an idle->busy edge.
     pub edge_gap: Duration,
+    /// Run the poll thread under `SCHED_FIFO` at this priority ([`crate::realtime`]).
+    pub realtime: Option<u8>,
 }
 
 impl Default for ArrivalConfig {
@@ -49,6 +51,7 @@ impl Default for ArrivalConfig {
         ArrivalConfig {
             ports: Vec::new(),
             edge_gap: Duration::from_micros(200),
+            realtime: None,
         }
     }
 }
@@ -85,6 +88,9 @@ pub struct ArrivalEdge {
     pub ts_ns: u64,
     /// Since the port's previous arrival (0 for the first one seen).
     pub idle_ns: u64,
+    /// When the watcher's thread read it from the ring buffer (CLOCK_MONOTONIC ns), if the
+    /// sink stamps it; 0 otherwise. `read_ns - ts_ns` is the first hop to the gate.
+    pub read_ns: u64,
 }
 
 /// What the kernel counted for the program while statistics were on.
@@ -119,7 +125,7 @@ pub fn enable_run_time_stats() -> std::io::Result<StatsGuard> {
 /// The attached program; detaches on drop.
 pub struct ArrivalWatcher {
     /// Dropped first: stops the polling thread, which detaches the program.
-    _thread: PollThread,
+    thread: PollThread,
     ports: MapHandle,
     program_id: u32,
     edges: Mutex<Option<Receiver<ArrivalEdge>>>,
@@ -136,6 +142,7 @@ fn parse_edge(data: &[u8]) -> Option<ArrivalEdge> {
         idle_ns: u64_at(8),
         port: u32_at(16) as u16,
         netns: u32_at(20),
+        read_ns: 0,
     })
 }
 
@@ -164,15 +171,20 @@ impl ArrivalWatcher {
         sink: impl FnMut(ArrivalEdge) + Send + 'static,
     ) -> Result<ArrivalWatcher, WatchError> {
         let (thread, (ports, program_id)) =
-            PollThread::spawn("arrival-watch", move |ready, stop| {
+            PollThread::spawn("arrival-watch", cfg.realtime, move |ready, stop| {
                 run(cfg, ready, sink, stop)
             })?;
         Ok(ArrivalWatcher {
-            _thread: thread,
+            thread,
             ports,
             program_id,
             edges: Mutex::new(None),
         })
+    }
+
+    /// How the poll thread is scheduled.
+    pub fn scheduling(&self) -> &crate::Scheduling {
+        self.thread.scheduling()
     }
 
     /// Starts counting arrivals on `p` (its counters start from zero).
@@ -316,7 +328,8 @@ mod tests {
                 port: 8000,
                 netns: 4026531840,
                 ts_ns: 5,
-                idle_ns: 7
+                idle_ns: 7,
+                read_ns: 0,
             })
         );
         assert_eq!(parse_edge(&raw[..20]), None);

@@ -83,6 +83,8 @@ pub struct LaunchConfig {
     /// Also probe the synchronising entry points ([`SYNC_SYMBOLS`]): a thread waiting for GPU
     /// work keeps its process busy, and the wait's end is activity.
     pub track_waits: bool,
+    /// Run the poll thread under `SCHED_FIFO` at this priority ([`crate::realtime`]).
+    pub realtime: Option<u8>,
 }
 
 /// Launch counters of one process.
@@ -128,7 +130,7 @@ pub struct LaunchEdge {
 /// Attached uprobes; detaches on drop.
 pub struct LaunchWatcher {
     /// Dropped first: stops the polling thread, which detaches the probes.
-    _thread: PollThread,
+    thread: PollThread,
     stats: MapHandle,
     watched: MapHandle,
     resumed: MapHandle,
@@ -206,11 +208,11 @@ impl LaunchWatcher {
         sink: impl FnMut(LaunchEdge) + Send + 'static,
     ) -> Result<LaunchWatcher, WatchError> {
         let (thread, (stats, watched, resumed, attached)) =
-            PollThread::spawn("launch-watch", move |ready, stop| {
+            PollThread::spawn("launch-watch", cfg.realtime, move |ready, stop| {
                 run(cfg, ready, sink, stop)
             })?;
         Ok(LaunchWatcher {
-            _thread: thread,
+            thread,
             stats,
             watched,
             resumed,
@@ -222,6 +224,11 @@ impl LaunchWatcher {
     /// The symbols the probes are attached to (launch entry points, then the waits).
     pub fn attached(&self) -> &[&'static str] {
         &self.attached
+    }
+
+    /// How the poll thread is scheduled.
+    pub fn scheduling(&self) -> &crate::Scheduling {
+        self.thread.scheduling()
     }
 
     /// Adds a process to the filter.

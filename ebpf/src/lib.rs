@@ -10,6 +10,7 @@ pub mod arrival;
 pub mod event;
 pub mod launch;
 mod poll_thread;
+pub mod realtime;
 pub mod registry;
 mod skel;
 pub mod watcher;
@@ -20,5 +21,6 @@ pub use arrival::{
 };
 pub use event::{AllocEvent, DecodeError, FreeEvent, RmEvent, RmEventKind};
 pub use launch::{find_libcuda, LaunchConfig, LaunchCounts, LaunchEdge, LaunchWatcher};
+pub use realtime::Scheduling;
 pub use registry::Registry;
 pub use watcher::{WatchConfig, WatchError, WatchStats, Watcher, NVIDIA_MAJOR};

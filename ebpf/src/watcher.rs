@@ -152,9 +152,10 @@ impl Watcher {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let shared2 = Arc::clone(&shared);
-        let (thread, program_ids) = PollThread::spawn("valve-rm-watch", move |ready, stop| {
-            run(cfg, ready, tx, stop, shared2)
-        })?;
+        let (thread, program_ids) =
+            PollThread::spawn("valve-rm-watch", None, move |ready, stop| {
+                run(cfg, ready, tx, stop, shared2)
+            })?;
         Ok(Watcher {
             thread,
             rx: Mutex::new(rx),

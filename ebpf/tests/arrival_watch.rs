@@ -17,6 +17,7 @@ fn start(ports: Vec<WatchedPort>) -> Option<ArrivalWatcher> {
     match ArrivalWatcher::start(ArrivalConfig {
         ports,
         edge_gap: Duration::from_millis(5),
+        ..ArrivalConfig::default()
     }) {
         Ok(w) => Some(w),
         Err(e) => {

@@ -112,6 +112,7 @@ fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
         filter: true,
         edge_gap: Duration::from_millis(5),
         track_waits: true,
+        realtime: None,
     }) {
         Ok(w) => Some(w),
         Err(e) => {

@@ -137,7 +137,9 @@ def per_request(requests, trace, online_pids=None):
         if r["event"] == "launch" and (online_pids is None or r["pid"] in online_pids)
     )
     stopped = disabled_intervals(trace)
-    arrivals = sorted((r["t_ns"], r.get("recv_ns")) for r in trace if r["event"] == "arrival")
+    arrivals = sorted(
+        (r["t_ns"], r.get("recv_ns"), r.get("read_ns")) for r in trace if r["event"] == "arrival"
+    )
     rows = []
     for q in requests:
         if not q.get("idle_at_send"):
@@ -165,8 +167,10 @@ def per_request(requests, trace, online_pids=None):
                 # the first edge can come well after the first kernel.
                 "already_stopped": stop is not None and stop <= a,
                 # From the arrival program seeing the request's data to the gate thread having
-                # it: the ring buffer and two thread wake-ups (4-5 ms twice in 246 on the H100).
+                # it: the ring buffer and two thread wake-ups (4-5 ms twice in 246 on the H100),
+                # and the first of them alone (the watcher's thread read it; newer daemons).
                 "arrival_to_gate_ms": (seen[1] - seen[0]) / 1e6 if seen and seen[1] else None,
+                "arrival_to_watcher_ms": (seen[2] - seen[0]) / 1e6 if seen and seen[2] else None,
             }
         )
     return rows

@@ -11,6 +11,7 @@ Servers (--server):
 Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
 before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
 gate-offline-stopped (gate-arrival with offline SIGSTOPped: what the gate itself costs online),
+gate-arrival-normal (gate-arrival with the gate's threads on the normal scheduler, not SCHED_FIFO),
 alone-2 (alone again: the noise floor).
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
@@ -46,6 +47,7 @@ CONFIG_NAMES = {
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
     "gate-arrival": "valvectl gate, arrivals + launch edges",
     "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
+    "gate-arrival-normal": "valvectl gate, arrivals + launch edges, gate threads on the normal scheduler (--realtime-priority 0)",
 }
 
 
@@ -143,8 +145,9 @@ class Valve:
             return None
         return r.stdout
 
-    def gate_start(self, port, arrivals, waits=True):
+    def gate_start(self, port, arrivals, waits=True, realtime=True):
         extra = ([] if arrivals else ["--no-arrivals"]) + ([] if waits else ["--no-waits"])
+        extra += [] if realtime else ["--realtime-priority", "0"]
         self.call(["gate", "start", "--online-port", str(port), "--offline-label", OFFLINE_LABEL, *extra])
 
     def gate_status(self):
@@ -266,8 +269,8 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
         time.sleep(1.0)  # what it had queued on the GPU drains
     try:
         if config.startswith("gate"):
-            valve.gate_start(a.port, arrivals=config in ("gate-arrival", "gate-offline-stopped"),
-                             waits=config != "gate-old")
+            valve.gate_start(a.port, arrivals=config in ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal"),
+                             waits=config != "gate-old", realtime=config != "gate-arrival-normal")
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
@@ -340,7 +343,7 @@ def summarize(a, runs, rate_alone, device):
         alone = rows.get("alone")
         entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
                  "rows": rows, "checks": {}, "tails": tails}
-        for cfg in ("gate-old", "gate-launch", "gate-arrival"):
+        for cfg in ("gate-old", "gate-launch", "gate-arrival", "gate-arrival-normal"):
             if alone and cfg in rows:
                 g = rows[cfg]
                 entry["checks"][cfg] = analysis.check_targets(
@@ -386,11 +389,12 @@ def config_stats(group, rate_alone):
     for what in ("stopped", "kernel"):
         for p in (50, 99):
             s[f"arrival_to_{what}_p{p}_ms"] = analysis.percentile([x[f"arrival_to_{what}_ms"] for x in timed[what]], p)
-    hops = [x["arrival_to_gate_ms"] for x in per if x.get("arrival_to_gate_ms") is not None]
-    s["arrival_to_gate_ms"] = {f"p{p}": analysis.percentile(hops, p) for p in (50, 99, 100)}
+    for hop in ("arrival_to_gate_ms", "arrival_to_watcher_ms"):
+        hops = [x[hop] for x in per if x.get(hop) is not None]
+        s[hop] = {f"p{p}": analysis.percentile(hops, p) for p in (50, 99, 100)}
     last = group[-1]["gate_status"]
     s["gate"] = {k: last.get(k) for k in (
-        "issue", "cooldown_us", "arrival_hold_us", "arrival_to_disable_us",
+        "issue", "scheduling", "cooldown_us", "arrival_hold_us", "arrival_to_disable_us",
         "edge_to_disable_us", "disable_us", "errors", "last_error")}
     return s
 
@@ -426,6 +430,9 @@ def report_md(res, meta):
         if hops:
             lines += ["", "Arrival seen (BPF) -> the gate thread has it, idle arrivals (ms, p50 / p99 / max):", ""]
             lines += [f"- {CONFIG_NAMES[cfg]}: {fmt(h['p50'], '.3f')} / {fmt(h['p99'], '.3f')} / {fmt(h['p100'], '.3f')}"
+                      + (f" (of which BPF -> watcher thread {fmt(w['p50'], '.3f')} / {fmt(w['p99'], '.3f')} / {fmt(w['p100'], '.3f')})"
+                         if (w := e["rows"][cfg].get("arrival_to_watcher_ms") or {}).get("p50") is not None else "")
+                      + (f"; threads {sched}" if (sched := (e["rows"][cfg].get("gate") or {}).get("scheduling")) else "")
                       for cfg, h in hops]
         if e.get("noise_pct"):
             n = e["noise_pct"]

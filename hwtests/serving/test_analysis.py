@@ -96,7 +96,10 @@ class Trace(unittest.TestCase):
         rs = [req(10 * MS, 20 * MS, 50 * MS), req(100 * MS, 110 * MS, 150 * MS)]
         rows = a.per_request(rs, trace, online_pids={7})
         self.assertAlmostEqual(rows[0]["arrival_to_gate_ms"], 5.2)
+        self.assertIsNone(rows[0]["arrival_to_watcher_ms"], "no read_ns: an older daemon")
         self.assertIsNone(rows[1]["arrival_to_gate_ms"], "no arrival inside the second request")
+        read = [dict(r, read_ns=15_100_000) if r["event"] == "arrival" else r for r in trace]
+        self.assertAlmostEqual(a.per_request(rs, read, online_pids={7})[0]["arrival_to_watcher_ms"], 5.05)
         # A trace from before recv_ns was recorded: not timed.
         self.assertIsNone(a.per_request(rs, self.TRACE, online_pids={7})[0]["arrival_to_gate_ms"])
 

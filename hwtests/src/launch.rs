@@ -35,6 +35,7 @@ pub fn run(bins: &Bins, g0: &GpuInfo, r: &mut Report) -> Result<()> {
         filter: false,
         edge_gap: Duration::from_millis(1),
         track_waits: false,
+        realtime: None,
     })?;
     r.line(&format!(
         "{}: probes on {}.",

@@ -41,6 +41,8 @@ pub struct PoolConfig {
     pub reclaim_deadline: Duration,
     /// The reclamation rate MIAD reservation steers each online process to, per minute.
     pub target_reclaims_per_min: f64,
+    /// The pool thread runs under `SCHED_FIFO` at this priority (`None`: normal scheduling).
+    pub realtime: Option<u8>,
     /// The daemon's control socket (reclaims preempt through it).
     pub daemon_socket: PathBuf,
     /// Group allowed on the socket besides root.
@@ -102,9 +104,18 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
     })?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
+    let realtime = cfg.realtime;
     let thread = std::thread::Builder::new()
         .name("valve-pool".into())
-        .spawn(move || srv.run(&s2, Duration::from_millis(50)))
+        .spawn(move || {
+            match valve_ebpf::realtime::apply_to_current_thread(realtime) {
+                valve_ebpf::Scheduling::Refused(why) => {
+                    tracing::warn!("pool thread stays on the normal scheduler: {why}")
+                }
+                s => tracing::info!("pool thread: {s}"),
+            }
+            srv.run(&s2, Duration::from_millis(50))
+        })
         .map_err(|e| format!("starting the pool thread: {e}"))?;
     Ok(PoolHandle {
         stop,

@@ -105,6 +105,9 @@ pub struct GateSpec {
     /// Online threads waiting for their GPU work keep online busy (default: on).
     #[serde(default)]
     pub waits: Option<bool>,
+    /// SCHED_FIFO priority of the gate's threads; 0: normal scheduling (default: 10).
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
 }
 
 /// Why a request failed; `code` is the exit code valvectl uses.

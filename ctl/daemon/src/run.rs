@@ -213,6 +213,8 @@ pub struct PoolSettings {
     pub reclaim_deadline: Duration,
     /// The reclamation rate MIAD reservation aims at, per minute and online process.
     pub target_reclaims_per_min: f64,
+    /// `SCHED_FIFO` priority of the pool thread (`None`: normal scheduling).
+    pub realtime: Option<u8>,
 }
 
 fn start_pool(
@@ -247,6 +249,7 @@ fn start_pool(
         keep_free_bytes: p.keep_free_bytes,
         reclaim_deadline: p.reclaim_deadline,
         target_reclaims_per_min: p.target_reclaims_per_min,
+        realtime: p.realtime,
         daemon_socket: cfg.socket.clone(),
         gid,
     };

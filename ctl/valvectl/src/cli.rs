@@ -281,6 +281,11 @@ mod tests {
         assert_eq!(spec.cooldown_floor_us, Some(2_000));
         assert_eq!(spec.cooldown_ceiling_us, Some(200_000));
         assert_eq!(spec.gap_factor, Some(2.0));
+        assert_eq!(
+            spec.realtime_priority,
+            Some(10),
+            "SCHED_FIFO 10 unless told"
+        );
         // The service by port, arrivals off, serial issue; the trace request.
         let cli = parse(&[
             "gate",

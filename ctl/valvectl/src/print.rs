@@ -190,6 +190,9 @@ pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Resul
             v["issue"].as_str().unwrap_or("?")
         )?;
     }
+    if let Some(sched) = v["scheduling"].as_str() {
+        writeln!(out, "threads: {sched}")?;
+    }
     if let Some(e) = v["last_error"].as_str() {
         writeln!(out, "errors {}, latest: {e}", v["errors"])?;
     }
@@ -210,8 +213,12 @@ pub fn trace_line(r: &serde_json::Value) -> String {
     };
     let what = match r["event"].as_str().unwrap_or("?") {
         "arrival" => format!(
-            "arrival   port {} (seen by the gate +{:.0} us, idle {:.2} ms before)",
+            "arrival   port {} ({}seen by the gate +{:.0} us, idle {:.2} ms before)",
             r["port"],
+            match r["read_ns"].as_u64() {
+                Some(n) if n > 0 => format!("read by its watcher +{:.0} us, ", us_after("read_ns")),
+                _ => String::new(),
+            },
             us_after("recv_ns"),
             ms("idle_ns")
         ),
@@ -260,6 +267,13 @@ mod tests {
         let line = trace_line(&a);
         assert!(
             line.contains("arrival   port 8000 (seen by the gate +50 us, idle 5.00 ms before)"),
+            "{line}"
+        );
+        let mut read = a.clone();
+        read["read_ns"] = serde_json::json!(2_020_000u64);
+        let line = trace_line(&read);
+        assert!(
+            line.contains("(read by its watcher +20 us, seen by the gate +50 us,"),
             "{line}"
         );
         let l = serde_json::json!({"seq": 3, "event": "launch", "t_ns": 2_000_000u64,
@@ -328,11 +342,17 @@ mod tests {
         with_arrivals["arrival_to_disable_us"] =
             serde_json::json!({"p50_us": 1100.0, "p99_us": 1300.0});
         with_arrivals["issue"] = serde_json::json!("serial (forced)");
+        with_arrivals["scheduling"] =
+            serde_json::json!("gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10");
         let mut out = Vec::new();
         gate_status(&mut out, &with_arrivals).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.contains("online ports [8000], arrivals 12 (hold 6.00 ms), request arrival -> offline stopped 1100/1300 us; issue serial (forced)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("threads: gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10"),
             "{text}"
         );
         let mut out = Vec::new();

@@ -38,6 +38,9 @@ pub struct GateConfig {
     pub issue: Option<IssueMode>,
     /// A host thread of an online process waiting for its GPU work keeps online busy.
     pub waits: bool,
+    /// The gate thread and the watchers' poll threads run under `SCHED_FIFO` at this priority
+    /// (`None`: normal scheduling). See `valve_ebpf::realtime` for why.
+    pub realtime: Option<u8>,
 }
 
 impl Default for GateConfig {
@@ -51,6 +54,7 @@ impl Default for GateConfig {
             arrivals: true,
             issue: None,
             waits: true,
+            realtime: Some(valve_ebpf::realtime::DEFAULT_PRIORITY),
         }
     }
 }

@@ -20,6 +20,7 @@ use valve::driver::RmDriver;
 use valve::state::{reenable, targets_of, DisabledRecord};
 pub use valve::stats::monotonic_ns;
 use valve::stats::{summarize_us, Summary};
+use valve_ebpf::realtime::{self, Scheduling};
 use valve_ebpf::{ArrivalEdge, LaunchEdge, WatchedPort};
 
 use super::policy::{Action, GateConfig, GatePolicy};
@@ -63,6 +64,10 @@ pub trait LaunchSource: Send {
     /// Whether a thread of `pid` is waiting for its GPU work now (inside a synchronising call).
     fn in_sync(&self, _pid: u32) -> bool {
         false
+    }
+    /// How the source's threads are scheduled, as "name policy" items (none: no threads).
+    fn scheduling(&self) -> Vec<String> {
+        Vec::new()
     }
     /// Start counting request arrivals on `port` (edges go to the gate's input channel).
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
@@ -133,6 +138,9 @@ pub struct GateStatus {
     pub arrival_hold_us: f64,
     /// How the offline GPUs are issued: "serial", "parallel", or "serial (calibrating)".
     pub issue: String,
+    /// How the threads an edge crosses are scheduled: the gate thread, then each watcher's poll
+    /// thread ("gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10, ...").
+    pub scheduling: String,
     /// The trace's latest sequence number (`valvectl gate trace --since`).
     pub trace_head: u64,
     /// Total time offline spent preempted by the gate.
@@ -275,6 +283,17 @@ const PROBE_CYCLES: usize = 5;
 impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// A gate with offline running and nothing gated yet.
     pub fn new(ctl: Controller<D>, launches: L, cfg: GateConfig, shared: Arc<GateShared>) -> Self {
+        Self::with_scheduling(ctl, launches, cfg, shared, Scheduling::Normal)
+    }
+
+    /// As [`GateRuntime::new`], on a thread scheduled as `own` (reported in the status).
+    fn with_scheduling(
+        ctl: Controller<D>,
+        launches: L,
+        cfg: GateConfig,
+        shared: Arc<GateShared>,
+        own: Scheduling,
+    ) -> Self {
         if let Some(mode) = cfg.issue {
             ctl.set_issue_mode(mode);
         }
@@ -294,9 +313,19 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             shared,
         };
         let issue = rt.ctl.issue_mode().describe();
+        let scheduling = std::iter::once(format!("gate {own}"))
+            .chain(rt.launches.scheduling())
+            .collect::<Vec<_>>()
+            .join(", ");
+        if scheduling.contains("refused") {
+            tracing::warn!(
+                "gate: real-time scheduling refused ({scheduling}); edges may wait for a CPU"
+            );
+        }
         rt.update(|s| {
             s.running = true;
             s.issue = issue;
+            s.scheduling = scheduling;
         });
         rt
     }
@@ -326,7 +355,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     }
 
     fn trace(&self, kind: TraceKind, t_ns: u64, id: u32, a: u64, b: u64) {
-        self.shared.trace.push(kind, t_ns, id, a, b);
+        self.shared.trace.push(kind, t_ns, id, a, b, 0);
     }
 
     fn error(&self, what: String) {
@@ -385,12 +414,13 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 if !self.watched_port(&e) {
                     return true;
                 }
-                self.trace(
+                self.shared.trace.push(
                     TraceKind::Arrival,
                     e.ts_ns,
                     u32::from(e.port),
                     now_ns,
                     e.idle_ns,
+                    e.read_ns,
                 );
                 if self.policy.on_arrival(e.ts_ns) == Some(Action::Preempt) {
                     self.disable(Cause::Arrival(e.ts_ns));
@@ -957,7 +987,8 @@ where
         .name("valve-gate".into())
         .spawn(move || match make(tx2) {
             Ok((ctl, launches)) => {
-                let rt = GateRuntime::new(ctl, launches, cfg, shared2);
+                let own = realtime::apply_to_current_thread(cfg.realtime);
+                let rt = GateRuntime::with_scheduling(ctl, launches, cfg, shared2, own);
                 let _ = ready_tx.send(Ok(()));
                 rt.run(rx);
             }
@@ -1234,6 +1265,7 @@ mod tests {
             netns: 1,
             ts_ns,
             idle_ns: 0,
+            read_ns: 0,
         })
     }
 
@@ -1322,6 +1354,7 @@ mod tests {
             netns: 9,
             ts_ns: MS,
             idle_ns: 0,
+            read_ns: 0,
         };
         assert!(rt.watched_port(&e));
         rt.handle(GateInput::Ports([p(5)].into()), 0);

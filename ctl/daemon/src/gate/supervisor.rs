@@ -21,7 +21,7 @@ use super::{GateConfig, GateInput};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
 use valve::IssueMode;
-use valve_ebpf::WatchedPort;
+use valve_ebpf::{ArrivalEdge, WatchedPort};
 
 /// The environment variable that labels a process for `--online-label` / `--offline-label`.
 pub const LABEL_VAR: &str = "VALVE_LABEL";
@@ -78,6 +78,16 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         fixed_cooldown: spec.fixed_cooldown_us.map(Duration::from_micros),
         arrivals: spec.arrivals.unwrap_or(true),
         waits: spec.waits.unwrap_or(true),
+        realtime: match spec.realtime_priority {
+            None => d.realtime,
+            Some(0) => None,
+            Some(p @ 1..=99) => Some(p),
+            Some(p) => {
+                return Err(format!(
+                    "--realtime-priority must be 0 (off) or 1-99 (SCHED_FIFO), got {p}"
+                ))
+            }
+        },
         issue: match spec.issue.as_deref() {
             None | Some("auto") => None,
             Some("serial") => Some(IssueMode::Serial),
@@ -181,6 +191,13 @@ impl LaunchSource for GateWatchers {
     fn arm_resume(&self, now_ns: u64) {
         LaunchSource::arm_resume(&self.launch, now_ns);
     }
+    fn scheduling(&self) -> Vec<String> {
+        let mut v = vec![format!("launch-watch {}", self.launch.scheduling())];
+        if let Some(a) = &self.arrival {
+            v.push(format!("arrival-watch {}", a.scheduling()));
+        }
+        v
+    }
 }
 
 /// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and
@@ -193,9 +210,11 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                 valve_ebpf::ArrivalConfig {
                     ports: Vec::new(),
                     edge_gap: GATE_EDGE_GAP,
+                    realtime: cfg.realtime,
                 },
                 move |e| {
-                    let _ = tx.send(GateInput::Arrival(e));
+                    let read_ns = super::runtime::monotonic_ns();
+                    let _ = tx.send(GateInput::Arrival(ArrivalEdge { read_ns, ..e }));
                 },
             )
             .map_err(|e| format!("attaching the arrival program (tp_btf/sk_data_ready): {e}"))?;
@@ -214,6 +233,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                 filter: true,
                 edge_gap: GATE_EDGE_GAP,
                 track_waits: cfg.waits,
+                realtime: cfg.realtime,
             },
             move |e| {
                 let _ = tx.send(GateInput::Edge(e));
@@ -522,5 +542,15 @@ mod tests {
             ..GateSpec::default()
         };
         assert_eq!(config_of(&ok).unwrap().fixed_cooldown, Some(Duration::ZERO));
+        let rt = |p: Option<u8>| {
+            config_of(&GateSpec {
+                realtime_priority: p,
+                ..GateSpec::default()
+            })
+        };
+        assert_eq!(rt(None).unwrap().realtime, Some(10), "on by default");
+        assert_eq!(rt(Some(0)).unwrap().realtime, None, "0 turns it off");
+        assert_eq!(rt(Some(42)).unwrap().realtime, Some(42));
+        assert!(rt(Some(100)).unwrap_err().contains("1-99"));
     }
 }

@@ -13,7 +13,8 @@ use serde::Serialize;
 #[serde(rename_all = "snake_case")]
 pub enum TraceKind {
     /// Request data reached a watched port: `id` the port, `t_ns` when (BPF), `a` when the gate
-    /// thread got it, `b` the port's idle time before it.
+    /// thread got it, `b` the port's idle time before it, `c` when the watcher's thread read it
+    /// from the ring buffer (JSON `read_ns`; 0: not stamped).
     Arrival,
     /// An online process launched after idling: `id` the pid, `t_ns` the launch (uprobe), `a`
     /// when the gate thread got it, `b` the idle gap before it (JSON `"after_resume": false`).
@@ -73,6 +74,8 @@ pub struct TraceRecord {
     pub a: u64,
     /// Third field (see [`TraceKind`]).
     pub b: u64,
+    /// Fourth field (see [`TraceKind`]; 0 where a kind has none).
+    pub c: u64,
 }
 
 impl TraceRecord {
@@ -90,6 +93,7 @@ impl TraceRecord {
                 put("port", json!(self.id));
                 put("recv_ns", json!(self.a));
                 put("idle_ns", json!(self.b));
+                put("read_ns", json!(self.c));
             }
             TraceKind::Launch | TraceKind::LaunchAfterResume => {
                 let after_resume = self.kind == TraceKind::LaunchAfterResume;
@@ -123,6 +127,7 @@ struct Slot {
     kind_id: AtomicU64,
     a: AtomicU64,
     b: AtomicU64,
+    c: AtomicU64,
 }
 
 /// A fixed-size ring of trace records with one writer (the gate thread) and any number of
@@ -132,7 +137,7 @@ pub struct TraceRing {
     head: AtomicU64,
 }
 
-/// Records kept by the gate's trace (each 40 bytes).
+/// Records kept by the gate's trace (each 48 bytes).
 pub const TRACE_CAPACITY: usize = 1 << 16;
 
 impl TraceRing {
@@ -145,7 +150,7 @@ impl TraceRing {
     }
 
     /// Appends a record. Only one thread may push (the gate thread); it never blocks.
-    pub fn push(&self, kind: TraceKind, t_ns: u64, id: u32, a: u64, b: u64) {
+    pub fn push(&self, kind: TraceKind, t_ns: u64, id: u32, a: u64, b: u64, c: u64) {
         let seq = self.head.load(Ordering::Relaxed) + 1;
         let slot = &self.slots[(seq % self.slots.len() as u64) as usize];
         slot.seq.store(0, Ordering::Relaxed);
@@ -156,6 +161,7 @@ impl TraceRing {
             .store(kind.code() << 32 | u64::from(id), Ordering::Relaxed);
         slot.a.store(a, Ordering::Relaxed);
         slot.b.store(b, Ordering::Relaxed);
+        slot.c.store(c, Ordering::Relaxed);
         slot.seq.store(seq, Ordering::Release);
         self.head.store(seq, Ordering::Release);
     }
@@ -192,6 +198,7 @@ impl TraceRing {
         let kind_id = slot.kind_id.load(Ordering::Relaxed);
         let a = slot.a.load(Ordering::Relaxed);
         let b = slot.b.load(Ordering::Relaxed);
+        let c = slot.c.load(Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Acquire);
         if slot.seq.load(Ordering::Relaxed) != seq {
             return None;
@@ -203,6 +210,7 @@ impl TraceRing {
             id: kind_id as u32,
             a,
             b,
+            c,
         })
     }
 }
@@ -217,7 +225,7 @@ mod tests {
         let r = TraceRing::new(4);
         assert!(r.since(0, 100).is_empty());
         for i in 1..=6u64 {
-            r.push(TraceKind::Launch, i * 10, 42, i, 7);
+            r.push(TraceKind::Launch, i * 10, 42, i, 7, 0);
         }
         let all = r.since(0, 100);
         // Capacity 4: the first records are gone; the ones left are whole and in order.
@@ -240,10 +248,16 @@ mod tests {
     fn every_kind_round_trips() {
         let r = TraceRing::new(16);
         for (i, k) in TraceKind::ALL.iter().enumerate() {
-            r.push(*k, 1, i as u32, 2, 3);
+            r.push(*k, 1, i as u32, 2, 3, 4);
         }
         let got: Vec<TraceKind> = r.since(0, 100).iter().map(|x| x.kind).collect();
         assert_eq!(got, TraceKind::ALL.to_vec());
+        let arrival = r.since(0, 1)[0].to_json();
+        assert_eq!(
+            (arrival["recv_ns"].as_u64(), arrival["read_ns"].as_u64()),
+            (Some(2), Some(4)),
+            "an arrival carries both hops"
+        );
         let after = r.since(2, 1)[0].to_json();
         assert_eq!(
             (after["event"].as_str(), after["after_resume"].as_bool()),
@@ -263,15 +277,15 @@ mod tests {
         let writer = std::thread::spawn(move || {
             for i in 1..=200_000u64 {
                 // Every field derives from i: a torn record would mix two i's.
-                w.push(TraceKind::Disable, i, i as u32, i * 3, i * 5);
+                w.push(TraceKind::Disable, i, i as u32, i * 3, i * 5, i * 7);
             }
         });
         let mut seen = 0;
         while !writer.is_finished() {
             for x in r.since(0, 8) {
                 assert_eq!(
-                    (x.a, x.b, u64::from(x.id)),
-                    (x.t_ns * 3, x.t_ns * 5, x.t_ns)
+                    (x.a, x.b, x.c, u64::from(x.id)),
+                    (x.t_ns * 3, x.t_ns * 5, x.t_ns * 7, x.t_ns)
                 );
                 seen += 1;
             }

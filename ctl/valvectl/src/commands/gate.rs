@@ -37,6 +37,7 @@ pub enum GateCommand {
   valvectl gate start --online 4242 --offline 5151,5252           # its listening ports too
   valvectl gate start --online-label serving --offline-label batch
   valvectl gate start --online 4242 --offline 5151 --no-arrivals  # launch edges only
+  valvectl gate start --online-port 8000 --offline-label batch --realtime-priority 0  # no SCHED_FIFO
   valvectl gate start --online 4242 --offline 5151 --cooldown-floor 2ms --cooldown-ceiling 100ms")]
     Start {
         /// Online (latency-critical) processes by pid; the TCP ports they listen on count as
@@ -62,6 +63,12 @@ pub enum GateCommand {
         /// the offline channels (the stock driver serialises them, so serial wins there).
         #[arg(long, value_enum, default_value_t = IssueArg::Auto, value_name = "MODE")]
         issue: IssueArg,
+        /// SCHED_FIFO priority (1-99) of the gate thread and the threads that carry arrival and
+        /// launch edges to it; 0 keeps them on the normal scheduler. Under EEVDF a woken normal
+        /// thread can wait ~4 ms for a busy CPU, which would land on an online request.
+        #[arg(long, default_value_t = 10, value_name = "PRIORITY",
+              value_parser = clap::value_parser!(u8).range(0..=99))]
+        realtime_priority: u8,
         /// Offline (preemptible) processes by pid; they must have started after the daemon.
         #[arg(long, value_delimiter = ',', value_name = "PID")]
         offline: Vec<u32>,
@@ -129,6 +136,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
             no_arrivals,
             no_waits,
             issue,
+            realtime_priority,
             offline,
             offline_label,
             cooldown_floor,
@@ -165,6 +173,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                 online_ports: online_port.clone(),
                 arrivals: Some(!no_arrivals),
                 waits: Some(!no_waits),
+                realtime_priority: Some(*realtime_priority),
                 issue: Some(
                     match issue {
                         IssueArg::Auto => "auto",
