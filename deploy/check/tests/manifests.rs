@@ -167,7 +167,7 @@ fn check_pod_access(spec: &PodSpec) {
     }
     assert_eq!(
         added,
-        ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "CHOWN"]
+        ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "CHOWN", "SYS_NICE"]
             .map(String::from)
             .into(),
         "a capability was added or removed: update docs/kubernetes.md and this list"
