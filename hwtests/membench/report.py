@@ -40,14 +40,30 @@ def latencies(online: dict) -> dict:
                 tpot_p50=pct(tpot, 50), tpot_p99=pct(tpot, 99))
 
 
+def bracket(per_run_alone: dict, per_run_alone2: dict) -> dict:
+    """Per request id in both: the mean of alone's and alone-2's latencies. alone runs first in a
+    command and alone-2 last, so against their mean a drift linear in time (the GPU warming over
+    the command) cancels for the configurations run between them."""
+    out = {}
+    for rid, (burst, t1, p1) in per_run_alone.items():
+        if rid in per_run_alone2:
+            _, t2, p2 = per_run_alone2[rid]
+            out[rid] = (burst, (t1 + t2) / 2, (p1 + p2) / 2 if p1 is not None and p2 is not None else None)
+    return out
+
+
 def pooled(runs: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
     """Online latency over several benchmark runs, each a {config: raw result} of one trace (its own
     seed), so that a p99 is not one run's slowest burst request. Per configuration: the pooled
     TTFT/TPOT percentiles and their change against pooled alone, the median per-request TPOT ratio
     against alone's same request in the same run, and a paired bootstrap (requests drawn again within
     each run, the same draw for both configurations) of the TPOT p99 change: its 5th and 95th
-    percentiles."""
+    percentiles. The same against `bracket` (alone and alone-2 averaged per request), in runs that
+    have both: `*_vs_bracket`."""
     per_run = [{c: request_latencies(r[c]["online"]) for c in r if (r[c] or {}).get("online")} for r in runs]
+    for pr in per_run:
+        if "alone" in pr and "alone-2" in pr:
+            pr["bracket"] = bracket(pr["alone"], pr["alone-2"])
     configs = [c for c in ("alone", "valve-miad", "alone-2", "static") if any(c in pr for pr in per_run)]
     rng = random.Random(seed)
 
@@ -56,24 +72,32 @@ def pooled(runs: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
 
     out: dict = dict(runs=len(runs), configs={})
     for c in configs:
-        pairs = [(pr["alone"][rid], lat) for pr in per_run if c in pr and "alone" in pr
-                 for rid, lat in pr[c].items() if rid in pr["alone"]]
         mine = [lat for pr in per_run if c in pr for lat in pr[c].values()]
         n = dict(runs=sum(1 for pr in per_run if c in pr), requests=len(mine),
                  ttft_p50=p([x[1] for x in mine], 50), ttft_p99=p([x[1] for x in mine], 99),
                  tpot_p50=p([x[2] for x in mine], 50), tpot_p99=p([x[2] for x in mine], 99))
-        ratios = [b[2] / a[2] for a, b in pairs if a[2] and b[2]]
-        n["tpot_ratio_median"] = pct(ratios, 50)
-        if c != "alone" and pairs:
-            by_run = [[(pr["alone"][rid], lat) for rid, lat in pr[c].items() if rid in pr["alone"]]
-                      for pr in per_run if c in pr and "alone" in pr]
+        for ref, suffix in (("alone", ""), ("bracket", "_vs_bracket")):
+            if ref == "bracket" and c in ("alone", "alone-2"):
+                continue
+            by_run = [[(pr[ref][rid], lat) for rid, lat in pr[c].items() if rid in pr[ref]]
+                      for pr in per_run if c in pr and ref in pr]
+            pairs = [pair for run in by_run for pair in run]
+            if not pairs:
+                continue
+            n["tpot_ratio_median" + suffix] = pct([b[2] / a[2] for a, b in pairs if a[2] and b[2]], 50)
+            if ref == "bracket":
+                for m, i in (("ttft_p99", 1), ("tpot_p99", 2)):
+                    n[f"{m}_vs_bracket_pct"] = delta(p([b[i] for _, b in pairs], 99),
+                                                     p([a[i] for a, _ in pairs], 99))
+            if c == ref:
+                continue
             draws = []
             for _ in range(resamples):
                 d = [pair for run in by_run for pair in rng.choices(run, k=len(run))]
-                ref, got = p([a[2] for a, _ in d], 99), p([b[2] for _, b in d], 99)
-                if ref and got:
-                    draws.append((got / ref - 1) * 100)
-            n["tpot_p99_change_pct_90ci"] = [pct(draws, 5), pct(draws, 95)] if draws else None
+                r0, got = p([a[2] for a, _ in d], 99), p([b[2] for _, b in d], 99)
+                if r0 and got:
+                    draws.append((got / r0 - 1) * 100)
+            n["tpot_p99_change_pct_90ci" + suffix] = [pct(draws, 5), pct(draws, 95)] if draws else None
         out["configs"][c] = n
     alone = out["configs"].get("alone", {})
     for c, n in out["configs"].items():
@@ -88,16 +112,27 @@ def signed_pct(v) -> str:
 
 
 def pooled_markdown(pool: dict, labels: list[str]) -> str:
+    def ci_text(ci):
+        return "-" if not ci else f"{ci[0]:+.1f}% .. {ci[1]:+.1f}%"
+
     lines = [f"Online latency pooled over {pool['runs']} runs ({', '.join(labels)}):", "",
              "| config | runs | requests | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | TTFT p99 / TPOT p99 vs alone | "
              "TPOT p99 change, 90% bootstrap interval | median per-request TPOT ratio to alone |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c, n in pool["configs"].items():
-        ci = n.get("tpot_p99_change_pct_90ci")
         lines.append(f"| {c} | {n['runs']} | {n['requests']} | {fmt(n['ttft_p50'])} / {fmt(n['ttft_p99'])} | "
                      f"{fmt(n['tpot_p50'], 2)} / {fmt(n['tpot_p99'], 2)} | {signed_pct(n.get('ttft_p99_vs_alone_pct'))} / "
                      f"{signed_pct(n.get('tpot_p99_vs_alone_pct'))} | "
-                     f"{'-' if not ci else f'{ci[0]:+.1f}% .. {ci[1]:+.1f}%'} | {fmt(n.get('tpot_ratio_median'), 3)} |")
+                     f"{ci_text(n.get('tpot_p99_change_pct_90ci'))} | {fmt(n.get('tpot_ratio_median'), 3)} |")
+    bracketed = [(c, n) for c, n in pool["configs"].items() if "tpot_ratio_median_vs_bracket" in n]
+    if bracketed:
+        lines += ["", "Against alone and alone-2 averaged per request (they run first and last in each command, so a drift "
+                  "linear in time cancels):", "",
+                  "| config | TTFT p99 / TPOT p99 vs bracket | TPOT p99 change, 90% bootstrap interval | "
+                  "median per-request TPOT ratio |", "| --- | --- | --- | --- |"]
+        lines += [f"| {c} | {signed_pct(n.get('ttft_p99_vs_bracket_pct'))} / {signed_pct(n.get('tpot_p99_vs_bracket_pct'))} | "
+                  f"{ci_text(n.get('tpot_p99_change_pct_90ci_vs_bracket'))} | {fmt(n.get('tpot_ratio_median_vs_bracket'), 3)} |"
+                  for c, n in bracketed]
     return "\n".join(lines) + "\n"
 
 

@@ -192,5 +192,22 @@ class Pooled(unittest.TestCase):
         self.assertGreater(hi, 10.0)
 
 
+    def test_a_drift_over_the_command_cancels_against_the_bracket(self):
+        # alone at 5 ms, alone-2 at 5.5 ms (10% slower by the end), MIAD in between at 5.25.
+        a = [5.0] * 100
+        runs = [{"alone": self.online(a), "valve-miad": self.online(a, 1.05), "alone-2": self.online(a, 1.1)}]
+        pool = report.pooled(runs, resamples=200)
+        miad = pool["configs"]["valve-miad"]
+        self.assertAlmostEqual(miad["tpot_p99_vs_alone_pct"], 5.0, places=6)
+        self.assertAlmostEqual(miad["tpot_p99_vs_bracket_pct"], 0.0, places=6)
+        self.assertAlmostEqual(miad["tpot_ratio_median_vs_bracket"], 1.0, places=6)
+        self.assertEqual(miad["tpot_p99_change_pct_90ci_vs_bracket"], [0.0, 0.0])
+        self.assertNotIn("tpot_ratio_median_vs_bracket", pool["configs"]["alone-2"])
+        self.assertIn("averaged per request", report.pooled_markdown(pool, ["r"]))
+        # Without alone-2 there is no bracket, and nothing is claimed against one.
+        del runs[0]["alone-2"]
+        self.assertNotIn("tpot_p99_vs_bracket_pct", report.pooled(runs, resamples=10)["configs"]["valve-miad"])
+
+
 if __name__ == "__main__":
     unittest.main()
