@@ -167,9 +167,16 @@ fn check_pod_access(spec: &PodSpec) {
     }
     assert_eq!(
         added,
-        ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "CHOWN", "SYS_NICE"]
-            .map(String::from)
-            .into(),
+        [
+            "BPF",
+            "PERFMON",
+            "SYS_PTRACE",
+            "SYS_RESOURCE",
+            "CHOWN",
+            "SYS_NICE"
+        ]
+        .map(String::from)
+        .into(),
         "a capability was added or removed: update docs/kubernetes.md and this list"
     );
     let host_paths: BTreeSet<String> = spec

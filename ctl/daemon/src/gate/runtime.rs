@@ -65,8 +65,8 @@ pub trait LaunchSource: Send {
     fn in_sync(&self, _pid: u32) -> bool {
         false
     }
-    /// How the source's threads are scheduled, as "name policy" items (none: no threads).
-    fn scheduling(&self) -> Vec<String> {
+    /// How the source's threads are scheduled, by thread name (none: it has no threads).
+    fn scheduling(&self) -> Vec<(&'static str, Scheduling)> {
         Vec::new()
     }
     /// Start counting request arrivals on `port` (edges go to the gate's input channel).
@@ -313,11 +313,18 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             shared,
         };
         let issue = rt.ctl.issue_mode().describe();
-        let scheduling = std::iter::once(format!("gate {own}"))
+        let threads: Vec<_> = std::iter::once(("gate", own))
             .chain(rt.launches.scheduling())
+            .collect();
+        let scheduling = threads
+            .iter()
+            .map(|(name, s)| format!("{name} {s}"))
             .collect::<Vec<_>>()
             .join(", ");
-        if scheduling.contains("refused") {
+        if threads
+            .iter()
+            .any(|(_, s)| matches!(s, Scheduling::Refused(_)))
+        {
             tracing::warn!(
                 "gate: real-time scheduling refused ({scheduling}); edges may wait for a CPU"
             );
@@ -1472,6 +1479,36 @@ mod tests {
             Arc::new(GateShared::default()),
         );
         (rt, launches)
+    }
+
+    #[test]
+    fn the_status_names_how_each_thread_is_scheduled() {
+        struct Watchers;
+        impl LaunchSource for Watchers {
+            fn watch(&mut self, _: u32) -> Result<(), String> {
+                Ok(())
+            }
+            fn unwatch(&mut self, _: u32) {}
+            fn last_launch_ns(&self, _: u32) -> u64 {
+                0
+            }
+            fn scheduling(&self) -> Vec<(&'static str, Scheduling)> {
+                vec![("launch-watch", Scheduling::Refused("EPERM".into()))]
+            }
+        }
+        let rm = Arc::new(FakeRm::host(1));
+        let shared = Arc::new(GateShared::default());
+        let _rt = GateRuntime::with_scheduling(
+            Controller::with_driver(rm).unwrap(),
+            Watchers,
+            GateConfig::default(),
+            shared.clone(),
+            Scheduling::Fifo(10),
+        );
+        assert_eq!(
+            snapshot(&shared).scheduling,
+            "gate SCHED_FIFO 10, launch-watch normal (SCHED_FIFO refused: EPERM)"
+        );
     }
 
     #[test]

@@ -191,10 +191,10 @@ impl LaunchSource for GateWatchers {
     fn arm_resume(&self, now_ns: u64) {
         LaunchSource::arm_resume(&self.launch, now_ns);
     }
-    fn scheduling(&self) -> Vec<String> {
-        let mut v = vec![format!("launch-watch {}", self.launch.scheduling())];
+    fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
+        let mut v = vec![("launch-watch", self.launch.scheduling().clone())];
         if let Some(a) = &self.arrival {
-            v.push(format!("arrival-watch {}", a.scheduling()));
+            v.push(("arrival-watch", a.scheduling().clone()));
         }
         v
     }
