@@ -64,10 +64,9 @@ fn set_fifo(priority: u8) -> io::Result<()> {
 
 fn refusal_reason(e: &io::Error) -> String {
     match e.raw_os_error() {
-        Some(libc::EPERM) => {
-            "EPERM: the daemon needs CAP_SYS_NICE (root, or the capability in its unit or pod)"
-                .into()
-        }
+        Some(libc::EPERM) => "EPERM: the daemon needs CAP_SYS_NICE (in its unit or pod), and on \
+             kernels with RT group scheduling a real-time budget in its cgroup"
+            .into(),
         _ => e.to_string(),
     }
 }

@@ -90,6 +90,9 @@ pub struct GatePolicy {
     arrival_in_gap: bool,
     /// Arrival edges seen.
     arrivals: u64,
+    /// The first launch of an arrived request whose host has not yet waited for GPU work since:
+    /// the prefill's kernels may still be queued on the GPU, however long the host is quiet.
+    first_wait_pending: Option<u64>,
 }
 
 impl GatePolicy {
@@ -108,6 +111,7 @@ impl GatePolicy {
             arrival_delays: VecDeque::new(),
             arrival_in_gap: false,
             arrivals: 0,
+            first_wait_pending: None,
         }
     }
 
@@ -132,6 +136,11 @@ impl GatePolicy {
                 Duration::from_nanos(ns).clamp(self.cfg.cooldown_floor, self.cfg.cooldown_ceiling)
             }
         }
+    }
+
+    /// The first launch of an arrived request that no wait for GPU work has followed yet.
+    pub fn first_wait_pending(&self) -> Option<u64> {
+        self.first_wait_pending
     }
 
     /// The arrival still waiting for its first launch, if any.
@@ -178,11 +187,11 @@ impl GatePolicy {
             return None;
         }
         let last = self.last_launch_ns?;
-        let due = last.saturating_add(self.cooldown().as_nanos() as u64);
-        Some(match self.pending_arrival_ns {
-            Some(a) => due.max(a.saturating_add(self.arrival_hold().as_nanos() as u64)),
-            None => due,
-        })
+        let mut due = last.saturating_add(self.cooldown().as_nanos() as u64);
+        if let Some(a) = self.pending_arrival_ns {
+            due = due.max(a.saturating_add(self.arrival_hold().as_nanos() as u64));
+        }
+        Some(due)
     }
 
     /// Request data reached the online service at `ts_ns` (an arrival edge): preempt now, before
@@ -209,6 +218,7 @@ impl GatePolicy {
     pub fn on_edge(&mut self, ts_ns: u64, idle_ns: Option<u64>) -> Option<Action> {
         let ceiling = self.cfg.cooldown_ceiling.as_nanos() as u64;
         if let Some(a) = self.pending_arrival_ns.take() {
+            self.await_first_wait(ts_ns);
             let delay = ts_ns.saturating_sub(a);
             if delay < ceiling {
                 self.arrival_delays.push_back(delay);
@@ -243,8 +253,47 @@ impl GatePolicy {
     pub fn saw_launch(&mut self, ts_ns: u64) {
         if self.pending_arrival_ns.is_some_and(|a| ts_ns > a) {
             self.pending_arrival_ns = None;
+            self.await_first_wait(ts_ns);
         }
         self.saw_activity(ts_ns);
+    }
+
+    /// A request's first launch at `ts_ns`: with waits tracked, hold offline until the host has
+    /// waited for GPU work once (its first token comes back that way), or for the ceiling.
+    /// A prefill queues milliseconds of kernels; a host that then goes quiet for longer than the
+    /// cooldown (measured: 12-20 ms, once in ~100 requests) left them to time-slice with
+    /// resumed offline work, which cost the request as long again.
+    fn await_first_wait(&mut self, ts_ns: u64) {
+        if self.cfg.waits {
+            self.first_wait_pending = Some(ts_ns);
+        }
+    }
+
+    /// A thread of an online process returned from waiting for its GPU work at `ts_ns`: a
+    /// request's first launch before it is done, so the request's hold ends.
+    pub fn saw_wait_end(&mut self, ts_ns: u64) {
+        if self.first_wait_pending.is_some_and(|first| ts_ns > first) {
+            self.first_wait_pending = None;
+        }
+    }
+
+    /// Whether a request's wait for its first token holds offline at `now_ns` (for at most
+    /// the ceiling after its first launch). While it does, online counts as active now, as
+    /// while one of its threads waits: the resume is put off by one cooldown, and the gate
+    /// looks again (for the wait's end) then.
+    pub fn hold_for_first_wait(&mut self, now_ns: u64) -> bool {
+        let ceiling = self.cfg.cooldown_ceiling.as_nanos() as u64;
+        match self.first_wait_pending {
+            Some(first) if now_ns < first.saturating_add(ceiling) => {
+                self.saw_activity(now_ns);
+                true
+            }
+            Some(_) => {
+                self.first_wait_pending = None;
+                false
+            }
+            None => false,
+        }
     }
 
     /// Online activity at `ts_ns` (a launch, an arrival, a busy signal): the idle clock restarts.
@@ -271,8 +320,10 @@ impl GatePolicy {
     /// requests (not learned as an iteration gap).
     fn resume(&mut self) -> Action {
         self.preempted = false;
-        // An arrival that launched nothing within its hold is over.
+        // An arrival that launched nothing within its hold is over, and so is a request's wait
+        // for its first token past the ceiling.
         self.pending_arrival_ns = None;
+        self.first_wait_pending = None;
         self.learned = true;
         self.resumed_in_gap = true;
         Action::Resume
@@ -291,7 +342,7 @@ impl GatePolicy {
     /// Time passes (`now_ns`). Returns [`Action::Resume`] once online has been idle for the cooldown.
     pub fn on_tick(&mut self, now_ns: u64) -> Option<Action> {
         let due = self.resume_due_ns()?;
-        (now_ns >= due).then(|| self.resume())
+        (now_ns >= due && !self.hold_for_first_wait(now_ns)).then(|| self.resume())
     }
 }
 
@@ -478,6 +529,10 @@ mod tests {
         assert_eq!(g.on_tick(12 * MS), None);
         assert_eq!(g.on_edge(13 * MS, Some(50 * MS)), None, "already stopped");
         assert_eq!(g.pending_arrival_ns(), None);
+        // Its first token comes back through a wait for the GPU: the request's hold ends.
+        assert_eq!(g.first_wait_pending(), Some(13 * MS));
+        g.saw_wait_end(13 * MS + 500 * US);
+        assert_eq!(g.first_wait_pending(), None);
         assert_eq!(
             g.arrival_hold(),
             Duration::from_millis(6),
@@ -507,6 +562,7 @@ mod tests {
         let mut g = learned(GateConfig::default());
         g.on_arrival(0);
         g.on_edge(MS, None);
+        g.saw_wait_end(MS + 50 * US); // its first token
         assert_eq!(
             g.cooldown(),
             Duration::from_millis(1),
@@ -530,6 +586,7 @@ mod tests {
         let mut g = learned(GateConfig::default());
         g.on_arrival(0);
         g.on_edge(4 * MS, None); // learns a 4 ms delay: hold 8 ms
+        g.saw_wait_end(5 * MS);
         assert_eq!(g.on_tick(10 * MS), Some(Action::Resume));
         // A health check: data, no GPU work. Held for the arrival hold (longer than the
         // cooldown), then released.
@@ -542,10 +599,57 @@ mod tests {
         g.on_arrival(200 * MS);
         g.saw_launch(201 * MS);
         assert_eq!(g.pending_arrival_ns(), None);
+        g.saw_wait_end(202 * MS);
         assert_eq!(
             g.resume_due_ns(),
             Some(201 * MS + g.cooldown().as_nanos() as u64)
         );
+    }
+
+    #[test]
+    fn a_request_holds_offline_until_its_host_has_waited_for_the_gpu_once() {
+        // Measured on the H100 (serving bench, cb server): arrival, first launch 4 ms later,
+        // then the host quiet for 12.7 ms while the prefill ran on the GPU. Resuming after the
+        // 1 ms cooldown let offline time-slice with that prefill: TTFT 25 ms against 12 ms alone.
+        let mut g = learned(GateConfig::default());
+        assert_eq!(g.on_arrival(0), Some(Action::Preempt));
+        assert_eq!(g.on_edge(4 * MS, Some(900 * MS)), None);
+        g.saw_activity(4 * MS + 300 * US);
+        assert_eq!(g.cooldown(), Duration::from_millis(1));
+        assert_eq!(
+            g.on_tick(10 * MS),
+            None,
+            "no wait yet: the prefill may be queued"
+        );
+        // A wait that ended before the first launch is not the request's.
+        g.saw_wait_end(3 * MS);
+        assert_eq!(g.on_tick(16 * MS), None);
+        // The host launches again, and its first token's copy returns at 17 ms.
+        g.on_edge(16 * MS + 800 * US, Some(12 * MS));
+        g.saw_wait_end(17 * MS);
+        g.saw_activity(17 * MS);
+        assert_eq!(g.first_wait_pending(), None);
+        assert_eq!(g.on_tick(17 * MS + 500 * US), None);
+        assert!(
+            g.cooldown() >= Duration::from_millis(24),
+            "the 12 ms gap inside the request was learned"
+        );
+        // A request whose host never waits is held at most the ceiling after its first launch.
+        let mut h = learned(GateConfig::default());
+        h.on_arrival(0);
+        h.on_edge(MS, None);
+        assert_eq!(h.on_tick(200 * MS), None);
+        assert_eq!(h.on_tick(201 * MS), Some(Action::Resume));
+        assert_eq!(h.first_wait_pending(), None);
+        // With waits not watched (--no-waits) nothing is held for them.
+        let mut n = learned(GateConfig {
+            waits: false,
+            ..GateConfig::default()
+        });
+        n.on_arrival(0);
+        n.on_edge(MS, None);
+        assert_eq!(n.first_wait_pending(), None);
+        assert_eq!(n.on_tick(2 * MS + 100 * US), Some(Action::Resume));
     }
 
     #[test]

@@ -65,6 +65,11 @@ pub trait LaunchSource: Send {
     fn in_sync(&self, _pid: u32) -> bool {
         false
     }
+    /// CLOCK_MONOTONIC ns at which a thread of `pid` last returned from waiting for its GPU
+    /// work (0: none, or waits are not watched).
+    fn last_wait_end_ns(&self, _pid: u32) -> u64 {
+        0
+    }
     /// How the source's threads are scheduled, by thread name (none: it has no threads).
     fn scheduling(&self) -> Vec<(&'static str, Scheduling)> {
         Vec::new()
@@ -97,6 +102,9 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
     }
     fn last_launch_ns(&self, pid: u32) -> u64 {
         self.counts(pid).last_ns
+    }
+    fn last_wait_end_ns(&self, pid: u32) -> u64 {
+        self.counts(pid).sync_end_ns
     }
     fn arm_resume(&self, now_ns: u64) {
         if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
@@ -475,7 +483,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             return;
         }
         let waiting = self.read_activity(now_ns);
-        if !self.resume_due(now_ns) {
+        if !self.resume_due(now_ns) || self.policy.hold_for_first_wait(now_ns) {
             return;
         }
         self.launches.arm_resume(monotonic_ns());
@@ -528,6 +536,13 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         if recent && waiting {
             self.policy.saw_activity(now_ns);
         }
+        let waited = self
+            .online
+            .iter()
+            .map(|&p| self.launches.last_wait_end_ns(p))
+            .max()
+            .unwrap_or(0);
+        self.policy.saw_wait_end(waited);
         let arrived = self
             .ports
             .iter()
@@ -1115,7 +1130,8 @@ mod tests {
     const ONLINE: u32 = 7_000_001;
 
     /// Last launch per pid, last arrival per port, pids waiting for their GPU work, the times
-    /// the gate armed the resume edge, and a launch (pid, time) that happens as it arms.
+    /// the gate armed the resume edge, a launch (pid, time) that happens as it arms, and the
+    /// end of the last wait for GPU work per pid.
     #[derive(Clone, Default)]
     #[allow(clippy::type_complexity)]
     struct FakeLaunches(
@@ -1124,6 +1140,7 @@ mod tests {
         Arc<Mutex<BTreeSet<u32>>>,
         Arc<Mutex<Vec<u64>>>,
         Arc<Mutex<Option<(u32, u64)>>>,
+        Arc<Mutex<BTreeMap<u32, u64>>>,
     );
 
     impl LaunchSource for FakeLaunches {
@@ -1149,6 +1166,9 @@ mod tests {
         }
         fn in_sync(&self, pid: u32) -> bool {
             self.2.lock().unwrap().contains(&pid)
+        }
+        fn last_wait_end_ns(&self, pid: u32) -> u64 {
+            self.5.lock().unwrap().get(&pid).copied().unwrap_or(0)
         }
         fn arm_resume(&self, now_ns: u64) {
             self.3.lock().unwrap().push(now_ns);
@@ -1371,6 +1391,51 @@ mod tests {
         rt.handle(GateInput::Ports(BTreeSet::new()), 0);
         assert!(launches.1.lock().unwrap().is_empty(), "unwatched");
         assert!(snapshot(&rt.shared).online_ports.is_empty());
+    }
+
+    #[test]
+    fn a_request_keeps_offline_stopped_until_its_host_has_waited_for_the_gpu() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            fixed_cooldown: Some(Duration::from_millis(1)),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        let port = WatchedPort {
+            port: PORT,
+            netns: 0,
+        };
+        rt.handle(GateInput::Ports([port].into()), 0);
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
+        rt.handle(edge(ONLINE, 13 * MS, 0), 13 * MS);
+        launches
+            .0
+            .lock()
+            .unwrap()
+            .insert(ONLINE, 13 * MS + 300 * US);
+        // The host is quiet for 7 ms, far past the 1 ms cooldown, but has not waited yet.
+        rt.tick(20 * MS);
+        assert_eq!(rm.disabled().len(), 20, "the prefill may still be queued");
+        // The first token's copy returns at 20.5 ms: the cooldown runs from there.
+        launches
+            .5
+            .lock()
+            .unwrap()
+            .insert(ONLINE, 20 * MS + 500 * US);
+        launches
+            .0
+            .lock()
+            .unwrap()
+            .insert(ONLINE, 20 * MS + 500 * US);
+        rt.tick(21 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(21 * MS + 600 * US);
+        assert!(
+            rm.disabled().is_empty(),
+            "resumed a cooldown after the wait"
+        );
     }
 
     #[test]

@@ -174,6 +174,9 @@ impl LaunchSource for GateWatchers {
     fn in_sync(&self, pid: u32) -> bool {
         self.launch.counts(pid).in_sync > 0
     }
+    fn last_wait_end_ns(&self, pid: u32) -> u64 {
+        self.launch.counts(pid).sync_end_ns
+    }
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
         match &self.arrival {
             Some(a) => a.watch_port(port).map_err(|e| e.to_string()),
