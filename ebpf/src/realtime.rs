@@ -5,7 +5,9 @@
 //! unless its deadline is earlier, so a wake-up can wait for the rest of a base slice (3.75 ms
 //! on 16 CPUs). `SCHED_FIFO` threads preempt normal ones at once. These threads block almost
 //! all the time, so a fixed priority costs the machine nothing; the kernel's RT throttling
-//! still bounds a runaway one.
+//! still bounds a runaway one. Where the kernel refuses `SCHED_FIFO` (no `CAP_SYS_NICE`, or an
+//! RT cgroup without budget), the thread asks for a short EEVDF slice instead (Linux 6.12+,
+//! no privilege needed): its earlier deadline lets it preempt on wake-up too.
 
 use std::fmt;
 use std::io;
@@ -14,14 +16,19 @@ use std::io;
 /// below the kernel's own RT threads (the IRQ threads run at 50, watchdogs at 99).
 pub const DEFAULT_PRIORITY: u8 = 10;
 
+/// The slice asked for when `SCHED_FIFO` is refused: the kernel's shortest (0.1 ms).
+pub const SHORT_SLICE_NS: u64 = 100_000;
+
 /// How a thread ended up scheduled, for status output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scheduling {
     /// `SCHED_FIFO` at this priority.
     Fifo(u8),
+    /// The normal policy with a short EEVDF slice (ns), because `SCHED_FIFO` was refused (why).
+    ShortSlice(u64, String),
     /// The normal policy, because real-time was turned off.
     Normal,
-    /// The normal policy, because the kernel refused real-time (the reason).
+    /// The normal policy, because the kernel refused both (the reasons).
     Refused(String),
 }
 
@@ -29,6 +36,11 @@ impl fmt::Display for Scheduling {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Scheduling::Fifo(p) => write!(f, "SCHED_FIFO {p}"),
+            Scheduling::ShortSlice(ns, why) => write!(
+                f,
+                "normal with a {} us slice (SCHED_FIFO refused: {why})",
+                ns / 1000
+            ),
             Scheduling::Normal => write!(f, "normal (real-time off)"),
             Scheduling::Refused(why) => write!(f, "normal (SCHED_FIFO refused: {why})"),
         }
@@ -42,9 +54,46 @@ pub fn apply_to_current_thread(priority: Option<u8>) -> Scheduling {
     let Some(priority) = priority else {
         return Scheduling::Normal;
     };
-    match set_fifo(priority) {
-        Ok(()) => Scheduling::Fifo(priority),
-        Err(e) => Scheduling::Refused(refusal_reason(&e)),
+    let fifo = match set_fifo(priority) {
+        Ok(()) => return Scheduling::Fifo(priority),
+        Err(e) => refusal_reason(&e),
+    };
+    match set_short_slice(SHORT_SLICE_NS) {
+        Ok(()) => Scheduling::ShortSlice(SHORT_SLICE_NS, fifo),
+        Err(e) => Scheduling::Refused(format!("{fifo}; a short slice: {e}")),
+    }
+}
+
+/// `struct sched_attr` as of Linux 3.14 (`SCHED_ATTR_SIZE_VER0`, 48 bytes); `sched_runtime`
+/// on `SCHED_OTHER` sets the thread's EEVDF slice from Linux 6.12.
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    sched_policy: u32,
+    sched_flags: u64,
+    sched_nice: i32,
+    sched_priority: u32,
+    sched_runtime: u64,
+    sched_deadline: u64,
+    sched_period: u64,
+}
+
+fn set_short_slice(slice_ns: u64) -> io::Result<()> {
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        sched_policy: libc::SCHED_OTHER as u32,
+        sched_runtime: slice_ns,
+        ..SchedAttr::default()
+    };
+    // SAFETY: sched_setattr(2) reads `size` bytes from a valid, initialised SchedAttr that
+    // outlives the call; pid 0 names the calling thread; flags 0. It only changes that thread's
+    // scheduling attributes (nice 0, which an unprivileged thread already has by default).
+    let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -111,7 +160,7 @@ mod tests {
                     (libc::SCHED_FIFO, i32::from(p))
                 );
             }
-            Scheduling::Refused(why) => {
+            Scheduling::ShortSlice(_, why) | Scheduling::Refused(why) => {
                 assert!(!why.is_empty());
                 assert_eq!(current_thread_policy().unwrap().0, libc::SCHED_OTHER);
                 eprintln!("SCHED_FIFO refused here ({why}); the applied case runs as root");
@@ -123,8 +172,40 @@ mod tests {
     }
 
     #[test]
+    fn the_short_slice_is_set_or_refused_with_a_reason() {
+        assert_eq!(std::mem::size_of::<SchedAttr>(), 48, "SCHED_ATTR_SIZE_VER0");
+        std::thread::spawn(|| match set_short_slice(SHORT_SLICE_NS) {
+            Ok(()) => {
+                assert_eq!(current_thread_policy().unwrap().0, libc::SCHED_OTHER);
+                // The kernel reports the thread's slice back in sched_runtime.
+                let mut got = SchedAttr::default();
+                // SAFETY: sched_getattr(2) writes at most `size` (48) bytes into `got`, which
+                // is valid for writes for the whole call; pid 0 is the calling thread.
+                let rc = unsafe {
+                    libc::syscall(
+                        libc::SYS_sched_getattr,
+                        0,
+                        &mut got as *mut SchedAttr,
+                        std::mem::size_of::<SchedAttr>() as u32,
+                        0,
+                    )
+                };
+                assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+                assert_eq!(got.sched_runtime, SHORT_SLICE_NS);
+            }
+            Err(e) => eprintln!("a short slice is refused here ({e}): a kernel before 6.12?"),
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn the_status_line_names_the_policy() {
         assert_eq!(Scheduling::Fifo(10).to_string(), "SCHED_FIFO 10");
+        assert_eq!(
+            Scheduling::ShortSlice(100_000, "EPERM".into()).to_string(),
+            "normal with a 100 us slice (SCHED_FIFO refused: EPERM)"
+        );
         let refused = refusal_reason(&io::Error::from_raw_os_error(libc::EPERM));
         assert!(refused.contains("CAP_SYS_NICE"), "{refused}");
     }

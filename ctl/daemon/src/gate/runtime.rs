@@ -149,6 +149,9 @@ pub struct GateStatus {
     /// How the threads an edge crosses are scheduled: the gate thread, then each watcher's poll
     /// thread ("gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10, ...").
     pub scheduling: String,
+    /// Every one of those threads preempts a busy CPU when woken (`SCHED_FIFO`, or a short
+    /// slice where that was refused); false: an edge can wait for a CPU's slice.
+    pub fast_wakeups: bool,
     /// The trace's latest sequence number (`valvectl gate trace --since`).
     pub trace_head: u64,
     /// Total time offline spent preempted by the gate.
@@ -329,6 +332,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .map(|(name, s)| format!("{name} {s}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let fast_wakeups = threads
+            .iter()
+            .all(|(_, s)| matches!(s, Scheduling::Fifo(_) | Scheduling::ShortSlice(..)));
         if threads
             .iter()
             .any(|(_, s)| matches!(s, Scheduling::Refused(_)))
@@ -341,6 +347,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             s.running = true;
             s.issue = issue;
             s.scheduling = scheduling;
+            s.fast_wakeups = fast_wakeups;
         });
         rt
     }
@@ -1573,6 +1580,10 @@ mod tests {
         assert_eq!(
             snapshot(&shared).scheduling,
             "gate SCHED_FIFO 10, launch-watch normal (SCHED_FIFO refused: EPERM)"
+        );
+        assert!(
+            !snapshot(&shared).fast_wakeups,
+            "the watcher waits for a CPU"
         );
     }
 
