@@ -120,24 +120,24 @@ fn refusal_reason(e: &io::Error) -> String {
     }
 }
 
-/// The calling thread's scheduling policy and priority, as the kernel reports them.
-pub fn current_thread_policy() -> io::Result<(i32, i32)> {
-    let mut param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 names the calling thread; `param` is valid for writes for the whole call.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    if policy < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::sched_getparam(0, &mut param) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((policy, param.sched_priority))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's scheduling policy and priority, as the kernel reports them.
+    fn current_thread_policy() -> io::Result<(i32, i32)> {
+        let mut param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 names the calling thread; `param` is valid for writes for the whole call.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::sched_getparam(0, &mut param) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((policy, param.sched_priority))
+    }
 
     #[test]
     fn none_leaves_the_thread_alone() {

@@ -517,6 +517,15 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         }
     }
 
+    /// The latest of `time` over the online processes (0: none).
+    fn latest_online(&self, time: impl Fn(&L, u32) -> u64) -> u64 {
+        self.online
+            .iter()
+            .map(|&p| time(&self.launches, p))
+            .max()
+            .unwrap_or(0)
+    }
+
     fn resume_due(&self, now_ns: u64) -> bool {
         self.policy.resume_due_ns().is_some_and(|due| now_ns >= due)
     }
@@ -525,12 +534,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// edges (closer together than the edge gap), threads waiting for online GPU work, and
     /// arrivals that were not edges. Returns whether a thread is waiting now.
     fn read_activity(&mut self, now_ns: u64) -> bool {
-        let last = self
-            .online
-            .iter()
-            .map(|&p| self.launches.last_launch_ns(p))
-            .max()
-            .unwrap_or(0);
+        let last = self.latest_online(L::last_launch_ns);
         if last > 0 {
             self.policy.saw_launch(last);
         }
@@ -543,13 +547,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         if recent && waiting {
             self.policy.saw_activity(now_ns);
         }
-        let waited = self
-            .online
-            .iter()
-            .map(|&p| self.launches.last_wait_end_ns(p))
-            .max()
-            .unwrap_or(0);
-        self.policy.saw_wait_end(waited);
+        self.policy
+            .saw_wait_end(self.latest_online(L::last_wait_end_ns));
         let arrived = self
             .ports
             .iter()
