@@ -322,6 +322,27 @@ def test_online_grows_on_demand_reclaims_offline_and_follows_the_reservation_tar
     assert len(pool.free_handles()) == HANDLES - len(offline.held_slots())
 
 
+def test_an_online_shortage_reclaims_once_growing_to_the_reservation_target(model):
+    # On the H100 each pressure event reclaimed twice: the allocation grew by its shortage, then the next
+    # usage report (now a pressure event) grew to MIAD's target. The operator's target counts reclaims.
+    pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
+    offline = pool.kv_space_factory("offline")(regions=1, capacity_bytes_per_region=0, block_bytes=2048,
+                                               tail_bytes=4096, device="cpu")
+    offline.grow(HANDLES)  # offline holds the whole pool: every online growth reclaims
+    held = {"target": 0}
+
+    def target(used: int, handle: int) -> int:  # MIAD stand-in: the target moves only at a pressure event
+        if used >= 0.9 * held["target"] * handle:
+            held["target"] = math.ceil(used / handle) + 3
+        return held["target"]
+
+    vt.install("online", kv_space=pool.kv_space_factory("online", usage_target=target), usage_interval_s=0)
+    generate(model, max_batch_tokens=64)
+    online = [s for s in pool.spaces if s.role == "online"][-1]
+    assert online.reclaims > 0, "online grew without reclaiming: the test's premise is gone"
+    assert online.reclaims <= online.pressure_reports, (online.reclaims, online.pressure_reports)
+
+
 def test_batched_reclaims_match_when_batching_is_batch_invariant_here(model):
     """Informative: with real batches a reclaim changes which requests share a forward pass. On this
     machine's CPU kernels that may or may not change numerics; the assertion only applies if it does not."""

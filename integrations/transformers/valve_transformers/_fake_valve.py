@@ -103,6 +103,8 @@ class FakeKvSpace:
         self._invalidated: list[int] = []
         self.usage_target = usage_target
         self.usage_reports: list[int] = []
+        self.pressure_reports = 0  # usage reports at or above 90% of what is held: MIAD's pressure events
+        self.reclaims = 0  # online grows that took handles back from offline
         self.reclaimed_handles = 0
         pool.spaces.append(self)
 
@@ -137,6 +139,7 @@ class FakeKvSpace:
             raise PoolExhausted(f"online holds {len(mine)} of {self.slots} handles; {count} more asked")
         free = self.pool.free_handles()
         if len(free) < count:
+            self.reclaims += 1
             self.pool.take_from_offline(count - len(free))
             free = self.pool.free_handles()
         if len(free) < count:
@@ -184,6 +187,8 @@ class FakeKvSpace:
 
     def usage(self, used_bytes: int) -> int | None:
         self.usage_reports.append(used_bytes)
+        if used_bytes >= 0.9 * len(self.held_slots()) * self.handle_bytes:
+            self.pressure_reports += 1
         if self.usage_target is None:
             return None
         return self.usage_target(used_bytes, self.handle_bytes)

@@ -184,8 +184,18 @@ class ValveKV:
         """An allocation needs `need` free blocks: if fewer are granted, ask the pool for the rest first.
         Online's request may reclaim memory from offline; offline's only gets free memory."""
         free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
-        if need > free:
-            self._grow(bm, math.ceil((need - free) / self.bps))
+        if need <= free:
+            return
+        handles = math.ceil((need - free) / self.bps)
+        if self.role == "online" and self.policy.get("reservation", True):
+            # One reclaim per shortage: report the use this allocation makes (a pressure event for MIAD)
+            # and grow to the target it answers at once. Growing by the shortage first, then to the target
+            # at the next report, reclaimed twice per event on the H100; the operator's rate counts both.
+            self._last_usage = time.monotonic()
+            target = self.space.usage((len(self.held) * self.bps - free + need) * self.space.block_bytes)
+            if target is not None:
+                handles = max(handles, target - len(self.held))
+        self._grow(bm, handles)
 
     def _grow(self, bm: Any, handles: int) -> int:
         """Asks the pool for `handles` handles; returns how many were lent. Lent less than asked: no more
