@@ -161,6 +161,27 @@ def reclaim_latency(online: dict) -> dict:
     return out
 
 
+WINDOW_S = 120.0  # reclaims per minute are also reported per window of this length
+
+
+def reclaim_windows(online: dict, window_s: float = WINDOW_S) -> list[float]:
+    """Reclaims per minute in each whole `window_s` window of the trace, from online's grows that reclaimed:
+    MIAD starts cold, so a rate over the whole run mixes its transient with what it settles to. A last
+    window shorter than half of `window_s` is left out (too few reclaims to say anything)."""
+    t0, t_end = online.get("t0"), online.get("t_end")
+    if t0 is None or t_end is None or t_end <= t0:
+        return []
+    times = [g[0] for g in online.get("grows", []) if g[3] > 0 and t0 <= g[0] < t_end]
+    out = []
+    start = t0
+    while t_end - start >= window_s / 2:
+        length = min(window_s, t_end - start)
+        n = sum(1 for t in times if start <= t < start + length)
+        out.append(n * 60.0 / length)
+        start += window_s
+    return out
+
+
 def boundary_wait(steps: list[float], samples: int = 20000, seed: int = 0) -> dict:
     """If a reclaim waited for offline's iteration boundary instead of preempting mid-kernel, online
     would wait for the rest of offline's current step. Sampled at uniformly random instants over
@@ -231,6 +252,7 @@ def config_numbers(res: dict) -> dict:
         n["reclaim_ms"] = reclaim_latency(on)
         n["step_profile"] = step_profile(on)
         n["grows_with_reclaim"] = sum(1 for g in on.get("grows", []) if g[3] > 0)
+        n["reclaims_per_min_by_window"] = reclaim_windows(on)
         minutes = (on["t_end"] - on["t0"]) / 60
         n["trace_minutes"] = minutes
     if not str(res.get("config")).startswith("alone"):
@@ -360,6 +382,11 @@ def markdown(rep: dict) -> str:
                       f"{m['interval_ms_min']} ms at least, {m['interval_ms_last']} ms at the end; reservation up to "
                       f"{m['target_handles_max']} handles; rate balance up to {fmt(m['balance_max'])} events, "
                       f"{fmt(m['balance_last'])} at the end (positive: over the target)."]
+            w = n.get("reclaims_per_min_by_window") or []
+            if len(w) > 1:
+                lines += ["", f"Reclaims/min ({k}) per {WINDOW_S / 60:.0f}-minute window of the trace, from online's "
+                          f"grows that reclaimed: {', '.join(fmt(x) for x in w)}. The first window holds MIAD's "
+                          "cold start."]
     lines += ["", "Online's generation loop (s): scheduling with the shim's turn / forward passes / updates; "
               "decode-only steps against alone at the same KV read:", "",
               "| config | steps | schedule | forward (its CPU time) | update | schedule p99 ms | decode step vs alone |",

@@ -37,6 +37,22 @@ class Latencies(unittest.TestCase):
         self.assertIsNone(common.pct([], 50))
 
 
+class ReclaimWindows(unittest.TestCase):
+    def test_rates_per_window_count_only_grows_that_reclaimed(self):
+        # (t, latency, handles, reclaimed): 3 reclaims in the first 120 s, 1 in the second, a no-reclaim grow
+        grows = [(10.0, 0.001, 1, 1), (50.0, 0.002, 4, 4), (119.0, 0.001, 2, 1), (130.0, 0.001, 1, 0),
+                 (200.0, 0.001, 8, 8), (300.0, 0.001, 1, 1)]
+        on = dict(t0=0.0, t_end=250.0, grows=grows)
+        self.assertEqual(report.reclaim_windows(on), [1.5, 0.5])  # 10 s left over: no window; 300 s is after the end
+
+    def test_a_last_window_of_at_least_half_is_scaled_to_its_length(self):
+        on = dict(t0=0.0, t_end=180.0, grows=[(130.0, 0.001, 1, 1), (170.0, 0.001, 1, 1)])
+        self.assertEqual(report.reclaim_windows(on), [0.0, 2.0])
+
+    def test_no_trace_no_windows(self):
+        self.assertEqual(report.reclaim_windows(dict(grows=[])), [])
+
+
 class Steps(unittest.TestCase):
     FIELDS = ["t", "prepare_s", "forward_s", "update_s", "requests", "q_tokens", "kv_read", "forward_cpu_s"]
 
