@@ -4,7 +4,7 @@ setting: what the gate's threads can expect on this host (docs/gate.md, "Real-ti
 A waker process writes its CLOCK_MONOTONIC time into a pipe every 1-4 ms; a sleeper process,
 blocked in read(), takes the difference when it runs. Meanwhile `--burners` processes spin on
 the CPUs. The sleeper runs under each setting in turn: the normal scheduler, nice -20, a short
-EEVDF slice (sched_setattr's sched_runtime on SCHED_OTHER, Linux 6.12+), and SCHED_FIFO. A
+EEVDF slice (sched_setattr's sched_runtime on SCHED_OTHER, Linux 6.12+), SCHED_FIFO and SCHED_DEADLINE. A
 setting the kernel refuses is reported with its errno. Also prints what decides the refusals:
 the effective capabilities and the cgroup. Standard library only; needs no GPU.
 
@@ -20,7 +20,7 @@ import struct
 import sys
 import time
 
-SCHED_OTHER, SCHED_FIFO = 0, 1
+SCHED_OTHER, SCHED_FIFO, SCHED_DEADLINE = 0, 1, 6
 SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}.get(os.uname().machine)
 CAP_SYS_NICE = 23
 
@@ -34,10 +34,21 @@ class SchedAttr(ctypes.Structure):
 
 def set_slice(ns):
     """SCHED_OTHER with a custom slice of `ns` for the calling thread (Linux 6.12+)."""
+    set_attr(SchedAttr(size=ctypes.sizeof(SchedAttr), sched_policy=SCHED_OTHER, sched_runtime=ns))
+
+
+def set_deadline(runtime_ns, period_ns):
+    """SCHED_DEADLINE: `runtime_ns` of CPU every `period_ns` (deadline = period). Unlike SCHED_FIFO it is
+    not refused for a cgroup without a real-time budget (RT group scheduling covers FIFO and RR only); it
+    needs CAP_SYS_NICE and the admission test of the CPUs' deadline bandwidth."""
+    set_attr(SchedAttr(size=ctypes.sizeof(SchedAttr), sched_policy=SCHED_DEADLINE, sched_runtime=runtime_ns,
+                       sched_deadline=period_ns, sched_period=period_ns))
+
+
+def set_attr(a):
     if SYS_SCHED_SETATTR is None:
         raise OSError(0, "sched_setattr: unknown syscall number on this machine")
     libc = ctypes.CDLL(None, use_errno=True)
-    a = SchedAttr(size=ctypes.sizeof(SchedAttr), sched_policy=SCHED_OTHER, sched_runtime=ns)
     if libc.syscall(SYS_SCHED_SETATTR, 0, ctypes.byref(a), 0) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
@@ -48,6 +59,7 @@ SETTINGS = {
     "nice-20": lambda: os.setpriority(os.PRIO_PROCESS, 0, -20),
     "slice-100us": lambda: set_slice(100_000),
     "fifo-10": lambda: os.sched_setscheduler(0, SCHED_FIFO, os.sched_param(10)),
+    "deadline-2of10ms": lambda: set_deadline(2_000_000, 10_000_000),
 }
 
 
