@@ -6,8 +6,9 @@
 //! on 16 CPUs). `SCHED_FIFO` threads preempt normal ones at once. These threads block almost
 //! all the time, so a fixed priority costs the machine nothing; the kernel's RT throttling
 //! still bounds a runaway one. Where the kernel refuses `SCHED_FIFO` (no `CAP_SYS_NICE`, or an
-//! RT cgroup without budget), the thread asks for a short EEVDF slice instead (Linux 6.12+,
-//! no privilege needed): its earlier deadline lets it preempt on wake-up too.
+//! RT cgroup without budget), the thread asks for `SCHED_DEADLINE` (which RT group scheduling
+//! does not cover), and where that is refused too, for a short EEVDF slice (Linux 6.12+, no
+//! privilege needed): its earlier virtual deadline lets it preempt on wake-up, but not always.
 
 use std::fmt;
 use std::io;
@@ -19,12 +20,30 @@ pub const DEFAULT_PRIORITY: u8 = 10;
 /// The slice asked for when `SCHED_FIFO` is refused: the kernel's shortest (0.1 ms).
 pub const SHORT_SLICE_NS: u64 = 100_000;
 
+/// The `SCHED_DEADLINE` reservation asked for when `SCHED_FIFO` is refused: up to
+/// `DEADLINE_RUNTIME_NS` of CPU in every `DEADLINE_PERIOD_NS`. The runtime covers the longest
+/// burst these threads have (a serial disable of 4 GPUs, about 3.2 ms), and `SCHED_FLAG_RECLAIM`
+/// lets a longer one use bandwidth no other deadline task needs rather than be throttled.
+pub const DEADLINE_RUNTIME_NS: u64 = 5_000_000;
+/// See [`DEADLINE_RUNTIME_NS`]. Admission costs at most half a CPU per thread.
+pub const DEADLINE_PERIOD_NS: u64 = 10_000_000;
+
+/// `sched_attr.sched_flags`: children start on the normal policy (a deadline thread may not
+/// otherwise create threads), and runtime left unused by deadline tasks can be reclaimed.
+const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+const SCHED_FLAG_RECLAIM: u64 = 0x02;
+/// `SCHED_DEADLINE`, which the libc crate does not export.
+const SCHED_DEADLINE: i32 = 6;
+
 /// How a thread ended up scheduled, for status output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scheduling {
     /// `SCHED_FIFO` at this priority.
     Fifo(u8),
-    /// The normal policy with a short EEVDF slice (ns), because `SCHED_FIFO` was refused (why).
+    /// `SCHED_DEADLINE` with this runtime and period (ns), because `SCHED_FIFO` was refused (why).
+    Deadline(u64, u64, String),
+    /// The normal policy with a short EEVDF slice (ns), because `SCHED_FIFO` and
+    /// `SCHED_DEADLINE` were refused (why).
     ShortSlice(u64, String),
     /// The normal policy, because real-time was turned off.
     Normal,
@@ -36,19 +55,26 @@ impl fmt::Display for Scheduling {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Scheduling::Fifo(p) => write!(f, "SCHED_FIFO {p}"),
+            Scheduling::Deadline(runtime, period, why) => write!(
+                f,
+                "SCHED_DEADLINE {} of {} us (SCHED_FIFO refused: {why})",
+                runtime / 1000,
+                period / 1000
+            ),
             Scheduling::ShortSlice(ns, why) => write!(
                 f,
-                "normal with a {} us slice (SCHED_FIFO refused: {why})",
+                "normal with a {} us slice (SCHED_FIFO and SCHED_DEADLINE refused: {why})",
                 ns / 1000
             ),
             Scheduling::Normal => write!(f, "normal (real-time off)"),
-            Scheduling::Refused(why) => write!(f, "normal (SCHED_FIFO refused: {why})"),
+            Scheduling::Refused(why) => write!(f, "normal (real-time refused: {why})"),
         }
     }
 }
 
-/// Puts the calling thread under `SCHED_FIFO` at `priority` (`None`: leaves it as it is).
-/// A refusal (no `CAP_SYS_NICE`, an RT cgroup without budget) is reported, not an error: the
+/// Puts the calling thread under `SCHED_FIFO` at `priority` (`None`: leaves it as it is),
+/// else `SCHED_DEADLINE`, else a short slice. A refusal (no `CAP_SYS_NICE`, an RT cgroup without
+/// budget, an affinity narrower than the CPUs' root domain) is reported, not an error: the
 /// thread still works, only with normal wake-up latency.
 pub fn apply_to_current_thread(priority: Option<u8>) -> Scheduling {
     let Some(priority) = priority else {
@@ -58,16 +84,23 @@ pub fn apply_to_current_thread(priority: Option<u8>) -> Scheduling {
         Ok(()) => return Scheduling::Fifo(priority),
         Err(e) => refusal_reason(&e),
     };
+    let deadline = match set_deadline(DEADLINE_RUNTIME_NS, DEADLINE_PERIOD_NS) {
+        Ok(()) => {
+            return Scheduling::Deadline(DEADLINE_RUNTIME_NS, DEADLINE_PERIOD_NS, fifo);
+        }
+        Err(e) => deadline_refusal_reason(&e),
+    };
+    let why = format!("{fifo}; SCHED_DEADLINE: {deadline}");
     match set_short_slice(SHORT_SLICE_NS) {
-        Ok(()) => Scheduling::ShortSlice(SHORT_SLICE_NS, fifo),
-        Err(e) => Scheduling::Refused(format!("{fifo}; a short slice: {e}")),
+        Ok(()) => Scheduling::ShortSlice(SHORT_SLICE_NS, why),
+        Err(e) => Scheduling::Refused(format!("{why}; a short slice: {e}")),
     }
 }
 
 /// `struct sched_attr` as of Linux 3.14 (`SCHED_ATTR_SIZE_VER0`, 48 bytes); `sched_runtime`
 /// on `SCHED_OTHER` sets the thread's EEVDF slice from Linux 6.12.
 #[repr(C)]
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct SchedAttr {
     size: u32,
     sched_policy: u32,
@@ -80,15 +113,33 @@ struct SchedAttr {
 }
 
 fn set_short_slice(slice_ns: u64) -> io::Result<()> {
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
+    set_attr(&SchedAttr {
         sched_policy: libc::SCHED_OTHER as u32,
         sched_runtime: slice_ns,
         ..SchedAttr::default()
+    })
+}
+
+fn set_deadline(runtime_ns: u64, period_ns: u64) -> io::Result<()> {
+    set_attr(&SchedAttr {
+        sched_policy: SCHED_DEADLINE as u32,
+        sched_flags: SCHED_FLAG_RESET_ON_FORK | SCHED_FLAG_RECLAIM,
+        sched_runtime: runtime_ns,
+        sched_deadline: period_ns,
+        sched_period: period_ns,
+        ..SchedAttr::default()
+    })
+}
+
+/// `sched_setattr(2)` on the calling thread, with `attr.size` filled in.
+fn set_attr(attr: &SchedAttr) -> io::Result<()> {
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        ..*attr
     };
     // SAFETY: sched_setattr(2) reads `size` bytes from a valid, initialised SchedAttr that
     // outlives the call; pid 0 names the calling thread; flags 0. It only changes that thread's
-    // scheduling attributes (nice 0, which an unprivileged thread already has by default).
+    // scheduling attributes (the kernel checks the privilege each policy needs).
     let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
     if rc == 0 {
         Ok(())
@@ -116,6 +167,16 @@ fn refusal_reason(e: &io::Error) -> String {
         Some(libc::EPERM) => "EPERM: the daemon needs CAP_SYS_NICE (in its unit or pod), and on \
              kernels with RT group scheduling a real-time budget in its cgroup"
             .into(),
+        _ => e.to_string(),
+    }
+}
+
+fn deadline_refusal_reason(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "EPERM: it needs CAP_SYS_NICE and a CPU affinity that spans the \
+             whole root domain (not so in a cpuset-limited container)"
+            .into(),
+        Some(libc::EBUSY) => "EBUSY: the CPUs' deadline bandwidth is spent".into(),
         _ => e.to_string(),
     }
 }
@@ -150,6 +211,24 @@ mod tests {
         .unwrap();
     }
 
+    /// The calling thread's `sched_attr`, as the kernel reports it.
+    fn current_thread_attr() -> SchedAttr {
+        let mut got = SchedAttr::default();
+        // SAFETY: sched_getattr(2) writes at most `size` (48) bytes into `got`, which is valid
+        // for writes for the whole call; pid 0 is the calling thread.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_sched_getattr,
+                0,
+                &mut got as *mut SchedAttr,
+                std::mem::size_of::<SchedAttr>() as u32,
+                0,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        got
+    }
+
     #[test]
     fn fifo_is_applied_or_the_refusal_is_named() {
         // Runs on a thread of its own: the policy must not leak into the test harness.
@@ -159,6 +238,12 @@ mod tests {
                     current_thread_policy().unwrap(),
                     (libc::SCHED_FIFO, i32::from(p))
                 );
+            }
+            Scheduling::Deadline(runtime, period, why) => {
+                assert!(!why.is_empty());
+                let got = current_thread_attr();
+                assert_eq!(got.sched_policy, SCHED_DEADLINE as u32);
+                assert_eq!((got.sched_runtime, got.sched_period), (runtime, period));
             }
             Scheduling::ShortSlice(_, why) | Scheduling::Refused(why) => {
                 assert!(!why.is_empty());
@@ -178,22 +263,35 @@ mod tests {
             Ok(()) => {
                 assert_eq!(current_thread_policy().unwrap().0, libc::SCHED_OTHER);
                 // The kernel reports the thread's slice back in sched_runtime.
-                let mut got = SchedAttr::default();
-                // SAFETY: sched_getattr(2) writes at most `size` (48) bytes into `got`, which
-                // is valid for writes for the whole call; pid 0 is the calling thread.
-                let rc = unsafe {
-                    libc::syscall(
-                        libc::SYS_sched_getattr,
-                        0,
-                        &mut got as *mut SchedAttr,
-                        std::mem::size_of::<SchedAttr>() as u32,
-                        0,
-                    )
-                };
-                assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-                assert_eq!(got.sched_runtime, SHORT_SLICE_NS);
+                assert_eq!(current_thread_attr().sched_runtime, SHORT_SLICE_NS);
             }
             Err(e) => eprintln!("a short slice is refused here ({e}): a kernel before 6.12?"),
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_deadline_thread_reads_back_and_its_children_start_normal() {
+        std::thread::spawn(|| {
+            match set_deadline(DEADLINE_RUNTIME_NS, DEADLINE_PERIOD_NS) {
+                Ok(()) => {
+                    let got = current_thread_attr();
+                    assert_eq!(got.sched_policy, SCHED_DEADLINE as u32);
+                    assert_eq!(got.sched_runtime, DEADLINE_RUNTIME_NS);
+                    assert_eq!(got.sched_deadline, DEADLINE_PERIOD_NS);
+                    assert_eq!(got.sched_period, DEADLINE_PERIOD_NS);
+                    // Without reset-on-fork a deadline thread cannot create one (EAGAIN).
+                    let child = std::thread::spawn(|| current_thread_policy().unwrap().0)
+                        .join()
+                        .unwrap();
+                    assert_eq!(child, libc::SCHED_OTHER);
+                }
+                Err(e) => eprintln!(
+                    "SCHED_DEADLINE refused here ({}); the applied case needs CAP_SYS_NICE",
+                    deadline_refusal_reason(&e)
+                ),
+            }
         })
         .join()
         .unwrap();
@@ -204,7 +302,11 @@ mod tests {
         assert_eq!(Scheduling::Fifo(10).to_string(), "SCHED_FIFO 10");
         assert_eq!(
             Scheduling::ShortSlice(100_000, "EPERM".into()).to_string(),
-            "normal with a 100 us slice (SCHED_FIFO refused: EPERM)"
+            "normal with a 100 us slice (SCHED_FIFO and SCHED_DEADLINE refused: EPERM)"
+        );
+        assert_eq!(
+            Scheduling::Deadline(5_000_000, 10_000_000, "EPERM".into()).to_string(),
+            "SCHED_DEADLINE 5000 of 10000 us (SCHED_FIFO refused: EPERM)"
         );
         let refused = refusal_reason(&io::Error::from_raw_os_error(libc::EPERM));
         assert!(refused.contains("CAP_SYS_NICE"), "{refused}");

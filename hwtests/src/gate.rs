@@ -729,7 +729,7 @@ fn gate_checks(r: &mut Report, rows: &[Row], sv: &Value, rescued: bool) {
         .unwrap_or("gate status has no scheduling line");
     r.check(
         "the gate's threads (gate, launch and arrival watchers) preempt a busy CPU when woken \
-         (SCHED_FIFO, or a short EEVDF slice where that is refused)",
+         (SCHED_FIFO, else SCHED_DEADLINE, else a short EEVDF slice)",
         status.is_some_and(|v| v["fast_wakeups"] == true),
         threads.to_string(),
     );

@@ -332,9 +332,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .map(|(name, s)| format!("{name} {s}"))
             .collect::<Vec<_>>()
             .join(", ");
-        let fast_wakeups = threads
-            .iter()
-            .all(|(_, s)| matches!(s, Scheduling::Fifo(_) | Scheduling::ShortSlice(..)));
+        let fast_wakeups = threads.iter().all(|(_, s)| {
+            matches!(
+                s,
+                Scheduling::Fifo(_) | Scheduling::Deadline(..) | Scheduling::ShortSlice(..)
+            )
+        });
         if threads
             .iter()
             .any(|(_, s)| matches!(s, Scheduling::Refused(_)))
@@ -1578,7 +1581,7 @@ mod tests {
         );
         assert_eq!(
             snapshot(&shared).scheduling,
-            "gate SCHED_FIFO 10, launch-watch normal (SCHED_FIFO refused: EPERM)"
+            "gate SCHED_FIFO 10, launch-watch normal (real-time refused: EPERM)"
         );
         assert!(
             !snapshot(&shared).fast_wakeups,
