@@ -253,6 +253,21 @@ def tails(requests, trace, threshold_ms):
     return out
 
 
+def late_arrivals(requests, trace, online_pids=None, hop_ms=0.5):
+    """Idle arrivals that offline was not stopped before, or that reached the gate thread more
+    than hop_ms after the arrival program saw them, each with the gate's decisions from 5 ms
+    before the send until offline stopped or the first kernel ran: what the gate was busy with."""
+    out = []
+    for row in per_request(requests, trace, online_pids):
+        hop = row["arrival_to_gate_ms"]
+        if row["stopped_first"] and (hop is None or hop <= hop_ms):
+            continue
+        a = row["send_ns"]
+        until = max(x for x in (row["arrival_to_stopped_ms"], row["arrival_to_kernel_ms"], 0.0) if x is not None)
+        out.append(dict(row, decisions=decisions_around(trace, a - 5 * 1_000_000, a + int((until + 0.5) * 1e6), a)))
+    return out
+
+
 def fits_deadline(elapsed_s, run_s, deadline_s):
     """Whether one more run, as long as the longest so far, ends before the deadline: a run
     started just before it would otherwise overrun it (and a `timeout` around the command would

@@ -334,7 +334,7 @@ def summarize(a, runs, rate_alone, device):
     for load in a.loads:
         if not any(r["load"] == load for r in runs):
             continue
-        rows, tails = {}, {}
+        rows, tails, late = {}, {}, {}
         for cfg in dict.fromkeys(r["config"] for r in runs if r["load"] == load):
             group = [r for r in runs if r["load"] == load and r["config"] == cfg]
             rows[cfg] = config_stats(group, rate_alone)
@@ -342,7 +342,7 @@ def summarize(a, runs, rate_alone, device):
                 run["stats"] = rows[cfg]
         alone = rows.get("alone")
         entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
-                 "rows": rows, "checks": {}, "tails": tails}
+                 "rows": rows, "checks": {}, "tails": tails, "late_arrivals": late}
         for cfg in ("gate-old", "gate-launch", "gate-arrival", "gate-arrival-normal"):
             if alone and cfg in rows:
                 g = rows[cfg]
@@ -355,6 +355,9 @@ def summarize(a, runs, rate_alone, device):
                 thr = (alone["ttft_p99_ms"] or 0) * 1.2
                 tails[cfg] = [t for r in runs if r["load"] == load and r["config"] == cfg
                               for t in analysis.tails(r["records"], r["trace"], thr)]
+                late[cfg] = [x for r in runs if r["load"] == load and r["config"] == cfg and "trace" in r
+                             for x in analysis.late_arrivals(r["records"], r["trace"],
+                                                             set(r.get("online_pids") or []) or None)]
         if alone and "alone-2" in rows:
             again = rows["alone-2"]
             entry["noise_pct"] = {m: analysis.pct_change(again[m], alone[m])
@@ -450,6 +453,13 @@ def report_md(res, meta):
                 lines.append("")
                 for t in ts:
                     lines.append(f"- TTFT {t['ttft_ms']:.1f} ms, {t['in_flight_at_send']} in flight at send: " + "; ".join(t["decisions"]))
+        for cfg, ls in (e.get("late_arrivals") or {}).items():
+            if ls:
+                lines += ["", f"Idle arrivals under {CONFIG_NAMES[cfg]} that offline was not stopped before, or that took over "
+                          "0.5 ms to reach the gate thread, with the gate's decisions from 5 ms before the send:", ""]
+                for x in ls:
+                    lines.append(f"- {'stopped first' if x['stopped_first'] else 'MISSED'}, hop to the gate "
+                                 f"{fmt(x['arrival_to_gate_ms'], '.2f')} ms: " + "; ".join(x["decisions"]))
     return "\n".join(lines) + "\n"
 
 

@@ -147,6 +147,21 @@ class Trace(unittest.TestCase):
         t = a.tails([req(50 * MS, 70 * MS, 90 * MS)], trace, 10)
         self.assertIn("ignoring a wait", t[0]["decisions"][0])
 
+    def test_late_arrivals_show_what_the_gate_was_doing(self):
+        # The second request's offline stopped after its kernel: listed, with the decisions up
+        # to the stop. The first was stopped first and its hop was short: not listed.
+        trace = [dict(r, recv_ns=10_150_000) if r["event"] == "arrival" else r for r in self.TRACE]
+        rs = [req(10 * MS, 20 * MS, 50 * MS), req(100 * MS, 110 * MS, 150 * MS)]
+        late = a.late_arrivals(rs, trace, online_pids={7})
+        self.assertEqual([r["send_ns"] for r in late], [100 * MS])
+        self.assertEqual(late[0]["decisions"], ["+3.00 ms launch", "+3.05 ms disable took 1050 us"])
+        # A hop to the gate thread over the threshold lists the first one too, with what came before.
+        slow = [dict(r, recv_ns=11_050_000) if r["event"] == "arrival" else r for r in self.TRACE]
+        late = a.late_arrivals(rs, slow, online_pids={7}, hop_ms=0.5)
+        self.assertEqual([r["send_ns"] for r in late], [10 * MS, 100 * MS])
+        self.assertTrue(late[0]["stopped_first"])
+        self.assertIn("+0.05 ms arrival (gate got it +1000 us)", late[0]["decisions"])
+
     def test_targets_pass_and_fail(self):
         alone = {"ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0, "tpot_p99_ms": 5.0, "requests": 10}
         good = {"ttft_p50_ms": 10.05, "ttft_p99_ms": 20.3, "tpot_p99_ms": 5.02, "requests": 10}

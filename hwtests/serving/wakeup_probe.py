@@ -3,8 +3,9 @@ setting: what the gate's threads can expect on this host (docs/gate.md, "Real-ti
 
 A waker process writes its CLOCK_MONOTONIC time into a pipe every 1-4 ms; a sleeper process,
 blocked in read(), takes the difference when it runs. Meanwhile `--burners` processes spin on
-the CPUs. The sleeper runs under each setting in turn: the normal scheduler, nice -20, a short
-EEVDF slice (sched_setattr's sched_runtime on SCHED_OTHER, Linux 6.12+), SCHED_FIFO and SCHED_DEADLINE. A
+the CPUs (`--burners 0`: idle CPUs, whose wake-up a VM may delay). The sleeper runs under each
+setting in turn: the normal scheduler, nice -20, a short EEVDF slice (sched_setattr's
+sched_runtime on SCHED_OTHER, Linux 6.12+), SCHED_FIFO, SCHED_DEADLINE and busy polling. A
 setting the kernel refuses is reported with its errno. Also prints what decides the refusals:
 the effective capabilities and the cgroup. Standard library only; needs no GPU.
 
@@ -60,6 +61,9 @@ SETTINGS = {
     "slice-100us": lambda: set_slice(100_000),
     "fifo-10": lambda: os.sched_setscheduler(0, SCHED_FIFO, os.sched_param(10)),
     "deadline-2of10ms": lambda: set_deadline(2_000_000, 10_000_000),
+    # Never sleeps: polls the pipe without blocking. What a busy-polling watcher would get,
+    # at the cost of a CPU; with --burners 0 it shows what waking an idle CPU costs.
+    "spin": lambda: None,
 }
 
 
@@ -75,8 +79,12 @@ def sleeper(setting, rfd, wfd_result):
         os.write(wfd_result, json.dumps({"refused": f"{e.strerror} (errno {e.errno})"}).encode())
         os._exit(0)
     waits = []
+    os.set_blocking(rfd, setting != "spin")
     while True:
-        data = os.read(rfd, 8)
+        try:
+            data = os.read(rfd, 8)
+        except BlockingIOError:
+            continue
         if len(data) < 8:
             break
         waits.append((time.clock_gettime_ns(time.CLOCK_MONOTONIC) - struct.unpack("q", data)[0]) / 1e3)
