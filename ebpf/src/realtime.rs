@@ -47,6 +47,9 @@ pub enum Scheduling {
     ShortSlice(u64, String),
     /// The normal policy, because real-time was turned off.
     Normal,
+    /// The normal policy on a thread that spins instead of sleeping while it matters: it is
+    /// not woken, so real-time scheduling would only throttle it.
+    BusyPoll,
     /// The normal policy, because the kernel refused both (the reasons).
     Refused(String),
 }
@@ -67,6 +70,7 @@ impl fmt::Display for Scheduling {
                 ns / 1000
             ),
             Scheduling::Normal => write!(f, "normal (real-time off)"),
+            Scheduling::BusyPoll => write!(f, "normal, busy-polling while offline runs"),
             Scheduling::Refused(why) => write!(f, "normal (real-time refused: {why})"),
         }
     }
@@ -250,7 +254,9 @@ mod tests {
                 assert_eq!(current_thread_policy().unwrap().0, libc::SCHED_OTHER);
                 eprintln!("SCHED_FIFO refused here ({why}); the applied case runs as root");
             }
-            Scheduling::Normal => panic!("asked for FIFO, got the normal policy unasked"),
+            Scheduling::Normal | Scheduling::BusyPoll => {
+                panic!("asked for FIFO, got the normal policy unasked")
+            }
         })
         .join()
         .unwrap();

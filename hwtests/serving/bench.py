@@ -12,7 +12,7 @@ Configurations (--configs): alone, timeslice, gate-old (launch edges only, no wa
 before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
 gate-offline-stopped (gate-arrival with offline SIGSTOPped: what the gate itself costs online),
 gate-arrival-normal (gate-arrival with the gate's threads on the normal scheduler, not SCHED_FIFO),
-alone-2 (alone again: the noise floor).
+gate-arrival-spin (gate-arrival with --arrival-busy-poll), alone-2 (alone again: the noise floor).
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 """
@@ -48,7 +48,11 @@ CONFIG_NAMES = {
     "gate-arrival": "valvectl gate, arrivals + launch edges",
     "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
     "gate-arrival-normal": "valvectl gate, arrivals + launch edges, gate threads on the normal scheduler (--realtime-priority 0)",
+    "gate-arrival-spin": "valvectl gate, arrivals + launch edges, the arrival watcher busy-polling while offline runs (--arrival-busy-poll)",
 }
+
+# The configurations whose gate preempts on request arrivals.
+ARRIVAL_CONFIGS = ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal", "gate-arrival-spin")
 
 
 def log(*a):
@@ -145,9 +149,10 @@ class Valve:
             return None
         return r.stdout
 
-    def gate_start(self, port, arrivals, waits=True, realtime=True):
+    def gate_start(self, port, arrivals, waits=True, realtime=True, busy_poll=False):
         extra = ([] if arrivals else ["--no-arrivals"]) + ([] if waits else ["--no-waits"])
         extra += [] if realtime else ["--realtime-priority", "0"]
+        extra += ["--arrival-busy-poll"] if busy_poll else []
         self.call(["gate", "start", "--online-port", str(port), "--offline-label", OFFLINE_LABEL, *extra])
 
     def gate_status(self):
@@ -269,8 +274,9 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
         time.sleep(1.0)  # what it had queued on the GPU drains
     try:
         if config.startswith("gate"):
-            valve.gate_start(a.port, arrivals=config in ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal"),
-                             waits=config != "gate-old", realtime=config != "gate-arrival-normal")
+            valve.gate_start(a.port, arrivals=config in ARRIVAL_CONFIGS,
+                             waits=config != "gate-old", realtime=config != "gate-arrival-normal",
+                             busy_poll=config == "gate-arrival-spin")
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
@@ -343,7 +349,7 @@ def summarize(a, runs, rate_alone, device):
         alone = rows.get("alone")
         entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
                  "rows": rows, "checks": {}, "tails": tails, "late_arrivals": late}
-        for cfg in ("gate-old", "gate-launch", "gate-arrival", "gate-arrival-normal"):
+        for cfg in ("gate-old", "gate-launch", "gate-arrival", "gate-arrival-normal", "gate-arrival-spin"):
             if alone and cfg in rows:
                 g = rows[cfg]
                 entry["checks"][cfg] = analysis.check_targets(

@@ -108,6 +108,9 @@ pub struct GateSpec {
     /// SCHED_FIFO priority of the gate's threads; 0: normal scheduling (default: 10).
     #[serde(default)]
     pub realtime_priority: Option<u8>,
+    /// Spin on the arrival ring buffer while offline runs (default: off).
+    #[serde(default)]
+    pub arrival_busy_poll: Option<bool>,
 }
 
 /// Why a request failed; `code` is the exit code valvectl uses.

@@ -91,6 +91,9 @@ pub trait LaunchSource: Send {
     /// edge whatever its idle gap (0: disarm, no resume after all). Errors are the source's to
     /// log; the gate resumes anyway.
     fn arm_resume(&self, _now_ns: u64) {}
+    /// Whether an arrival now has offline work to preempt (offline runs and a port is
+    /// watched): where arrivals are busy-polled, they are polled only then.
+    fn arrivals_matter(&self, _yes: bool) {}
 }
 
 impl LaunchSource for valve_ebpf::LaunchWatcher {
@@ -335,7 +338,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         let fast_wakeups = threads.iter().all(|(_, s)| {
             matches!(
                 s,
-                Scheduling::Fifo(_) | Scheduling::Deadline(..) | Scheduling::ShortSlice(..)
+                Scheduling::Fifo(_)
+                    | Scheduling::Deadline(..)
+                    | Scheduling::ShortSlice(..)
+                    | Scheduling::BusyPoll
             )
         });
         if threads
@@ -891,6 +897,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         });
     }
 
+    /// Whether an arrival now would have offline work to preempt: offline runs and a port is
+    /// watched. The arrival watcher busy-polls only then (`--arrival-busy-poll`).
+    fn arrivals_matter(&self) -> bool {
+        !self.disabled && self.plan.is_some() && !self.ports.is_empty()
+    }
+
     /// The thread body: waits for input or the cooldown's end, until [`GateInput::Stop`] or until
     /// every sender is gone. Offline is enabled before it returns.
     pub fn run(mut self, rx: Receiver<GateInput>) {
@@ -906,6 +918,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.tick(monotonic_ns());
+            self.launches.arrivals_matter(self.arrivals_matter());
         }
         // Drop enables.
     }
@@ -1400,6 +1413,29 @@ mod tests {
         rt.handle(GateInput::Ports(BTreeSet::new()), 0);
         assert!(launches.1.lock().unwrap().is_empty(), "unwatched");
         assert!(snapshot(&rt.shared).online_ports.is_empty());
+    }
+
+    #[test]
+    fn arrivals_matter_only_while_offline_runs_and_a_port_is_watched() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, _launches) = runtime(&rm, GateConfig::default());
+        let port = WatchedPort {
+            port: PORT,
+            netns: 0,
+        };
+        rt.handle(GateInput::Ports([port].into()), 0);
+        assert!(!rt.arrivals_matter(), "no offline work to preempt");
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        assert!(rt.arrivals_matter(), "offline runs");
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
+        assert!(!rm.disabled().is_empty());
+        assert!(!rt.arrivals_matter(), "offline is already stopped");
+        rt.tick(10 * MS + 300 * MS);
+        assert!(rm.disabled().is_empty(), "resumed after the hold");
+        assert!(rt.arrivals_matter(), "offline runs again");
+        rt.handle(GateInput::Ports(BTreeSet::new()), 0);
+        assert!(!rt.arrivals_matter(), "no port to see arrivals on");
     }
 
     #[test]

@@ -78,6 +78,7 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         fixed_cooldown: spec.fixed_cooldown_us.map(Duration::from_micros),
         arrivals: spec.arrivals.unwrap_or(true),
         waits: spec.waits.unwrap_or(true),
+        arrival_busy_poll: spec.arrival_busy_poll.unwrap_or(false),
         realtime: match spec.realtime_priority {
             None => d.realtime,
             Some(0) => None,
@@ -194,6 +195,11 @@ impl LaunchSource for GateWatchers {
     fn arm_resume(&self, now_ns: u64) {
         LaunchSource::arm_resume(&self.launch, now_ns);
     }
+    fn arrivals_matter(&self, yes: bool) {
+        if let Some(a) = &self.arrival {
+            a.set_busy_poll(yes);
+        }
+    }
     fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
         let mut v = vec![("launch-watch", self.launch.scheduling().clone())];
         if let Some(a) = &self.arrival {
@@ -214,6 +220,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                     ports: Vec::new(),
                     edge_gap: GATE_EDGE_GAP,
                     realtime: cfg.realtime,
+                    busy_poll: cfg.arrival_busy_poll,
                 },
                 move |e| {
                     let read_ns = super::runtime::monotonic_ns();

@@ -69,6 +69,11 @@ pub enum GateCommand {
         #[arg(long, default_value_t = 10, value_name = "PRIORITY",
               value_parser = clap::value_parser!(u8).range(0..=99))]
         realtime_priority: u8,
+        /// While offline runs, the arrival watcher spins on its ring buffer instead of sleeping,
+        /// at the cost of one CPU then. For hosts where waking an idle CPU takes milliseconds
+        /// (VMs whose vCPUs halt): there a sleeping watcher can miss the first kernel.
+        #[arg(long, conflicts_with = "no_arrivals")]
+        arrival_busy_poll: bool,
         /// Offline (preemptible) processes by pid; they must have started after the daemon.
         #[arg(long, value_delimiter = ',', value_name = "PID")]
         offline: Vec<u32>,
@@ -137,6 +142,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
             no_waits,
             issue,
             realtime_priority,
+            arrival_busy_poll,
             offline,
             offline_label,
             cooldown_floor,
@@ -174,6 +180,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                 arrivals: Some(!no_arrivals),
                 waits: Some(!no_waits),
                 realtime_priority: Some(*realtime_priority),
+                arrival_busy_poll: Some(*arrival_busy_poll),
                 issue: Some(
                     match issue {
                         IssueArg::Auto => "auto",
