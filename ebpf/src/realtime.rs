@@ -28,13 +28,6 @@ pub const DEADLINE_RUNTIME_NS: u64 = 5_000_000;
 /// See [`DEADLINE_RUNTIME_NS`]. Admission costs at most half a CPU per thread.
 pub const DEADLINE_PERIOD_NS: u64 = 10_000_000;
 
-/// `sched_attr.sched_flags`: children start on the normal policy (a deadline thread may not
-/// otherwise create threads), and runtime left unused by deadline tasks can be reclaimed.
-const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
-const SCHED_FLAG_RECLAIM: u64 = 0x02;
-/// `SCHED_DEADLINE`, which the libc crate does not export.
-const SCHED_DEADLINE: i32 = 6;
-
 /// How a thread ended up scheduled, for status output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scheduling {
@@ -104,7 +97,7 @@ pub fn apply_to_current_thread(priority: Option<u8>) -> Scheduling {
 /// `struct sched_attr` as of Linux 3.14 (`SCHED_ATTR_SIZE_VER0`, 48 bytes); `sched_runtime`
 /// on `SCHED_OTHER` sets the thread's EEVDF slice from Linux 6.12.
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Default)]
 struct SchedAttr {
     size: u32,
     sched_policy: u32,
@@ -117,7 +110,7 @@ struct SchedAttr {
 }
 
 fn set_short_slice(slice_ns: u64) -> io::Result<()> {
-    set_attr(&SchedAttr {
+    set_attr(SchedAttr {
         sched_policy: libc::SCHED_OTHER as u32,
         sched_runtime: slice_ns,
         ..SchedAttr::default()
@@ -125,9 +118,11 @@ fn set_short_slice(slice_ns: u64) -> io::Result<()> {
 }
 
 fn set_deadline(runtime_ns: u64, period_ns: u64) -> io::Result<()> {
-    set_attr(&SchedAttr {
-        sched_policy: SCHED_DEADLINE as u32,
-        sched_flags: SCHED_FLAG_RESET_ON_FORK | SCHED_FLAG_RECLAIM,
+    // Reset-on-fork: a deadline thread could not otherwise start threads (its children start on
+    // the normal policy). Reclaim: a burst may use runtime no other deadline task needs.
+    set_attr(SchedAttr {
+        sched_policy: libc::SCHED_DEADLINE as u32,
+        sched_flags: (libc::SCHED_FLAG_RESET_ON_FORK | libc::SCHED_FLAG_RECLAIM) as u64,
         sched_runtime: runtime_ns,
         sched_deadline: period_ns,
         sched_period: period_ns,
@@ -136,11 +131,8 @@ fn set_deadline(runtime_ns: u64, period_ns: u64) -> io::Result<()> {
 }
 
 /// `sched_setattr(2)` on the calling thread, with `attr.size` filled in.
-fn set_attr(attr: &SchedAttr) -> io::Result<()> {
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        ..*attr
-    };
+fn set_attr(mut attr: SchedAttr) -> io::Result<()> {
+    attr.size = std::mem::size_of::<SchedAttr>() as u32;
     // SAFETY: sched_setattr(2) reads `size` bytes from a valid, initialised SchedAttr that
     // outlives the call; pid 0 names the calling thread; flags 0. It only changes that thread's
     // scheduling attributes (the kernel checks the privilege each policy needs).
@@ -246,7 +238,7 @@ mod tests {
             Scheduling::Deadline(runtime, period, why) => {
                 assert!(!why.is_empty());
                 let got = current_thread_attr();
-                assert_eq!(got.sched_policy, SCHED_DEADLINE as u32);
+                assert_eq!(got.sched_policy, libc::SCHED_DEADLINE as u32);
                 assert_eq!((got.sched_runtime, got.sched_period), (runtime, period));
             }
             Scheduling::ShortSlice(_, why) | Scheduling::Refused(why) => {
@@ -283,7 +275,7 @@ mod tests {
             match set_deadline(DEADLINE_RUNTIME_NS, DEADLINE_PERIOD_NS) {
                 Ok(()) => {
                     let got = current_thread_attr();
-                    assert_eq!(got.sched_policy, SCHED_DEADLINE as u32);
+                    assert_eq!(got.sched_policy, libc::SCHED_DEADLINE as u32);
                     assert_eq!(got.sched_runtime, DEADLINE_RUNTIME_NS);
                     assert_eq!(got.sched_deadline, DEADLINE_PERIOD_NS);
                     assert_eq!(got.sched_period, DEADLINE_PERIOD_NS);
