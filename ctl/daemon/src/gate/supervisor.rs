@@ -106,6 +106,13 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
             cfg.cooldown_floor, cfg.cooldown_ceiling
         ));
     }
+    if cfg.arrival_busy_poll && !cfg.arrivals {
+        return Err(
+            "--arrival-busy-poll polls request arrivals, which this gate turns off \
+             (--no-arrivals): drop one of the two"
+                .into(),
+        );
+    }
     if !(cfg.gap_factor.is_finite() && cfg.gap_factor >= 1.0) {
         return Err(format!(
             "--gap-factor must be at least 1 (the cooldown must outlast one gap), got {}",
@@ -562,5 +569,14 @@ mod tests {
         assert_eq!(rt(Some(0)).unwrap().realtime, None, "0 turns it off");
         assert_eq!(rt(Some(42)).unwrap().realtime, Some(42));
         assert!(rt(Some(100)).unwrap_err().contains("1-99"));
+        let spin = |arrivals| {
+            config_of(&GateSpec {
+                arrivals: Some(arrivals),
+                arrival_busy_poll: Some(true),
+                ..GateSpec::default()
+            })
+        };
+        assert!(spin(true).unwrap().arrival_busy_poll);
+        assert!(spin(false).unwrap_err().contains("--no-arrivals"));
     }
 }
