@@ -42,14 +42,8 @@ pub struct ArrivalConfig {
     pub ports: Vec<WatchedPort>,
     /// An arrival this long after the port's previous one is an idle->busy edge.
     pub edge_gap: Duration,
-    /// Run the poll thread under `SCHED_FIFO` at this priority ([`crate::realtime`]); not
-    /// with `busy_poll` (a spinning thread needs no fast wake-up, and a real-time one would be
-    /// throttled mid-spin).
+    /// Run the poll thread under `SCHED_FIFO` at this priority ([`crate::realtime`]).
     pub realtime: Option<u8>,
-    /// Spin on the ring buffer instead of sleeping in epoll while armed
-    /// ([`ArrivalWatcher::set_busy_poll`]): an edge is read within microseconds even where
-    /// waking an idle CPU takes milliseconds (a VM's halted vCPU), at the cost of one CPU.
-    pub busy_poll: bool,
 }
 
 impl Default for ArrivalConfig {
@@ -58,7 +52,6 @@ impl Default for ArrivalConfig {
             ports: Vec::new(),
             edge_gap: Duration::from_micros(200),
             realtime: None,
-            busy_poll: false,
         }
     }
 }
@@ -136,15 +129,7 @@ pub struct ArrivalWatcher {
     ports: MapHandle,
     program_id: u32,
     edges: Mutex<Option<Receiver<ArrivalEdge>>>,
-    /// Whether the poll thread spins now (only with [`ArrivalConfig::busy_poll`]).
-    spinning: Arc<AtomicBool>,
-    /// [`crate::Scheduling::BusyPoll`] with [`ArrivalConfig::busy_poll`], else the thread's.
-    busy_poll: Option<crate::Scheduling>,
 }
-
-/// How often a busy-poll watcher that is not armed wakes to see whether it has been: the
-/// longest an arm waits to take effect.
-const ARM_CHECK: Duration = Duration::from_millis(1);
 
 fn parse_edge(data: &[u8]) -> Option<ArrivalEdge> {
     if data.len() < RAW_EDGE_SIZE {
@@ -185,36 +170,21 @@ impl ArrivalWatcher {
         cfg: ArrivalConfig,
         sink: impl FnMut(ArrivalEdge) + Send + 'static,
     ) -> Result<ArrivalWatcher, WatchError> {
-        let spinning = Arc::new(AtomicBool::new(false));
-        let spin = cfg.busy_poll.then(|| Arc::clone(&spinning));
-        let busy_poll = cfg.busy_poll.then_some(crate::Scheduling::BusyPoll);
-        let realtime = if cfg.busy_poll { None } else { cfg.realtime };
         let (thread, (ports, program_id)) =
-            PollThread::spawn("arrival-watch", realtime, move |ready, stop| {
-                run(cfg, ready, sink, stop, spin)
+            PollThread::spawn("arrival-watch", cfg.realtime, move |ready, stop| {
+                run(cfg, ready, sink, stop)
             })?;
         Ok(ArrivalWatcher {
             thread,
             ports,
             program_id,
             edges: Mutex::new(None),
-            spinning,
-            busy_poll,
         })
-    }
-
-    /// With [`ArrivalConfig::busy_poll`]: spin while `armed` (meant for while an arrival has
-    /// something to preempt), sleep otherwise; an arm takes effect within [`ARM_CHECK`].
-    /// Without it, does nothing.
-    pub fn set_busy_poll(&self, armed: bool) {
-        self.spinning.store(armed, Ordering::Relaxed);
     }
 
     /// How the poll thread is scheduled.
     pub fn scheduling(&self) -> &crate::Scheduling {
-        self.busy_poll
-            .as_ref()
-            .unwrap_or_else(|| self.thread.scheduling())
+        self.thread.scheduling()
     }
 
     /// Starts counting arrivals on `p` (its counters start from zero).
@@ -237,7 +207,9 @@ impl ArrivalWatcher {
         );
     }
 
-    /// Arrival counters of `port` (zero if it is not watched or saw nothing).
+    /// Arrival counters of `port` (zero if it is not watched or saw nothing). One map lookup
+    /// (a system call, no wake-up): a thread that spins on it sees an edge within microseconds
+    /// of the data becoming readable, without the ring buffer's hop through the poll thread.
     pub fn counts(&self, port: u16) -> ArrivalCounts {
         match self
             .ports
@@ -286,7 +258,6 @@ fn run(
     ready: SyncSender<Ready>,
     mut sink: impl FnMut(ArrivalEdge) + Send + 'static,
     stop: Arc<AtomicBool>,
-    spin: Option<Arc<AtomicBool>>,
 ) {
     let mut storage = MaybeUninit::uninit();
     let setup = || -> Result<_, WatchError> {
@@ -337,18 +308,7 @@ fn run(
     };
     let _ = ready.send(Ok((ports, program_id)));
     while !stop.load(Ordering::Relaxed) {
-        match &spin {
-            Some(armed) if armed.load(Ordering::Relaxed) => {
-                let _ = rb.consume();
-                std::hint::spin_loop();
-            }
-            Some(_) => {
-                let _ = rb.poll(ARM_CHECK);
-            }
-            None => {
-                let _ = rb.poll(Duration::from_millis(50));
-            }
-        }
+        let _ = rb.poll(Duration::from_millis(50));
     }
     let _ = rb.consume();
 }

@@ -234,37 +234,3 @@ fn bench_cost_per_packet() {
         rounds / 5
     );
 }
-
-#[test]
-fn a_busy_polling_watcher_delivers_edges_armed_and_disarmed() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: BPF needs root");
-        return;
-    }
-    let (watched, port) = listener();
-    let w = match ArrivalWatcher::start(ArrivalConfig {
-        ports: vec![WatchedPort { port, netns: 0 }],
-        edge_gap: Duration::from_millis(5),
-        realtime: Some(10),
-        busy_poll: true,
-    }) {
-        Ok(w) => w,
-        Err(e) => {
-            println!("SKIP: tp_btf/sk_data_ready unavailable here: {e}");
-            return;
-        }
-    };
-    // A spinning thread must not ask for real-time scheduling: it would be throttled mid-spin.
-    assert_eq!(w.scheduling(), &valve_ebpf::Scheduling::BusyPoll);
-    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let (_server, _) = watched.accept().unwrap();
-    for armed in [true, false, true] {
-        w.set_busy_poll(armed);
-        std::thread::sleep(Duration::from_millis(10));
-        client.write_all(b"GET /").unwrap();
-        let e = w
-            .next_edge(Duration::from_secs(2))
-            .unwrap_or_else(|| panic!("no edge with the watcher armed={armed}"));
-        assert_eq!(e.port, port);
-    }
-}

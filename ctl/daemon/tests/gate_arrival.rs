@@ -13,7 +13,7 @@ use valve::state::DisabledRecord;
 use valve::Controller;
 use valve_daemon::gate::runtime::spawn;
 use valve_daemon::gate::{GateConfig, GateInput, LaunchSource, TraceKind};
-use valve_ebpf::{ArrivalConfig, ArrivalWatcher, WatchedPort};
+use valve_ebpf::{ArrivalConfig, ArrivalCounts, ArrivalWatcher, WatchedPort};
 use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
 
 /// Arrivals from the real program; no launches (there is no libcuda here).
@@ -33,8 +33,8 @@ impl LaunchSource for ArrivalsOnly {
     fn unwatch_port(&mut self, port: u16) {
         self.0.unwatch_port(port);
     }
-    fn last_arrival_ns(&self, port: u16) -> u64 {
-        self.0.counts(port).last_ns
+    fn arrival_counts(&self, port: u16) -> ArrivalCounts {
+        self.0.counts(port)
     }
 }
 
@@ -51,6 +51,17 @@ fn wait_until(mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn request_data_on_the_online_port_freezes_offline_and_the_cooldown_releases_it() {
+    freeze_on_arrival_and_release(false);
+}
+
+/// `--arrival-busy-poll`: the watcher's ring buffer edges are thrown away here, so only the
+/// gate thread's polling of the program's counters can see the request.
+#[test]
+fn a_busy_polling_gate_sees_the_request_in_the_programs_counters() {
+    freeze_on_arrival_and_release(true);
+}
+
+fn freeze_on_arrival_and_release(busy_poll: bool) {
     if !nix::unistd::geteuid().is_root() {
         println!("SKIP: BPF needs root");
         return;
@@ -68,12 +79,15 @@ fn request_data_on_the_online_port_freezes_offline_and_the_cooldown_releases_it(
     let port = online.local_addr().unwrap().port();
     let cfg = GateConfig {
         cooldown_ceiling: Duration::from_millis(100),
+        arrival_busy_poll: busy_poll,
         ..GateConfig::default()
     };
     let rm2 = rm.clone();
     let started = spawn(cfg, move |tx| {
         let w = ArrivalWatcher::start_with(ArrivalConfig::default(), move |e| {
-            let _ = tx.send(GateInput::Arrival(e));
+            if !busy_poll {
+                let _ = tx.send(GateInput::Arrival(e));
+            }
         })
         .map_err(|e| e.to_string())?;
         Ok((

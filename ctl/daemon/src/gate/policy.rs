@@ -41,8 +41,9 @@ pub struct GateConfig {
     /// The gate thread and the watchers' poll threads run under `SCHED_FIFO` at this priority
     /// (`None`: normal scheduling). See `valve_ebpf::realtime` for why.
     pub realtime: Option<u8>,
-    /// The arrival watcher spins on its ring buffer while offline runs, instead of sleeping
-    /// (one CPU then; for hosts where waking an idle CPU takes milliseconds, as in VMs).
+    /// The gate thread spins on its inputs and the online ports' arrival counters while
+    /// offline runs, instead of sleeping (one CPU then; for hosts where waking an idle CPU
+    /// takes milliseconds, as in VMs).
     pub arrival_busy_poll: bool,
 }
 

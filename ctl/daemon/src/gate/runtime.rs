@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use valve::state::{reenable, targets_of, DisabledRecord};
 pub use valve::stats::monotonic_ns;
 use valve::stats::{summarize_us, Summary};
 use valve_ebpf::realtime::{self, Scheduling};
-use valve_ebpf::{ArrivalEdge, LaunchEdge, WatchedPort};
+use valve_ebpf::{ArrivalCounts, ArrivalEdge, LaunchEdge, WatchedPort};
 
 use super::policy::{Action, GateConfig, GatePolicy};
 use super::trace::{TraceKind, TraceRecord, TraceRing, TRACE_CAPACITY};
@@ -83,17 +83,15 @@ pub trait LaunchSource: Send {
     }
     /// Stop counting arrivals on `port`.
     fn unwatch_port(&mut self, _port: u16) {}
-    /// CLOCK_MONOTONIC ns of the latest arrival on `port` (0: none yet).
-    fn last_arrival_ns(&self, _port: u16) -> u64 {
-        0
+    /// The arrival counters of `port`: arrivals, edges and the latest arrival's time (all 0:
+    /// none yet). A busy-polling gate spins on them (`--arrival-busy-poll`).
+    fn arrival_counts(&self, _port: u16) -> ArrivalCounts {
+        ArrivalCounts::default()
     }
     /// Offline is about to resume at `now_ns`: report each online process's next launch as an
     /// edge whatever its idle gap (0: disarm, no resume after all). Errors are the source's to
     /// log; the gate resumes anyway.
     fn arm_resume(&self, _now_ns: u64) {}
-    /// Whether an arrival now has offline work to preempt (offline runs and a port is
-    /// watched): where arrivals are busy-polled, they are polled only then.
-    fn arrivals_matter(&self, _yes: bool) {}
 }
 
 impl LaunchSource for valve_ebpf::LaunchWatcher {
@@ -284,6 +282,14 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     ports: BTreeSet<WatchedPort>,
     /// The issue mode is to be measured once on the first offline plan with 2 or more GPUs.
     probe_pending: bool,
+    /// Spin on the input channel and the arrival counters while offline runs
+    /// (`--arrival-busy-poll`).
+    busy_poll: bool,
+    /// Edge counts of the watched ports as last polled (taken afresh whenever polling starts).
+    polled_edges: BTreeMap<u16, u64>,
+    /// The latest arrival handled per port: an edge at or before it is one already handled
+    /// (polled from the counters, then read again from the ring buffer).
+    handled_arrival_ns: BTreeMap<u16, u64>,
     shared: Arc<GateShared>,
 }
 
@@ -324,6 +330,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             online: BTreeSet::new(),
             ports: BTreeSet::new(),
             probe_pending: cfg.issue.is_none(),
+            busy_poll: cfg.arrival_busy_poll,
+            polled_edges: BTreeMap::new(),
+            handled_arrival_ns: BTreeMap::new(),
             shared,
         };
         let issue = rt.ctl.issue_mode().describe();
@@ -442,7 +451,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 self.update(|s| s.edges += 1);
             }
             GateInput::Arrival(e) => {
-                if !self.watched_port(&e) {
+                if !self.watched_port(&e) || !self.first_sight(&e) {
                     return true;
                 }
                 self.shared.trace.push(
@@ -561,7 +570,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         let arrived = self
             .ports
             .iter()
-            .map(|p| self.launches.last_arrival_ns(p.port))
+            .map(|p| self.launches.arrival_counts(p.port).last_ns)
             .max()
             .unwrap_or(0);
         if arrived > 0 {
@@ -897,10 +906,79 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         });
     }
 
-    /// Whether an arrival now would have offline work to preempt: offline runs and a port is
-    /// watched. The arrival watcher busy-polls only then (`--arrival-busy-poll`).
-    fn arrivals_matter(&self) -> bool {
-        !self.disabled && self.plan.is_some() && !self.ports.is_empty()
+    /// Whether the thread spins now: with `--arrival-busy-poll`, while offline runs (an edge
+    /// then has work to preempt). Starting to spin takes the ports' edge counts afresh, so
+    /// edges counted while offline was stopped are not taken for new ones.
+    fn spins(&mut self) -> bool {
+        let offline_runs = !self.disabled && self.plan.is_some();
+        let spins = self.busy_poll && offline_runs;
+        if spins && self.polled_edges.is_empty() {
+            self.polled_edges = self
+                .ports
+                .iter()
+                .map(|p| (p.port, self.launches.arrival_counts(p.port).edges))
+                .collect();
+        } else if !spins {
+            self.polled_edges.clear();
+        }
+        spins
+    }
+
+    /// Whether `e` is news: not at or before an arrival already handled on its port (each
+    /// polled edge is also read from the ring buffer later). Records it as handled.
+    fn first_sight(&mut self, e: &ArrivalEdge) -> bool {
+        let latest = self.handled_arrival_ns.entry(e.port).or_insert(0);
+        if e.ts_ns <= *latest {
+            return false;
+        }
+        *latest = e.ts_ns;
+        true
+    }
+
+    /// An edge the counters of a watched port show since the last poll, read at `now_ns`.
+    fn polled_arrival(&mut self, now_ns: u64) -> Option<ArrivalEdge> {
+        for p in &self.ports {
+            let c = self.launches.arrival_counts(p.port);
+            let seen = self.polled_edges.entry(p.port).or_insert(c.edges);
+            if c.edges > *seen {
+                *seen = c.edges;
+                return Some(ArrivalEdge {
+                    port: p.port,
+                    netns: p.netns,
+                    // The latest arrival: within the poll's microseconds of the edge itself.
+                    ts_ns: c.last_ns,
+                    idle_ns: 0,
+                    read_ns: now_ns,
+                });
+            }
+        }
+        None
+    }
+
+    /// Spins until an input comes, a watched port's counters show an edge, or `wait` ends.
+    /// Waking a sleeping thread can take milliseconds where CPUs idle (a VM's halted vCPU);
+    /// this sees an arrival within microseconds, with no thread between the program and the
+    /// disable, at the cost of one CPU.
+    fn spin_for_input(
+        &mut self,
+        rx: &Receiver<GateInput>,
+        wait: Duration,
+    ) -> Result<GateInput, RecvTimeoutError> {
+        let end = Instant::now() + wait;
+        loop {
+            match rx.try_recv() {
+                Ok(input) => return Ok(input),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {}
+            }
+            if let Some(e) = self.polled_arrival(monotonic_ns()) {
+                return Ok(GateInput::Arrival(e));
+            }
+            if Instant::now() >= end {
+                return Err(RecvTimeoutError::Timeout);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// The thread body: waits for input or the cooldown's end, until [`GateInput::Stop`] or until
@@ -908,7 +986,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     pub fn run(mut self, rx: Receiver<GateInput>) {
         loop {
             let wait = self.wait_for(monotonic_ns());
-            match rx.recv_timeout(wait) {
+            let input = if self.spins() {
+                self.spin_for_input(&rx, wait)
+            } else {
+                rx.recv_timeout(wait)
+            };
+            match input {
                 Ok(input) => {
                     if !self.handle(input, monotonic_ns()) {
                         break;
@@ -918,7 +1001,6 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.tick(monotonic_ns());
-            self.launches.arrivals_matter(self.arrivals_matter());
         }
         // Drop enables.
     }
@@ -1031,7 +1113,13 @@ where
         .name("valve-gate".into())
         .spawn(move || match make(tx2) {
             Ok((ctl, launches)) => {
-                let own = realtime::apply_to_current_thread(cfg.realtime);
+                // A spinning thread needs no fast wake-up, and a real-time one would be
+                // throttled mid-spin (SCHED_FIFO's bandwidth limit, SCHED_DEADLINE's budget).
+                let own = if cfg.arrival_busy_poll {
+                    Scheduling::BusyPoll
+                } else {
+                    realtime::apply_to_current_thread(cfg.realtime)
+                };
                 let rt = GateRuntime::with_scheduling(ctl, launches, cfg, shared2, own);
                 let _ = ready_tx.send(Ok(()));
                 rt.run(rx);
@@ -1158,7 +1246,7 @@ mod tests {
     #[allow(clippy::type_complexity)]
     struct FakeLaunches(
         Arc<Mutex<BTreeMap<u32, u64>>>,
-        Arc<Mutex<BTreeMap<u16, u64>>>,
+        Arc<Mutex<BTreeMap<u16, ArrivalCounts>>>,
         Arc<Mutex<BTreeSet<u32>>>,
         Arc<Mutex<Vec<u64>>>,
         Arc<Mutex<Option<(u32, u64)>>>,
@@ -1177,14 +1265,19 @@ mod tests {
             self.0.lock().unwrap().get(&pid).copied().unwrap_or(0)
         }
         fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
-            self.1.lock().unwrap().entry(port.port).or_insert(0);
+            self.1.lock().unwrap().entry(port.port).or_default();
             Ok(())
         }
         fn unwatch_port(&mut self, port: u16) {
             self.1.lock().unwrap().remove(&port);
         }
-        fn last_arrival_ns(&self, port: u16) -> u64 {
-            self.1.lock().unwrap().get(&port).copied().unwrap_or(0)
+        fn arrival_counts(&self, port: u16) -> ArrivalCounts {
+            self.1
+                .lock()
+                .unwrap()
+                .get(&port)
+                .copied()
+                .unwrap_or_default()
         }
         fn in_sync(&self, pid: u32) -> bool {
             self.2.lock().unwrap().contains(&pid)
@@ -1415,27 +1508,139 @@ mod tests {
         assert!(snapshot(&rt.shared).online_ports.is_empty());
     }
 
+    fn counted(edges: u64, last_ns: u64) -> ArrivalCounts {
+        ArrivalCounts {
+            arrivals: edges,
+            edges,
+            last_ns,
+        }
+    }
+
+    fn arrival_records(rt: &GateRuntime<Arc<FakeRm>, FakeLaunches>) -> Vec<(u64, u64)> {
+        rt.shared
+            .trace
+            .since(0, 100)
+            .iter()
+            .filter(|r| r.kind == TraceKind::Arrival)
+            .map(|r| (r.t_ns, r.a))
+            .collect()
+    }
+
     #[test]
-    fn arrivals_matter_only_while_offline_runs_and_a_port_is_watched() {
+    fn a_busy_polling_gate_takes_arrivals_from_the_counters_once_each() {
         let rm = Arc::new(FakeRm::host(1));
-        let (mut rt, _launches) = runtime(&rm, GateConfig::default());
+        let cfg = GateConfig {
+            arrival_busy_poll: true,
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
         let port = WatchedPort {
             port: PORT,
             netns: 0,
         };
         rt.handle(GateInput::Ports([port].into()), 0);
-        assert!(!rt.arrivals_matter(), "no offline work to preempt");
+        assert!(!rt.spins(), "no offline work to preempt");
         rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
         rt.handle(GateInput::Online([ONLINE].into()), 0);
-        assert!(rt.arrivals_matter(), "offline runs");
-        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
-        assert!(!rm.disabled().is_empty());
-        assert!(!rt.arrivals_matter(), "offline is already stopped");
-        rt.tick(10 * MS + 300 * MS);
+        launches.1.lock().unwrap().insert(PORT, counted(4, 5 * MS));
+        assert!(rt.spins(), "offline runs");
+        assert_eq!(
+            rt.polled_arrival(6 * MS),
+            None,
+            "edges before polling are old"
+        );
+        // The program counts an edge: the next poll hands it over, with no watcher thread.
+        launches.1.lock().unwrap().insert(PORT, counted(5, 10 * MS));
+        let e = rt
+            .polled_arrival(10 * MS + 5 * US)
+            .expect("the counted edge");
+        assert_eq!(
+            (e.port, e.ts_ns, e.read_ns),
+            (PORT, 10 * MS, 10 * MS + 5 * US)
+        );
+        assert_eq!(rt.polled_arrival(10 * MS + 6 * US), None, "taken once");
+        rt.handle(GateInput::Arrival(e), 10 * MS + 6 * US);
+        assert_eq!(rm.disabled().len(), 20, "frozen at the polled arrival");
+        // The ring buffer delivers the same edge later: already handled.
+        rt.handle(arrival(PORT, 10 * MS), 12 * MS);
+        assert_eq!(arrival_records(&rt), vec![(10 * MS, 10 * MS + 6 * US)]);
+        assert_eq!(rt.policy().arrivals(), 1);
+        assert!(!rt.spins(), "offline is stopped: nothing to preempt");
+        // An edge counted while offline is stopped is not news once polling starts again.
+        launches.1.lock().unwrap().insert(PORT, counted(6, 20 * MS));
+        rt.tick(20 * MS + 300 * MS);
         assert!(rm.disabled().is_empty(), "resumed after the hold");
-        assert!(rt.arrivals_matter(), "offline runs again");
+        assert!(rt.spins(), "offline runs again");
+        assert_eq!(rt.polled_arrival(321 * MS), None);
+        launches
+            .1
+            .lock()
+            .unwrap()
+            .insert(PORT, counted(7, 400 * MS));
+        assert_eq!(rt.polled_arrival(400 * MS).map(|e| e.ts_ns), Some(400 * MS));
         rt.handle(GateInput::Ports(BTreeSet::new()), 0);
-        assert!(!rt.arrivals_matter(), "no port to see arrivals on");
+        assert!(rt.spins(), "launch edges still have offline to preempt");
+        assert_eq!(
+            rt.polled_arrival(401 * MS),
+            None,
+            "no port: nothing to poll"
+        );
+    }
+
+    #[test]
+    fn without_busy_polling_the_gate_never_spins() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, _launches) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        assert!(!rt.spins());
+    }
+
+    #[test]
+    fn a_busy_polling_gate_thread_preempts_on_a_counted_arrival_alone() {
+        let rm = Arc::new(FakeRm::host(1));
+        let launches = FakeLaunches::default();
+        let (rm2, launches2) = (rm.clone(), launches.clone());
+        let cfg = GateConfig {
+            arrival_busy_poll: true,
+            ..GateConfig::default()
+        };
+        let h = spawn(cfg, move |_tx| {
+            Ok((
+                Controller::with_driver(rm2).map_err(|e| e.to_string())?,
+                launches2,
+            ))
+        })
+        .unwrap();
+        assert!(h
+            .status()
+            .scheduling
+            .starts_with("gate normal, busy-polling"));
+        h.send(GateInput::Ports(
+            [WatchedPort {
+                port: PORT,
+                netns: 0,
+            }]
+            .into(),
+        ));
+        h.send(GateInput::Offline(offline(&rm)[..1].to_vec()));
+        let (ack, synced) = mpsc::sync_channel(1);
+        h.send(GateInput::Sync(ack));
+        synced.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(rm.disabled().is_empty());
+        // Only the counters change: no input is sent to the thread.
+        launches
+            .1
+            .lock()
+            .unwrap()
+            .insert(PORT, counted(1, monotonic_ns()));
+        let t0 = Instant::now();
+        while rm.disabled().len() != 20 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rm.disabled().len(), 20, "the spinning gate saw the arrival");
+        assert_eq!(h.status().arrivals, 1);
+        drop(h);
+        assert!(rm.disabled().is_empty());
     }
 
     #[test]
@@ -1505,7 +1710,14 @@ mod tests {
         rt.handle(arrival(PORT, 10 * MS), 10 * MS);
         assert_eq!(rm.disabled().len(), 20);
         // A later arrival (not an edge) read from the counters extends the hold.
-        launches.1.lock().unwrap().insert(PORT, 30 * MS);
+        launches.1.lock().unwrap().insert(
+            PORT,
+            ArrivalCounts {
+                arrivals: 1,
+                edges: 1,
+                last_ns: 30 * MS,
+            },
+        );
         rt.tick(60 * MS);
         assert_eq!(rm.disabled().len(), 20);
         assert_eq!(rt.wait_for(60 * MS), Duration::from_millis(20));

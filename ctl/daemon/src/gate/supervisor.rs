@@ -196,16 +196,13 @@ impl LaunchSource for GateWatchers {
             a.unwatch_port(port);
         }
     }
-    fn last_arrival_ns(&self, port: u16) -> u64 {
-        self.arrival.as_ref().map_or(0, |a| a.counts(port).last_ns)
+    fn arrival_counts(&self, port: u16) -> valve_ebpf::ArrivalCounts {
+        self.arrival
+            .as_ref()
+            .map_or_else(Default::default, |a| a.counts(port))
     }
     fn arm_resume(&self, now_ns: u64) {
         LaunchSource::arm_resume(&self.launch, now_ns);
-    }
-    fn arrivals_matter(&self, yes: bool) {
-        if let Some(a) = &self.arrival {
-            a.set_busy_poll(yes);
-        }
     }
     fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
         let mut v = vec![("launch-watch", self.launch.scheduling().clone())];
@@ -227,7 +224,6 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                     ports: Vec::new(),
                     edge_gap: GATE_EDGE_GAP,
                     realtime: cfg.realtime,
-                    busy_poll: cfg.arrival_busy_poll,
                 },
                 move |e| {
                     let read_ns = super::runtime::monotonic_ns();

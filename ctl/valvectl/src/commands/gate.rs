@@ -69,9 +69,10 @@ pub enum GateCommand {
         #[arg(long, default_value_t = 10, value_name = "PRIORITY",
               value_parser = clap::value_parser!(u8).range(0..=99))]
         realtime_priority: u8,
-        /// While offline runs, the arrival watcher spins on its ring buffer instead of sleeping,
-        /// at the cost of one CPU then. For hosts where waking an idle CPU takes milliseconds
-        /// (VMs whose vCPUs halt): there a sleeping watcher can miss the first kernel.
+        /// While offline runs, the gate thread spins on the arrival program's counters and its
+        /// inputs instead of sleeping, at the cost of one CPU then (it runs on the normal
+        /// scheduler). For hosts where waking an idle CPU takes milliseconds (VMs whose vCPUs
+        /// halt): there a sleeping thread can miss the request's first kernel.
         #[arg(long, conflicts_with = "no_arrivals")]
         arrival_busy_poll: bool,
         /// Offline (preemptible) processes by pid; they must have started after the daemon.
