@@ -48,7 +48,7 @@ CONFIG_NAMES = {
     "gate-arrival": "valvectl gate, arrivals + launch edges",
     "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
     "gate-arrival-normal": "valvectl gate, arrivals + launch edges, gate threads on the normal scheduler (--realtime-priority 0)",
-    "gate-arrival-spin": "valvectl gate, arrivals + launch edges, the arrival watcher busy-polling while offline runs (--arrival-busy-poll)",
+    "gate-arrival-spin": "valvectl gate, arrivals + launch edges, busy-polled while offline runs (--arrival-busy-poll)",
 }
 
 # The configurations whose gate preempts on request arrivals.

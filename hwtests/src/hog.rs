@@ -228,6 +228,36 @@ impl Hog {
             .collect()
     }
 
+    /// What a hog that does not stop is doing: whether its kernels and copies still advance
+    /// (a frozen GPU side means channels left disabled; an advancing one, a host that missed the
+    /// stop), its shared state, and where each of its threads sleeps in the kernel.
+    fn stuck_report(&self) -> String {
+        let (slots0, copies0) = (self.hb.snapshot(), self.hb.copies_done());
+        std::thread::sleep(Duration::from_millis(200));
+        let (slots1, copies1) = (self.hb.snapshot(), self.hb.copies_done());
+        let advancing = slots0.iter().zip(&slots1).filter(|(a, b)| b > a).count();
+        let task_dir = format!("/proc/{}/task", self.pid());
+        let waits: Vec<String> = std::fs::read_dir(&task_dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|t| {
+                        let read = |f: &str| {
+                            std::fs::read_to_string(t.path().join(f)).unwrap_or_default()
+                        };
+                        format!("{}:{}", read("comm").trim(), read("wchan").trim())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        format!(
+            "state {}, {advancing} of {} slots advancing over 200 ms, copies {copies0} -> \
+             {copies1}; threads (name:kernel wait) {}",
+            self.hb.state(),
+            slots1.len(),
+            waits.join(" ")
+        )
+    }
+
     /// Asks the hog to stop, waits for it, returns its final JSON line (with `checksum_ok`).
     pub fn finish(mut self) -> Result<Value> {
         self.hb.request_stop();
@@ -250,8 +280,9 @@ impl Hog {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the hog (pid {}) did not finish within 60 s of the stop request",
-                    self.pid()
+                    "the hog (pid {}) did not finish within 60 s of the stop request ({})",
+                    self.pid(),
+                    self.stuck_report()
                 );
             }
             std::thread::sleep(Duration::from_millis(5));
