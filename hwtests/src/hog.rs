@@ -241,9 +241,8 @@ impl Hog {
             .map(|d| {
                 d.flatten()
                     .map(|t| {
-                        let read = |f: &str| {
-                            std::fs::read_to_string(t.path().join(f)).unwrap_or_default()
-                        };
+                        let read =
+                            |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
                         format!("{}:{}", read("comm").trim(), read("wchan").trim())
                     })
                     .collect()
