@@ -9,7 +9,9 @@
 //! activity. Until a launch follows, offline is held for the arrival hold: 2x the longest recent
 //! arrival -> first launch delay (the ceiling until one has been seen), so a request whose
 //! server takes a while to parse and schedule it is not resumed against, and a request that
-//! never launches anything (a health check) releases offline after the hold.
+//! never launches anything (a health check) releases offline after the hold. An arrival whose
+//! first launch comes after its hold ran out still teaches its delay, so the hold grows to cover
+//! a server that is slow to start a request, instead of resuming against such requests forever.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -91,6 +93,9 @@ pub struct GatePolicy {
     pending_arrival_ns: Option<u64>,
     /// Recent arrival -> first launch delays.
     arrival_delays: VecDeque<u64>,
+    /// An arrival whose hold ran out before any launch: the next launch edge, if no other
+    /// arrival comes first, is taken to be its first one and its delay is learned.
+    expired_arrival_ns: Option<u64>,
     /// An arrival happened since the last launch: the gap now ending lies between requests.
     arrival_in_gap: bool,
     /// Arrival edges seen.
@@ -114,6 +119,7 @@ impl GatePolicy {
             pinned: false,
             pending_arrival_ns: None,
             arrival_delays: VecDeque::new(),
+            expired_arrival_ns: None,
             arrival_in_gap: false,
             arrivals: 0,
             first_wait_pending: None,
@@ -204,6 +210,8 @@ impl GatePolicy {
     /// offline is running.
     pub fn on_arrival(&mut self, ts_ns: u64) -> Option<Action> {
         self.arrivals += 1;
+        // A newer arrival: an expired one launched nothing (a health check), so it teaches nothing.
+        self.expired_arrival_ns = None;
         self.pending_arrival_ns.get_or_insert(ts_ns);
         self.arrival_in_gap = true;
         self.saw_activity(ts_ns);
@@ -224,13 +232,11 @@ impl GatePolicy {
         let ceiling = self.cfg.cooldown_ceiling.as_nanos() as u64;
         if let Some(a) = self.pending_arrival_ns.take() {
             self.await_first_wait(ts_ns);
-            let delay = ts_ns.saturating_sub(a);
-            if delay < ceiling {
-                self.arrival_delays.push_back(delay);
-                if self.arrival_delays.len() > self.cfg.gap_window {
-                    self.arrival_delays.pop_front();
-                }
-            }
+            self.learn_arrival_delay(ts_ns.saturating_sub(a));
+        } else if let Some(a) = self.expired_arrival_ns.take() {
+            // The first launch of a request resumed against because its hold ran out: learned,
+            // so the next request that slow is held through (this one already paid for it).
+            self.learn_arrival_delay(ts_ns.saturating_sub(a));
         }
         if let Some(gap) = idle_ns.filter(|&g| g > 0) {
             // A gap a request arrived in lies between requests, not between iterations. Without
@@ -252,6 +258,17 @@ impl GatePolicy {
         self.preempt()
     }
 
+    /// Remembers an arrival -> first launch delay (one at or past the ceiling is not a delay but
+    /// an arrival that launched nothing).
+    fn learn_arrival_delay(&mut self, delay_ns: u64) {
+        if delay_ns < self.cfg.cooldown_ceiling.as_nanos() as u64 {
+            self.arrival_delays.push_back(delay_ns);
+            if self.arrival_delays.len() > self.cfg.gap_window {
+                self.arrival_delays.pop_front();
+            }
+        }
+    }
+
     /// A launch that was not an edge (read from the watcher's counters): moves the idle clock
     /// forward, and ends the hold of an arrival it follows (without learning a delay: the first
     /// launch after the arrival is not known).
@@ -259,6 +276,10 @@ impl GatePolicy {
         if self.pending_arrival_ns.is_some_and(|a| ts_ns > a) {
             self.pending_arrival_ns = None;
             self.await_first_wait(ts_ns);
+        }
+        if self.expired_arrival_ns.is_some_and(|a| ts_ns > a) {
+            // Its first launch happened at a time not known: nothing to learn.
+            self.expired_arrival_ns = None;
         }
         self.saw_activity(ts_ns);
     }
@@ -325,9 +346,12 @@ impl GatePolicy {
     /// requests (not learned as an iteration gap).
     fn resume(&mut self) -> Action {
         self.preempted = false;
-        // An arrival that launched nothing within its hold is over, and so is a request's wait
-        // for its first token past the ceiling.
-        self.pending_arrival_ns = None;
+        // An arrival that launched nothing within its hold is over (but its delay may still be
+        // learned from the launch that follows), and so is a request's wait for its first
+        // token past the ceiling.
+        if let Some(a) = self.pending_arrival_ns.take() {
+            self.expired_arrival_ns = Some(a);
+        }
         self.first_wait_pending = None;
         self.learned = true;
         self.resumed_in_gap = true;
@@ -609,6 +633,57 @@ mod tests {
             g.resume_due_ns(),
             Some(201 * MS + g.cooldown().as_nanos() as u64)
         );
+    }
+
+    #[test]
+    fn a_first_launch_after_the_hold_ran_out_teaches_a_hold_that_covers_it() {
+        let mut g = learned(GateConfig::default());
+        g.on_arrival(0);
+        g.on_edge(8 * MS, None); // learns an 8 ms delay: hold 16 ms
+        g.saw_wait_end(9 * MS);
+        assert_eq!(g.on_tick(12 * MS), Some(Action::Resume));
+        // A request the server takes 20 ms to start (measured: 17-26 ms, a few in 400): its
+        // hold runs out first, and its first launch preempts a second time.
+        assert_eq!(g.on_arrival(100 * MS), Some(Action::Preempt));
+        assert_eq!(g.on_tick(116 * MS), Some(Action::Resume));
+        assert_eq!(g.on_edge(120 * MS, Some(20 * MS)), Some(Action::Preempt));
+        g.saw_wait_end(121 * MS);
+        assert_eq!(g.arrival_hold(), Duration::from_millis(40), "2 x its 20 ms");
+        assert_eq!(g.on_tick(130 * MS), Some(Action::Resume));
+        // The next one as slow is held through: one preemption.
+        assert_eq!(g.on_arrival(300 * MS), Some(Action::Preempt));
+        assert_eq!(g.on_tick(316 * MS), None);
+        assert_eq!(g.on_edge(320 * MS, Some(190 * MS)), None, "still stopped");
+        assert_eq!(g.preemptions(), 5);
+    }
+
+    #[test]
+    fn an_expired_arrival_followed_by_another_teaches_nothing() {
+        let mut g = learned(GateConfig::default());
+        g.on_arrival(0);
+        g.on_edge(4 * MS, None); // hold 8 ms
+        g.saw_wait_end(5 * MS);
+        assert_eq!(g.on_tick(10 * MS), Some(Action::Resume));
+        // A health check (no GPU work) expires; a real request then arrives and launches 4 ms
+        // later. Only the request's delay is learned, not the 54 ms since the health check.
+        g.on_arrival(50 * MS);
+        assert_eq!(g.on_tick(58 * MS), Some(Action::Resume));
+        g.on_arrival(100 * MS);
+        g.on_edge(104 * MS, Some(54 * MS));
+        g.saw_wait_end(105 * MS);
+        assert_eq!(g.on_tick(120 * MS), Some(Action::Resume));
+        // Online launches again without an arrival (another port, a background kernel).
+        g.on_edge(130 * MS, Some(26 * MS));
+        assert_eq!(g.arrival_hold(), Duration::from_millis(8));
+        // A non-edge launch after an expired arrival: its first launch time is unknown.
+        g.saw_wait_end(131 * MS);
+        assert_eq!(g.on_tick(300 * MS), Some(Action::Resume));
+        g.on_arrival(400 * MS);
+        // (The 26 ms gap above was learned: cooldown 52 ms, which outlasts the 8 ms hold.)
+        assert_eq!(g.on_tick(460 * MS), Some(Action::Resume));
+        g.saw_launch(462 * MS);
+        g.on_edge(490 * MS, Some(28 * MS));
+        assert_eq!(g.arrival_hold(), Duration::from_millis(8));
     }
 
     #[test]
