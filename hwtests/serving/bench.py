@@ -12,7 +12,9 @@ Configurations (--configs): alone, timeslice, gate-old (launch edges only, no wa
 before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
 gate-offline-stopped (gate-arrival with offline SIGSTOPped: what the gate itself costs online),
 gate-arrival-normal (gate-arrival with the gate's threads on the normal scheduler, not SCHED_FIFO),
-gate-arrival-spin (gate-arrival with --arrival-busy-poll), alone-2 (alone again: the noise floor).
+gate-arrival-spin (gate-arrival with --arrival-busy-poll), alone-2 (alone again: the noise floor),
+alone-offline-frozen (no gate; offline's channels disabled for the whole run by `valvectl preempt
+--pid` while its host threads run: what a frozen offline process costs online from the host side).
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 """
@@ -49,6 +51,7 @@ CONFIG_NAMES = {
     "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
     "gate-arrival-normal": "valvectl gate, arrivals + launch edges, gate threads on the normal scheduler (--realtime-priority 0)",
     "gate-arrival-spin": "valvectl gate, arrivals + launch edges, busy-polled while offline runs (--arrival-busy-poll)",
+    "alone-offline-frozen": "online alone, no gate, offline frozen throughout (valvectl preempt --pid; its host threads run)",
 }
 
 # The configurations whose gate preempts on request arrivals.
@@ -172,6 +175,13 @@ class Valve:
     def gate_stop(self):
         return json.loads(self.call(["gate", "stop"]))
 
+    def freeze(self, pid):
+        """Disables every channel of `pid` until `thaw` (no gate; the daemon holds them)."""
+        self.call(["preempt", "--pid", str(pid), "--detach"])
+
+    def thaw(self, pid):
+        self.call(["resume", "--pid", str(pid)])
+
     def stop(self):
         if self.daemon:
             self.daemon.stop(signal.SIGTERM)
@@ -268,10 +278,13 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
     """One round of one configuration at one rate (n requests): returns records and, under a gate,
     its status and trace."""
     out = {"config": config, "rate": rate}
-    offline_stopped = config.startswith("alone") or config == "gate-offline-stopped"
+    frozen = config == "alone-offline-frozen"
+    offline_stopped = (config.startswith("alone") and not frozen) or config == "gate-offline-stopped"
     if offline_stopped:
         os.kill(offline_proc.p.pid, signal.SIGSTOP)
         time.sleep(1.0)  # what it had queued on the GPU drains
+    if frozen:
+        valve.freeze(offline_proc.p.pid)
     try:
         if config.startswith("gate"):
             valve.gate_start(a.port, arrivals=config in ARRIVAL_CONFIGS,
@@ -292,6 +305,8 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
     finally:
         if offline_stopped:
             os.kill(offline_proc.p.pid, signal.SIGCONT)
+        if frozen:
+            valve.thaw(offline_proc.p.pid)
     return out
 
 
@@ -478,7 +493,8 @@ def main(argv=None):
     ap.add_argument("--offline-size", default="1b")
     ap.add_argument("--valvectl", default="valvectl")
     ap.add_argument("--loads", default="0.3,0.7")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated, run in this order each round: " + ", ".join(CONFIG_NAMES))
     ap.add_argument("--requests", type=int, default=80, help="most requests per configuration and load")
     ap.add_argument("--min-requests", type=int, default=25, help="fewest requests per configuration and load")
     ap.add_argument("--run-s", type=float, default=40, help="aim for this many seconds of arrivals per configuration and load")
@@ -506,8 +522,11 @@ def main(argv=None):
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
     configs = [c for c in a.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIG_NAMES]
+    if unknown:
+        ap.error(f"unknown configuration(s) {', '.join(unknown)}: choose from {', '.join(CONFIG_NAMES)}")
     if a.dry_run:
-        configs = [c for c in configs if not c.startswith("gate")]
+        configs = [c for c in configs if not c.startswith("gate") and c != "alone-offline-frozen"]
     os.makedirs(a.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="valve-serving-")
     t_start = time.time()
