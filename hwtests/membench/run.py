@@ -247,6 +247,22 @@ def pool_status(r: Run) -> dict | None:
         return {"error": str(e)}
 
 
+CONFIGS = ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "alone-2")
+
+
+def config_problem(names: list[str], have_sizes: bool) -> str | None:
+    """Why `--configs` cannot run as given (None: it can), checked before anything starts: a
+    misspelt name would otherwise run as some Valve configuration and be left out of the report,
+    and a static split without its alone run would stop the benchmark halfway."""
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        return f"unknown configuration(s) {', '.join(unknown)}: choose from {', '.join(CONFIGS)}"
+    if "static" in names and not have_sizes and "alone" not in names[: names.index("static")]:
+        return ("static needs online's peak from an alone run: list alone before static, or reuse an "
+                "--out folder that holds sizes.json from one")
+    return None
+
+
 def bench(r: Run) -> int:
     a = r.a
     common.build_model(r.model)
@@ -262,8 +278,6 @@ def bench(r: Run) -> int:
     if os.path.exists(prev):
         sizes.update(common.read_json(prev))
     for name in a.configs.split(","):
-        if name == "static" and "online_blocks" not in sizes:
-            raise SystemExit("static needs the alone run first (its peak KV use sizes the split)")
         t = time.monotonic()
         res = run_config(r, name, trace_path, sizes)
         res["wall_s"] = time.monotonic() - t
@@ -277,7 +291,7 @@ def bench(r: Run) -> int:
             common.write_json(prev, sizes)
         print(report.one_line(name, res), flush=True)
     all_results = {}
-    for name in ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "alone-2"):
+    for name in CONFIGS:
         path = os.path.join(r.out, f"{name}.json")
         if os.path.exists(path):
             all_results[name] = common.read_json(path)
@@ -346,7 +360,9 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("correctness")
     b = sub.add_parser("bench")
-    b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2")
+    b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2",
+                   help="comma-separated, run in this order: " + ", ".join(CONFIGS)
+                        + " (static needs alone before it, or sizes.json in --out from an earlier alone run)")
     b.add_argument("--seconds", type=float, default=60)
     b.add_argument("--seed", type=int, default=11, help="trace seed (11: three bursts in 60 s)")
     b.add_argument("--pool-gib", type=int, default=12)
@@ -374,6 +390,17 @@ def main() -> int:
                         "transformers' paged|sdpa (one masked sequence: cost grows with the batch squared, so "
                         "memory does not turn into offline throughput; 1.05x static measured on the H100)")
     a = ap.parse_args()
+    if a.cmd == "bench":
+        names = [n for n in a.configs.split(",") if n]
+        sizes = os.path.join(a.out, "sizes.json")
+        try:
+            have_sizes = os.path.exists(sizes) and "online_blocks" in common.read_json(sizes)
+        except (OSError, ValueError, TypeError) as e:
+            ap.error(f"{sizes} is not a readable sizes file ({e}): delete it and run alone again")
+        problem = config_problem(names, have_sizes)
+        if problem:
+            ap.error(problem)
+        a.configs = ",".join(names)
     if os.geteuid() != 0:
         raise SystemExit("run as root: the benchmark starts the Valve daemon")
     r = Run(a)

@@ -2,6 +2,6 @@
 # CPU self-test of the memory benchmark's arithmetic (report.py, common.py; standard library only).
 set -euo pipefail
 cd "$(dirname "$0")"
-python3 -m unittest -v test_report 2>&1 | tail -3
+python3 -m unittest -v test_report test_run 2>&1 | tail -3
 # The varlen attention's plumbing needs torch and transformers: it says it skipped where they are missing.
 python3 -m unittest -v test_varlen_attention 2>&1 | tail -7
