@@ -268,6 +268,29 @@ def late_arrivals(requests, trace, online_pids=None, hop_ms=0.5):
     return out
 
 
+def hold_expiries(trace, learn_expired, ceiling_ns=200_000_000, factor=2.0, floor_ns=1_000_000,
+                  window=512):
+    """Replays a gate trace's arrival -> next launch delays through the arrival-hold rule alone
+    (hold = factor x the longest of the last `window` learned delays, clamped to [floor, ceiling];
+    the ceiling until one is learned) and counts the arrivals whose first launch came after their
+    hold ran out. `learn_expired`: whether such a late delay is still learned (the gate since
+    12c8d7f) or dropped (before). Every arrival counts, also one with requests in flight, so this
+    bounds the resumes the rule allows rather than counting the gate's real ones."""
+    launches = sorted(r["t_ns"] for r in trace if r["event"] == "launch")
+    learned, expired = [], 0
+    for a in sorted(r["t_ns"] for r in trace if r["event"] == "arrival"):
+        i = bisect.bisect_right(launches, a)
+        if i == len(launches):
+            continue
+        delay = launches[i] - a
+        hold = ceiling_ns if not learned else min(ceiling_ns, max(floor_ns, factor * max(learned[-window:])))
+        late = delay > hold
+        expired += late
+        if delay < ceiling_ns and (learn_expired or not late):
+            learned.append(delay)
+    return expired
+
+
 def fits_deadline(elapsed_s, run_s, deadline_s):
     """Whether one more run, as long as the longest so far, ends before the deadline: a run
     started just before it would otherwise overrun it (and a `timeout` around the command would

@@ -212,5 +212,27 @@ class Pool(unittest.TestCase):
         self.assertAlmostEqual(gate["ttft_ratio_median"], 2.0)
 
 
+class HoldReplay(unittest.TestCase):
+    @staticmethod
+    def trace(delays_ms):
+        """One arrival a second, each followed by a launch after its delay."""
+        out = []
+        for i, d in enumerate(delays_ms):
+            t = (i + 1) * 1000 * MS
+            out += [{"event": "arrival", "t_ns": t}, {"event": "launch", "t_ns": t + int(d * MS)}]
+        return out
+
+    def test_a_late_first_launch_is_learned_only_by_the_new_rule(self):
+        # 4 ms learned: hold 8 ms. 20 ms runs past it; the next 20 ms is held through only if
+        # the first was learned.
+        tr = self.trace([4, 4, 20, 20, 20])
+        self.assertEqual(a.hold_expiries(tr, learn_expired=False), 3)
+        self.assertEqual(a.hold_expiries(tr, learn_expired=True), 1)
+
+    def test_the_ceiling_is_the_hold_until_a_delay_is_learned_and_caps_it(self):
+        self.assertEqual(a.hold_expiries(self.trace([150]), learn_expired=True), 0)
+        self.assertEqual(a.hold_expiries(self.trace([1, 250]), learn_expired=True), 1)
+
+
 if __name__ == "__main__":
     unittest.main()
