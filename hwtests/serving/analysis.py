@@ -268,21 +268,35 @@ def late_arrivals(requests, trace, online_pids=None, hop_ms=0.5):
     return out
 
 
+def first_launch_delays(trace):
+    """Each arrival's delay to its first launch, where the trace shows it: the next launch edge,
+    unless the launch before that edge (its idle gap back) came after the arrival. Then a request
+    in flight kept online busy and the arrival's first launch was not an edge: its delay is None
+    (unknown; the gate learns nothing from such an arrival either, `GatePolicy::on_edge`)."""
+    edges = sorted((r["t_ns"], r.get("idle_ns") or 0) for r in trace if r["event"] == "launch")
+    out = []
+    for a in sorted(r["t_ns"] for r in trace if r["event"] == "arrival"):
+        i = bisect.bisect_right(edges, (a, float("inf")))
+        if i == len(edges):
+            continue
+        t, idle = edges[i]
+        out.append(None if idle and t - idle > a else t - a)
+    return out
+
+
 def hold_expiries(trace, learn_expired, ceiling_ns=200_000_000, factor=2.0, floor_ns=1_000_000,
                   window=512):
-    """Replays a gate trace's arrival -> next launch delays through the arrival-hold rule alone
-    (hold = factor x the longest of the last `window` learned delays, clamped to [floor, ceiling];
-    the ceiling until one is learned) and counts the arrivals whose first launch came after their
-    hold ran out. `learn_expired`: whether such a late delay is still learned (the gate since
-    12c8d7f) or dropped (before). Every arrival counts, also one with requests in flight, so this
-    bounds the resumes the rule allows rather than counting the gate's real ones."""
-    launches = sorted(r["t_ns"] for r in trace if r["event"] == "launch")
+    """Replays a gate trace's arrival -> first launch delays (`first_launch_delays`) through the
+    arrival-hold rule alone (hold = factor x the longest of the last `window` learned delays,
+    clamped to [floor, ceiling]; the ceiling until one is learned) and counts the arrivals whose
+    first launch came after their hold ran out. `learn_expired`: whether such a late delay is
+    still learned (the gate since 12c8d7f) or dropped (before). Every arrival whose first launch
+    was an edge counts, also one with requests in flight, so this bounds the resumes the rule
+    allows rather than counting the gate's real ones."""
     learned, expired = [], 0
-    for a in sorted(r["t_ns"] for r in trace if r["event"] == "arrival"):
-        i = bisect.bisect_right(launches, a)
-        if i == len(launches):
+    for delay in first_launch_delays(trace):
+        if delay is None:
             continue
-        delay = launches[i] - a
         hold = ceiling_ns if not learned else min(ceiling_ns, max(floor_ns, factor * max(learned[-window:])))
         late = delay > hold
         expired += late

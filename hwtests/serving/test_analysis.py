@@ -229,6 +229,20 @@ class HoldReplay(unittest.TestCase):
         self.assertEqual(a.hold_expiries(tr, learn_expired=False), 3)
         self.assertEqual(a.hold_expiries(tr, learn_expired=True), 1)
 
+    def test_an_edge_after_other_launches_is_not_the_arrival_s_first_launch(self):
+        # An idle arrival at 0 launches at 4 ms (hold 8 ms). An arrival at 100 ms while a
+        # request runs: its next edge, at 150 ms, came 0.3 ms after another launch, so it is not
+        # its first. An idle arrival at 300 ms launches 20 ms later, past the 8 ms hold (a 2 x
+        # 50 ms hold, learned from the busy arrival, would have hidden that).
+        tr = [{"event": "arrival", "t_ns": 0},
+              {"event": "launch", "t_ns": 4 * MS, "idle_ns": 900 * MS},
+              {"event": "arrival", "t_ns": 100 * MS},
+              {"event": "launch", "t_ns": 150 * MS, "idle_ns": 300_000},
+              {"event": "arrival", "t_ns": 300 * MS},
+              {"event": "launch", "t_ns": 320 * MS, "idle_ns": 150 * MS}]
+        self.assertEqual(a.first_launch_delays(tr), [4 * MS, None, 20 * MS])
+        self.assertEqual(a.hold_expiries(tr, learn_expired=True), 1)
+
     def test_the_ceiling_is_the_hold_until_a_delay_is_learned_and_caps_it(self):
         self.assertEqual(a.hold_expiries(self.trace([150]), learn_expired=True), 0)
         self.assertEqual(a.hold_expiries(self.trace([1, 250]), learn_expired=True), 1)

@@ -221,14 +221,28 @@ impl GatePolicy {
     /// An online launch at `ts_ns`, the gap measured from the previous launch seen here.
     /// Returns [`Action::Preempt`] on the idle->busy edge.
     pub fn on_launch(&mut self, ts_ns: u64) -> Option<Action> {
+        // The gap runs from the last activity of any kind (an arrival too), so it says nothing
+        // about when online last launched: no launch is inferred from it.
         let idle = self.last_launch_ns.map(|last| ts_ns.saturating_sub(last));
-        self.on_edge(ts_ns, idle)
+        self.edge(ts_ns, idle)
     }
 
     /// An online launch at `ts_ns` after `idle_ns` without one (as the launch watcher reports
     /// idle->busy edges; `None` for a process's first launch). Returns [`Action::Preempt`] when
     /// offline is running.
     pub fn on_edge(&mut self, ts_ns: u64, idle_ns: Option<u64>) -> Option<Action> {
+        if let Some(previous) = idle_ns.map(|gap| ts_ns.saturating_sub(gap)) {
+            // The launch before this edge. If it came after an arrival (a request in flight
+            // kept online busy), that arrival's first launch came then, not now. Taking this
+            // edge as its first launch taught holds of 20-112 ms on the H100, where no idle
+            // arrival took more than 15 ms to its first kernel.
+            self.saw_launch(previous);
+        }
+        self.edge(ts_ns, idle_ns)
+    }
+
+    /// An idle->busy edge at `ts_ns` after `idle_ns` without online activity.
+    fn edge(&mut self, ts_ns: u64, idle_ns: Option<u64>) -> Option<Action> {
         let ceiling = self.cfg.cooldown_ceiling.as_nanos() as u64;
         if let Some(a) = self.pending_arrival_ns.take() {
             self.await_first_wait(ts_ns);
@@ -683,6 +697,24 @@ mod tests {
         g.saw_launch(462 * MS);
         g.on_edge(490 * MS, Some(28 * MS));
         assert_eq!(g.arrival_hold(), Duration::from_millis(8));
+    }
+
+    #[test]
+    fn an_arrival_while_a_request_runs_teaches_no_delay_from_a_later_edge() {
+        let mut g = after_a_request_with_delay(4 * MS); // hold 8 ms
+        assert_eq!(g.on_arrival(100 * MS), Some(Action::Preempt));
+        assert_eq!(g.on_edge(104 * MS, Some(90 * MS)), None);
+        // A second request arrives while the first decodes; the server takes it into the running
+        // batch, so its first launch is no edge. 50 ms later a 0.3 ms pause in the launches ends
+        // in an edge: it is not the second request's first launch (the one before it, 0.3 ms
+        // earlier, came after the arrival).
+        g.on_arrival(110 * MS);
+        g.on_edge(160 * MS, Some(300 * US));
+        assert_eq!(g.arrival_hold(), Duration::from_millis(8), "not 2 x 50 ms");
+        // An edge whose previous launch came before the arrival is still its first launch.
+        g.on_arrival(170 * MS);
+        g.on_edge(176 * MS, Some(10 * MS));
+        assert_eq!(g.arrival_hold(), Duration::from_millis(12), "2 x its 6 ms");
     }
 
     #[test]
