@@ -26,6 +26,8 @@ pub struct FreezeReport {
     pub record_us: u64,
     /// Taking the process out of the gate's offline set, us.
     pub gate_us: u64,
+    /// The part of `gate_us` spent waiting for the gate thread to acknowledge, us.
+    pub gate_sync_us: u64,
     /// The disable ioctls, us (0 when handed over).
     pub disable_us: u64,
     /// Folding the RM events that arrived before the request into the registry, us.
@@ -115,6 +117,7 @@ fn freeze_report(reply: &Value) -> FreezeReport {
         from_gate: data["from_gate"].as_bool().unwrap_or(false),
         record_us: us("record"),
         gate_us: us("gate"),
+        gate_sync_us: us("gate_sync"),
         disable_us: us("disable"),
         drain_us: us("drain"),
         queued_us: us("queued"),
@@ -339,8 +342,8 @@ mod tests {
     #[test]
     fn a_preempt_reply_gives_the_freeze_breakdown_and_an_old_reply_gives_zeros() {
         let handed = json!({"data": {"from_gate": true,
-                                     "timing_us": {"record": 40, "gate": 300, "disable": 0,
-                                                   "drain": 12, "queued": 80}},
+                                     "timing_us": {"record": 40, "gate": 300, "gate_sync": 250,
+                                                   "disable": 0, "drain": 12, "queued": 80}},
                             "error": null});
         assert_eq!(
             freeze_report(&handed),
@@ -348,6 +351,7 @@ mod tests {
                 from_gate: true,
                 record_us: 40,
                 gate_us: 300,
+                gate_sync_us: 250,
                 disable_us: 0,
                 drain_us: 12,
                 queued_us: 80,
