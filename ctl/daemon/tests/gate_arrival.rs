@@ -134,6 +134,8 @@ fn freeze_on_arrival_and_release(busy_poll: bool) {
     let _ = s.read(&mut buf).unwrap();
     // No launch follows: released once the arrival hold (the 100 ms ceiling) has passed.
     assert!(wait_until(|| rm.disabled().is_empty()), "released");
+    // The resume is counted just after the enable returns: wait for it rather than race it.
+    assert!(wait_until(|| gate.status().resumes == 1), "resume counted");
     let st = gate.status();
     assert_eq!((st.arrivals, st.preemptions, st.resumes), (1, 1, 1));
     assert_eq!(st.arrival_to_disable_us.n, 1);
