@@ -7,6 +7,7 @@ All times are CLOCK_MONOTONIC nanoseconds (Python's time.monotonic_ns, bpf_ktime
 
 import bisect
 import math
+import random
 
 
 def percentile(xs, p):
@@ -58,9 +59,7 @@ def request_stats(requests):
     """TTFT (send -> first streamed token) and TPOT ((last - first) / (tokens - 1)), in ms."""
     ok = [r for r in requests if ttft_ms(r) is not None]
     ttft = [ttft_ms(r) for r in ok]
-    tpot = [
-        (r["end_ns"] - r["first_ns"]) / 1e6 / (r["tokens"] - 1) for r in ok if r["tokens"] > 1
-    ]
+    tpot = [tpot_ms(r) for r in ok if tpot_ms(r) is not None]
     return {
         "requests": len(requests),
         "errors": len(requests) - len(ok),
@@ -385,6 +384,42 @@ def pool_reports(reports):
                 s[f"{m}_vs_alone_pct"] = pct_change(s[m], base.get(m))
         pooled[load] = rows
     return pooled
+
+
+def paired_change_interval(base, other, value, q, level=90, resamples=2000, seed=0):
+    """How far one run can pin down a percentile's change from configuration `base` to `other`.
+    Each is {(round, index): record}; every configuration replays the same arrivals, so the two
+    records of a key saw the same load. Keys are drawn again with replacement, the same draw for
+    both, and the q-th percentile of value(record) compared on each draw. Returns the change's
+    (100 - level) / 2 and (100 + level) / 2 percentiles, in %, or None below 20 pairs."""
+    keys = [k for k in base if k in other and value(base[k]) is not None and value(other[k]) is not None]
+    if len(keys) < 20:
+        return None
+    rng = random.Random(seed)
+    changes = []
+    for _ in range(resamples):
+        draw = rng.choices(keys, k=len(keys))
+        was = percentile([value(base[k]) for k in draw], q)
+        now = percentile([value(other[k]) for k in draw], q)
+        changes.append(pct_change(now, was))
+    tail = (100 - level) / 2
+    return percentile(changes, tail), percentile(changes, 100 - tail)
+
+
+def change_intervals(base, other):
+    """`paired_change_interval` for the three latency targets: TTFT p50 and p99, TPOT p99."""
+    return {
+        "ttft_p50_ms": paired_change_interval(base, other, ttft_ms, 50),
+        "ttft_p99_ms": paired_change_interval(base, other, ttft_ms, 99),
+        "tpot_p99_ms": paired_change_interval(base, other, tpot_ms, 99),
+    }
+
+
+def tpot_ms(record):
+    """(last - first streamed token) / (tokens - 1), ms; None for a failed or one-token request."""
+    if ttft_ms(record) is None or record["tokens"] < 2:
+        return None
+    return (record["end_ns"] - record["first_ns"]) / 1e6 / (record["tokens"] - 1)
 
 
 def ttft_ms(record):

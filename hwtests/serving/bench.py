@@ -379,6 +379,13 @@ def summarize(a, runs, rate_alone, device):
                 late[cfg] = [x for r in runs if r["load"] == load and r["config"] == cfg and "trace" in r
                              for x in analysis.late_arrivals(r["records"], r["trace"],
                                                              set(r.get("online_pids") or []) or None)]
+        keyed = {}
+        for r in runs:
+            if r["load"] == load:
+                keyed.setdefault(r["config"], {}).update({(r["round"], x["i"]): x for x in r["records"]})
+        if "alone" in keyed:
+            entry["intervals"] = {cfg: analysis.change_intervals(keyed["alone"], recs)
+                                  for cfg, recs in keyed.items() if cfg != "alone"}
         if alone and "alone-2" in rows:
             again = rows["alone-2"]
             entry["noise_pct"] = {m: analysis.pct_change(again[m], alone[m])
@@ -427,6 +434,11 @@ def fmt(v, spec=".2f"):
     return "n/a" if v is None else format(v, spec)
 
 
+def interval_text(iv):
+    """A (low, high) change in %, or n/a."""
+    return "n/a" if not iv or None in iv else f"{iv[0]:+.1f}% .. {iv[1]:+.1f}%"
+
+
 def report_md(res, meta):
     lines = [f"# Serving benchmark: {res['server']} on {res['device']}", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
@@ -463,6 +475,14 @@ def report_md(res, meta):
             lines += ["", f"Noise floor: online alone measured as a second configuration, in its own rounds, differs from the first by "
                       f"{fmt(n['ttft_p50_ms'], '+.1f')}% in TTFT p50, {fmt(n['ttft_p99_ms'], '+.1f')}% in TTFT p99 "
                       f"and {fmt(n['tpot_p99_ms'], '+.1f')}% in TPOT p99: read each target against that."]
+        if e.get("intervals"):
+            lines += ["", "Change against alone, 90% paired bootstrap interval (requests paired by round and index, "
+                      "as every configuration replays the same arrivals). It counts the sampling of requests only: "
+                      "where alone-2's interval misses 0, the configurations drifted apart by more than that, and "
+                      "no interval of this run settles a target.", "",
+                      "| configuration | TTFT p50 | TTFT p99 | TPOT p99 |", "|---|---|---|---|"]
+            lines += [f"| {CONFIG_NAMES[cfg]} | " + " | ".join(interval_text(iv.get(m)) for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms")) + " |"
+                      for cfg, iv in e["intervals"].items()]
         for cfg, checks in e["checks"].items():
             lines += ["", f"Targets, {CONFIG_NAMES[cfg]}:", ""]
             lines += [f"- [{'PASS' if ok else 'FAIL'}] {name}: {val}" for name, val, ok in checks]

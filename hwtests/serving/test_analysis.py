@@ -212,6 +212,40 @@ class Pool(unittest.TestCase):
         self.assertAlmostEqual(gate["ttft_ratio_median"], 2.0)
 
 
+class PairedInterval(unittest.TestCase):
+    @staticmethod
+    def config(ttfts_ms):
+        """One round of requests with these TTFTs (ms), keyed as the bench keys them."""
+        return {(0, i): req(0, int(t * MS), int(t * MS) + 40 * MS) for i, t in enumerate(ttfts_ms)}
+
+    def test_a_uniform_slowdown_is_pinned_down_and_identical_runs_straddle_zero(self):
+        base = self.config([10 + (i % 50) / 10 for i in range(200)])
+        slower = self.config([1.05 * (10 + (i % 50) / 10) for i in range(200)])
+        lo, hi = a.paired_change_interval(base, slower, a.ttft_ms, 50)
+        self.assertAlmostEqual(lo, 5.0, places=6)
+        self.assertAlmostEqual(hi, 5.0, places=6)
+        lo, hi = a.change_intervals(base, base)["ttft_p99_ms"]
+        self.assertEqual((lo, hi), (0.0, 0.0))
+
+    def test_a_tail_of_few_requests_gives_a_wide_interval(self):
+        # Two slow requests in 100 under `other` only: the p99 change depends on whether a draw
+        # holds them, so the interval spans no change up to the slow value.
+        base = self.config([10.0] * 100)
+        other = self.config([10.0] * 98 + [20.0, 20.0])
+        lo, hi = a.paired_change_interval(base, other, a.ttft_ms, 99)
+        self.assertEqual((lo, hi), (0.0, 100.0))
+
+    def test_too_few_pairs_or_unpaired_keys_give_none(self):
+        self.assertIsNone(a.paired_change_interval(self.config([10] * 19), self.config([11] * 19), a.ttft_ms, 50))
+        shifted = {(1, i): r for (_, i), r in self.config([10] * 50).items()}
+        self.assertIsNone(a.paired_change_interval(self.config([10] * 50), shifted, a.ttft_ms, 50))
+
+    def test_tpot_leaves_out_failed_and_one_token_requests(self):
+        self.assertEqual(a.tpot_ms(req(0, 10 * MS, 50 * MS)), 10.0)
+        self.assertIsNone(a.tpot_ms(req(0, 10 * MS, 50 * MS, tokens=1)))
+        self.assertIsNone(a.tpot_ms(dict(req(0, 10 * MS, 50 * MS), error="reset")))
+
+
 class HoldReplay(unittest.TestCase):
     @staticmethod
     def trace(delays_ms):
