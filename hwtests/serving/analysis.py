@@ -59,7 +59,7 @@ def request_stats(requests):
     """TTFT (send -> first streamed token) and TPOT ((last - first) / (tokens - 1)), in ms."""
     ok = [r for r in requests if ttft_ms(r) is not None]
     ttft = [ttft_ms(r) for r in ok]
-    tpot = [tpot_ms(r) for r in ok if tpot_ms(r) is not None]
+    tpot = [t for t in map(tpot_ms, ok) if t is not None]
     return {
         "requests": len(requests),
         "errors": len(requests) - len(ok),
@@ -392,16 +392,15 @@ def paired_change_interval(base, other, value, q, level=90, resamples=2000, seed
     records of a key saw the same load. Keys are drawn again with replacement, the same draw for
     both, and the q-th percentile of value(record) compared on each draw. Returns the change's
     (100 - level) / 2 and (100 + level) / 2 percentiles, in %, or None below 20 pairs."""
-    keys = [k for k in base if k in other and value(base[k]) is not None and value(other[k]) is not None]
-    if len(keys) < 20:
+    pairs = [(value(base[k]), value(other[k])) for k in base if k in other]
+    pairs = [(b, o) for b, o in pairs if b is not None and o is not None]
+    if len(pairs) < 20:
         return None
     rng = random.Random(seed)
     changes = []
     for _ in range(resamples):
-        draw = rng.choices(keys, k=len(keys))
-        was = percentile([value(base[k]) for k in draw], q)
-        now = percentile([value(other[k]) for k in draw], q)
-        changes.append(pct_change(now, was))
+        draw = rng.choices(pairs, k=len(pairs))
+        changes.append(pct_change(percentile([o for _, o in draw], q), percentile([b for b, _ in draw], q)))
     tail = (100 - level) / 2
     return percentile(changes, tail), percentile(changes, 100 - tail)
 

@@ -637,9 +637,9 @@ mod tests {
 
     #[test]
     fn an_arrival_without_launches_releases_offline_after_its_hold() {
-        let mut g = after_a_request_with_delay(4 * MS); // hold 8 ms
-                                                        // A health check: data, no GPU work. Held for the arrival hold (longer than the
-                                                        // cooldown), then released.
+        // Hold 8 ms. A health check: data, no GPU work. Held for the arrival hold (longer than
+        // the cooldown), then released.
+        let mut g = after_a_request_with_delay(4 * MS);
         assert_eq!(g.on_arrival(100 * MS), Some(Action::Preempt));
         assert_eq!(g.resume_due_ns(), Some(108 * MS));
         assert_eq!(g.on_tick(107 * MS), None);
@@ -658,9 +658,9 @@ mod tests {
 
     #[test]
     fn a_first_launch_after_the_hold_ran_out_teaches_a_hold_that_covers_it() {
-        let mut g = after_a_request_with_delay(8 * MS); // hold 16 ms
-                                                        // A request the server takes 20 ms to start (measured: 17-26 ms, a few in 400): its
-                                                        // hold runs out first, and its first launch preempts a second time.
+        // Hold 16 ms. A request the server takes 20 ms to start (measured: 17-26 ms, a few in
+        // 400): its hold runs out first, and its first launch preempts a second time.
+        let mut g = after_a_request_with_delay(8 * MS);
         assert_eq!(g.on_arrival(100 * MS), Some(Action::Preempt));
         assert_eq!(g.on_tick(116 * MS), Some(Action::Resume));
         assert_eq!(g.on_edge(120 * MS, Some(20 * MS)), Some(Action::Preempt));
@@ -676,9 +676,10 @@ mod tests {
 
     #[test]
     fn an_expired_arrival_followed_by_another_teaches_nothing() {
-        let mut g = after_a_request_with_delay(4 * MS); // hold 8 ms
-                                                        // A health check (no GPU work) expires; a real request then arrives and launches 4 ms
-                                                        // later. Only the request's delay is learned, not the 54 ms since the health check.
+        // Hold 8 ms. A health check (no GPU work) expires; a real request then arrives and
+        // launches 4 ms later. Only the request's delay is learned, not the 54 ms since the
+        // health check.
+        let mut g = after_a_request_with_delay(4 * MS);
         g.on_arrival(50 * MS);
         assert_eq!(g.on_tick(58 * MS), Some(Action::Resume));
         g.on_arrival(100 * MS);
