@@ -20,7 +20,7 @@ use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::config::OfflinePolicy;
-use crate::gate::supervisor::{ActiveGate, GateStarter};
+use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
@@ -428,25 +428,20 @@ impl<D: RmDriver> DaemonCore<D> {
             return Reply::err(1, format!("not preempting: cannot record it ({e})"));
         }
         let t_gate = Instant::now();
-        // A gated process is the operator's from now on: the gate must not enable it again.
-        // No rescan of /proc here: this is the memory pool's reclaim path.
-        let gate_sync = self.sync_gate(false);
-        // If the gate held it disabled, it is taken over as it is: no second disable.
-        let from_gate = self.preempted.get(&pid).is_some_and(|p| {
-            let handed = self
-                .gate
-                .as_ref()
-                .map(|g| g.take_handed(pid))
-                .unwrap_or_default();
-            let ours = crate::gate::runtime::channel_set(&p.records);
-            !ours.is_empty() && ours.is_subset(&handed)
-        });
+        // A gated process is the operator's from now on: the gate must not enable it again. If
+        // the gate held it disabled, it is taken over as it is: no second disable. The claim
+        // waits for no thread (the gate thread's wake-up took 10-15 ms in a few hundred
+        // reclaims), and the new offline set reads no /proc: this is the memory pool's path.
+        let from_gate = match (&self.gate, self.preempted.get(&pid)) {
+            (Some(g), Some(p)) => g.claim(pid, &crate::gate::runtime::channel_set(&p.records)),
+            _ => false,
+        };
+        self.refresh_gate(Instant::now(), Rescan::Never);
         let t_disable = Instant::now();
         // Where a preemption's time goes (the memory pool logs it with each reclaim).
         let timing = |disable_us: u64| {
             json!({"record": t_gate.duration_since(t_record).as_micros() as u64,
                    "gate": t_disable.duration_since(t_gate).as_micros() as u64,
-                   "gate_sync": gate_sync.as_micros() as u64,
                    "disable": disable_us})
         };
         if from_gate {
@@ -501,7 +496,7 @@ impl<D: RmDriver> DaemonCore<D> {
         let p = self.preempted.remove(&pid).expect("checked");
         // The gate's new offline set, with this process if the gate names it, is recorded in the
         // state file before the gate thread gets it.
-        self.sync_gate(false);
+        self.sync_gate(Rescan::Never);
         let taken = self
             .gate
             .as_ref()
@@ -630,7 +625,7 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         // The reply must show the sets the gate thread works with, not a status from before it
         // applied them.
-        self.sync_gate(true);
+        self.sync_gate(Rescan::Now);
         let status = self.gate_status();
         let waiting = self
             .gate
@@ -683,9 +678,9 @@ impl<D: RmDriver> DaemonCore<D> {
         }
     }
 
-    /// Brings the gate thread's online and offline sets up to date (labels are looked up again
-    /// at most once a second unless `force`), and notices a gate thread that died.
-    pub fn refresh_gate(&mut self, now: Instant, force: bool) {
+    /// Brings the gate thread's online and offline sets up to date (labels and ports are looked
+    /// up again in /proc as `rescan` says), and notices a gate thread that died.
+    pub fn refresh_gate(&mut self, now: Instant, rescan: Rescan) {
         let Some(g) = self.gate.as_mut() else { return };
         if g.handle_finished() {
             let records = std::mem::take(&mut g.records);
@@ -714,7 +709,7 @@ impl<D: RmDriver> DaemonCore<D> {
                     .or_insert_with(|| policy.permits(p).is_ok())
         };
         let left_alone = |p: u32| preempted.contains_key(&p) || denied(p);
-        let Some(update) = g.refresh(now, force, &self.registry, left_alone) else {
+        let Some(update) = g.refresh(now, rescan, &self.registry, left_alone) else {
             return;
         };
         // Recorded before the gate thread may disable them.
@@ -730,18 +725,13 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     /// Tells the gate thread the current sets and waits until it has applied them (so that a
-    /// manual preempt/resume of a gated process does not race with the gate's own enable).
-    /// Applies the gate's offline set now (`rescan`: look up labels and ports in /proc first,
-    /// which costs milliseconds; without it the sets are recomputed from what is known).
-    /// Returns how long the gate thread took to acknowledge (part of a reclaim's `gate` time,
-    /// which once took 10-15 ms in a few hundred reclaims).
-    fn sync_gate(&mut self, rescan: bool) -> Duration {
+    /// hand-back to the gate is settled before the reply). `rescan`: whether labels and ports
+    /// are looked up in /proc first, which costs milliseconds.
+    fn sync_gate(&mut self, rescan: Rescan) {
         self.refresh_gate(Instant::now(), rescan);
-        let asked = Instant::now();
         if let Some(g) = &self.gate {
             g.sync();
         }
-        asked.elapsed()
     }
 }
 

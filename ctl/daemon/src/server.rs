@@ -211,7 +211,7 @@ impl<'a> Server<'a> {
             self.audit
                 .record("hold_limit_resume", Caller::daemon(), targets, &reply);
         }
-        core.refresh_gate(Instant::now(), false);
+        core.refresh_gate(Instant::now(), crate::gate::Rescan::IfDue);
         if !events.alive() {
             return Err(derr(
                 EXIT_BPF,

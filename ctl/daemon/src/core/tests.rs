@@ -612,7 +612,7 @@ fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
     wait_for("the gate thread dies", || {
         c.gate.as_ref().is_some_and(|g| g.handle_finished())
     });
-    c.refresh_gate(Instant::now(), false);
+    c.refresh_gate(Instant::now(), crate::gate::Rescan::IfDue);
     assert!(c.gate.is_none());
     assert!(rm.disabled().is_empty());
     assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
@@ -710,7 +710,7 @@ fn the_configs_offline_rules_decide_who_may_be_frozen_by_hand_and_by_the_gate() 
     // The gate leaves it out of its offline set: busy freezes nothing.
     assert!(c.handle(gate_spec(1, me)).error.is_none());
     assert!(c.handle(Request::OnlineBusy).error.is_none());
-    c.refresh_gate(Instant::now(), true);
+    c.refresh_gate(Instant::now(), crate::gate::Rescan::Now);
     assert!(c.gate.as_ref().unwrap().records().is_empty());
     assert!(rm.disabled().is_empty());
     assert!(c.handle(Request::GateStop).error.is_none());

@@ -20,5 +20,5 @@ pub mod trace;
 
 pub use policy::{Action, GateConfig, GatePolicy};
 pub use runtime::{GateInput, GateRuntime, GateShared, GateStatus, LaunchSource};
-pub use supervisor::{process_label, ActiveGate, GateStarter, GATE_EDGE_GAP, LABEL_VAR};
+pub use supervisor::{process_label, ActiveGate, GateStarter, Rescan, GATE_EDGE_GAP, LABEL_VAR};
 pub use trace::{TraceKind, TraceRecord, TraceRing};

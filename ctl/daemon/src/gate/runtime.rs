@@ -8,9 +8,9 @@
 //! without the thread, for tests.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -202,9 +202,42 @@ pub struct GateShared {
     /// The runtime was dropped by a panic.
     panicked: AtomicBool,
     trace: TraceRing,
-    /// Channels the gate held disabled when their process left its offline set (a manual
-    /// preempt takes them over as they are), per pid.
-    handed: Mutex<BTreeMap<u32, ChannelSet>>,
+    /// What the gate holds disabled, and the processes the daemon took out of its hands. The
+    /// gate thread holds this lock through each disable and enable.
+    claims: Mutex<Claims>,
+    /// Offline sets sent to the gate thread so far ([`GateInput::Offline`]).
+    offline_sent: AtomicU64,
+}
+
+/// The hand-over of offline processes from the gate to the daemon (a manual preempt, the memory
+/// pool's reclaim), done under one lock instead of a round trip to a thread that may be asleep.
+#[derive(Debug, Default)]
+struct Claims {
+    /// Channels the gate thread holds disabled now.
+    held: ChannelSet,
+    /// Processes the daemon took over, each with the number of the first offline set sent
+    /// after the claim: until the gate applies that set, it neither enables nor disables them.
+    taken: BTreeMap<u32, u64>,
+}
+
+impl Claims {
+    /// `records` without the processes the daemon took over (`None`: none of them is).
+    fn untaken(&self, records: &[DisabledRecord]) -> Option<Vec<DisabledRecord>> {
+        records
+            .iter()
+            .any(|r| self.taken.contains_key(&r.pid))
+            .then(|| {
+                records
+                    .iter()
+                    .filter(|r| !self.taken.contains_key(&r.pid))
+                    .cloned()
+                    .collect()
+            })
+    }
+}
+
+fn lock_claims(shared: &GateShared) -> MutexGuard<'_, Claims> {
+    shared.claims.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Channels as (RM device instance, client, channel) triples.
@@ -217,7 +250,8 @@ impl Default for GateShared {
             ended: Condvar::new(),
             panicked: AtomicBool::new(false),
             trace: TraceRing::new(TRACE_CAPACITY),
-            handed: Mutex::default(),
+            claims: Mutex::default(),
+            offline_sent: AtomicU64::new(0),
         }
     }
 }
@@ -226,6 +260,16 @@ impl GateShared {
     /// The decision trace.
     pub fn trace(&self) -> &TraceRing {
         &self.trace
+    }
+
+    /// See [`GateHandle::claim`].
+    fn claim(&self, pid: u32, channels: &ChannelSet) -> bool {
+        let mut claims = lock_claims(self);
+        let first = self.offline_sent.load(Ordering::SeqCst) + 1;
+        claims.taken.insert(pid, first);
+        let held = !channels.is_empty() && channels.is_subset(&claims.held);
+        claims.held.retain(|c| !channels.contains(c));
+        held
     }
 }
 
@@ -273,8 +317,8 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     plan: Option<PreemptPlan>,
     /// Offline channels are disabled by this gate now.
     disabled: bool,
-    /// The channels this gate's own disables are known to hold now.
-    held: BTreeSet<(u32, u32, u32)>,
+    /// Offline sets applied so far (the claims of [`Claims::taken`] count them).
+    offline_applied: u64,
     /// Channels handed back disabled ([`GateInput::Adopt`]), until the next sync.
     adopt: BTreeSet<(u32, u32, u32)>,
     disabled_since: Option<Instant>,
@@ -324,7 +368,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             records: Vec::new(),
             plan: None,
             disabled: false,
-            held: BTreeSet::new(),
+            offline_applied: 0,
             adopt: BTreeSet::new(),
             disabled_since: None,
             online: BTreeSet::new(),
@@ -651,23 +695,30 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 }
             }
         };
-        self.hand_over_gone(&records);
+        let shared = Arc::clone(&self.shared);
+        let mut claims = lock_claims(&shared);
+        // Claims made before this set was sent are in it: the set itself leaves those out.
+        self.offline_applied += 1;
+        let applied = self.offline_applied;
+        claims.taken.retain(|_, first| *first > applied);
+        self.release_gone(&records, &mut claims);
         // Offline is preempted now: channels that just appeared must stop too, unless they come
         // back disabled from a manual preempt. Offline runs: those come back enabled.
         let added = added_channels(&self.records, &records);
         let (adopted, fresh) = split_adopted(&added, &self.adopt);
         if self.policy.preempted() {
-            self.held.extend(channel_set(&adopted));
+            claims.held.extend(channel_set(&adopted));
             if !fresh.is_empty() {
-                self.disable_records(&fresh);
+                self.disable_records(&fresh, &mut claims);
             }
             if !added.is_empty() {
                 self.disabled = true;
                 self.disabled_since.get_or_insert_with(Instant::now);
             }
         } else if !adopted.is_empty() {
-            self.enable_records(&adopted);
+            self.enable_records(&adopted, &mut claims);
         }
+        drop(claims);
         let mut pids: Vec<u32> = records.iter().map(|r| r.pid).collect();
         pids.sort();
         pids.dedup();
@@ -697,6 +748,11 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         let Some(plan) = self.plan.as_ref().filter(|p| p.gpus() >= 2) else {
             return;
         };
+        // The probe disables and enables the whole plan: not while the daemon owns part of it.
+        let claims = lock_claims(&self.shared);
+        if claims.untaken(&self.records).is_some() {
+            return;
+        }
         match self.ctl.probe_issue(plan, PROBE_CYCLES) {
             Ok(p) => {
                 self.probe_pending = false;
@@ -709,50 +765,55 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         }
     }
 
-    /// Disables the offline channels (all GPUs in one call).
+    /// Disables the offline channels (all GPUs in one call; record by record where the daemon
+    /// has taken some processes over).
     fn disable(&mut self, cause: Cause) {
-        let Some(plan) = &self.plan else {
+        if self.plan.is_none() {
             // Nothing to stop yet; the policy still counts as preempted, so channels that appear
             // before the resume are disabled on arrival.
             return;
-        };
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut claims = lock_claims(&shared);
         let issue_ns = monotonic_ns();
-        let result = self.ctl.disable(plan).map(|g| g.keep_disabled());
+        let partial = claims.untaken(&self.records);
+        let result = match (&partial, &self.plan) {
+            (None, Some(plan)) => Some(self.ctl.disable(plan).map(|g| g.keep_disabled())),
+            _ => None,
+        };
         let mut done_ns = monotonic_ns();
         self.disabled = true;
         self.disabled_since = Some(Instant::now());
-        let ok = result.is_ok();
-        self.held = if ok {
-            channel_set(&self.records)
-        } else {
-            BTreeSet::new()
-        };
-        self.trace(TraceKind::Disable, issue_ns, 0, done_ns, u64::from(!ok));
+        if let Some(Ok(_)) = &result {
+            claims.held.extend(channel_set(&self.records));
+        }
+        if let Some(r) = &result {
+            let failed = u64::from(r.is_err());
+            self.trace(TraceKind::Disable, issue_ns, 0, done_ns, failed);
+        }
         let wall = match result {
-            Ok(report) => {
-                if let Some(m) = crate::metrics::for_gate() {
-                    let (kind, ts) = match cause {
-                        Cause::Launch(ts) => (Some(crate::metrics::EdgeKind::Launch), ts),
-                        Cause::Arrival(ts) => (Some(crate::metrics::EdgeKind::Arrival), ts),
-                        Cause::Other => (None, 0),
-                    };
-                    let edge = kind.map(|k| (k, Duration::from_nanos(done_ns.saturating_sub(ts))));
-                    m.gate_disabled(&report, edge);
-                }
+            Some(Ok(report)) => {
+                self.count_disable(&report, cause, done_ns);
                 Some(report.wall.as_secs_f64() * 1e6)
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 // The controller rolled back. Most likely an offline process just exited and
                 // its handles are gone: go process by process so the others still stop.
                 self.error(format!(
                     "disabling offline channels: {e}; retrying per process"
                 ));
                 let records = self.records.clone();
-                self.disable_records(&records);
+                self.disable_records(&records, &mut claims);
+                done_ns = monotonic_ns();
+                None
+            }
+            None => {
+                self.disable_records(&partial.unwrap_or_default(), &mut claims);
                 done_ns = monotonic_ns();
                 None
             }
         };
+        drop(claims);
         // The latency samples count the retry too: that is how long online waited.
         let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
         self.sample(|s| {
@@ -770,9 +831,27 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         });
     }
 
-    /// Disables record by record, skipping the ones that fail.
-    fn disable_records(&mut self, records: &[DisabledRecord]) {
-        for r in records {
+    /// The disable's metrics, with the edge that caused it.
+    fn count_disable(&self, report: &valve::controller::BatchReport, cause: Cause, done_ns: u64) {
+        let Some(m) = crate::metrics::for_gate() else {
+            return;
+        };
+        let (kind, ts) = match cause {
+            Cause::Launch(ts) => (Some(crate::metrics::EdgeKind::Launch), ts),
+            Cause::Arrival(ts) => (Some(crate::metrics::EdgeKind::Arrival), ts),
+            Cause::Other => (None, 0),
+        };
+        let edge = kind.map(|k| (k, Duration::from_nanos(done_ns.saturating_sub(ts))));
+        m.gate_disabled(report, edge);
+    }
+
+    /// Disables record by record, skipping the ones that fail and the processes the daemon
+    /// took over.
+    fn disable_records(&mut self, records: &[DisabledRecord], claims: &mut Claims) {
+        for r in records
+            .iter()
+            .filter(|r| !claims.taken.contains_key(&r.pid))
+        {
             let (targets, _) = targets_of(&self.ctl, std::slice::from_ref(r));
             let t0 = monotonic_ns();
             let res = self
@@ -787,7 +866,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 u64::from(res.is_err()),
             );
             match res {
-                Ok(()) => self.held.extend(channel_set(std::slice::from_ref(r))),
+                Ok(()) => claims.held.extend(channel_set(std::slice::from_ref(r))),
                 Err(e) if alive(r.pid) => {
                     self.error(format!("disabling offline pid {}: {e}", r.pid))
                 }
@@ -796,15 +875,22 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         }
     }
 
-    /// Enables these channels (record by record, skipping the ones that fail).
-    fn enable_records(&mut self, records: &[DisabledRecord]) {
-        for r in records {
+    /// Enables these channels (record by record, skipping the ones that fail and the processes
+    /// the daemon took over).
+    fn enable_records(&mut self, records: &[DisabledRecord], claims: &mut Claims) {
+        for r in records
+            .iter()
+            .filter(|r| !claims.taken.contains_key(&r.pid))
+        {
             let (targets, _) = targets_of(&self.ctl, std::slice::from_ref(r));
             let t0 = monotonic_ns();
             let res = self
                 .ctl
                 .plan(&targets, PreemptMode::Preempt)
                 .and_then(|p| self.ctl.enable(&p));
+            for c in channel_set(std::slice::from_ref(r)) {
+                claims.held.remove(&c);
+            }
             self.trace(
                 TraceKind::Enable,
                 t0,
@@ -820,56 +906,60 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         }
     }
 
-    /// Channels this gate holds disabled whose process leaves the offline set (a manual
-    /// preempt) stay disabled: the daemon is told, so it takes them over without a disable.
-    fn hand_over_gone(&mut self, records: &[DisabledRecord]) {
+    /// Channels this gate holds disabled whose process left the offline set unclaimed (its
+    /// label changed, or it exited) are enabled: nobody else would. A claimed one is the
+    /// daemon's, and was taken out of `held` by the claim.
+    fn release_gone(&mut self, records: &[DisabledRecord], claims: &mut Claims) {
         let keep = channel_set(records);
-        let gone: Vec<(u32, u32, u32)> = self
-            .held
-            .iter()
-            .copied()
-            .filter(|c| !keep.contains(c))
-            .collect();
-        if gone.is_empty() {
-            return;
-        }
-        let pid_of: BTreeMap<(u32, u32, u32), u32> = self
+        let gone: Vec<DisabledRecord> = self
             .records
             .iter()
-            .flat_map(|r| {
-                r.channels
+            .filter_map(|r| {
+                let chans: Vec<u32> = r
+                    .channels
                     .iter()
-                    .map(move |&c| ((r.device_instance, r.client, c), r.pid))
+                    .copied()
+                    .filter(|&c| {
+                        let t = (r.device_instance, r.client, c);
+                        claims.held.contains(&t) && !keep.contains(&t)
+                    })
+                    .collect();
+                (!chans.is_empty()).then(|| DisabledRecord {
+                    channels: chans,
+                    ..r.clone()
+                })
             })
             .collect();
-        let mut handed = self
-            .shared
-            .handed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        for c in gone {
-            self.held.remove(&c);
-            // An exited process's channels are gone with it: nobody will take them over.
-            if let Some(&pid) = pid_of.get(&c).filter(|&&p| alive(p)) {
-                handed.entry(pid).or_default().insert(c);
-            }
+        for c in channel_set(&gone) {
+            claims.held.remove(&c);
         }
+        let live: Vec<DisabledRecord> = gone.into_iter().filter(|r| alive(r.pid)).collect();
+        self.enable_records(&live, claims);
     }
 
     /// Enables the offline channels; on a failure, record by record so one exited process does
-    /// not keep the others frozen.
+    /// not keep the others frozen. Processes the daemon took over stay as they are.
     fn enable(&mut self) {
         if !self.disabled {
             return;
         }
+        let shared = Arc::clone(&self.shared);
+        let mut claims = lock_claims(&shared);
         let t0 = Instant::now();
         let start_ns = monotonic_ns();
-        let result = match &self.plan {
-            Some(plan) => self.ctl.enable(plan).map(Some),
-            None => Ok(None),
+        // Channels of a process the daemon took over stay in `held` until the offline set
+        // without it comes: those it did not take (on another GPU) are enabled then.
+        let result = if let Some(rest) = claims.untaken(&self.records) {
+            self.enable_records(&rest, &mut claims);
+            Ok(None)
+        } else {
+            claims.held.clear();
+            match &self.plan {
+                Some(plan) => self.ctl.enable(plan).map(Some),
+                None => Ok(None),
+            }
         };
         let ok = result.is_ok();
-        self.held.clear();
         if let Err(e) = &result {
             let (_, failures) = reenable(&self.ctl, &self.records);
             if !failures.is_empty() {
@@ -879,6 +969,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 ));
             }
         }
+        drop(claims);
         self.trace(
             TraceKind::Enable,
             start_ns,
@@ -1149,23 +1240,24 @@ where
 impl GateHandle {
     /// Sends an input to the gate thread (ignored if it has ended).
     pub fn send(&self, input: GateInput) {
+        if matches!(input, GateInput::Offline(_)) {
+            self.shared.offline_sent.fetch_add(1, Ordering::SeqCst);
+        }
         let _ = self.tx.send(input);
+    }
+
+    /// Takes `pid` out of the gate's hands at once (a manual preempt): from now on the gate
+    /// neither enables nor disables its channels, until an offline set sent after this call
+    /// says otherwise. Returns whether the gate held all of `channels` disabled; they are the
+    /// caller's now, as they are. If the gate thread is inside a disable or enable, this waits
+    /// for that one call, never for the thread to wake.
+    pub fn claim(&self, pid: u32, channels: &ChannelSet) -> bool {
+        self.shared.claim(pid, channels)
     }
 
     /// The gate's status now.
     pub fn status(&self) -> GateStatus {
         snapshot(&self.shared)
-    }
-
-    /// The channels of `pid` the gate held disabled when `pid` left its offline set (and
-    /// forgets them): they are disabled now, and no longer the gate's.
-    pub fn take_handed(&self, pid: u32) -> BTreeSet<(u32, u32, u32)> {
-        let mut handed = self
-            .shared
-            .handed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        handed.remove(&pid).unwrap_or_default()
     }
 
     /// Trace records after sequence number `after` (at most `limit`, oldest first).
@@ -1801,6 +1893,113 @@ mod tests {
             Arc::new(GateShared::default()),
         );
         (rt, launches)
+    }
+
+    /// Sends an offline set as the daemon does: counted as sent, then applied.
+    fn send_offline(rt: &mut GateRuntime<Arc<FakeRm>, FakeLaunches>, recs: &[DisabledRecord]) {
+        rt.shared.offline_sent.fetch_add(1, Ordering::SeqCst);
+        rt.handle(GateInput::Offline(recs.to_vec()), 0);
+    }
+
+    /// `offline()` with its second process (on GPU 0 only) made this test process, so that it
+    /// counts as alive.
+    fn offline_with_a_live_process(rm: &FakeRm) -> (Vec<DisabledRecord>, u32) {
+        let me = std::process::id();
+        let mut recs = offline(rm);
+        recs[2].pid = me;
+        (recs, me)
+    }
+
+    #[test]
+    fn a_claim_takes_a_held_process_over_with_no_thread_and_the_gate_leaves_it_frozen() {
+        // A manual preempt (the memory pool's reclaim) takes an offline process out of the
+        // gate's hands under the claims lock: there is no gate thread here to answer. The gate
+        // must then leave it as it is: frozen through its resumes and preempts, even after the
+        // offline set without it has come.
+        let rm = Arc::new(FakeRm::host(2));
+        let (mut rt, _) = runtime(&rm, GateConfig::default());
+        let (recs, me) = offline_with_a_live_process(&rm);
+        send_offline(&mut rt, &recs);
+        rt.handle(GateInput::Busy, MS);
+        assert_eq!(rm.disabled().len(), 60);
+        // A set sent before the claim, still naming the process, is applied after it.
+        rt.shared.offline_sent.fetch_add(1, Ordering::SeqCst);
+        assert!(rt.shared.claim(me, &channel_set(&recs[2..])), "held");
+        rt.handle(GateInput::Offline(recs.clone()), 0);
+        rt.handle(GateInput::Idle, 2 * MS);
+        assert_eq!(rm.disabled().len(), 20, "the claimed process stays frozen");
+        let calls = rm.state.lock().unwrap().disable_calls.len();
+        rt.handle(GateInput::Busy, 3 * MS);
+        let new_calls = rm.state.lock().unwrap().disable_calls[calls..].to_vec();
+        assert_eq!(
+            new_calls.iter().map(|c| c.2).sum::<usize>(),
+            40,
+            "the preempt disables the other process only: {new_calls:?}"
+        );
+        send_offline(&mut rt, &recs[..2]);
+        rt.handle(GateInput::Idle, 4 * MS);
+        assert_eq!(rm.disabled().len(), 20, "still the daemon's to enable");
+        drop(rt);
+        assert_eq!(
+            rm.disabled().len(),
+            20,
+            "the gate's exit enables only its own"
+        );
+    }
+
+    #[test]
+    fn a_process_claimed_while_offline_runs_is_never_disabled_by_the_gate() {
+        let rm = Arc::new(FakeRm::host(2));
+        let (mut rt, _) = runtime(&rm, GateConfig::default());
+        let (recs, me) = offline_with_a_live_process(&rm);
+        send_offline(&mut rt, &recs);
+        assert!(
+            !rt.shared.claim(me, &channel_set(&recs[2..])),
+            "running: the daemon disables it"
+        );
+        rt.handle(GateInput::Busy, MS);
+        assert_eq!(
+            rm.disabled().len(),
+            40,
+            "the gate stops the other process only"
+        );
+        rt.handle(GateInput::Idle, 2 * MS);
+        assert!(rm.disabled().is_empty());
+    }
+
+    #[test]
+    fn held_channels_whose_process_leaves_unclaimed_are_enabled() {
+        // A process that leaves the offline set while the gate holds it (a relabel) is nobody
+        // else's: it must not stay frozen. Likewise the channels a claim did not take (a
+        // preempt of one GPU only) once the set without the process comes.
+        let rm = Arc::new(FakeRm::host(2));
+        let (mut rt, _) = runtime(&rm, GateConfig::default());
+        let (mut recs, me) = offline_with_a_live_process(&rm);
+        send_offline(&mut rt, &recs);
+        rt.handle(GateInput::Busy, MS);
+        send_offline(&mut rt, &recs[..2]);
+        assert_eq!(rm.disabled().len(), 40, "the process that left runs again");
+        rt.handle(GateInput::Idle, 2 * MS);
+        assert!(rm.disabled().is_empty());
+        // The first process, on two GPUs, is preempted on GPU 0 only.
+        recs[0].pid = me;
+        recs[1].pid = me;
+        send_offline(&mut rt, &recs[..2]);
+        rt.handle(GateInput::Busy, 3 * MS);
+        assert_eq!(rm.disabled().len(), 40);
+        assert!(rt.shared.claim(me, &channel_set(&recs[..1])));
+        rt.handle(GateInput::Idle, 4 * MS);
+        assert_eq!(
+            rm.disabled().len(),
+            40,
+            "claimed: the gate enables none of it yet"
+        );
+        send_offline(&mut rt, &[]);
+        assert_eq!(
+            rm.disabled().len(),
+            20,
+            "GPU 1's channels, not taken, run again"
+        );
     }
 
     #[test]

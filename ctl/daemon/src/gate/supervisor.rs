@@ -53,6 +53,17 @@ pub struct ActiveGate {
     ports_scanned: Option<Instant>,
 }
 
+/// Whether a refresh reads `/proc` again for labels and listening ports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rescan {
+    /// Now (a new gate, an operator's request).
+    Now,
+    /// If the last scan is a second old (the daemon's loop).
+    IfDue,
+    /// Not at all: a preemption's path, where a scan of every process costs milliseconds.
+    Never,
+}
+
 /// A new offline channel set from [`ActiveGate::refresh`]: record it, then [`ActiveGate::apply`]
 /// it.
 #[must_use = "record the offline set in the state file, then apply it"]
@@ -358,17 +369,17 @@ impl ActiveGate {
     }
 
     /// Brings the gate thread's online set up to date and works out its offline channels from
-    /// the registry (labels are looked up again at most once a second unless `force`). A
-    /// process for which `by_hand` is true was preempted by the operator and is left alone.
-    /// Returns the new offline set if it changed: record it, then [`ActiveGate::apply`] it.
+    /// the registry (labels and ports are looked up again as `rescan` says). A process for
+    /// which `by_hand` is true was preempted by the operator and is left alone. Returns the new
+    /// offline set if it changed: record it, then [`ActiveGate::apply`] it.
     pub fn refresh(
         &mut self,
         now: Instant,
-        force: bool,
+        rescan: Rescan,
         registry: &Registry,
         by_hand: impl Fn(u32) -> bool,
     ) -> Option<OfflineUpdate> {
-        self.rescan_labels(now, force);
+        self.rescan_labels(now, rescan);
         let online: BTreeSet<u32> = self
             .spec
             .online
@@ -394,7 +405,9 @@ impl ActiveGate {
             self.online = online.clone();
             self.handle.send(GateInput::Online(online));
         }
-        if let Some(ports) = self.rescanned_ports(now, force || online_changed) {
+        // An online process that exited takes its ports along, whatever `rescan` says.
+        let ports_rescan = if online_changed { Rescan::Now } else { rescan };
+        if let Some(ports) = self.rescanned_ports(now, ports_rescan) {
             if ports != self.ports {
                 self.ports = ports.clone();
                 self.handle.send(GateInput::Ports(ports));
@@ -407,10 +420,11 @@ impl ActiveGate {
         None
     }
 
-    /// The channels of `pid` the gate held disabled when `pid` was taken out of its offline set
-    /// (a manual preempt): they are disabled already.
-    pub fn take_handed(&self, pid: u32) -> BTreeSet<(u32, u32, u32)> {
-        self.handle.take_handed(pid)
+    /// Takes `pid` out of the gate's hands for a manual preempt, without waiting for the gate
+    /// thread; returns whether the gate held all of `channels` disabled (they are the caller's
+    /// now). See [`GateHandle::claim`].
+    pub fn claim(&self, pid: u32, channels: &super::runtime::ChannelSet) -> bool {
+        self.handle.claim(pid, channels)
     }
 
     /// Tells the gate thread that these channels come back from a manual preempt disabled.
@@ -430,11 +444,8 @@ impl ActiveGate {
         let _ = rx.recv_timeout(Duration::from_secs(2));
     }
 
-    fn rescan_labels(&mut self, now: Instant, force: bool) {
-        let rescan = force
-            || self
-                .labels_scanned
-                .is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN);
+    fn rescan_labels(&mut self, now: Instant, rescan: Rescan) {
+        let rescan = due(rescan, self.labels_scanned, now);
         let by_label = self.spec.online_label.is_some() || self.spec.offline_label.is_some();
         if rescan && (by_label || !self.spec.online_ports.is_empty()) {
             let pids = all_pids();
@@ -461,15 +472,11 @@ impl ActiveGate {
     /// The ports to watch for arrivals, looked up again on the label cadence (`None`: not due).
     /// `--online-port`s count in every network namespace; the ports the online processes
     /// listen on count in theirs.
-    fn rescanned_ports(&mut self, now: Instant, force: bool) -> Option<BTreeSet<WatchedPort>> {
+    fn rescanned_ports(&mut self, now: Instant, rescan: Rescan) -> Option<BTreeSet<WatchedPort>> {
         if !self.spec.arrivals.unwrap_or(true) {
             return None;
         }
-        let due = force
-            || self
-                .ports_scanned
-                .is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN);
-        if !due {
+        if !due(rescan, self.ports_scanned, now) {
             return None;
         }
         self.ports_scanned = Some(now);
@@ -499,6 +506,15 @@ impl ActiveGate {
     }
 }
 
+/// Whether a scan last done at `last` is to be done again at `now`.
+fn due(rescan: Rescan, last: Option<Instant>, now: Instant) -> bool {
+    match rescan {
+        Rescan::Now => true,
+        Rescan::IfDue => last.is_none_or(|t| now.duration_since(t) >= LABEL_RESCAN),
+        Rescan::Never => false,
+    }
+}
+
 /// Every channel of the given processes, per process and GPU, from the registry.
 fn offline_records(offline: &BTreeSet<u32>, registry: &Registry) -> Vec<DisabledRecord> {
     let mut records = Vec::new();
@@ -524,6 +540,16 @@ fn offline_records(offline: &BTreeSet<u32>, registry: &Registry) -> Vec<Disabled
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preemptions_refresh_never_scans_proc_even_when_a_scan_is_due() {
+        let now = Instant::now();
+        let stale = now.checked_sub(2 * LABEL_RESCAN);
+        assert!(due(Rescan::IfDue, stale, now) && due(Rescan::IfDue, None, now));
+        assert!(!due(Rescan::IfDue, Some(now), now));
+        assert!(!due(Rescan::Never, stale, now) && !due(Rescan::Never, None, now));
+        assert!(due(Rescan::Now, Some(now), now));
+    }
 
     #[test]
     fn labels_come_from_the_environment() {

@@ -24,10 +24,8 @@ pub struct FreezeReport {
     pub from_gate: bool,
     /// Writing the state file before the disable, us.
     pub record_us: u64,
-    /// Taking the process out of the gate's offline set, us.
+    /// Taking the process out of the gate's hands (its claim and the new offline set), us.
     pub gate_us: u64,
-    /// The part of `gate_us` spent waiting for the gate thread to acknowledge, us.
-    pub gate_sync_us: u64,
     /// The disable ioctls, us (0 when handed over).
     pub disable_us: u64,
     /// Folding the RM events that arrived before the request into the registry, us.
@@ -117,7 +115,6 @@ fn freeze_report(reply: &Value) -> FreezeReport {
         from_gate: data["from_gate"].as_bool().unwrap_or(false),
         record_us: us("record"),
         gate_us: us("gate"),
-        gate_sync_us: us("gate_sync"),
         disable_us: us("disable"),
         drain_us: us("drain"),
         queued_us: us("queued"),
@@ -342,7 +339,7 @@ mod tests {
     #[test]
     fn a_preempt_reply_gives_the_freeze_breakdown_and_an_old_reply_gives_zeros() {
         let handed = json!({"data": {"from_gate": true,
-                                     "timing_us": {"record": 40, "gate": 300, "gate_sync": 250,
+                                     "timing_us": {"record": 40, "gate": 300,
                                                    "disable": 0, "drain": 12, "queued": 80}},
                             "error": null});
         assert_eq!(
@@ -351,7 +348,6 @@ mod tests {
                 from_gate: true,
                 record_us: 40,
                 gate_us: 300,
-                gate_sync_us: 250,
                 disable_us: 0,
                 drain_us: 12,
                 queued_us: 80,

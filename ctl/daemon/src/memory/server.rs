@@ -257,7 +257,6 @@ impl PoolServer {
                         from_gate = f.from_gate,
                         record_us = f.record_us,
                         gate_us = f.gate_us,
-                        gate_sync_us = f.gate_sync_us,
                         disable_us = f.disable_us,
                         drain_us = f.drain_us,
                         queued_us = f.queued_us,
