@@ -298,6 +298,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             st = valve.gate_status()
             out["gate_status"] = st
             out["preemptions"] = st["preemptions"] - before["preemptions"]
+            out["probe_hits"] = probe_hits_between(before, st)
             lo = min(r["send_ns"] for r in recs) - 2_000_000
             out["trace"] = [r for r in valve.gate_trace() if r["t_ns"] >= lo]
             out["online_pids"] = st.get("online_pids", [])
@@ -308,6 +309,25 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
         if frozen:
             valve.thaw(offline_proc.p.pid)
     return out
+
+
+def probe_hits_between(before, after):
+    """The online calls the gate's probes caught between two gate statuses (None from a daemon that
+    does not count them)."""
+    a, b = before.get("online_probe_hits"), after.get("online_probe_hits")
+    if not a or not b:
+        return None
+    return {k: b[k] - a[k] for k in ("kernel_launches", "graph_launches", "syncs")}
+
+
+def probe_hits_per_token(group):
+    """Probed online calls per generated token over a configuration's rounds (None: not counted)."""
+    counted = [r for r in group if r.get("probe_hits")]
+    tokens = sum(x.get("tokens") or 0 for r in counted for x in r["records"])
+    if not counted or not tokens:
+        return None
+    return {k: sum(r["probe_hits"][k] for r in counted) / tokens
+            for k in ("kernel_launches", "graph_launches", "syncs")}
 
 
 class Terminated(Exception):
@@ -406,6 +426,7 @@ def config_stats(group, rate_alone):
     gated = [r for r in group if "preemptions" in r]
     s["preemptions_per_request"] = (sum(r["preemptions"] for r in gated) / len(recs)
                                     if gated and recs else None)
+    s["probe_hits_per_token"] = probe_hits_per_token(group)
     if not any("trace" in r for r in group):
         return s
     per = [x for r in group if "trace" in r
@@ -461,6 +482,11 @@ def report_md(res, meta):
                       f"{d['offline_ran_sum_ms']:.1f} ms in all, at most {fmt(d['offline_ran_max_ms'])} ms; "
                       f"{d['edges_after_resume']} launch edges reported only because they followed a resume"
                       for cfg, d in decode]
+        probed = [(cfg, s["probe_hits_per_token"]) for cfg, s in e["rows"].items() if s.get("probe_hits_per_token")]
+        if probed:
+            lines += ["", "Online calls caught by the gate's probes, per generated token (each a trap of about 1-2 us; a synchronising call traps twice):", ""]
+            lines += [f"- {CONFIG_NAMES[cfg]}: {h['kernel_launches']:.1f} kernel launches, {h['graph_launches']:.2f} graph launches, "
+                      f"{h['syncs']:.2f} synchronising calls" for cfg, h in probed]
         hops = [(cfg, s["arrival_to_gate_ms"]) for cfg, s in e["rows"].items()
                 if (s.get("arrival_to_gate_ms") or {}).get("p50") is not None]
         if hops:

@@ -75,5 +75,22 @@ class Measure(unittest.TestCase):
         self.assertEqual(e.exception.code, 2)
 
 
+
+class ProbeHits(unittest.TestCase):
+    def test_hits_are_the_rounds_differences_over_their_generated_tokens(self):
+        hits = lambda k, g, s: {"online_probe_hits": {"kernel_launches": k, "graph_launches": g, "syncs": s}}
+        r1 = {"probe_hits": bench.probe_hits_between(hits(100, 1, 2), hits(400, 4, 8)),
+              "records": [{"tokens": 10}, {"tokens": 20}]}
+        r2 = {"probe_hits": bench.probe_hits_between(hits(0, 0, 0), hits(300, 6, 6)),
+              "records": [{"tokens": 30}]}
+        self.assertEqual(r1["probe_hits"], {"kernel_launches": 300, "graph_launches": 3, "syncs": 6})
+        self.assertEqual(bench.probe_hits_per_token([r1, r2]),
+                         {"kernel_launches": 10.0, "graph_launches": 0.15, "syncs": 0.2})
+
+    def test_an_old_daemon_or_an_ungated_round_counts_nothing(self):
+        self.assertIsNone(bench.probe_hits_between({}, {"online_probe_hits": {}}))
+        self.assertIsNone(bench.probe_hits_per_token([{"records": [{"tokens": 5}]}]))
+
+
 if __name__ == "__main__":
     unittest.main()

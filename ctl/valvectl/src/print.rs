@@ -190,6 +190,13 @@ pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Resul
             v["issue"].as_str().unwrap_or("?")
         )?;
     }
+    if let Some(h) = v.get("online_probe_hits").filter(|h| h.is_object()) {
+        writeln!(
+            out,
+            "online calls probed: {} kernel launches, {} graph launches, {} synchronising calls",
+            h["kernel_launches"], h["graph_launches"], h["syncs"]
+        )?;
+    }
     if let Some(sched) = v["scheduling"].as_str() {
         writeln!(out, "threads: {sched}")?;
     }
@@ -344,6 +351,8 @@ mod tests {
         with_arrivals["issue"] = serde_json::json!("serial (forced)");
         with_arrivals["scheduling"] =
             serde_json::json!("gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10");
+        with_arrivals["online_probe_hits"] =
+            serde_json::json!({"kernel_launches": 900, "graph_launches": 30, "syncs": 31});
         let mut out = Vec::new();
         gate_status(&mut out, &with_arrivals).unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -353,6 +362,10 @@ mod tests {
         );
         assert!(
             text.contains("threads: gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10"),
+            "{text}"
+        );
+        assert!(
+            text.contains("probed: 900 kernel launches, 30 graph launches, 31 synchronising"),
             "{text}"
         );
         let mut out = Vec::new();

@@ -88,6 +88,11 @@ pub trait LaunchSource: Send {
     fn arrival_counts(&self, _port: u16) -> ArrivalCounts {
         ArrivalCounts::default()
     }
+    /// The calls of `pid` that hit the launch watcher's probes so far (each costs the calling
+    /// thread a trap into the kernel; zeros where the source does not count them).
+    fn probe_hits(&self, _pid: u32) -> ProbeHits {
+        ProbeHits::default()
+    }
     /// Offline is about to resume at `now_ns`: report each online process's next launch as an
     /// edge whatever its idle gap (0: disarm, no resume after all). Errors are the source's to
     /// log; the gate resumes anyway.
@@ -107,10 +112,39 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
     fn last_wait_end_ns(&self, pid: u32) -> u64 {
         self.counts(pid).sync_end_ns
     }
+    fn probe_hits(&self, pid: u32) -> ProbeHits {
+        let c = self.counts(pid);
+        ProbeHits {
+            kernel_launches: c.kernel_launches,
+            graph_launches: c.graph_launches,
+            syncs: c.syncs,
+        }
+    }
     fn arm_resume(&self, now_ns: u64) {
         if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
             tracing::warn!("gate: {e}");
         }
+    }
+}
+
+/// Calls of the online processes that hit the launch watcher's probes: what the gate costs
+/// their host threads (about 1-2 us per launch; a synchronising call is probed on entry and
+/// on return).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeHits {
+    /// Kernel launches (every variant).
+    pub kernel_launches: u64,
+    /// Graph launches.
+    pub graph_launches: u64,
+    /// Synchronising calls.
+    pub syncs: u64,
+}
+
+impl std::ops::AddAssign for ProbeHits {
+    fn add_assign(&mut self, o: ProbeHits) {
+        self.kernel_launches += o.kernel_launches;
+        self.graph_launches += o.graph_launches;
+        self.syncs += o.syncs;
     }
 }
 
@@ -167,6 +201,8 @@ pub struct GateStatus {
     pub edge_to_disable_us: Summary,
     /// From the request's arrival (BPF timestamp) to the disable call's return.
     pub arrival_to_disable_us: Summary,
+    /// The online processes' probed calls so far (of the processes watched now).
+    pub online_probe_hits: ProbeHits,
     /// Failed disables/enables (each is retried process by process).
     pub errors: u64,
     /// The latest failure.
@@ -415,12 +451,17 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     }
 
     fn update(&self, f: impl FnOnce(&mut GateStatus)) {
+        let mut hits = ProbeHits::default();
+        for &p in &self.online {
+            hits += self.launches.probe_hits(p);
+        }
         let mut g = self
             .shared
             .status
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         f(&mut g.status);
+        g.status.online_probe_hits = hits;
         g.status.preempted = self.policy.preempted();
         g.status.pinned = self.policy.pinned();
         g.status.preemptions = self.policy.preemptions();
@@ -2034,6 +2075,45 @@ mod tests {
             !snapshot(&shared).fast_wakeups,
             "the watcher waits for a CPU"
         );
+    }
+
+    #[test]
+    fn the_status_sums_the_probe_hits_of_the_online_processes_only() {
+        struct Hits;
+        impl LaunchSource for Hits {
+            fn watch(&mut self, _: u32) -> Result<(), String> {
+                Ok(())
+            }
+            fn unwatch(&mut self, _: u32) {}
+            fn last_launch_ns(&self, _: u32) -> u64 {
+                0
+            }
+            fn probe_hits(&self, pid: u32) -> ProbeHits {
+                let n = u64::from(pid);
+                ProbeHits {
+                    kernel_launches: 100 * n,
+                    graph_launches: 10 * n,
+                    syncs: n,
+                }
+            }
+        }
+        let rm = Arc::new(FakeRm::host(1));
+        let shared = Arc::new(GateShared::default());
+        let mut rt = GateRuntime::new(
+            Controller::with_driver(rm).unwrap(),
+            Hits,
+            GateConfig::default(),
+            shared.clone(),
+        );
+        rt.handle(GateInput::Online([1, 2].into()), 0);
+        let want = ProbeHits {
+            kernel_launches: 300,
+            graph_launches: 30,
+            syncs: 3,
+        };
+        assert_eq!(snapshot(&shared).online_probe_hits, want);
+        rt.handle(GateInput::Online([2].into()), 0);
+        assert_eq!(snapshot(&shared).online_probe_hits.kernel_launches, 200);
     }
 
     #[test]
