@@ -113,12 +113,7 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
         self.counts(pid).sync_end_ns
     }
     fn probe_hits(&self, pid: u32) -> ProbeHits {
-        let c = self.counts(pid);
-        ProbeHits {
-            kernel_launches: c.kernel_launches,
-            graph_launches: c.graph_launches,
-            syncs: c.syncs,
-        }
+        ProbeHits::from(&self.counts(pid))
     }
     fn arm_resume(&self, now_ns: u64) {
         if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
@@ -138,6 +133,16 @@ pub struct ProbeHits {
     pub graph_launches: u64,
     /// Synchronising calls.
     pub syncs: u64,
+}
+
+impl From<&valve_ebpf::LaunchCounts> for ProbeHits {
+    fn from(c: &valve_ebpf::LaunchCounts) -> Self {
+        ProbeHits {
+            kernel_launches: c.kernel_launches,
+            graph_launches: c.graph_launches,
+            syncs: c.syncs,
+        }
+    }
 }
 
 impl std::ops::AddAssign for ProbeHits {

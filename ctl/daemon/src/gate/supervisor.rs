@@ -196,6 +196,9 @@ impl LaunchSource for GateWatchers {
     fn last_wait_end_ns(&self, pid: u32) -> u64 {
         self.launch.counts(pid).sync_end_ns
     }
+    fn probe_hits(&self, pid: u32) -> super::runtime::ProbeHits {
+        super::runtime::ProbeHits::from(&self.launch.counts(pid))
+    }
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
         match &self.arrival {
             Some(a) => a.watch_port(port).map_err(|e| e.to_string()),
