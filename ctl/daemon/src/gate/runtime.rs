@@ -262,18 +262,20 @@ struct Claims {
 }
 
 impl Claims {
+    /// Whether the daemon took over any process of `records`.
+    fn any_taken(&self, records: &[DisabledRecord]) -> bool {
+        records.iter().any(|r| self.taken.contains_key(&r.pid))
+    }
+
     /// `records` without the processes the daemon took over (`None`: none of them is).
     fn untaken(&self, records: &[DisabledRecord]) -> Option<Vec<DisabledRecord>> {
-        records
-            .iter()
-            .any(|r| self.taken.contains_key(&r.pid))
-            .then(|| {
-                records
-                    .iter()
-                    .filter(|r| !self.taken.contains_key(&r.pid))
-                    .cloned()
-                    .collect()
-            })
+        self.any_taken(records).then(|| {
+            records
+                .iter()
+                .filter(|r| !self.taken.contains_key(&r.pid))
+                .cloned()
+                .collect()
+        })
     }
 }
 
@@ -796,7 +798,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         };
         // The probe disables and enables the whole plan: not while the daemon owns part of it.
         let claims = lock_claims(&self.shared);
-        if claims.untaken(&self.records).is_some() {
+        if claims.any_taken(&self.records) {
             return;
         }
         match self.ctl.probe_issue(plan, PROBE_CYCLES) {
