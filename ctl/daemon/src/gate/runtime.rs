@@ -206,7 +206,8 @@ pub struct GateStatus {
     pub edge_to_disable_us: Summary,
     /// From the request's arrival (BPF timestamp) to the disable call's return.
     pub arrival_to_disable_us: Summary,
-    /// The online processes' probed calls so far (of the processes watched now).
+    /// The online processes' probed calls so far (of the processes watched now; read at most
+    /// every 100 ms).
     pub online_probe_hits: ProbeHits,
     /// Failed disables/enables (each is retried process by process).
     pub errors: u64,
@@ -362,6 +363,8 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     disabled: bool,
     /// Offline sets applied so far (the claims of [`Claims::taken`] count them).
     offline_applied: u64,
+    /// When the status's probe counters were last read (0: read at the next update).
+    probe_hits_read_ns: std::cell::Cell<u64>,
     /// Channels handed back disabled ([`GateInput::Adopt`]), until the next sync.
     adopt: BTreeSet<(u32, u32, u32)>,
     disabled_since: Option<Instant>,
@@ -383,6 +386,9 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
 /// A thread waiting for online GPU work holds offline for at most this many cooldown ceilings
 /// after the last online launch (a long prefill waits that long at most; a stuck wait is no work).
 const SYNC_HOLD_FACTOR: u64 = 5;
+
+/// How often the status's probe counters are read again.
+const PROBE_HITS_EVERY_NS: u64 = 100_000_000;
 
 /// Disable/enable rounds of each kind when the gate measures the issue mode.
 const PROBE_CYCLES: usize = 5;
@@ -412,6 +418,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             plan: None,
             disabled: false,
             offline_applied: 0,
+            probe_hits_read_ns: std::cell::Cell::new(0),
             adopt: BTreeSet::new(),
             disabled_since: None,
             online: BTreeSet::new(),
@@ -458,23 +465,39 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     }
 
     fn update(&self, f: impl FnOnce(&mut GateStatus)) {
-        let mut hits = ProbeHits::default();
-        for &p in &self.online {
-            hits += self.launches.probe_hits(p);
-        }
+        let hits = self.probe_hits_due();
         let mut g = self
             .shared
             .status
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         f(&mut g.status);
-        g.status.online_probe_hits = hits;
+        if let Some(hits) = hits {
+            g.status.online_probe_hits = hits;
+        }
         g.status.preempted = self.policy.preempted();
         g.status.pinned = self.policy.pinned();
         g.status.preemptions = self.policy.preemptions();
         g.status.arrivals = self.policy.arrivals();
         g.status.cooldown_us = self.policy.cooldown().as_secs_f64() * 1e6;
         g.status.arrival_hold_us = self.policy.arrival_hold().as_secs_f64() * 1e6;
+    }
+
+    /// The online processes' probe counters, if a read is due: they cost a map lookup per
+    /// process, so they are read at most every [`PROBE_HITS_EVERY_NS`], not on every decision
+    /// (and at once after the online set changes).
+    fn probe_hits_due(&self) -> Option<ProbeHits> {
+        let now = monotonic_ns();
+        let last = self.probe_hits_read_ns.get();
+        if last != 0 && now.saturating_sub(last) < PROBE_HITS_EVERY_NS {
+            return None;
+        }
+        self.probe_hits_read_ns.set(now);
+        let mut hits = ProbeHits::default();
+        for &p in &self.online {
+            hits += self.launches.probe_hits(p);
+        }
+        Some(hits)
     }
 
     fn sample(&self, f: impl FnOnce(&mut Samples)) {
@@ -689,6 +712,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             self.launches.unwatch(p);
         }
         self.online = pids;
+        self.probe_hits_read_ns.set(0);
         let online: Vec<u32> = self.online.iter().copied().collect();
         self.update(|s| s.online_pids = online);
     }
@@ -2121,6 +2145,46 @@ mod tests {
         assert_eq!(snapshot(&shared).online_probe_hits, want);
         rt.handle(GateInput::Online([2].into()), 0);
         assert_eq!(snapshot(&shared).online_probe_hits.kernel_launches, 200);
+    }
+
+    #[test]
+    fn the_probe_counters_are_not_read_on_every_decision() {
+        // Each read is a map lookup per online process: the gate's decisions must not pay it.
+        struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+        impl LaunchSource for Counted {
+            fn watch(&mut self, _: u32) -> Result<(), String> {
+                Ok(())
+            }
+            fn unwatch(&mut self, _: u32) {}
+            fn last_launch_ns(&self, _: u32) -> u64 {
+                0
+            }
+            fn probe_hits(&self, _: u32) -> ProbeHits {
+                self.0.fetch_add(1, Ordering::SeqCst);
+                ProbeHits::default()
+            }
+        }
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let rm = Arc::new(FakeRm::host(1));
+        let mut rt = GateRuntime::new(
+            Controller::with_driver(rm.clone()).unwrap(),
+            Counted(reads.clone()),
+            GateConfig::default(),
+            Arc::new(GateShared::default()),
+        );
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        let after_online = reads.load(Ordering::SeqCst);
+        assert!(after_online >= 1, "a new online set is counted at once");
+        for i in 0..50 {
+            rt.handle(GateInput::Busy, 2 * i * MS);
+            rt.handle(GateInput::Idle, (2 * i + 1) * MS);
+        }
+        let during = reads.load(Ordering::SeqCst) - after_online;
+        assert!(
+            during <= 2,
+            "100 decisions read the counters {during} times"
+        );
     }
 
     #[test]
