@@ -49,6 +49,8 @@ async def one(session, url, body, rec, state):
                     text = msg.get("choices", [{}])[0].get("text", "")
                     if text:
                         rec["tokens"] += 1
+                        if "token_ns" in rec:  # asked for: every token's arrival
+                            rec["token_ns"].append(now)
                         rec.setdefault("first_ns", now)
                         rec["last_ns"] = now
     except Exception as e:  # noqa: BLE001 - any failure is recorded with the request

@@ -2,4 +2,4 @@
 # CPU self-test of the serving benchmark's analysis (standard library only; no torch needed).
 set -euo pipefail
 cd "$(dirname "$0")"
-python3 -m unittest -v test_analysis test_bench 2>&1 | tail -3
+python3 -m unittest -v test_analysis test_bench test_gatecost 2>&1 | tail -3

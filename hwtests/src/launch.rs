@@ -74,11 +74,71 @@ pub fn run(bins: &Bins, g0: &GpuInfo, r: &mut Report) -> Result<()> {
         cost("mean_us"),
         base["p50_us"].as_f64().unwrap_or(f64::NAN)
     ));
+    let attached = w.attached().to_vec();
+    drop(w);
+    let per_call = price_waits_and_edges(bins, g0, &lib, &args, &kernels, &base, r)?;
     r.json.insert(
         "launch_detection".into(),
-        json!({"library": lib, "attached": w.attached(), "kernel_client": kernels, "graph_client": graphs,
+        json!({"library": lib, "attached": attached, "kernel_client": kernels, "graph_client": graphs,
                "baseline": base, "kernel_counts": [ck.kernel_launches, ck.graph_launches, ck.edges],
-               "graph_counts": [cg.kernel_launches, cg.graph_launches, cg.edges]}),
+               "graph_counts": [cg.kernel_launches, cg.graph_launches, cg.edges], "per_call": per_call}),
     );
     Ok(())
+}
+
+/// What the gate adds to each online call beyond a probed launch: the probes on a synchronising
+/// call (a trap at entry and one at return), and an edge (a ring-buffer record that wakes the
+/// watcher's thread on another CPU). The same client runs under a watcher that tracks waits, then
+/// under one whose edge gap is shorter than the client's think time (every launch an edge), then
+/// bare again (the host's drift over the runs). Each is priced against the launch-probed run.
+fn price_waits_and_edges(
+    bins: &Bins,
+    g0: &GpuInfo,
+    lib: &std::path::Path,
+    args: &[&str],
+    launches: &serde_json::Value,
+    base: &serde_json::Value,
+    r: &mut Report,
+) -> Result<serde_json::Value> {
+    let watcher = |edge_gap, track_waits| {
+        LaunchWatcher::start(LaunchConfig {
+            library: lib.to_path_buf(),
+            pids: Vec::new(),
+            filter: false,
+            edge_gap,
+            track_waits,
+            realtime: None,
+        })
+    };
+    let pid = |v: &serde_json::Value| v["pid"].as_u64().unwrap_or(0) as u32;
+    let w = watcher(Duration::from_millis(1), true)?;
+    let waits = run_online(bins, g0, args)?;
+    let wc = w.counts(pid(&waits));
+    drop(w);
+    let w = watcher(Duration::from_micros(10), false)?;
+    let edges = run_online(bins, g0, args)?;
+    let ec = w.counts(pid(&edges));
+    drop(w);
+    let base_again = run_online(bins, g0, args)?;
+    let p50 = |v: &serde_json::Value| v["p50_us"].as_f64().unwrap_or(f64::NAN);
+    let launch_p50 = p50(launches);
+    let per_sync =
+        (p50(&waits) - launch_p50) / (wc.syncs as f64 / wc.kernel_launches.max(1) as f64);
+    let per_edge =
+        (p50(&edges) - launch_p50) / (ec.edges as f64 / ec.kernel_launches.max(1) as f64);
+    r.line(&format!(
+        "Probes on synchronising calls as well ({} syncs for {} launches): round trip p50 {:.1} us, {:+.1} us per synchronising call against launch probes alone. Every launch an edge ({} edges for {} launches, each waking the watcher's thread): p50 {:.1} us, {:+.1} us per edge. Without probes again, after these runs: p50 {:.1} us ({:+.1} us against the first run without: the host's drift).",
+        wc.syncs, wc.kernel_launches, p50(&waits), per_sync, ec.edges, ec.kernel_launches,
+        p50(&edges), per_edge, p50(&base_again), p50(&base_again) - p50(base)
+    ));
+    r.check(
+        "every launch after a gap longer than the edge gap is reported as an edge",
+        ec.edges + 2 >= ec.kernel_launches && ec.kernel_launches > 0,
+        format!("{} edges for {} launches", ec.edges, ec.kernel_launches),
+    );
+    Ok(
+        json!({"waits_client": waits, "wait_counts": [wc.kernel_launches, wc.syncs, wc.edges],
+              "edges_client": edges, "edge_counts": [ec.kernel_launches, ec.edges],
+              "baseline_again": base_again, "per_sync_us": per_sync, "per_edge_us": per_edge}),
+    )
 }
