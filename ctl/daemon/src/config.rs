@@ -106,6 +106,7 @@ struct RawGate {
     cooldown_floor: Option<String>,
     cooldown_ceiling: Option<String>,
     gap_factor: Option<f64>,
+    gap_memory: Option<String>,
     fixed_cooldown: Option<String>,
 }
 
@@ -244,6 +245,8 @@ impl FileConfig {
             cooldown_ceiling_us: duration("gate.cooldown_ceiling", &g.cooldown_ceiling)?
                 .map(|d| d.as_micros() as u64),
             gap_factor: g.gap_factor,
+            gap_memory_ms: duration("gate.gap_memory", &g.gap_memory)?
+                .map(|d| d.as_millis() as u64),
             fixed_cooldown_us: duration("gate.fixed_cooldown", &g.fixed_cooldown)?
                 .map(|d| d.as_micros() as u64),
             ..GateSpec::default()
@@ -297,6 +300,12 @@ fn check_gate(spec: &GateSpec, autostart: bool) -> Result<(), (&'static str, Str
         return Err((
             "gate.gap_factor",
             format!("{f}: must be at least 1 (the cooldown must outlast one gap)"),
+        ));
+    }
+    if spec.gap_memory_ms == Some(0) {
+        return Err((
+            "gate.gap_memory",
+            "0: must be at least 1ms (the cooldown is learned from the gaps it remembers)".into(),
         ));
     }
     if spec.online_label.is_some() && spec.online_label == spec.offline_label {

@@ -595,6 +595,7 @@ impl<D: RmDriver> DaemonCore<D> {
         spec.cooldown_floor_us = spec.cooldown_floor_us.or(d.cooldown_floor_us);
         spec.cooldown_ceiling_us = spec.cooldown_ceiling_us.or(d.cooldown_ceiling_us);
         spec.gap_factor = spec.gap_factor.or(d.gap_factor);
+        spec.gap_memory_ms = spec.gap_memory_ms.or(d.gap_memory_ms);
         spec.fixed_cooldown_us = spec.fixed_cooldown_us.or(d.fixed_cooldown_us);
         if spec.online.is_empty() && spec.online_label.is_none() {
             spec.online_label = d.online_label.clone();

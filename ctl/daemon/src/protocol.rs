@@ -90,6 +90,9 @@ pub struct GateSpec {
     /// Cooldown = factor x the longest recent inter-iteration gap.
     #[serde(default)]
     pub gap_factor: Option<f64>,
+    /// How long an iteration gap counts as recent, ms.
+    #[serde(default)]
+    pub gap_memory_ms: Option<u64>,
     /// A fixed cooldown instead of the learned one, us.
     #[serde(default)]
     pub fixed_cooldown_us: Option<u64>,

@@ -266,6 +266,8 @@ mod tests {
             "0ms",
             "--cooldown-floor",
             "2ms",
+            "--gap-memory",
+            "90s",
         ])
         .unwrap();
         let Command::Gate(GateArgs { action }) = &cli.command else {
@@ -281,6 +283,7 @@ mod tests {
         assert_eq!(spec.cooldown_floor_us, Some(2_000));
         assert_eq!(spec.cooldown_ceiling_us, Some(200_000));
         assert_eq!(spec.gap_factor, Some(2.0));
+        assert_eq!(spec.gap_memory_ms, Some(90_000));
         assert_eq!(
             spec.realtime_priority,
             Some(10),

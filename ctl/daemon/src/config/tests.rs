@@ -20,6 +20,7 @@ offline_label = "batch"
 cooldown_floor = "1ms"
 cooldown_ceiling = "200ms"
 gap_factor = 2.5
+gap_memory = "30s"
 
 [offline]
 labels = ["batch"]
@@ -46,6 +47,7 @@ fn a_full_config_is_read_into_typed_settings() {
     assert_eq!(c.gate_defaults.cooldown_floor_us, Some(1_000));
     assert_eq!(c.gate_defaults.cooldown_ceiling_us, Some(200_000));
     assert_eq!(c.gate_defaults.gap_factor, Some(2.5));
+    assert_eq!(c.gate_defaults.gap_memory_ms, Some(30_000));
     assert_eq!(c.offline.uids, vec![1000, 1001]);
     assert_eq!(
         c.offline.cgroups,
@@ -81,6 +83,11 @@ fn errors_name_the_file_the_key_and_the_problem() {
             "above gate.cooldown_ceiling",
         ),
         ("[gate]\ngap_factor = 0.5", "gate.gap_factor", "at least 1"),
+        (
+            "[gate]\ngap_memory = \"0s\"",
+            "gate.gap_memory",
+            "at least 1ms",
+        ),
         (
             "[gate]\nautostart = true\noffline_label = \"b\"",
             "gate.autostart",

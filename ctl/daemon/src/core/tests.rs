@@ -749,6 +749,16 @@ fn gate_defaults_fill_what_a_gate_start_leaves_out() {
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data["offline_label"], "batch", "{r:?}");
     assert!(c.handle(Request::GateStop).error.is_none());
+    // The same for the gap memory (0 is refused).
+    c.set_policy(
+        Default::default(),
+        GateSpec {
+            gap_memory_ms: Some(0),
+            ..GateSpec::default()
+        },
+    );
+    let e = c.handle(gate_spec(1, me)).error.expect("refused");
+    assert!(e.message.contains("--gap-memory"), "{}", e.message);
 }
 
 #[test]

@@ -1,6 +1,12 @@
 //! The gate's decision logic: preempt offline work when an online request arrives or online
 //! launches after idling; resume it once online has been idle for 2x its longest recent gap.
 //!
+//! "Recent" is a span of time ([`GateConfig::gap_memory`], a minute), not a number of gaps: a
+//! server's rare long host pause (4-7 ms beside 3 ms steps on the H100's cb server) must keep the
+//! cooldown above it for as long as such pauses recur. Counted over 512 gaps, it was forgotten
+//! after under 2 s of decoding (three gaps a step), and the next pause resumed offline
+//! mid-request: a second preemption for about 2% of requests at 70% load.
+//!
 //! Pure and clock-free, so one online request is provably preempted against at most once: it is
 //! fed arrival and launch edges, explicit busy/idle signals and ticks, and answers with actions.
 //! [`super::runtime`] drives it from the BPF watchers inside the daemon.
@@ -29,8 +35,11 @@ pub struct GateConfig {
     pub cooldown_ceiling: Duration,
     /// Cooldown = factor x the longest recent inter-iteration gap (2 in the paper).
     pub gap_factor: f64,
-    /// How many recent gaps the maximum is taken over (so the cooldown can shrink again).
-    pub gap_window: usize,
+    /// How long an iteration gap counts as recent, before the latest online activity (so the
+    /// cooldown can shrink again once long gaps stop).
+    pub gap_memory: Duration,
+    /// How many recent arrival -> first launch delays the arrival hold is taken over.
+    pub delay_window: usize,
     /// A fixed cooldown instead of the learned one (`Some(0)`: resume as soon as a tick finds
     /// online idle, i.e. preempt on every burst of launches and resume at once).
     pub fixed_cooldown: Option<Duration>,
@@ -55,7 +64,8 @@ impl Default for GateConfig {
             cooldown_floor: Duration::from_millis(1),
             cooldown_ceiling: Duration::from_millis(200),
             gap_factor: 2.0,
-            gap_window: 512,
+            gap_memory: Duration::from_secs(60),
+            delay_window: 512,
             fixed_cooldown: None,
             arrivals: true,
             issue: None,
@@ -63,6 +73,46 @@ impl Default for GateConfig {
             realtime: Some(valve_ebpf::realtime::DEFAULT_PRIORITY),
             arrival_busy_poll: false,
         }
+    }
+}
+
+/// The largest of the values seen within a span of time: a deque of (time, value) in which
+/// each value is larger than every later one, so the front is the maximum of what has not
+/// expired. Pushes and expiry are amortised O(1), however many values the span holds.
+#[derive(Clone, Debug, Default)]
+struct RecentMax {
+    entries: VecDeque<(u64, u64)>,
+}
+
+/// The most entries a [`RecentMax`] keeps (a strictly falling series of gaps is all kept; past
+/// this its oldest, largest, entries go first).
+const RECENT_MAX_ENTRIES: usize = 4096;
+
+impl RecentMax {
+    /// Records `value` at `ts_ns` and forgets what came before `since_ns`.
+    fn push(&mut self, ts_ns: u64, value: u64, since_ns: u64) {
+        while self.entries.back().is_some_and(|&(_, v)| v <= value) {
+            self.entries.pop_back();
+        }
+        self.entries.push_back((ts_ns, value));
+        while self.entries.len() > RECENT_MAX_ENTRIES
+            || self.entries.front().is_some_and(|&(t, _)| t < since_ns)
+        {
+            self.entries.pop_front();
+        }
+    }
+
+    /// The largest value recorded at or after `since_ns`.
+    fn max_since(&self, since_ns: u64) -> Option<u64> {
+        self.entries
+            .iter()
+            .find(|&&(t, _)| t >= since_ns)
+            .map(|&(_, v)| v)
+    }
+
+    #[cfg(test)]
+    fn clear(&mut self) {
+        self.entries.clear();
     }
 }
 
@@ -81,7 +131,7 @@ pub struct GatePolicy {
     cfg: GateConfig,
     preempted: bool,
     last_launch_ns: Option<u64>,
-    gaps: VecDeque<u64>,
+    gaps: RecentMax,
     preemptions: u64,
     /// Whether a request has been seen to end (a resume happened): gaps are trusted from then on.
     learned: bool,
@@ -112,7 +162,7 @@ impl GatePolicy {
             cfg,
             preempted: false,
             last_launch_ns: None,
-            gaps: VecDeque::new(),
+            gaps: RecentMax::default(),
             preemptions: 0,
             learned: false,
             resumed_in_gap: false,
@@ -177,7 +227,11 @@ impl GatePolicy {
         if !self.learned {
             return self.cfg.cooldown_ceiling;
         }
-        let longest = self.gaps.iter().copied().max().unwrap_or(0);
+        let since = self
+            .last_launch_ns
+            .unwrap_or(0)
+            .saturating_sub(self.cfg.gap_memory.as_nanos() as u64);
+        let longest = self.gaps.max_since(since).unwrap_or(0);
         let ns = (longest as f64 * self.cfg.gap_factor) as u64;
         Duration::from_nanos(ns).clamp(self.cfg.cooldown_floor, self.cfg.cooldown_ceiling)
     }
@@ -260,10 +314,8 @@ impl GatePolicy {
             // would never grow past it and every such gap would cost a preemption.
             let between = self.arrival_in_gap || (self.resumed_in_gap && self.arrivals == 0);
             if !between && gap < ceiling {
-                self.gaps.push_back(gap);
-                if self.gaps.len() > self.cfg.gap_window {
-                    self.gaps.pop_front();
-                }
+                let memory = self.cfg.gap_memory.as_nanos() as u64;
+                self.gaps.push(ts_ns, gap, ts_ns.saturating_sub(memory));
             }
         }
         self.resumed_in_gap = false;
@@ -277,7 +329,7 @@ impl GatePolicy {
     fn learn_arrival_delay(&mut self, delay_ns: u64) {
         if delay_ns < self.cfg.cooldown_ceiling.as_nanos() as u64 {
             self.arrival_delays.push_back(delay_ns);
-            if self.arrival_delays.len() > self.cfg.gap_window {
+            if self.arrival_delays.len() > self.cfg.delay_window {
                 self.arrival_delays.pop_front();
             }
         }
@@ -510,9 +562,9 @@ mod tests {
     }
 
     #[test]
-    fn the_window_lets_the_cooldown_shrink_again() {
+    fn the_memory_lets_the_cooldown_shrink_again() {
         let cfg = GateConfig {
-            gap_window: 4,
+            gap_memory: Duration::from_millis(100),
             ..GateConfig::default()
         };
         let mut g = learned(cfg);
@@ -521,11 +573,70 @@ mod tests {
         t += 20 * MS;
         g.on_launch(t); // one long iteration gap
         assert_eq!(g.cooldown(), Duration::from_millis(40));
-        for _ in 0..4 {
+        for _ in 0..100 {
             t += MS;
             g.on_launch(t);
         }
-        assert_eq!(g.cooldown(), Duration::from_millis(2));
+        assert_eq!(
+            g.cooldown(),
+            Duration::from_millis(40),
+            "100 ms later it is still recent"
+        );
+        t += MS;
+        g.on_launch(t);
+        assert_eq!(
+            g.cooldown(),
+            Duration::from_millis(2),
+            "101 ms later it is not"
+        );
+    }
+
+    /// The cb server on the H100 decodes in ~9.6 ms steps with three gaps each (0.5, 1.3 and
+    /// ~3 ms of host time), and now and then a host pause twice as long. A 512-gap window forgot
+    /// such a pause within 2 s; the next one then outlasted the cooldown mid-request.
+    #[test]
+    fn a_rare_long_pause_keeps_the_cooldown_above_it_for_the_whole_memory() {
+        let mut g = learned(GateConfig::default());
+        let mut t = 0;
+        g.on_launch(t);
+        let preemptions = g.preemptions();
+        let step = |g: &mut GatePolicy, t: &mut u64, host_gap: u64| {
+            for gap in [500 * US, 1_300 * US, host_gap] {
+                *t += gap;
+                assert_eq!(g.on_launch(*t), None, "online is busy: no decision");
+                assert_eq!(g.on_tick(*t + gap / 2), None, "no resume inside a step");
+            }
+        };
+        step(&mut g, &mut t, 6_600 * US); // a pause
+        for _ in 0..2_000 {
+            step(&mut g, &mut t, 3 * MS); // 6000 ordinary gaps over ~10 s
+        }
+        assert_eq!(g.cooldown(), Duration::from_micros(13_200));
+        // The next pause, as long as the first, does not resume offline.
+        assert_eq!(g.on_tick(t + 6_600 * US), None);
+        assert_eq!(g.preemptions(), preemptions);
+    }
+
+    #[test]
+    fn recent_max_keeps_the_largest_unexpired_value() {
+        let mut m = RecentMax::default();
+        m.push(0, 5, 0);
+        m.push(10, 3, 0);
+        m.push(20, 4, 0);
+        assert_eq!(m.max_since(0), Some(5));
+        assert_eq!(m.max_since(1), Some(4));
+        assert_eq!(m.max_since(21), None);
+        m.push(30, 1, 15); // forgets what came before 15
+        assert_eq!(m.max_since(0), Some(4));
+        assert_eq!(
+            m.entries.len(),
+            2,
+            "3 was dropped when 4 came: it can never be the max"
+        );
+        for i in 0..(RECENT_MAX_ENTRIES as u64 + 10) {
+            m.push(100 + i, u64::MAX - i, 0); // strictly falling: every one is kept, up to the cap
+        }
+        assert_eq!(m.entries.len(), RECENT_MAX_ENTRIES);
     }
 
     #[test]

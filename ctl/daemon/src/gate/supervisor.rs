@@ -85,7 +85,11 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         cooldown_floor: us(spec.cooldown_floor_us, d.cooldown_floor),
         cooldown_ceiling: us(spec.cooldown_ceiling_us, d.cooldown_ceiling),
         gap_factor: spec.gap_factor.unwrap_or(d.gap_factor),
-        gap_window: d.gap_window,
+        gap_memory: spec
+            .gap_memory_ms
+            .map(Duration::from_millis)
+            .unwrap_or(d.gap_memory),
+        delay_window: d.delay_window,
         fixed_cooldown: spec.fixed_cooldown_us.map(Duration::from_micros),
         arrivals: spec.arrivals.unwrap_or(true),
         waits: spec.waits.unwrap_or(true),
@@ -121,6 +125,13 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         return Err(
             "--arrival-busy-poll polls request arrivals, which this gate turns off \
              (--no-arrivals): drop one of the two"
+                .into(),
+        );
+    }
+    if cfg.gap_memory.is_zero() {
+        return Err(
+            "--gap-memory must be at least 1ms (the cooldown is learned from the gaps \
+                    it remembers)"
                 .into(),
         );
     }
@@ -579,6 +590,25 @@ mod tests {
             ..GateSpec::default()
         };
         assert!(config_of(&bad).unwrap_err().contains("at least 1"));
+        let bad = GateSpec {
+            gap_memory_ms: Some(0),
+            ..GateSpec::default()
+        };
+        assert!(config_of(&bad).unwrap_err().contains("--gap-memory"));
+        let memory = |ms| {
+            config_of(&GateSpec {
+                gap_memory_ms: ms,
+                ..GateSpec::default()
+            })
+            .unwrap()
+            .gap_memory
+        };
+        assert_eq!(
+            memory(None),
+            Duration::from_secs(60),
+            "a minute unless told"
+        );
+        assert_eq!(memory(Some(5_000)), Duration::from_secs(5));
         let ok = GateSpec {
             fixed_cooldown_us: Some(0),
             ..GateSpec::default()

@@ -20,7 +20,7 @@ use crate::error::CliError;
 Settings come from --config FILE (TOML; every key is optional), and a flag given here overrides
 the file's key of the same meaning. Example file: deploy/kubernetes/valve.yaml (its ConfigMap);
 keys: group, max_hold, state_dir, audit_log, log_format, [metrics] address, [gate] autostart,
-online_label, offline_label, cooldown_floor, cooldown_ceiling, gap_factor, fixed_cooldown,
+online_label, offline_label, cooldown_floor, cooldown_ceiling, gap_factor, gap_memory, fixed_cooldown,
 [offline] labels, uids, cgroups (who may ever be frozen), [kubernetes] pod_label.
 
 Examples:

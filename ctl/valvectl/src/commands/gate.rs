@@ -91,6 +91,10 @@ pub enum GateCommand {
         /// Cooldown = this factor x the longest recent gap between online iterations.
         #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
         gap_factor: f64,
+        /// How long a gap between online iterations counts as recent: a rare long host pause
+        /// keeps the cooldown above it this long [default: the daemon's gate.gap_memory, else 60s]
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        gap_memory: Option<Duration>,
         /// Use this cooldown instead of learning it (0ms: preempt on every burst of launches
         /// and resume at once; for comparison, it hurts online latency).
         #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
@@ -149,6 +153,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
             cooldown_floor,
             cooldown_ceiling,
             gap_factor,
+            gap_memory,
             fixed_cooldown,
         } => {
             if online.is_empty() && online_label.is_none() && online_port.is_empty() {
@@ -176,6 +181,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                 cooldown_floor_us: Some(us(cooldown_floor)),
                 cooldown_ceiling_us: Some(us(cooldown_ceiling)),
                 gap_factor: Some(*gap_factor),
+                gap_memory_ms: gap_memory.map(|d| d.as_millis() as u64),
                 fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
                 online_ports: online_port.clone(),
                 arrivals: Some(!no_arrivals),
