@@ -187,6 +187,20 @@ class Valve:
             self.daemon.stop(signal.SIGTERM)
 
 
+def stop_all(procs, valve):
+    """Ends the child processes, last started first (a SIGSTOPped one is continued so that it can
+    exit), then the daemon, which enables whatever a gate still held."""
+    for p in reversed(procs):
+        if p.p.poll() is None:
+            try:
+                os.kill(p.p.pid, signal.SIGCONT)
+            except OSError:
+                pass
+        p.stop()
+    if valve:
+        valve.stop()
+
+
 def read_progress(path):
     out = []
     with open(path) as f:
@@ -681,15 +695,7 @@ def main(argv=None):
             f"arrival-gate targets failed: {len(failed)}")
         return 0 if not failed and len(runs) == planned else 1
     finally:
-        for p in reversed(procs):
-            if p.p.poll() is None:
-                try:
-                    os.kill(p.p.pid, signal.SIGCONT)
-                except OSError:
-                    pass
-            p.stop()
-        if valve:
-            valve.stop()
+        stop_all(procs, valve)
         for p in procs:
             if p.name == "offline":
                 done = [x for x in p.lines if x.startswith("DONE")]

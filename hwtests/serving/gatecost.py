@@ -206,14 +206,16 @@ def run_block(a, valve, url, prompt, cfg, stagger_s, offline_pid, seed):
     """One block of one configuration: offline resumed (with --offline running) and the gate (if
     any) started, load, the gate stopped and offline stopped again."""
     opts = CONFIGS[cfg]
-    before = None
-    if opts is not None and a.offline == "running":
-        os.kill(offline_pid, signal.SIGCONT)
-    if opts is not None:
-        valve.gate_start(a.port, arrivals=opts["arrivals"], waits=opts["waits"])
-        bench.settle(url, prompt, a.max_tokens, 0.3)
-        before = valve.gate_status()
+    before, resumed, gated = None, False, False
     try:
+        if opts is not None and a.offline == "running":
+            os.kill(offline_pid, signal.SIGCONT)
+            resumed = True
+        if opts is not None:
+            valve.gate_start(a.port, arrivals=opts["arrivals"], waits=opts["waits"])
+            gated = True
+            bench.settle(url, prompt, a.max_tokens, 0.3)
+            before = valve.gate_status()
         cpu = cpu_times()
         recs = asyncio.run(closed_loop(url, a.concurrency, a.block_s, prompt, a.max_tokens, stagger_s,
                                        bench.MODEL_NAME[0], a.think_ms / 1e3, seed))
@@ -225,9 +227,9 @@ def run_block(a, valve, url, prompt, cfg, stagger_s, offline_pid, seed):
             block["preemptions_per_request"] = (after["preemptions"] - before["preemptions"]) / max(1, len(recs))
             block["gate_status"] = after
     finally:
-        if opts is not None:
+        if gated:
             valve.gate_stop()
-        if opts is not None and a.offline == "running":
+        if resumed:
             os.kill(offline_pid, signal.SIGSTOP)
             time.sleep(1.0)  # what it had queued on the GPU drains before the next block
     return block
@@ -302,14 +304,7 @@ def main(argv=None):
         print(text)
         return 0
     finally:
-        for p in reversed(procs):
-            try:
-                os.kill(p.p.pid, signal.SIGCONT)
-            except OSError:
-                pass
-            p.stop()
-        if valve:
-            valve.stop()
+        bench.stop_all(procs, valve)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -92,5 +92,28 @@ class ProbeHits(unittest.TestCase):
         self.assertIsNone(bench.probe_hits_per_token([{"records": [{"tokens": 5}]}]))
 
 
+class Teardown(unittest.TestCase):
+    def test_stop_all_continues_live_processes_stops_them_last_first_then_the_daemon(self):
+        events = []
+
+        class P:
+            def __init__(self, name, pid, alive):
+                self.name, self.alive = name, alive
+                self.p = types.SimpleNamespace(pid=pid, poll=lambda: None if alive else 0)
+
+            def stop(self):
+                events.append(("stop", self.name))
+
+        saved = bench.os.kill
+        bench.os.kill = lambda pid, sig: events.append(("kill", pid, sig))
+        try:
+            bench.stop_all([P("offline", 1, True), P("server", 2, False)],
+                           types.SimpleNamespace(stop=lambda: events.append(("daemon",))))
+        finally:
+            bench.os.kill = saved
+        self.assertEqual(events, [("stop", "server"), ("kill", 1, bench.signal.SIGCONT),
+                                  ("stop", "offline"), ("daemon",)])
+
+
 if __name__ == "__main__":
     unittest.main()
