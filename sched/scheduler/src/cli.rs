@@ -1,0 +1,91 @@
+//! Argument parsing and dispatch for `valve-scheduler`; exit codes.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands;
+
+/// Exit codes (also in `--help`).
+pub mod exit {
+    /// Bad arguments or input files.
+    pub const USAGE: u8 = 2;
+    /// The cluster engine (Slurm) could not be reached or refused a command.
+    #[allow(dead_code)] // the Slurm commands come next
+    pub const ENGINE: u8 = 3;
+    /// A benchmark or simulation missed a target it was asked to check.
+    pub const TARGET: u8 = 4;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes: 0 ok, 1 other failure, 2 bad arguments or input, 3 the engine (Slurm) failed,
+4 a checked target was missed.
+How the model and the Slurm set-up work: docs/cluster.md.";
+
+/// Places offline jobs on GPUs that online inference leaves idle, where their predicted
+/// throughput meets their SLA; evicts jobs that keep missing it (Valve, paper section 6).
+#[derive(Parser, Debug)]
+#[command(name = "valve-scheduler", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Print results as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
+    BenchPass(commands::bench_pass::BenchPassArgs),
+}
+
+/// Parses the command line, runs the command, maps errors to exit codes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match &cli.command {
+        Command::BenchPass(a) => commands::bench_pass::exec(a, cli.json),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("valve-scheduler: {e:#}");
+            ExitCode::from(e.downcast_ref::<Fail>().map_or(1, |f| f.code))
+        }
+    }
+}
+
+/// An error with its exit code.
+#[derive(Debug)]
+pub struct Fail {
+    /// The exit code.
+    pub code: u8,
+    /// The message.
+    pub msg: String,
+}
+
+impl std::fmt::Display for Fail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Fail {}
+
+/// An error of bad arguments or input.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    Fail {
+        code: exit::USAGE,
+        msg: msg.into(),
+    }
+    .into()
+}

@@ -1,0 +1,292 @@
+//! One scheduling pass, independent of the engine: from the engine's snapshot of nodes and jobs
+//! and the nodes' harvest documents, decide placements and evictions, each with its reason.
+//!
+//! The Slurm adapter and the simulator both call [`plan`] and then carry out its [`Plan`]; neither
+//! has placement or monitoring logic of its own.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::Serialize;
+use valve_harvest::NodeHarvest;
+
+use crate::meta::{ClassedProfile, JobMeta, MetaError, PlacedOn};
+use crate::monitor::{Check, Measured, Monitor, MonitorParams, RunningJob};
+use crate::place::{place, Decision, NodeSlot, PendingJob, PlaceParams};
+use crate::predict::NodeModel;
+
+/// The scheduler's settings.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Placement.
+    pub place: PlaceParams,
+    /// The SLA monitor.
+    pub monitor: MonitorParams,
+    /// A node whose last harvest document is older than this gets no new jobs.
+    pub node_timeout_ms: u64,
+    /// The profile assumed for jobs submitted without one (`None`: such jobs are refused).
+    pub default_profile: Option<ClassedProfile>,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            place: PlaceParams::default(),
+            monitor: MonitorParams::default(),
+            node_timeout_ms: 60_000,
+            default_profile: None,
+        }
+    }
+}
+
+/// A node as the engine reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeInfo {
+    /// Its name.
+    pub name: String,
+    /// Why the engine will not run jobs there (down, drained), if it will not.
+    pub closed: Option<String>,
+}
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Submitted held: waiting for the scheduler.
+    Held,
+    /// Released onto a node; the engine has not started it yet.
+    Released,
+    /// Running since (Unix ms).
+    Running(u64),
+}
+
+/// A job of the scheduler's (its comment is Valve's).
+#[derive(Clone, Debug)]
+pub struct JobInfo {
+    /// The engine's id.
+    pub id: String,
+    /// Where it is in its life.
+    pub phase: Phase,
+    /// Its metadata, or why that could not be read.
+    pub meta: Result<JobMeta, MetaError>,
+    /// Lower is older (submission order).
+    pub order: u64,
+}
+
+/// What the engine knows.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Nodes.
+    pub nodes: Vec<NodeInfo>,
+    /// The scheduler's jobs.
+    pub jobs: Vec<JobInfo>,
+}
+
+/// A node's latest harvest document and when it arrived.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The document (validated).
+    pub doc: NodeHarvest,
+    /// When it was received (Unix ms).
+    pub received_unix_ms: u64,
+}
+
+/// A node left out of this pass, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Excluded {
+    /// The node.
+    pub node: String,
+    /// Why.
+    pub why: String,
+}
+
+/// A job the scheduler will not place, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Refusal {
+    /// The job.
+    pub job: String,
+    /// Why.
+    pub why: String,
+}
+
+/// What one pass decided.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Plan {
+    /// Placements and reasons for pending jobs.
+    pub decisions: Vec<Decision>,
+    /// Jobs refused for their metadata.
+    pub refused: Vec<Refusal>,
+    /// The monitor's view of running jobs, evictions among them.
+    pub checks: Vec<Check>,
+    /// Nodes left out.
+    pub excluded: Vec<Excluded>,
+}
+
+/// Decides one pass at `now_unix_ms`.
+pub fn plan(
+    now_unix_ms: u64,
+    snap: &Snapshot,
+    reports: &HashMap<String, Report>,
+    monitor: &mut Monitor,
+    params: &Params,
+) -> Plan {
+    let mut out = Plan::default();
+    let open = open_nodes(now_unix_ms, snap, reports, params, &mut out.excluded);
+    let mut slots = slots(&open, snap, params);
+    let pending = pending_jobs(snap, params, &mut out.refused);
+    out.decisions = place(&pending, &mut slots, &params.place);
+    out.checks = check_running(now_unix_ms, snap, reports, &open, monitor, params);
+    out
+}
+
+/// Nodes open to placement with their documents; the others go to `excluded` with a reason.
+fn open_nodes<'a>(
+    now: u64,
+    snap: &Snapshot,
+    reports: &'a HashMap<String, Report>,
+    params: &Params,
+    excluded: &mut Vec<Excluded>,
+) -> Vec<&'a Report> {
+    let mut open = Vec::new();
+    for n in &snap.nodes {
+        let why = match (&n.closed, reports.get(&n.name)) {
+            (Some(c), _) => Some(format!("the engine reports it {c}")),
+            (None, None) => Some("no harvest document from its agent yet".into()),
+            (None, Some(r)) if now.saturating_sub(r.received_unix_ms) > params.node_timeout_ms => {
+                Some(format!(
+                    "its agent has not reported for {} s (timeout {} s)",
+                    now.saturating_sub(r.received_unix_ms) / 1000,
+                    params.node_timeout_ms / 1000
+                ))
+            }
+            (None, Some(r)) => {
+                open.push(r);
+                None
+            }
+        };
+        if let Some(why) = why {
+            excluded.push(Excluded {
+                node: n.name.clone(),
+                why,
+            });
+        }
+    }
+    open
+}
+
+/// Each open node with its GPUs that no released or running job of ours holds.
+fn slots(open: &[&Report], snap: &Snapshot, params: &Params) -> Vec<NodeSlot> {
+    let mut taken: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    for j in &snap.jobs {
+        if let (Phase::Released | Phase::Running(_), Ok(m)) = (j.phase, &j.meta) {
+            if let Some(PlacedOn { node, gpus }) = &m.placed {
+                taken.entry(node).or_default().extend(gpus);
+            }
+        }
+    }
+    open.iter()
+        .map(|r| {
+            let model = NodeModel::from_doc(&r.doc, &params.place.model);
+            let held = taken.get(r.doc.node.as_str());
+            let free = model
+                .gpus
+                .iter()
+                .map(|g| held.is_none_or(|h| !h.contains(&g.index)))
+                .collect();
+            NodeSlot { model, free }
+        })
+        .collect()
+}
+
+/// Held jobs with their profiles; jobs that cannot be placed go to `refused`.
+fn pending_jobs(snap: &Snapshot, params: &Params, refused: &mut Vec<Refusal>) -> Vec<PendingJob> {
+    let mut classes: HashMap<String, ClassedProfile> = HashMap::new();
+    let mut pending = Vec::new();
+    for j in snap.jobs.iter().filter(|j| j.phase == Phase::Held) {
+        let meta = match &j.meta {
+            Ok(m) => m,
+            Err(e) => {
+                refused.push(Refusal {
+                    job: j.id.clone(),
+                    why: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let profile = match (&meta.profile, &params.default_profile) {
+            (Some(p), _) => {
+                let key = serde_json::to_string(p).expect("profile serialises");
+                classes
+                    .entry(key)
+                    .or_insert_with(|| ClassedProfile::new(p.clone()))
+                    .clone()
+            }
+            (None, Some(d)) => d.clone(),
+            (None, None) => {
+                refused.push(Refusal {
+                    job: j.id.clone(),
+                    why: "submitted without a profile, and the scheduler has no --default-profile: profile it (`valve-scheduler profile-job`) and resubmit".into(),
+                });
+                continue;
+            }
+        };
+        pending.push(PendingJob {
+            id: j.id.clone(),
+            profile: profile.profile,
+            class: profile.class,
+            sla: meta.sla,
+            avoid: meta.avoid.clone(),
+            order: j.order,
+        });
+    }
+    pending
+}
+
+/// The monitor's checks of running jobs, measured from their nodes' documents.
+fn check_running(
+    now: u64,
+    snap: &Snapshot,
+    reports: &HashMap<String, Report>,
+    open: &[&Report],
+    monitor: &mut Monitor,
+    params: &Params,
+) -> Vec<Check> {
+    let running: Vec<RunningJob> = snap
+        .jobs
+        .iter()
+        .filter_map(|j| {
+            let Phase::Running(started) = j.phase else {
+                return None;
+            };
+            let m = j.meta.as_ref().ok()?;
+            let node = m.placed.as_ref()?.node.clone();
+            let alone = m.profile.as_ref().map(|p| p.alone_per_s).or(params
+                .default_profile
+                .as_ref()
+                .map(|d| d.profile.alone_per_s))?;
+            Some(RunningJob {
+                id: j.id.clone(),
+                node,
+                sla: m.sla,
+                alone_per_s: alone,
+                started_unix_ms: started,
+            })
+        })
+        .collect();
+    let window = params.monitor.window_s;
+    let measured = |r: &RunningJob| {
+        let rep = reports.get(&r.node)?;
+        if !open.iter().any(|o| std::ptr::eq(*o, rep)) {
+            return None; // its node is excluded: nothing fresh to judge by
+        }
+        let rate = rep.doc.job(&r.id)?.rate(window)?;
+        // Reports from before this run started do not count.
+        let since_start = now.saturating_sub(r.started_unix_ms) as f64 / 1000.0;
+        Some(Measured {
+            per_s: rate.per_s,
+            covered_s: rate.covered_s.min(since_start),
+        })
+    };
+    monitor.tick(now, &running, measured, &params.monitor)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,200 @@
+use super::*;
+use crate::job::tests::{profile, GIB};
+use crate::monitor::Action;
+use crate::place::Outcome;
+use crate::testutil::doc;
+use valve_harvest::{JobProgress, Rate};
+
+const NOW: u64 = 10_000_000;
+
+fn meta(sla: f64, placed: Option<(&str, &[u32])>) -> JobMeta {
+    JobMeta {
+        sla,
+        profile: Some(profile(1)),
+        placed: placed.map(|(n, g)| PlacedOn {
+            node: n.into(),
+            gpus: g.to_vec(),
+        }),
+        avoid: vec![],
+        evictions: 0,
+    }
+}
+
+fn job(id: &str, phase: Phase, meta: JobMeta) -> JobInfo {
+    JobInfo {
+        id: id.into(),
+        phase,
+        meta: Ok(meta),
+        order: id.parse().unwrap_or(0),
+    }
+}
+
+fn open(name: &str) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        closed: None,
+    }
+}
+
+fn reports(docs: Vec<NodeHarvest>, age_ms: u64) -> HashMap<String, Report> {
+    docs.into_iter()
+        .map(|d| {
+            (
+                d.node.clone(),
+                Report {
+                    doc: d,
+                    received_unix_ms: NOW - age_ms,
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn held_jobs_fill_the_gpus_no_job_of_ours_holds() {
+    let snap = Snapshot {
+        nodes: vec![open("a")],
+        jobs: vec![
+            job("1", Phase::Running(0), meta(0.5, Some(("a", &[0])))),
+            job("2", Phase::Released, meta(0.5, Some(("a", &[1])))),
+            job("3", Phase::Held, meta(0.5, None)),
+            job("4", Phase::Held, meta(0.5, None)),
+        ],
+    };
+    let r = reports(vec![doc("a", 3, 0.2, 32 * GIB)], 0);
+    let p = plan(NOW, &snap, &r, &mut Monitor::default(), &Params::default());
+    let placed: Vec<_> = p
+        .decisions
+        .iter()
+        .filter_map(|d| match &d.outcome {
+            Outcome::Placed(pl) => Some((d.job.as_str(), pl.gpus.clone())),
+            Outcome::Pending(_) => None,
+        })
+        .collect();
+    assert_eq!(placed, [("3", vec![2])], "GPUs 0 and 1 are held; 4 waits");
+    assert_eq!(p.checks.len(), 1, "the running job is watched");
+}
+
+#[test]
+fn silent_closed_and_unreported_nodes_are_excluded_with_reasons() {
+    let snap = Snapshot {
+        nodes: vec![
+            open("fresh"),
+            open("stale"),
+            open("unknown"),
+            NodeInfo {
+                name: "down".into(),
+                closed: Some("down (not responding)".into()),
+            },
+        ],
+        jobs: vec![job("1", Phase::Held, meta(0.5, None))],
+    };
+    let mut r = reports(
+        vec![
+            doc("fresh", 1, 0.9, 32 * GIB),
+            doc("down", 1, 0.0, 32 * GIB),
+        ],
+        0,
+    );
+    r.extend(reports(vec![doc("stale", 1, 0.0, 32 * GIB)], 120_000));
+    let p = plan(NOW, &snap, &r, &mut Monitor::default(), &Params::default());
+    let why: HashMap<_, _> = p
+        .excluded
+        .iter()
+        .map(|e| (e.node.as_str(), e.why.as_str()))
+        .collect();
+    assert!(why["stale"].contains("not reported for 120 s"), "{why:?}");
+    assert!(why["unknown"].contains("no harvest document"));
+    assert!(why["down"].contains("down (not responding)"));
+    assert!(!why.contains_key("fresh"));
+    // Only the busy fresh node is open: the job waits and says why.
+    assert!(
+        p.decisions[0].to_string().contains("best: fresh"),
+        "{}",
+        p.decisions[0]
+    );
+}
+
+#[test]
+fn bad_or_missing_profiles_are_refused_unless_a_default_is_stated() {
+    let mut no_profile = meta(0.5, None);
+    no_profile.profile = None;
+    let snap = Snapshot {
+        nodes: vec![open("a")],
+        jobs: vec![
+            job("1", Phase::Held, no_profile),
+            JobInfo {
+                id: "2".into(),
+                phase: Phase::Held,
+                meta: Err(MetaError::Malformed("eof".into())),
+                order: 2,
+            },
+        ],
+    };
+    let r = reports(vec![doc("a", 2, 0.0, 32 * GIB)], 0);
+    let p = plan(NOW, &snap, &r, &mut Monitor::default(), &Params::default());
+    assert_eq!(p.refused.len(), 2);
+    assert!(p.refused[0].why.contains("--default-profile"));
+    assert!(p.refused[1].why.contains("not valid JSON"));
+    assert!(p.decisions.is_empty());
+
+    let params = Params {
+        default_profile: Some(ClassedProfile::new(profile(1))),
+        ..Params::default()
+    };
+    let p = plan(NOW, &snap, &r, &mut Monitor::default(), &params);
+    assert_eq!(p.refused.len(), 1, "the malformed one still is");
+    assert!(matches!(p.decisions[0].outcome, Outcome::Placed(_)));
+}
+
+#[test]
+fn running_jobs_are_judged_by_their_nodes_reports_and_evicted() {
+    let snap = Snapshot {
+        nodes: vec![open("a")],
+        jobs: vec![job(
+            "7",
+            Phase::Running(NOW - 3_600_000),
+            meta(0.8, Some(("a", &[0]))),
+        )],
+    };
+    let mut d = doc("a", 1, 0.5, 32 * GIB);
+    d.jobs.push(JobProgress {
+        job: "7".into(),
+        units_total: 1e6,
+        last_report_unix_ms: NOW,
+        rates: vec![Rate {
+            window_s: 60,
+            per_s: 50.0,
+            covered_s: 60.0,
+        }],
+    });
+    let params = Params {
+        monitor: MonitorParams {
+            misses_to_evict: 2,
+            ..MonitorParams::default()
+        },
+        ..Params::default()
+    };
+    let mut mon = Monitor::default();
+    let r = reports(vec![d.clone()], 0);
+    let first = plan(NOW, &snap, &r, &mut mon, &params);
+    assert_eq!(first.checks[0].action, Action::Keep);
+    assert_eq!(first.checks[0].share, Some(0.5));
+    let r = reports(vec![d], 0);
+    let second = plan(NOW + 60_000, &snap, &r, &mut mon, &params);
+    // The report is 60 s old by then but within the node timeout.
+    assert_eq!(second.checks[0].action, Action::Evict);
+}
+
+#[test]
+fn a_job_on_a_silent_node_is_kept_and_not_judged() {
+    let snap = Snapshot {
+        nodes: vec![open("a")],
+        jobs: vec![job("7", Phase::Running(0), meta(0.8, Some(("a", &[0]))))],
+    };
+    let r = reports(vec![doc("a", 1, 0.5, 32 * GIB)], 600_000);
+    let p = plan(NOW, &snap, &r, &mut Monitor::default(), &Params::default());
+    assert_eq!(p.checks[0].action, Action::Keep);
+    assert!(p.checks[0].note.contains("no progress reports"));
+    assert_eq!(p.excluded.len(), 1);
+}

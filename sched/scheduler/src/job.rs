@@ -1,0 +1,308 @@
+//! An offline job as the scheduler sees it: its profile (throughput alone and the memory-throughput
+//! curve T(m), measured once) and its request (GPUs, throughput SLA as a fraction of alone).
+//!
+//! Profiles are JSON files stored with the job; `docs/cluster.md` ("Job profiles") shows one.
+
+use serde::{Deserialize, Serialize};
+
+/// The profile version this build writes and reads.
+pub const PROFILE_VERSION: u32 = 1;
+
+/// A job's throughput alone and its memory-throughput curve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobProfile {
+    /// Always [`PROFILE_VERSION`].
+    pub version: u32,
+    /// What the job is (a model and its settings), for people.
+    pub name: String,
+    /// What its throughput counts (tokens, samples); its progress reports use the same unit.
+    pub units: String,
+    /// GPUs it runs on in lockstep (tensor or pipeline parallel).
+    pub gpus: u32,
+    /// Throughput alone, on whole GPUs with all the memory it wants (units/s): T_alone.
+    pub alone_per_s: f64,
+    /// T(m): throughput alone with `memory_bytes` per GPU, ascending in memory. Below the first
+    /// point the job cannot run; above the last it runs at the last point's rate.
+    pub curve: Vec<CurvePoint>,
+    /// Memory per GPU at which the job runs at full speed (R in the paper); by default the least
+    /// memory at which the curve reaches 95% of its top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_bytes: Option<u64>,
+    /// Throughput lost per unit of relative memory deficit while memory dips below R (beta: the
+    /// cost of the work a reclaim throws away). 0 for a job whose memory is never reclaimed.
+    #[serde(default)]
+    pub deficit_penalty: f64,
+    /// How and where it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
+}
+
+/// One point of T(m).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// Memory per GPU.
+    pub memory_bytes: u64,
+    /// Throughput alone with that memory (units/s).
+    pub per_s: f64,
+}
+
+/// Where a profile came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// The GPU's name.
+    pub device: String,
+    /// When (Unix ms).
+    pub unix_ms: u64,
+    /// Seconds of running per memory size.
+    pub seconds_per_point: f64,
+}
+
+/// Why a profile or request was refused.
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
+pub enum JobError {
+    /// Not JSON of this shape.
+    #[error("job profile is not valid JSON of the expected shape: {0} (`valve-scheduler profile-job --help` shows how to make one)")]
+    Malformed(String),
+    /// Another version.
+    #[error(
+        "job profile version {0} is not supported (this build reads version {PROFILE_VERSION})"
+    )]
+    Version(u32),
+    /// A field out of range.
+    #[error("job profile {name:?}: {what}")]
+    Invalid {
+        /// The profile's name.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The SLA is not a fraction.
+    #[error("throughput SLA {0} is outside (0, 1]: give the share of the job's throughput alone it must keep, e.g. 0.8")]
+    Sla(f64),
+}
+
+impl JobProfile {
+    /// Parses and validates a profile.
+    pub fn from_json(text: &str) -> Result<Self, JobError> {
+        let raw: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| JobError::Malformed(e.to_string()))?;
+        let v = raw.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+        if v != u64::from(PROFILE_VERSION) {
+            return Err(JobError::Version(u32::try_from(v).unwrap_or(u32::MAX)));
+        }
+        let p: JobProfile =
+            serde_json::from_value(raw).map_err(|e| JobError::Malformed(e.to_string()))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks the ranges: a positive throughput alone, at least one curve point, memory strictly
+    /// ascending, rates finite and not above alone by more than measurement noise.
+    pub fn validate(&self) -> Result<(), JobError> {
+        let bad = |what: String| JobError::Invalid {
+            name: self.name.clone(),
+            what,
+        };
+        if self.version != PROFILE_VERSION {
+            return Err(JobError::Version(self.version));
+        }
+        if !(self.alone_per_s.is_finite() && self.alone_per_s > 0.0) {
+            return Err(bad(format!(
+                "alone_per_s = {} must be a positive throughput",
+                self.alone_per_s
+            )));
+        }
+        if self.gpus == 0 || self.gpus > 64 {
+            return Err(bad(format!("gpus = {} must be 1..=64", self.gpus)));
+        }
+        if self.curve.is_empty() {
+            return Err(bad("the memory-throughput curve has no points".into()));
+        }
+        if self
+            .curve
+            .windows(2)
+            .any(|p| p[0].memory_bytes >= p[1].memory_bytes)
+        {
+            return Err(bad("curve memory_bytes must be strictly ascending".into()));
+        }
+        for p in &self.curve {
+            if !(p.per_s.is_finite() && p.per_s >= 0.0 && p.per_s <= self.alone_per_s * 1.5) {
+                return Err(bad(format!(
+                    "curve point at {} bytes has per_s = {} (must be in [0, 1.5 x alone_per_s])",
+                    p.memory_bytes, p.per_s
+                )));
+            }
+        }
+        if !(self.deficit_penalty.is_finite() && (0.0..=10.0).contains(&self.deficit_penalty)) {
+            return Err(bad(format!(
+                "deficit_penalty = {} must be in [0, 10]",
+                self.deficit_penalty
+            )));
+        }
+        Ok(())
+    }
+
+    /// T(m)/T_alone for `memory_bytes` per GPU: 0 below the curve's first point, linear between
+    /// points, flat after the last.
+    pub fn memory_share(&self, memory_bytes: u64) -> f64 {
+        let c = &self.curve;
+        let per_s = if memory_bytes < c[0].memory_bytes {
+            0.0
+        } else {
+            let i = c.partition_point(|p| p.memory_bytes <= memory_bytes);
+            match c.get(i) {
+                None => c[c.len() - 1].per_s,
+                Some(b) => {
+                    let a = c[i - 1];
+                    let t = (memory_bytes - a.memory_bytes) as f64
+                        / (b.memory_bytes - a.memory_bytes) as f64;
+                    a.per_s + (b.per_s - a.per_s) * t
+                }
+            }
+        };
+        (per_s / self.alone_per_s).clamp(0.0, 1.0)
+    }
+
+    /// The most T(m')/T_alone for any m' <= `memory_bytes`: a bound on what the job can do with
+    /// at most that much memory (the curve need not be monotone).
+    pub fn share_at_most(&self, memory_bytes: u64) -> f64 {
+        let top = self
+            .curve
+            .iter()
+            .take_while(|p| p.memory_bytes <= memory_bytes)
+            .map(|p| p.per_s / self.alone_per_s)
+            .fold(0.0, f64::max);
+        top.max(self.memory_share(memory_bytes)).min(1.0)
+    }
+
+    /// R: the memory per GPU at which the job runs at full speed.
+    pub fn required(&self) -> u64 {
+        self.required_bytes.unwrap_or_else(|| {
+            let top = self.curve.iter().map(|p| p.per_s).fold(0.0, f64::max);
+            self.curve
+                .iter()
+                .find(|p| p.per_s >= 0.95 * top)
+                .map_or(0, |p| p.memory_bytes)
+        })
+    }
+
+    /// The least memory per GPU it can run with.
+    pub fn minimum(&self) -> u64 {
+        self.curve[0].memory_bytes
+    }
+}
+
+/// Checks a throughput SLA: a share of throughput alone in (0, 1].
+pub fn check_sla(sla: f64) -> Result<f64, JobError> {
+    if sla.is_finite() && sla > 0.0 && sla <= 1.0 {
+        Ok(sla)
+    } else {
+        Err(JobError::Sla(sla))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) const GIB: u64 = 1 << 30;
+
+    /// 100 units/s alone; needs 4 GiB to run, full speed at 16 GiB.
+    pub(crate) fn profile(gpus: u32) -> JobProfile {
+        JobProfile {
+            version: PROFILE_VERSION,
+            name: "llama-7b cb".into(),
+            units: "tokens".into(),
+            gpus,
+            alone_per_s: 100.0,
+            curve: vec![
+                CurvePoint {
+                    memory_bytes: 4 * GIB,
+                    per_s: 40.0,
+                },
+                CurvePoint {
+                    memory_bytes: 8 * GIB,
+                    per_s: 70.0,
+                },
+                CurvePoint {
+                    memory_bytes: 16 * GIB,
+                    per_s: 100.0,
+                },
+            ],
+            required_bytes: None,
+            deficit_penalty: 0.5,
+            measured: None,
+        }
+    }
+
+    #[test]
+    fn the_curve_interpolates_and_is_flat_outside() {
+        let p = profile(1);
+        assert_eq!(
+            p.memory_share(2 * GIB),
+            0.0,
+            "below the first point: cannot run"
+        );
+        assert_eq!(p.memory_share(4 * GIB), 0.4);
+        assert!((p.memory_share(6 * GIB) - 0.55).abs() < 1e-12);
+        assert_eq!(p.memory_share(12 * GIB), 0.85);
+        assert_eq!(p.memory_share(64 * GIB), 1.0);
+        assert_eq!(p.share_at_most(12 * GIB), 0.85);
+        let mut dip = p.clone();
+        dip.curve[2].per_s = 60.0;
+        assert_eq!(
+            dip.share_at_most(64 * GIB),
+            0.7,
+            "the best point below, not the last"
+        );
+        assert_eq!(p.required(), 16 * GIB);
+        assert_eq!(p.minimum(), 4 * GIB);
+        let mut q = p.clone();
+        q.required_bytes = Some(9 * GIB);
+        assert_eq!(q.required(), 9 * GIB, "stated R wins");
+    }
+
+    #[test]
+    fn profiles_round_trip_and_bad_ones_are_named() {
+        let p = profile(2);
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(JobProfile::from_json(&text).unwrap(), p);
+        assert_eq!(
+            JobProfile::from_json(r#"{"version":3}"#).unwrap_err(),
+            JobError::Version(3)
+        );
+        let mut q = p.clone();
+        q.curve.swap(0, 1);
+        assert!(q.validate().unwrap_err().to_string().contains("ascending"));
+        let mut q = p.clone();
+        q.alone_per_s = 0.0;
+        assert!(q
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("alone_per_s"));
+        let mut q = p.clone();
+        q.curve.clear();
+        assert!(q.validate().unwrap_err().to_string().contains("no points"));
+        let mut q = p;
+        q.curve[1].per_s = f64::NAN;
+        assert!(q
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("per_s = NaN"));
+        assert!(matches!(
+            JobProfile::from_json("{").unwrap_err(),
+            JobError::Malformed(_)
+        ));
+    }
+
+    #[test]
+    fn an_sla_is_a_share_of_alone() {
+        assert_eq!(check_sla(0.8), Ok(0.8));
+        assert_eq!(check_sla(1.0), Ok(1.0));
+        for bad in [0.0, -0.1, 1.01, f64::NAN] {
+            assert!(check_sla(bad).unwrap_err().to_string().contains("(0, 1]"));
+        }
+    }
+}

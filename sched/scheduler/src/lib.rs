@@ -1,0 +1,21 @@
+//! Valve's cluster scheduler (paper section 6): predicts an offline job's throughput on GPUs that
+//! online inference leaves idle, places jobs where the prediction meets their SLA, and evicts
+//! jobs that keep missing it.
+//!
+//! - [`job`]: job profiles (T_alone and T(m)) and SLAs.
+//! - [`predict`]: the throughput model over a node's harvest document.
+//! - [`place`]: the placement pass.
+//! - [`monitor`]: the SLA monitor and its evictions.
+//! - [`meta`]: what the scheduler stores with each job in the engine.
+//! - [`cycle`]: one engine-independent pass: snapshot + documents -> placements, evictions.
+
+pub mod bench;
+pub mod cycle;
+pub mod job;
+pub mod meta;
+pub mod monitor;
+pub mod place;
+pub mod predict;
+
+#[cfg(test)]
+mod testutil;

@@ -1,0 +1,458 @@
+//! The throughput model of paper section 6: an offline job's throughput on harvested GPUs is its
+//! throughput alone x the idle compute fraction x the memory factor x alignment admission.
+//!
+//! [`NodeModel`] is a node's harvest document reduced to what the model reads; [`predict`] is the
+//! formula, with every factor kept for the explanation. `docs/cluster.md` derives each term.
+
+use serde::{Deserialize, Serialize};
+use valve_harvest::{NodeHarvest, QUANTILES};
+
+use crate::job::JobProfile;
+
+/// The model's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ModelParams {
+    /// The trailing window the model reads (the longest one at most this long that is measured
+    /// well enough, see `min_coverage`).
+    pub window_s: u32,
+    /// A window counts only if at least this share of it was measured.
+    pub min_coverage: f64,
+    /// A k-GPU job is admitted only on GPUs whose every pair scores at least this (overlap over
+    /// union of online busy time).
+    pub align_threshold: f64,
+    /// GPUs busier than this count as busy when a pair's alignment is unknown.
+    pub quiet_busy: f64,
+    /// How memory enters the prediction (Valve's model: [`MemoryModel::Trace`]).
+    pub memory: MemoryModel,
+    /// Whether multi-GPU jobs need aligned GPUs, and pairs' union busy time bounds idle time
+    /// (Valve's model: true).
+    pub alignment: bool,
+}
+
+/// How memory enters a prediction. Valve's model reads the node's memory trace; the others are
+/// the baselines the simulator compares it with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryModel {
+    /// The time average of T(m) over the memory trace, less the deficit penalty (paper eq. 2).
+    Trace,
+    /// Memory is not looked at (placement by idle fraction alone).
+    Ignore,
+    /// A static split: offline gets the least memory of the window, all the time, and loses
+    /// nothing to reclaims (online bursts past it kill offline instead).
+    StaticMin,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        ModelParams {
+            window_s: 3600,
+            min_coverage: 0.5,
+            align_threshold: 0.8,
+            quiet_busy: 0.02,
+            memory: MemoryModel::Trace,
+            alignment: true,
+        }
+    }
+}
+
+/// One GPU as the model sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuModel {
+    /// Its index on the node.
+    pub index: u32,
+    /// Share of the window offline could not run.
+    pub busy: f64,
+    /// Memory left to offline: time-weighted quantiles 0%, 5%, ..., 100%.
+    pub memory_quantiles: Vec<u64>,
+}
+
+/// A node's harvest as the model reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeModel {
+    /// The node's name.
+    pub name: String,
+    /// The window the figures come from.
+    pub window_s: u32,
+    /// Its GPUs.
+    pub gpus: Vec<GpuModel>,
+    /// Alignment score per pair of GPU positions (row-major, `None`: unknown).
+    scores: Vec<Option<f64>>,
+    /// Union busy fraction per pair of GPU positions.
+    unions: Vec<Option<f64>>,
+}
+
+/// A prediction with its factors.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Prediction {
+    /// Predicted throughput as a share of alone (what the SLA is compared with).
+    pub share: f64,
+    /// Predicted throughput (units/s).
+    pub per_s: f64,
+    /// Idle compute fraction of the GPU set (1 - the busiest GPU's, or pair's union, busy share).
+    pub idle: f64,
+    /// Memory factor of the GPU set (its worst GPU's).
+    pub memory: f64,
+    /// The lowest pairwise alignment score in the set (`None` for one GPU).
+    pub min_alignment: Option<f64>,
+    /// Whether the set passed alignment admission.
+    pub aligned: bool,
+    /// The window the node's figures come from.
+    pub window_s: u32,
+}
+
+impl NodeModel {
+    /// Reduces `doc` to the model's inputs over the window `params` asks for.
+    pub fn from_doc(doc: &NodeHarvest, params: &ModelParams) -> NodeModel {
+        let window_s = choose_window(doc, params);
+        let gpus: Vec<GpuModel> = doc
+            .gpus
+            .iter()
+            .map(|g| {
+                let w = g.window(window_s);
+                GpuModel {
+                    index: g.index,
+                    busy: w.map_or(1.0, |w| w.busy_fraction),
+                    memory_quantiles: w
+                        .map(|w| w.offline_memory.quantiles_bytes.clone())
+                        .filter(|q| q.len() == QUANTILES)
+                        .unwrap_or_else(|| vec![0; QUANTILES]),
+                }
+            })
+            .collect();
+        let n = gpus.len();
+        let (mut scores, mut unions) = (vec![None; n * n], vec![None; n * n]);
+        for a in 0..n {
+            for b in 0..n {
+                let p = doc.pair(gpus[a].index, gpus[b].index, window_s);
+                scores[a * n + b] = p.map(|p| p.score);
+                unions[a * n + b] = p.map(|p| p.union_fraction);
+            }
+        }
+        NodeModel {
+            name: doc.node.clone(),
+            window_s,
+            gpus,
+            scores,
+            unions,
+        }
+    }
+
+    /// A node with `gpus` identical GPUs, all pairs scoring `score` (for tests and simulation).
+    pub fn uniform(name: &str, gpus: Vec<GpuModel>, score: f64, window_s: u32) -> NodeModel {
+        let n = gpus.len();
+        let unions = (0..n * n)
+            .map(|k| Some(gpus[k / n].busy.max(gpus[k % n].busy)))
+            .collect();
+        NodeModel {
+            name: name.into(),
+            window_s,
+            gpus,
+            scores: vec![Some(score); n * n],
+            unions,
+        }
+    }
+
+    /// Sets the alignment of GPU positions `a` and `b` (both orders).
+    pub fn set_pair(&mut self, a: usize, b: usize, score: f64, union: f64) {
+        let n = self.gpus.len();
+        for (x, y) in [(a, b), (b, a)] {
+            self.scores[x * n + y] = Some(score);
+            self.unions[x * n + y] = Some(union);
+        }
+    }
+
+    /// The alignment score of GPU positions `a` and `b`; unknown pairs of two quiet GPUs count as
+    /// aligned, other unknown pairs as not.
+    pub fn score(&self, a: usize, b: usize, params: &ModelParams) -> f64 {
+        let n = self.gpus.len();
+        self.scores[a * n + b].unwrap_or_else(|| {
+            let quiet = |g: &GpuModel| g.busy <= params.quiet_busy;
+            if quiet(&self.gpus[a]) && quiet(&self.gpus[b]) {
+                1.0
+            } else {
+                0.0
+            }
+        })
+    }
+
+    fn union(&self, a: usize, b: usize) -> f64 {
+        let n = self.gpus.len();
+        self.unions[a * n + b].unwrap_or(self.gpus[a].busy.max(self.gpus[b].busy))
+    }
+}
+
+/// The longest window at most `params.window_s` long whose measured part is at least
+/// `min_coverage` of it; else the best-measured one.
+fn choose_window(doc: &NodeHarvest, params: &ModelParams) -> u32 {
+    let Some(g) = doc.gpus.first() else {
+        return params.window_s;
+    };
+    let mut ws: Vec<_> = g
+        .windows
+        .iter()
+        .filter(|w| w.window_s <= params.window_s)
+        .collect();
+    ws.sort_by_key(|w| std::cmp::Reverse(w.window_s));
+    ws.iter()
+        .find(|w| w.covered_s >= params.min_coverage * f64::from(w.window_s))
+        .or_else(|| ws.iter().max_by(|a, b| a.covered_s.total_cmp(&b.covered_s)))
+        .map_or(params.window_s, |w| w.window_s)
+}
+
+/// The memory factor of `job` on one GPU whose memory left to offline has `quantiles`, as
+/// `model` reads it.
+pub fn memory_factor(job: &JobProfile, quantiles: &[u64], model: MemoryModel) -> f64 {
+    match model {
+        MemoryModel::Trace => trace_memory_factor(job, quantiles),
+        MemoryModel::Ignore => 1.0,
+        MemoryModel::StaticMin => quantiles.first().map_or(0.0, |&m| job.memory_share(m)),
+    }
+}
+
+/// Paper eq. 2: the time average of T(m)/T_alone over the quantiles, less `deficit_penalty` x
+/// the mean relative deficit below R.
+fn trace_memory_factor(job: &JobProfile, quantiles: &[u64]) -> f64 {
+    let required = job.required().max(1) as f64;
+    let (mut share, mut deficit) = (0.0, 0.0);
+    let mut prev: Option<(f64, f64)> = None;
+    let mut last_m = None;
+    for &m in quantiles {
+        let (s, d) = match (last_m, prev) {
+            (Some(lm), Some(p)) if lm == m => p, // a steady trace repeats its quantiles
+            _ => (
+                job.memory_share(m),
+                (required - m as f64).max(0.0) / required,
+            ),
+        };
+        last_m = Some(m);
+        if let Some((ps, pd)) = prev {
+            // Each step between neighbouring quantiles holds an equal share of the time.
+            share += (ps + s) / 2.0;
+            deficit += (pd + d) / 2.0;
+        }
+        prev = Some((s, d));
+    }
+    let steps = quantiles.len().saturating_sub(1).max(1) as f64;
+    if quantiles.len() == 1 {
+        let (s, d) = prev.unwrap_or((0.0, 1.0));
+        return (s - job.deficit_penalty * d).clamp(0.0, 1.0);
+    }
+    (share / steps - job.deficit_penalty * deficit / steps).clamp(0.0, 1.0)
+}
+
+/// Predicts `job` on the GPUs at `positions` of `node`, each with memory factor `memory[i]`
+/// (from [`memory_factor`], cached by the caller).
+pub fn predict_with(
+    job: &JobProfile,
+    node: &NodeModel,
+    positions: &[usize],
+    memory: &[f64],
+    params: &ModelParams,
+) -> Prediction {
+    let mut idle: f64 = 1.0;
+    let mut mem: f64 = 1.0;
+    let mut min_alignment: Option<f64> = None;
+    for (k, &a) in positions.iter().enumerate() {
+        idle = idle.min(1.0 - node.gpus[a].busy);
+        mem = mem.min(memory[k]);
+        if !params.alignment {
+            continue;
+        }
+        for &b in &positions[k + 1..] {
+            let s = node.score(a, b, params);
+            min_alignment = Some(min_alignment.map_or(s, |m: f64| m.min(s)));
+            idle = idle.min(1.0 - node.union(a, b));
+        }
+    }
+    let aligned = min_alignment.is_none_or(|s| s >= params.align_threshold);
+    let share = if aligned {
+        (idle * mem).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    Prediction {
+        share,
+        per_s: share * job.alone_per_s,
+        idle: idle.clamp(0.0, 1.0),
+        memory: mem,
+        min_alignment,
+        aligned,
+        window_s: node.window_s,
+    }
+}
+
+/// Predicts `job` on the GPUs at `positions` of `node`.
+pub fn predict(
+    job: &JobProfile,
+    node: &NodeModel,
+    positions: &[usize],
+    params: &ModelParams,
+) -> Prediction {
+    let memory: Vec<f64> = positions
+        .iter()
+        .map(|&p| memory_factor(job, &node.gpus[p].memory_quantiles, params.memory))
+        .collect();
+    predict_with(job, node, positions, &memory, params)
+}
+
+impl std::fmt::Display for Prediction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} of alone = idle {:.2} x memory {:.2}",
+            self.share, self.idle, self.memory
+        )?;
+        match self.min_alignment {
+            None => write!(f, " (one GPU)"),
+            Some(s) if self.aligned => write!(f, " x aligned (worst pair {s:.2})"),
+            Some(s) => write!(f, " x not aligned (worst pair {s:.2})"),
+        }?;
+        write!(f, " over {} s", self.window_s)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::job::tests::{profile, GIB};
+
+    pub(crate) fn gpu(index: u32, busy: f64, memory: u64) -> GpuModel {
+        GpuModel {
+            index,
+            busy,
+            memory_quantiles: vec![memory; QUANTILES],
+        }
+    }
+
+    #[test]
+    fn a_steady_gpu_predicts_alone_times_idle_times_the_curve() {
+        let node = NodeModel::uniform("n", vec![gpu(0, 0.3, 8 * GIB)], 1.0, 600);
+        let p = predict(&profile(1), &node, &[0], &ModelParams::default());
+        // T(8 GiB) = 0.7; deficit (16-8)/16 = 0.5 at penalty 0.5.
+        assert!((p.memory - 0.45).abs() < 1e-12, "{p:?}");
+        assert!((p.share - 0.7 * 0.45).abs() < 1e-12);
+        assert!((p.per_s - 31.5).abs() < 1e-9);
+        assert!(p.aligned && p.min_alignment.is_none());
+        assert!(
+            p.to_string()
+                .contains("of alone = idle 0.70 x memory 0.45 (one GPU) over 600 s"),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn the_memory_factor_averages_the_curve_over_the_trace() {
+        let mut job = profile(1);
+        job.deficit_penalty = 0.0;
+        // Half the time 16 GiB, half 4 GiB: the quantile steps straddle the jump once.
+        let q: Vec<u64> = (0..QUANTILES)
+            .map(|k| if k < 10 { 4 * GIB } else { 16 * GIB })
+            .collect();
+        let m = memory_factor(&job, &q, MemoryModel::Trace);
+        assert!(
+            (m - (9.0 * 0.4 + 0.7 + 10.0 * 1.0) / 20.0).abs() < 1e-12,
+            "{m}"
+        );
+        job.deficit_penalty = 1.0;
+        let with_penalty = memory_factor(&job, &q, MemoryModel::Trace);
+        assert!(
+            with_penalty < m,
+            "dips below R cost more than the curve alone"
+        );
+        assert_eq!(
+            memory_factor(&job, &[GIB; QUANTILES], MemoryModel::Trace),
+            0.0,
+            "cannot run"
+        );
+        assert_eq!(memory_factor(&job, &q, MemoryModel::Ignore), 1.0);
+        assert_eq!(
+            memory_factor(&job, &q, MemoryModel::StaticMin),
+            0.4,
+            "the dip, always"
+        );
+    }
+
+    #[test]
+    fn a_multi_gpu_job_is_admitted_only_where_every_pair_aligns() {
+        let params = ModelParams::default();
+        let gpus = (0..4).map(|i| gpu(i, 0.2, 32 * GIB)).collect();
+        let mut node = NodeModel::uniform("n", gpus, 0.9, 600);
+        node.set_pair(1, 3, 0.4, 0.35);
+        let ok = predict(&profile(2), &node, &[0, 1], &params);
+        assert!(ok.aligned && (ok.share - 0.8).abs() < 1e-12, "{ok:?}");
+        let bad = predict(&profile(3), &node, &[0, 1, 3], &params);
+        assert!(!bad.aligned);
+        assert_eq!(bad.share, 0.0);
+        assert_eq!(bad.min_alignment, Some(0.4));
+        assert!(
+            (bad.idle - 0.65).abs() < 1e-12,
+            "the pair's union bounds idle"
+        );
+        assert!(bad.to_string().contains("not aligned (worst pair 0.40)"));
+        let blind = ModelParams {
+            alignment: false,
+            ..params
+        };
+        let p = predict(&profile(3), &node, &[0, 1, 3], &blind);
+        assert!(
+            p.aligned && (p.share - 0.8).abs() < 1e-12,
+            "idle fraction alone: {p:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_pairs_align_only_between_quiet_gpus() {
+        let params = ModelParams::default();
+        let doc = valve_harvest::NodeHarvest {
+            version: 1,
+            node: "n".into(),
+            generated_unix_ms: 0,
+            source: "test".into(),
+            gpus: [0.0, 0.01, 0.5]
+                .iter()
+                .enumerate()
+                .map(|(i, &busy)| valve_harvest::GpuHarvest {
+                    index: i as u32,
+                    name: None,
+                    memory_total_bytes: 80 * GIB,
+                    windows: vec![valve_harvest::GpuWindow {
+                        window_s: 600,
+                        covered_s: 600.0,
+                        busy_fraction: busy,
+                        offline_memory: valve_harvest::MemoryStats {
+                            samples: 1,
+                            mean_bytes: 40 * GIB,
+                            quantiles_bytes: vec![40 * GIB; QUANTILES],
+                        },
+                    }],
+                })
+                .collect(),
+            pairs: vec![],
+            jobs: vec![],
+        };
+        let node = NodeModel::from_doc(&doc, &params);
+        assert_eq!(
+            node.window_s, 600,
+            "the only window, though shorter than asked"
+        );
+        assert_eq!(node.score(0, 1, &params), 1.0);
+        assert_eq!(node.score(0, 2, &params), 0.0);
+    }
+
+    #[test]
+    fn the_window_is_the_longest_one_measured_well_enough() {
+        let params = ModelParams::default();
+        let mut doc = crate::testutil::doc("n", 1, 0.2, 40 * GIB);
+        let w = &mut doc.gpus[0].windows;
+        assert_eq!(
+            w.iter().map(|w| w.window_s).collect::<Vec<_>>(),
+            [60, 600, 3600]
+        );
+        w[2].covered_s = 1000.0; // a young daemon: the hour is under half measured
+        assert_eq!(choose_window(&doc, &params), 600);
+        let mut short = params;
+        short.window_s = 60;
+        assert_eq!(choose_window(&doc, &short), 60);
+    }
+}
