@@ -11,7 +11,6 @@ pub mod exit {
     /// Bad arguments or input files.
     pub const USAGE: u8 = 2;
     /// The cluster engine (Slurm) could not be reached or refused a command.
-    #[allow(dead_code)] // the Slurm commands come next
     pub const ENGINE: u8 = 3;
     /// A benchmark or simulation missed a target it was asked to check.
     pub const TARGET: u8 = 4;
@@ -38,6 +37,20 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Place held Valve jobs and evict those that keep missing their SLA, in a loop.
+    Run(commands::run::RunArgs),
+    /// Show what the scheduler would decide now, and why (changes nothing).
+    Explain(commands::explain::ExplainArgs),
+    /// Submit an offline job with its SLA and profile (sbatch --hold).
+    Submit(commands::submit::SubmitArgs),
+    /// Record a job's progress (run inside the job).
+    Report(commands::report::ReportArgs),
+    /// Slurm TaskProlog: give a Valve job its GPUs and progress directory.
+    TaskProlog(commands::task_prolog::TaskPrologArgs),
+    /// Serve a recorded harvest document as a node agent.
+    Agent(commands::agent::AgentArgs),
+    /// Predict a job's throughput on one node's harvest document.
+    Predict(commands::predict::PredictArgs),
     /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
     BenchPass(commands::bench_pass::BenchPassArgs),
 }
@@ -53,6 +66,13 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match &cli.command {
+        Command::Run(a) => commands::run::exec(a, cli.json),
+        Command::Explain(a) => commands::explain::exec(a, cli.json),
+        Command::Submit(a) => commands::submit::exec(a, cli.json),
+        Command::Report(a) => commands::report::exec(a, cli.json),
+        Command::TaskProlog(a) => commands::task_prolog::exec(a, cli.json),
+        Command::Agent(a) => commands::agent::exec(a, cli.json),
+        Command::Predict(a) => commands::predict::exec(a, cli.json),
         Command::BenchPass(a) => commands::bench_pass::exec(a, cli.json),
     };
     match result {

@@ -8,14 +8,24 @@
 //! - [`monitor`]: the SLA monitor and its evictions.
 //! - [`meta`]: what the scheduler stores with each job in the engine.
 //! - [`cycle`]: one engine-independent pass: snapshot + documents -> placements, evictions.
+//! - [`sim`]: the cluster simulator, driving [`cycle::plan`].
+//! - [`driver`]: the loop against a real engine: plan, apply, back off, keep state.
+//! - [`agents`] / [`replay`]: fetching nodes' harvest documents / serving a recorded one.
+//! - [`slurm`]: the Slurm adapter (its CLIs' JSON output, placement by update + release,
+//!   eviction by requeue-hold).
 
+pub mod agents;
 pub mod bench;
 pub mod cycle;
+pub mod driver;
 pub mod job;
 pub mod meta;
 pub mod monitor;
 pub mod place;
 pub mod predict;
+pub mod replay;
+pub mod sim;
+pub mod slurm;
 
 #[cfg(test)]
 mod testutil;

@@ -1,4 +1,14 @@
 //! One module per `valve-scheduler` subcommand, each with its clap arguments (`<Name>Args`) and
-//! its `exec`; `cli.rs` only parses and dispatches.
+//! its `exec`; `cli.rs` only parses and dispatches. `common`, `print` and `metrics` are shared.
 
+pub mod agent;
 pub mod bench_pass;
+pub mod common;
+pub mod explain;
+pub mod metrics;
+pub mod predict;
+pub mod print;
+pub mod report;
+pub mod run;
+pub mod submit;
+pub mod task_prolog;

@@ -1,0 +1,143 @@
+//! `valve-scheduler run`: the scheduler's loop against Slurm, until SIGINT or SIGTERM.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use super::common::{duration, EngineArgs, ModelArgs};
+use super::metrics::SchedulerMetrics;
+use super::print::print_pass;
+use crate::cli::{exit, usage, Fail};
+use valve_scheduler::driver::{backoff, pass, SlurmEngine, StateFile};
+use valve_scheduler::replay::unix_ms;
+
+/// Places held Valve jobs and evicts those that keep missing their SLA, every --interval.
+///
+/// Each pass reads Slurm (`sinfo --json`, `squeue --json`; jobs whose comment starts with
+/// `valve:`, as `valve-scheduler submit` writes it), fetches every open node's harvest document
+/// from its agent, decides, and acts: `scontrol update nodelist=NODE comment=...` + `release` to
+/// place, `scontrol requeuehold` to evict. Slurm holds all job state, so the scheduler can be
+/// stopped and restarted at any time; only the SLA monitor's miss streaks live in --state.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Time between passes.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    interval: Duration,
+    /// The SLA monitor's state (miss streaks, recent evictions).
+    #[arg(long, default_value = "/var/lib/valve-scheduler/state.json")]
+    state: std::path::PathBuf,
+    /// One pass, printed, then exit.
+    #[arg(long)]
+    once: bool,
+    /// Decide but change nothing in Slurm (and leave --state alone).
+    #[arg(long)]
+    dry_run: bool,
+    /// Serve Prometheus metrics here (e.g. 127.0.0.1:9402).
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signals() -> anyhow::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for s in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe, and no
+        // other code in this process installs handlers for these signals.
+        unsafe { sigaction(s, &action) }?;
+    }
+    Ok(())
+}
+
+/// Sleeps up to `d`, waking early on a stop signal.
+fn nap(d: Duration) {
+    let end = Instant::now() + d;
+    while !STOP.load(Ordering::SeqCst) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100).min(end - Instant::now()));
+    }
+}
+
+/// Runs the loop.
+pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
+    if a.interval.is_zero() {
+        return Err(usage("--interval must be above 0"));
+    }
+    let params = a.model.params()?;
+    let mut agents = a.engine.agents()?;
+    let mut engine = SlurmEngine::new(a.engine.slurm());
+    let state = StateFile::new(&a.state);
+    let mut monitor = state.load().map_err(usage)?;
+    let metrics = match a.metrics_addr {
+        Some(addr) => Some(SchedulerMetrics::serve(addr)?),
+        None => None,
+    };
+    install_signals()?;
+    let mut failures = 0u32;
+    while !STOP.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        match pass(
+            &mut engine,
+            &mut agents,
+            &mut monitor,
+            &params,
+            unix_ms(),
+            a.dry_run,
+        ) {
+            Err(e) => {
+                failures += 1;
+                if let Some(m) = &metrics {
+                    m.engine_error();
+                }
+                if a.once {
+                    return Err(Fail {
+                        code: exit::ENGINE,
+                        msg: e.message,
+                    }
+                    .into());
+                }
+                let wait = backoff(failures - 1, Duration::from_secs(60)).max(a.interval);
+                tracing::warn!(
+                    "pass failed ({}); next try in {wait:?}; every job stays in Slurm",
+                    e.message
+                );
+                nap(wait);
+                continue;
+            }
+            Ok((snap, plan, applied)) => {
+                failures = 0;
+                if let Some(m) = &metrics {
+                    m.record(&snap, &plan, &applied, started.elapsed());
+                }
+                print_pass(&plan, &applied, &agents, json, a.once);
+                if !a.dry_run {
+                    state.save(&monitor).map_err(|e| anyhow::anyhow!(e))?;
+                }
+                if a.once {
+                    return Ok(if applied.unreachable {
+                        ExitCode::from(exit::ENGINE)
+                    } else {
+                        ExitCode::SUCCESS
+                    });
+                }
+            }
+        }
+        nap(a.interval.saturating_sub(started.elapsed()));
+    }
+    tracing::info!("stopping: no pass is under way; Slurm keeps every job");
+    Ok(ExitCode::SUCCESS)
+}
