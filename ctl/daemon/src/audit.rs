@@ -103,6 +103,7 @@ impl Audit {
             | Request::Status
             | Request::GateStatus
             | Request::GateTrace { .. }
+            | Request::Harvest
             | Request::OnlineBusy
             | Request::OnlineIdle => return None,
         })

@@ -1,6 +1,7 @@
 //! The daemon's TOML config file (`valvectl daemon --config FILE`): socket group, hold limit,
-//! metrics address, audit log, gate defaults, who may be frozen, pod labels; validated into
-//! [`FileConfig`] with errors that name the file, the key and what is wrong.
+//! metrics address, audit log, gate defaults, who may be frozen, pod labels, the harvest
+//! profile; validated into [`FileConfig`] with errors that name the file, the key and what is
+//! wrong.
 //!
 //! Command-line flags override the file (`valvectl daemon` merges them). See
 //! `deploy/kubernetes/valve.yaml` for a complete example.
@@ -71,6 +72,19 @@ pub struct FileConfig {
     pub offline: OfflinePolicy,
     /// `[kubernetes]`: pod labels as workload labels.
     pub pod_labels: Option<PodLabels>,
+    /// `[harvest]`: the node harvest profile.
+    pub harvest: HarvestFileConfig,
+}
+
+/// The config's `[harvest]` table; what it leaves out has a default (`HarvestSettings`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HarvestFileConfig {
+    /// `harvest.node_name`.
+    pub node_name: Option<String>,
+    /// `harvest.progress_dir`.
+    pub progress_dir: Option<PathBuf>,
+    /// `harvest.windows`, in seconds.
+    pub windows_s: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -88,6 +102,16 @@ struct Raw {
     #[serde(default)]
     offline: RawOffline,
     kubernetes: Option<RawKubernetes>,
+    #[serde(default)]
+    harvest: RawHarvest,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHarvest {
+    node_name: Option<String>,
+    progress_dir: Option<PathBuf>,
+    windows: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -253,6 +277,7 @@ impl FileConfig {
         };
         check_gate(&gate_defaults, g.autostart).map_err(|(k, p)| err(k, p))?;
         let offline = check_offline(raw.offline).map_err(|(k, p)| err(k, p))?;
+        let harvest = check_harvest(raw.harvest).map_err(|(k, p)| err(k, p))?;
         let pod_labels = match raw.kubernetes {
             None => None,
             Some(k) => {
@@ -282,8 +307,84 @@ impl FileConfig {
             gate_autostart: g.autostart,
             offline,
             pod_labels,
+            harvest,
         })
     }
+}
+
+/// The most windows a harvest profile reports (each adds to every GPU's entry and every pair's).
+pub const MAX_HARVEST_WINDOWS: usize = 8;
+
+/// Harvest windows as whole seconds, shortest first: 1 to [`MAX_HARVEST_WINDOWS`] different
+/// windows of at least 1 s, each a whole number of seconds (`--harvest-windows` and
+/// `harvest.windows`).
+pub fn harvest_windows(windows: &[Duration]) -> Result<Vec<u32>, String> {
+    if windows.is_empty() || windows.len() > MAX_HARVEST_WINDOWS {
+        return Err(format!(
+            "give 1 to {MAX_HARVEST_WINDOWS} windows, e.g. 60s,10m,1h (got {})",
+            windows.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(windows.len());
+    for w in windows {
+        if w.subsec_nanos() != 0 || w.as_secs() == 0 {
+            return Err(format!(
+                "{w:?}: a window is a whole number of seconds, at least 1s (e.g. 60s, 10m, 1h)"
+            ));
+        }
+        out.push(u32::try_from(w.as_secs()).map_err(|_| format!("{w:?} is too long"))?);
+    }
+    out.sort_unstable();
+    if let Some(p) = out.windows(2).find(|p| p[0] == p[1]) {
+        return Err(format!("the window of {} s is listed twice", p[0]));
+    }
+    Ok(out)
+}
+
+/// Whether `name` can name a node in the harvest document (and in Slurm): 1-64 letters, digits,
+/// '.', '_' or '-'.
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{name}' is not a node name: use 1-64 letters, digits, '.', '_' or '-' (the \
+             cluster's name for this node, e.g. Slurm's NodeName gpu001)"
+        ))
+    }
+}
+
+fn check_harvest(raw: RawHarvest) -> Result<HarvestFileConfig, (&'static str, String)> {
+    if let Some(n) = &raw.node_name {
+        check_node_name(n).map_err(|e| ("harvest.node_name", e))?;
+    }
+    if let Some(p) = raw.progress_dir.as_ref().filter(|p| !p.is_absolute()) {
+        return Err((
+            "harvest.progress_dir",
+            format!("'{}' must be an absolute path", p.display()),
+        ));
+    }
+    let windows_s = match raw.windows {
+        None => None,
+        Some(ws) => {
+            let parsed = ws
+                .iter()
+                .map(|w| parse_duration(w))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ("harvest.windows", e))?;
+            Some(harvest_windows(&parsed).map_err(|e| ("harvest.windows", e))?)
+        }
+    };
+    Ok(HarvestFileConfig {
+        node_name: raw.node_name,
+        progress_dir: raw.progress_dir,
+        windows_s,
+    })
 }
 
 /// The gate defaults make sense together; `autostart` needs both sides named.

@@ -21,6 +21,7 @@ use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::config::OfflinePolicy;
 use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan};
+use crate::harvest::{HarvestShared, ProcessView};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
@@ -64,6 +65,10 @@ pub struct DaemonCore<D: RmDriver> {
     /// Whether a pid may be frozen under `offline_policy`, looked up once per process.
     permit_cache: RefCell<BTreeMap<u32, bool>>,
     gate_defaults: GateSpec,
+    /// The harvest thread's side: the gate's trace and the processes view go there, the
+    /// profile comes from there.
+    harvest: Option<Arc<HarvestShared>>,
+    harvest_view_at: Option<Instant>,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -134,6 +139,8 @@ impl<D: RmDriver> DaemonCore<D> {
             offline_policy: OfflinePolicy::default(),
             permit_cache: RefCell::new(BTreeMap::new()),
             gate_defaults: GateSpec::default(),
+            harvest: None,
+            harvest_view_at: None,
         })
     }
 
@@ -275,6 +282,17 @@ impl<D: RmDriver> DaemonCore<D> {
             Request::GateStatus => self.gate_status(),
             Request::OnlineBusy => self.gate_signal(true),
             Request::OnlineIdle => self.gate_signal(false),
+            Request::Harvest => match &self.harvest {
+                Some(h) => match h.profile() {
+                    Ok(p) => Reply::ok(p.value.clone()),
+                    Err(why) => Reply::err(1, why),
+                },
+                None => Reply::err(
+                    1,
+                    "this daemon does not collect the harvest profile (`valvectl daemon` \
+                     starts it)",
+                ),
+            },
             Request::GateTrace { after, limit } => match &self.gate {
                 Some(g) => Reply::ok(g.trace(after, limit.unwrap_or(10_000))),
                 None => Reply::err(
@@ -627,6 +645,7 @@ impl<D: RmDriver> DaemonCore<D> {
         // The reply must show the sets the gate thread works with, not a status from before it
         // applied them.
         self.sync_gate(Rescan::Now);
+        self.harvest_gate_changed();
         let status = self.gate_status();
         let waiting = self
             .gate
@@ -662,6 +681,7 @@ impl<D: RmDriver> DaemonCore<D> {
         if let Some(m) = &self.metrics {
             m.gate_stopped();
         }
+        self.harvest_gate_changed();
         if let Err(e) = self.save() {
             tracing::error!("updating the state file: {e}");
         }
@@ -694,6 +714,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 "the gate thread ended unexpectedly; re-enabled {n} offline channel(s), \
                  failures: {failures:?}"
             );
+            self.harvest_gate_changed();
             if let Err(e) = self.save() {
                 tracing::error!("updating the state file: {e}");
             }
@@ -733,6 +754,65 @@ impl<D: RmDriver> DaemonCore<D> {
         if let Some(g) = &self.gate {
             g.sync();
         }
+    }
+}
+
+/// The harvest profile's inputs (the gate's trace, the online processes' GPUs); the profile
+/// itself is built on the harvest thread ([`crate::harvest`]).
+impl<D: RmDriver> DaemonCore<D> {
+    /// Feeds `h` from now on: the running gate's trace and, about once a second, the processes
+    /// view; `harvest` requests are answered from its cached document.
+    pub fn set_harvest(&mut self, h: Arc<HarvestShared>) {
+        h.set_gate(self.gate.as_ref().map(ActiveGate::shared));
+        self.harvest = Some(h);
+        self.harvest_view_at = None;
+        self.publish_harvest_view(Instant::now());
+    }
+
+    /// Tells the harvest thread which gate runs now (after a start or a stop), and the
+    /// processes it gates.
+    fn harvest_gate_changed(&mut self) {
+        if let Some(h) = &self.harvest {
+            h.set_gate(self.gate.as_ref().map(ActiveGate::shared));
+            self.harvest_view_at = None;
+            self.publish_harvest_view(Instant::now());
+        }
+    }
+
+    /// Publishes the gate's online processes with their GPUs, and its offline pids, to the
+    /// harvest thread; at most once a second (the main loop calls it every turn).
+    pub fn publish_harvest_view(&mut self, now: Instant) {
+        let Some(h) = &self.harvest else { return };
+        if self
+            .harvest_view_at
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.harvest_view_at = Some(now);
+        let mut view = ProcessView::default();
+        if let Some(g) = &self.gate {
+            let gpus = self.ctl.gpus();
+            view.gate_running = true;
+            view.offline = g.records().iter().map(|r| r.pid).collect();
+            for &pid in g.online() {
+                // A CUDA process opens a device on every GPU it can see; it runs work only
+                // where it has channels.
+                let mut on: Vec<u32> = self
+                    .registry
+                    .gpus(pid)
+                    .iter()
+                    .filter(|v| v.channels().next().is_some())
+                    .filter_map(|v| v.device_instance)
+                    .filter_map(|i| gpus.iter().find(|g| g.device_instance == i))
+                    .map(|g| g.index as u32)
+                    .collect();
+                on.sort_unstable();
+                on.dedup();
+                view.online_gpus.insert(pid, on);
+            }
+        }
+        h.set_view(view);
     }
 }
 

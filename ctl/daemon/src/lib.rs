@@ -21,6 +21,8 @@
 //! - [`config`]: the TOML config file and the `[offline]` rules; [`workload`]: a process's
 //!   workload label (`VALVE_LABEL` or its Kubernetes pod's label), uid and cgroup.
 //! - [`metrics`]: Prometheus metrics and their HTTP endpoint; [`audit`]: the audit trail.
+//! - [`harvest`]: the node harvest profile (issue 28): a thread that folds the gate's trace, the
+//!   memory left to offline and the jobs' progress into the document a cluster scheduler reads.
 //!
 //! Everything the daemon disables is written to the state file (`valve::state`) *before* the
 //! disable, so a restarted daemon re-enables it even after a SIGKILL.
@@ -40,6 +42,7 @@ pub mod config;
 pub mod core;
 pub mod error;
 pub mod gate;
+pub mod harvest;
 pub mod journal;
 pub mod memory;
 pub mod metrics;

@@ -55,6 +55,14 @@ pub struct PoolHandle {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     socket: PathBuf,
+    usage: Arc<ledger::UsageSnapshot>,
+}
+
+impl PoolHandle {
+    /// The pool's per-GPU numbers, published by its thread about once a second.
+    pub fn usage(&self) -> Arc<ledger::UsageSnapshot> {
+        self.usage.clone()
+    }
 }
 
 impl Drop for PoolHandle {
@@ -102,6 +110,7 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
         target_rate_per_min: cfg.target_reclaims_per_min,
         ..reservation::ReservationConfig::for_handle_bytes(cfg.handle_bytes as u64)
     })?;
+    let usage = srv.usage_snapshot();
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let realtime = cfg.realtime;
@@ -121,5 +130,6 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
         stop,
         thread: Some(thread),
         socket: cfg.socket.clone(),
+        usage,
     })
 }

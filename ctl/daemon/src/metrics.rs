@@ -5,7 +5,8 @@
 //! up front and kept as clones (atomics); a workload label is looked up in a [`Family`] only
 //! after the disable has returned. [`serve_http`] answers scrapes on its own thread, so a slow
 //! scraper never holds up the daemon. The memory pool registers its own metrics through
-//! [`Metrics::with_registry`].
+//! [`Metrics::with_registry`]; the harvest profile ([`Metrics::serve_profile`]) adds its gauges
+//! and `GET /v1/harvest`, both read from the harvest thread's cached document.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,6 +27,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 use valve::controller::BatchReport;
+
+use crate::harvest::gauges::ProfileGauges;
+use crate::harvest::HarvestShared;
 
 /// Distinct workload labels kept as metric labels; later ones are counted as `other`, so a
 /// user who sets random `VALVE_LABEL`s cannot blow up the scrape.
@@ -290,6 +294,8 @@ pub struct Metrics {
     labels_seen: Mutex<Vec<String>>,
     gate: RwLock<Option<GateHandles>>,
     harvest: Arc<Harvest>,
+    /// The harvest profile, once the daemon serves it.
+    profile: OnceLock<Arc<HarvestShared>>,
 }
 
 /// Offline time that a gate let run (harvested), per offline label: what finished gates and
@@ -431,6 +437,7 @@ impl Metrics {
             labels_seen: Mutex::new(Vec::new()),
             gate: RwLock::new(None),
             harvest: harvest.clone(),
+            profile: OnceLock::new(),
             registry: Mutex::new(Registry::default()),
         };
         for source in [Source::Manual, Source::Gate] {
@@ -496,6 +503,22 @@ impl Metrics {
     /// exposed on the same endpoint.
     pub fn with_registry<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
         f(&mut self.registry.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Serves the harvest profile from `shared`: the `valve_harvest_*` gauges and
+    /// `GET /v1/harvest` (later calls are ignored).
+    pub fn serve_profile(&self, shared: Arc<HarvestShared>) {
+        if self.profile.set(shared.clone()).is_ok() {
+            self.with_registry(|r| r.register_collector(Box::new(ProfileGauges(shared))));
+        }
+    }
+
+    /// The harvest document's JSON for `GET /v1/harvest`; the error is the 404's one line.
+    fn profile_json(&self) -> Result<String, String> {
+        let Some(shared) = self.profile.get() else {
+            return Err("the harvest thread is not running in this daemon".into());
+        };
+        shared.profile().map(|p| p.json.clone())
     }
 
     /// The exposition (OpenMetrics text, which Prometheus reads).
@@ -723,9 +746,10 @@ pub fn for_gate() -> Option<&'static Metrics> {
     GATE_METRICS.get().map(|m| &**m)
 }
 
-/// Serves `GET /metrics` on `addr` from a thread of its own; returns the bound address (for
-/// port 0) once it listens. A plain std listener: one scraper every few seconds needs no HTTP
-/// stack, and each connection gets 2 s to send its request head (at most 8 KiB).
+/// Serves `GET /metrics` (and `GET /v1/harvest`, see [`Metrics::serve_profile`]) on `addr` from
+/// a thread of its own; returns the bound address (for port 0) once it listens. A plain std
+/// listener: one scraper every few seconds needs no HTTP stack, and each connection gets 2 s to
+/// send its request head (at most 8 KiB).
 pub fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
@@ -759,16 +783,26 @@ fn answer_scrape(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
+    // The query string, if any, changes nothing.
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
     let (status, kind, body) = match (method, path) {
         (b"GET", b"/metrics") => (
             "200 OK",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
+        (b"GET", b"/v1/harvest") => match metrics.profile_json() {
+            Ok(json) => ("200 OK", "application/json", json),
+            Err(why) => (
+                "404 Not Found",
+                "text/plain",
+                format!("no harvest profile: {why}\n"),
+            ),
+        },
         (b"GET", _) => (
             "404 Not Found",
             "text/plain",
-            "Valve serves /metrics\n".into(),
+            "Valve serves /metrics and /v1/harvest\n".into(),
         ),
         _ => (
             "405 Method Not Allowed",
@@ -787,4 +821,4 @@ fn answer_scrape(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

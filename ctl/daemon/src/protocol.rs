@@ -64,6 +64,9 @@ pub enum Request {
         #[serde(default)]
         limit: Option<usize>,
     },
+    /// The node harvest profile (`valvectl profile`): the latest `valve_harvest::NodeHarvest`
+    /// document, as the harvest thread last built it.
+    Harvest,
 }
 
 /// What to gate and how, for [`Request::GateStart`].

@@ -17,6 +17,7 @@ use crate::config::OfflinePolicy;
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::gate::supervisor::real_gate_starter;
+use crate::harvest::{HarvestHandle, HarvestSettings, HarvestSources, NvmlMemory};
 use crate::metrics::Metrics;
 use crate::procfs::nvidia_users;
 use crate::protocol::EXIT_BPF;
@@ -49,6 +50,8 @@ pub struct DaemonConfig {
     pub pod_labels: Option<PodLabels>,
     /// The config file the settings came from (audited at start).
     pub config_file: Option<PathBuf>,
+    /// The node harvest profile: node name, progress directory, windows.
+    pub harvest: HarvestSettings,
 }
 
 /// Audits the settings the daemon starts with (its config file, with a digest of its text).
@@ -68,6 +71,8 @@ fn audit_config(cfg: &DaemonConfig, audit: &Audit) {
         "offline": {"labels": cfg.offline.labels, "uids": cfg.offline.uids, "cgroups": cfg.offline.cgroups},
         "gate_defaults": cfg.gate_defaults,
         "gate_autostart": cfg.gate_autostart,
+        "harvest": {"node_name": cfg.harvest.node_name, "progress_dir": cfg.harvest.progress_dir,
+                    "windows_s": cfg.harvest.windows_s},
     });
     audit.record(
         "config",
@@ -133,6 +138,11 @@ pub fn run_with_pool(
     signals: &Signals,
 ) -> Result<(), DaemonError> {
     let gid = check_start(cfg)?;
+    let node = match &cfg.harvest.node_name {
+        Some(n) => n.clone(),
+        None => crate::harvest::host_name().map_err(|e| derr(2, e))?,
+    };
+    crate::harvest::ensure_progress_dir(&cfg.harvest.progress_dir).map_err(|e| derr(1, e))?;
     let audit = match &cfg.audit_log {
         Some(path) => Audit::to_file(path).map_err(|e| {
             derr(
@@ -152,6 +162,8 @@ pub fn run_with_pool(
         Some(p) => Some(start_pool(p, &core, cfg, gid)?),
         None => None,
     };
+    let harvest = start_harvest(cfg, &node, &core, pool.as_ref())?;
+    core.set_harvest(harvest.shared());
     eprintln!(
         "valvectl daemon: watching RM ioctls, {} GPU(s), {} process(es) started before the daemon, socket {}",
         core.controller().gpus().len(),
@@ -170,6 +182,9 @@ pub fn run_with_pool(
         Some(Ok(m)) => (Some(m), Ok(())),
         None => (None, Ok(())),
     };
+    if let Some(m) = &metrics {
+        m.serve_profile(harvest.shared());
+    }
     let mut server = server::Server::new(&listener, gid, &audit).on_error(|cause| {
         if let Some(m) = &metrics {
             m.record_error(cause);
@@ -180,6 +195,7 @@ pub fn run_with_pool(
         .and_then(|()| server::serve(&mut core, &watcher, &mut server, signals));
     // The pool first: a reclaim in flight thaws through the socket that is about to go.
     drop(pool);
+    drop(harvest);
     let r = core.shutdown();
     audit.record(
         "shutdown_resume",
@@ -263,6 +279,39 @@ fn start_pool(
         p.socket.display()
     );
     Ok(handle)
+}
+
+/// Starts the harvest thread on the node's GPUs, reading memory from the pool where it runs and
+/// from NVML elsewhere.
+fn start_harvest(
+    cfg: &DaemonConfig,
+    node: &str,
+    core: &DaemonCore<NvDriver>,
+    pool: Option<&crate::memory::PoolHandle>,
+) -> Result<HarvestHandle, DaemonError> {
+    let devices = match NvmlMemory::open() {
+        Ok(n) => Some(Box::new(n) as Box<dyn crate::harvest::DeviceMemory>),
+        Err(e) => {
+            tracing::warn!(
+                "harvest: NVML is unavailable ({e}); GPUs outside the memory pool get no memory \
+                 samples and their total memory reads 0"
+            );
+            None
+        }
+    };
+    let sources = HarvestSources {
+        gpus: core.controller().gpus(),
+        pool: pool.map(|p| p.usage()),
+        devices,
+        offline_label: cfg.gate_defaults.offline_label.clone(),
+    };
+    let h = crate::harvest::start(&cfg.harvest, node, sources).map_err(|e| derr(1, e))?;
+    eprintln!(
+        "valvectl daemon: harvest profile of node {node} (windows {:?} s), progress reports in {}",
+        cfg.harvest.windows_s,
+        cfg.harvest.progress_dir.display()
+    );
+    Ok(h)
 }
 
 /// Root, the group's id (if one is given), and no other daemon on the socket.

@@ -212,6 +212,7 @@ impl<'a> Server<'a> {
                 .record("hold_limit_resume", Caller::daemon(), targets, &reply);
         }
         core.refresh_gate(Instant::now(), crate::gate::Rescan::IfDue);
+        core.publish_harvest_view(Instant::now());
         if !events.alive() {
             return Err(derr(
                 EXIT_BPF,

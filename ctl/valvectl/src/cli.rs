@@ -20,6 +20,7 @@ use crate::commands::gate::{self, GateArgs};
 use crate::commands::gpus::{self, GpusArgs};
 use crate::commands::pool::{self, PoolArgs};
 use crate::commands::preempt::{self, PreemptArgs};
+use crate::commands::profile::{self, ProfileArgs};
 use crate::commands::ps::{self, PsArgs};
 use crate::commands::resume::{self, ResumeArgs};
 use crate::commands::status::{self, StatusArgs};
@@ -35,7 +36,7 @@ Exit codes:
   4    permission denied on the NVIDIA device files
   5    the driver rejected the request (e.g. unknown client or channel handle); nothing was left disabled
   6    no such GPU
-  7    the Valve daemon is not running (for ps, status, --pid, resume --all, gate)
+  7    the Valve daemon is not running (for ps, status, --pid, resume --all, gate, profile)
   8    no such process, process has no GPU channels, or it started before the daemon
   9    BPF, the ioctl tracepoints or uprobes on libcuda are unavailable (daemon, gate start)
   130  `bench` interrupted (channels were resumed)
@@ -54,7 +55,8 @@ Examples:
   valvectl preempt --pid 4242 --for 2s                   # all of its GPUs, in parallel
   valvectl resume --all
   valvectl gate start --online 4242 --offline-label batch  # offline runs only while 4242 idles
-  valvectl gate status; valvectl gate stop";
+  valvectl gate status; valvectl gate stop
+  valvectl profile                                       # what this node leaves to offline work";
 
 /// Valve: freeze and release other processes' GPU channels on NVIDIA GPUs.
 #[derive(Debug, Parser)]
@@ -116,6 +118,10 @@ pub enum Command {
     Driver(DriverArgs),
     /// The GPU memory pool served by `valvectl daemon --pool` (docs/memory.md).
     Pool(PoolArgs),
+    /// The node harvest profile the daemon measures: per GPU, how much of each window offline
+    /// could not run, the memory left to it, how in step the GPUs' online work is, and the
+    /// offline jobs' progress (docs/cluster.md). `--json`: the document a scheduler reads.
+    Profile(ProfileArgs),
 }
 
 impl Cli {
@@ -179,6 +185,7 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
         Command::Doctor(a) => doctor::exec(a, g, out),
         Command::Driver(a) => driver::exec(a, out),
         Command::Pool(a) => pool::exec(a, g, out),
+        Command::Profile(a) => profile::exec(a, g, out),
         Command::Preempt(a) if a.targets.pid.is_some() => preempt::exec_pid(a, g, out, signals),
         Command::Resume(a) if a.targets.pid.is_some() || a.all => resume::exec_daemon(a, g, out),
         Command::Gpus(_) | Command::Preempt(_) | Command::Resume(_) | Command::Bench(_) => {
@@ -209,6 +216,7 @@ pub fn execute<D: RmDriver>(
         | Command::Doctor(_)
         | Command::Driver(_)
         | Command::Pool(_)
+        | Command::Profile(_)
         | Command::TestLoad(_) => Err(CliError::Usage(
             "this command does not run against a controller".into(),
         )),

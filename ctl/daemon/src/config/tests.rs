@@ -29,6 +29,11 @@ cgroups = ["/kubepods.slice/kubepods-besteffort.slice/"]
 
 [kubernetes]
 pod_label = "valve.dev/workload"
+
+[harvest]
+node_name = "gpu001"
+progress_dir = "/var/run/valve-progress"
+windows = ["10m", "30s", "2h"]
 "#;
 
 fn parse(text: &str) -> Result<FileConfig, ConfigError> {
@@ -56,6 +61,15 @@ fn a_full_config_is_read_into_typed_settings() {
     let pods = c.pod_labels.unwrap();
     assert_eq!(pods.key, "valve.dev/workload");
     assert_eq!(pods.kubelet_pods_dir, Path::new("/var/lib/kubelet/pods"));
+    assert_eq!(
+        c.harvest,
+        HarvestFileConfig {
+            node_name: Some("gpu001".into()),
+            progress_dir: Some("/var/run/valve-progress".into()),
+            windows_s: Some(vec![30, 600, 7200]),
+        },
+        "windows shortest first"
+    );
     // Nothing is required.
     assert_eq!(parse("").unwrap(), FileConfig::default());
 }
@@ -116,6 +130,37 @@ fn errors_name_the_file_the_key_and_the_problem() {
             "unknown field `auto_start`",
         ),
         ("group = valve", "line 1", ""),
+        (
+            "[harvest]\nnode_name = \"gpu 001\"",
+            "harvest.node_name",
+            "not a node name",
+        ),
+        (
+            "[harvest]\nprogress_dir = \"progress\"",
+            "harvest.progress_dir",
+            "absolute path",
+        ),
+        ("[harvest]\nwindows = []", "harvest.windows", "give 1 to 8"),
+        (
+            "[harvest]\nwindows = [\"1.5s\"]",
+            "harvest.windows",
+            "whole number of seconds",
+        ),
+        (
+            "[harvest]\nwindows = [\"60s\", \"1m\"]",
+            "harvest.windows",
+            "listed twice",
+        ),
+        (
+            "[harvest]\nwindows = [\"60\"]",
+            "harvest.windows",
+            "has no unit",
+        ),
+        (
+            "[harvest]\nwindow = [\"60s\"]",
+            "line 2",
+            "unknown field `window`",
+        ),
     ];
     for (text, key, problem) in cases {
         let e = parse(text).unwrap_err();

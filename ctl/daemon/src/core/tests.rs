@@ -422,9 +422,10 @@ impl crate::gate::LaunchSource for QuietLaunches {
     }
 }
 
-type EdgeSender = Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<crate::gate::GateInput>>>>;
+pub(crate) type EdgeSender =
+    Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<crate::gate::GateInput>>>>;
 
-fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter, EdgeSender) {
+pub(crate) fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter, EdgeSender) {
     let rm = rm.clone();
     let edges: EdgeSender = Default::default();
     let edges2 = edges.clone();
@@ -439,7 +440,7 @@ fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter, EdgeSender
     (starter, edges)
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !cond() {
         assert!(
@@ -452,7 +453,7 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// A daemon core with a fake gate starter and this test process as a CUDA process with 4
 /// channels on GPU 0 (offline candidates must be alive).
-fn gated_core(
+pub(crate) fn gated_core(
     rm: &Arc<FakeRm>,
     dir: &Path,
     panic: bool,
@@ -467,7 +468,7 @@ fn gated_core(
     (c, edges, me)
 }
 
-fn gate_spec(online: u32, offline: u32) -> Request {
+pub(crate) fn gate_spec(online: u32, offline: u32) -> Request {
     Request::GateStart(crate::protocol::GateSpec {
         online: vec![online],
         offline: vec![offline],
@@ -528,10 +529,12 @@ fn the_gate_freezes_only_offline_and_records_it_first() {
     });
     assert!(r.error.is_none(), "{r:?}");
     assert!(c.handle(Request::OnlineIdle).error.is_none());
-    let st = c.handle(Request::GateStatus).data;
     wait_for("the gate resumed", || {
         c.handle(Request::GateStatus).data["resumes"] == 2
     });
+    // Read after the resume: by then the gate thread has applied the offline set sent before
+    // the idle signal (a status right after the signal could still show the old set).
+    let st = c.handle(Request::GateStatus).data;
     assert_eq!(st["offline_channels"], 0);
     assert_eq!(rm.disabled().len(), 4, "still held by the manual preempt");
     assert!(c.handle(Request::Resume { pid: me }).error.is_none());

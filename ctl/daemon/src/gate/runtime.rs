@@ -1337,6 +1337,11 @@ impl GateHandle {
         self.shared.trace.since(after, limit)
     }
 
+    /// What the thread shares (its trace stays readable after the gate stops).
+    pub fn shared(&self) -> Arc<GateShared> {
+        self.shared.clone()
+    }
+
     /// Whether the thread has ended (it should only after [`Self::stop`]).
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(|t| t.is_finished())

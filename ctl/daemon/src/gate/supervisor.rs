@@ -331,6 +331,16 @@ impl ActiveGate {
         json!({"head": self.handle.status().trace_head, "records": records})
     }
 
+    /// What the gate thread shares: its status and its decision trace.
+    pub fn shared(&self) -> std::sync::Arc<super::GateShared> {
+        self.handle.shared()
+    }
+
+    /// The online processes the gate thread watches now.
+    pub fn online(&self) -> &BTreeSet<u32> {
+        &self.online
+    }
+
     /// Whether the gate thread has ended.
     pub fn handle_finished(&self) -> bool {
         self.handle.is_finished()

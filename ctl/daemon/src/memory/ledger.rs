@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 
@@ -164,6 +165,39 @@ pub struct GpuUsage {
     pub online: usize,
     /// Held by offline processes.
     pub offline: usize,
+    /// Not created yet, and creatable now: below the maximum, with device memory free beyond
+    /// what the pool keeps free.
+    pub creatable: usize,
+}
+
+/// The pool's per-GPU numbers as its thread last published them (about once a second), for
+/// readers on other threads (the harvest profile): reading never waits for the pool's work.
+#[derive(Debug, Default)]
+pub struct UsageSnapshot {
+    latest: Mutex<Vec<GpuUsage>>,
+}
+
+impl UsageSnapshot {
+    /// Replaces the numbers (the pool thread, between requests).
+    pub fn publish(&self, usage: Vec<GpuUsage>) {
+        *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = usage;
+    }
+
+    /// The latest numbers (empty before the first publication).
+    pub fn latest(&self) -> Vec<GpuUsage> {
+        self.latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl GpuUsage {
+    /// Memory left to offline now: free handles, handles the pool may still create and those
+    /// offline holds (online may take any of them back).
+    pub fn offline_available_bytes(&self) -> u64 {
+        (self.free + self.creatable + self.offline) as u64 * self.handle_bytes as u64
+    }
 }
 
 impl Ledger {
@@ -436,6 +470,7 @@ impl Ledger {
                     free: p.free(),
                     online: held_by(Role::Online),
                     offline: held_by(Role::Offline),
+                    creatable: p.creatable(),
                 }
             })
             .collect()

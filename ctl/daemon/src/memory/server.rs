@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use valve_vmm::wire;
 
-use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role};
+use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role, UsageSnapshot};
 use super::reclaim::{FreezeReport, Freezer, Reclaimer, Target};
 use super::reservation::{ReservationConfig, ReservationController};
 
@@ -65,7 +66,13 @@ pub struct PoolServer {
     /// MIAD state per online client, fed by its `usage` reports.
     controllers: BTreeMap<ClientId, ReservationController>,
     started: Instant,
+    /// Per-GPU numbers for other threads, and when they were last published.
+    usage: Arc<UsageSnapshot>,
+    usage_published: Option<Instant>,
 }
+
+/// How often the pool publishes its per-GPU numbers for other threads.
+const USAGE_EVERY: Duration = Duration::from_secs(1);
 
 fn peer_pid(stream: &UnixStream) -> Option<u32> {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
@@ -99,7 +106,7 @@ impl PoolServer {
         freezer: Box<dyn Freezer>,
         deadline: Duration,
     ) -> PoolServer {
-        PoolServer {
+        let mut s = PoolServer {
             ledger,
             listener,
             conns: BTreeMap::new(),
@@ -109,10 +116,15 @@ impl PoolServer {
             reservation: ReservationConfig::default(),
             controllers: BTreeMap::new(),
             started: Instant::now(),
+            usage: Arc::default(),
+            usage_published: None,
             to_thaw: Vec::new(),
             reclaim_times: (0, 0, FreezeReport::default()),
             reclaim_log: None,
-        }
+        };
+        // Published at once, so readers started before the pool thread have the numbers.
+        s.publish_usage_if_due();
+        s
     }
 
     /// MIAD settings for online clients registered from now on (checked here).
@@ -154,10 +166,29 @@ impl PoolServer {
                "event_rate_per_min": c.event_rate_per_min()})
     }
 
+    /// The per-GPU numbers this server publishes about once a second while it runs.
+    pub fn usage_snapshot(&self) -> Arc<UsageSnapshot> {
+        self.usage.clone()
+    }
+
+    /// Publishes the per-GPU numbers if a second has passed (between requests, never inside
+    /// a reclaim: one pass over the handles and one NVML query per GPU).
+    fn publish_usage_if_due(&mut self) {
+        let now = Instant::now();
+        if self
+            .usage_published
+            .is_none_or(|t| now.duration_since(t) >= USAGE_EVERY)
+        {
+            self.usage.publish(self.ledger.usage());
+            self.usage_published = Some(now);
+        }
+    }
+
     /// Serves until `stop` is set (checked every `tick`).
     pub fn run(&mut self, stop: &AtomicBool, tick: Duration) {
         let _ = self.listener.set_nonblocking(true);
         while !stop.load(Ordering::Relaxed) {
+            self.publish_usage_if_due();
             for fd in self.ready(tick) {
                 if fd == self.listener.as_raw_fd() {
                     self.accept();

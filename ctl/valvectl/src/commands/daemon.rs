@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use valve::Signals;
-use valve_daemon::config::{FileConfig, LogFormat};
+use valve_daemon::config::{
+    check_node_name, harvest_windows, FileConfig, HarvestFileConfig, LogFormat,
+};
+use valve_daemon::harvest::HarvestSettings;
 use valve_daemon::protocol::DEFAULT_STATE_DIR;
 use valve_daemon::{DaemonConfig, PoolSettings};
 
@@ -21,7 +24,8 @@ Settings come from --config FILE (TOML; every key is optional), and a flag given
 the file's key of the same meaning. Example file: deploy/kubernetes/valve.yaml (its ConfigMap);
 keys: group, max_hold, state_dir, audit_log, log_format, [metrics] address, [gate] autostart,
 online_label, offline_label, cooldown_floor, cooldown_ceiling, gap_factor, gap_memory, fixed_cooldown,
-[offline] labels, uids, cgroups (who may ever be frozen), [kubernetes] pod_label.
+[offline] labels, uids, cgroups (who may ever be frozen), [kubernetes] pod_label, [harvest]
+node_name, progress_dir, windows (a list, e.g. [\"60s\", \"10m\", \"1h\"]).
 
 Examples:
   sudo valvectl daemon --group valve --max-hold 60s
@@ -53,7 +57,53 @@ pub struct DaemonArgs {
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormatArg>,
     #[command(flatten)]
+    pub harvest: HarvestArgs,
+    #[command(flatten)]
     pub pool: PoolArgs,
+}
+
+/// The node harvest profile (docs/cluster.md): what this node leaves to offline work, served
+/// to a cluster scheduler (`valvectl profile`, GET /v1/harvest, valve_harvest_* gauges).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Harvest profile")]
+pub struct HarvestArgs {
+    /// The node's name in the harvest document: the cluster's name for it (Slurm's NodeName)
+    /// [default: the host name up to its first dot].
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Where offline jobs append progress reports (`UNIX_MS UNITS_TOTAL` lines, one file per
+    /// job id); created with mode 1777 [default: /run/valve/progress].
+    #[arg(long, value_name = "DIR")]
+    pub progress_dir: Option<PathBuf>,
+    /// The trailing windows the profile reports, comma-separated [default: 60s,10m,1h].
+    #[arg(long, value_delimiter = ',', value_parser = parse_duration, value_name = "DURATIONS")]
+    pub harvest_windows: Option<Vec<Duration>>,
+}
+
+impl HarvestArgs {
+    /// The flags over the config file's `[harvest]`, over the defaults.
+    fn settings(&self, file: &HarvestFileConfig) -> Result<HarvestSettings, CliError> {
+        let d = HarvestSettings::default();
+        if let Some(n) = &self.node_name {
+            check_node_name(n).map_err(|e| CliError::Usage(format!("--node-name: {e}")))?;
+        }
+        let windows_s = match &self.harvest_windows {
+            Some(ws) => Some(
+                harvest_windows(ws)
+                    .map_err(|e| CliError::Usage(format!("--harvest-windows: {e}")))?,
+            ),
+            None => file.windows_s.clone(),
+        };
+        Ok(HarvestSettings {
+            node_name: self.node_name.clone().or(file.node_name.clone()),
+            progress_dir: self
+                .progress_dir
+                .clone()
+                .or(file.progress_dir.clone())
+                .unwrap_or(d.progress_dir),
+            windows_s: windows_s.unwrap_or(d.windows_s),
+        })
+    }
 }
 
 /// `--log-format`.
@@ -145,6 +195,7 @@ pub fn settings(args: &DaemonArgs, socket: &Path) -> Result<(DaemonConfig, LogFo
         Some(path) => FileConfig::load(path).map_err(|e| CliError::Usage(e.to_string()))?,
         None => FileConfig::default(),
     };
+    let harvest = args.harvest.settings(&file.harvest)?;
     let log = args
         .log_format
         .map(LogFormat::from)
@@ -166,6 +217,7 @@ pub fn settings(args: &DaemonArgs, socket: &Path) -> Result<(DaemonConfig, LogFo
         gate_autostart: file.gate_autostart,
         pod_labels: file.pod_labels,
         config_file: args.config.clone(),
+        harvest,
     };
     Ok((cfg, log))
 }
@@ -234,6 +286,51 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert_eq!(odd.exit_code(), 2);
+    }
+
+    #[test]
+    fn harvest_flags_override_the_config_files_harvest_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("valve.toml");
+        std::fs::write(
+            &file,
+            "[harvest]\nnode_name = \"gpu001\"\nwindows = [\"30s\", \"5m\"]\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let (cfg, _) = settings_of(&[]).unwrap();
+        assert_eq!(cfg.harvest, HarvestSettings::default());
+        assert_eq!(cfg.harvest.windows_s, vec![60, 600, 3600]);
+        assert_eq!(
+            cfg.harvest.progress_dir,
+            Path::new(valve_harvest::progress::DEFAULT_DIR)
+        );
+        let (cfg, _) = settings_of(&["--config", path]).unwrap();
+        assert_eq!(cfg.harvest.node_name.as_deref(), Some("gpu001"));
+        assert_eq!(cfg.harvest.windows_s, vec![30, 300]);
+        let (cfg, _) = settings_of(&[
+            "--config",
+            path,
+            "--node-name",
+            "gpu002",
+            "--progress-dir",
+            "/tmp/progress",
+            "--harvest-windows",
+            "1h,10m,60",
+        ])
+        .unwrap();
+        assert_eq!(cfg.harvest.node_name.as_deref(), Some("gpu002"));
+        assert_eq!(cfg.harvest.progress_dir, Path::new("/tmp/progress"));
+        assert_eq!(
+            cfg.harvest.windows_s,
+            vec![60, 600, 3600],
+            "a bare number is seconds"
+        );
+        let e = settings_of(&["--harvest-windows", "60s,1m"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().starts_with("--harvest-windows: "), "{e}");
+        let e = settings_of(&["--node-name", "a b"]).unwrap_err();
+        assert!(e.to_string().contains("not a node name"), "{e}");
     }
 
     #[test]

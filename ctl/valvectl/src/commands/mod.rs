@@ -12,6 +12,7 @@ pub mod gate;
 pub mod gpus;
 pub mod pool;
 pub mod preempt;
+pub mod profile;
 pub mod ps;
 pub mod resume;
 pub mod status;
