@@ -59,6 +59,18 @@ pub enum PoolError {
         /// Handle size.
         handle_mib: usize,
     },
+    /// Offline would hold more than the operator's cap on this GPU (`valvectl pool cap`).
+    #[error("offline processes on GPU {gpu} hold {held} handle(s) and may hold at most {cap} (valvectl pool cap); {asked} more asked")]
+    Capped {
+        /// GPU index.
+        gpu: usize,
+        /// The cap, in handles.
+        cap: usize,
+        /// Handles offline holds on the GPU now.
+        held: usize,
+        /// Handles asked for.
+        asked: usize,
+    },
     /// Nothing free and nothing this client may take.
     #[error("the pool on GPU {gpu} has {free} free handle(s), {asked} asked: offline gets only free memory; try again later or shrink elsewhere")]
     Exhausted {
@@ -91,7 +103,7 @@ impl PoolError {
     pub fn code(&self) -> i32 {
         match self {
             PoolError::TooLarge { .. } => 11,
-            PoolError::Exhausted { .. } | PoolError::Backing(_) => 12,
+            PoolError::Exhausted { .. } | PoolError::Capped { .. } | PoolError::Backing(_) => 12,
             PoolError::NotRegistered(_) => 13,
             PoolError::NotHeld { .. } => 14,
             PoolError::NoSuchGpu(_) => 6,
@@ -110,6 +122,8 @@ pub struct GpuPool {
     entries: Vec<Entry>,
     max_handles: usize,
     keep_free_bytes: u64,
+    /// The most all offline processes together may hold (`valvectl pool cap`).
+    offline_cap: Option<usize>,
 }
 
 /// A registered process.
@@ -168,6 +182,9 @@ pub struct GpuUsage {
     /// Not created yet, and creatable now: below the maximum, with device memory free beyond
     /// what the pool keeps free.
     pub creatable: usize,
+    /// The most offline may hold (`valvectl pool cap`), if capped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offline_cap: Option<usize>,
 }
 
 /// The pool's per-GPU numbers as its thread last published them (about once a second), for
@@ -196,7 +213,9 @@ impl GpuUsage {
     /// Memory left to offline now: free handles, handles the pool may still create and those
     /// offline holds (online may take any of them back).
     pub fn offline_available_bytes(&self) -> u64 {
-        (self.free + self.creatable + self.offline) as u64 * self.handle_bytes as u64
+        let handles =
+            (self.free + self.creatable + self.offline).min(self.offline_cap.unwrap_or(usize::MAX));
+        handles as u64 * self.handle_bytes as u64
     }
 }
 
@@ -222,6 +241,7 @@ impl Ledger {
                 entries: Vec::new(),
                 max_handles,
                 keep_free_bytes,
+                offline_cap: None,
             },
         );
     }
@@ -305,6 +325,25 @@ impl Ledger {
                 handle_mib,
             });
         }
+        if let (Role::Offline, Some(cap)) = (info.role, pool.offline_cap) {
+            let held = pool
+                .entries
+                .iter()
+                .filter(|e| {
+                    e.holder
+                        .and_then(|c| self.clients.get(&c))
+                        .is_some_and(|c| c.role == Role::Offline)
+                })
+                .count();
+            if held + count > cap {
+                return Err(PoolError::Capped {
+                    gpu: info.gpu,
+                    cap,
+                    held,
+                    asked: count,
+                });
+            }
+        }
         let mut taken = Taken::default();
         let free: Vec<HandleId> = (0..pool.entries.len() as HandleId)
             .filter(|&h| pool.entries[h as usize].holder.is_none())
@@ -336,6 +375,14 @@ impl Ledger {
             .held
             .extend(&taken.handles);
         Ok(taken)
+    }
+
+    /// Caps what all offline processes on `gpu` may hold together (`None`: no cap). A lower
+    /// cap stops offline's growth; it takes nothing back.
+    pub fn set_offline_cap(&mut self, gpu: usize, cap: Option<usize>) -> Result<(), PoolError> {
+        let pool = self.gpus.get_mut(&gpu).ok_or(PoolError::NoSuchGpu(gpu))?;
+        pool.offline_cap = cap;
+        Ok(())
     }
 
     /// Which offline clients on `gpu` give back how many handles so that `short` are freed:
@@ -471,6 +518,7 @@ impl Ledger {
                     online: held_by(Role::Online),
                     offline: held_by(Role::Offline),
                     creatable: p.creatable(),
+                    offline_cap: p.offline_cap,
                 }
             })
             .collect()
@@ -578,6 +626,41 @@ pub(crate) mod tests {
             6,
             "a refused grow changes nothing"
         );
+    }
+
+    #[test]
+    fn a_cap_bounds_what_offline_holds_together_and_never_online() {
+        let mut l = ledger(64 * 21, 4096);
+        let on = l.register(1, Role::Online, 0, true).unwrap();
+        let a = l.register(2, Role::Offline, 0, false).unwrap();
+        let b = l.register(3, Role::Offline, 0, false).unwrap();
+        l.set_offline_cap(0, Some(5)).unwrap();
+        l.take(a, 3).unwrap();
+        let e = l.take(b, 3).unwrap_err();
+        assert_eq!(
+            e,
+            PoolError::Capped {
+                gpu: 0,
+                cap: 5,
+                held: 3,
+                asked: 3
+            }
+        );
+        assert_eq!(e.code(), 12, "offline's clients treat it as a full pool");
+        l.take(b, 2).unwrap();
+        assert_eq!(
+            l.take(on, 8).unwrap().handles.len(),
+            8,
+            "online is not capped"
+        );
+        let u = &l.usage()[0];
+        assert_eq!(
+            (u.offline_cap, u.offline_available_bytes()),
+            (Some(5), (5 * 64) << 20)
+        );
+        l.set_offline_cap(0, None).unwrap();
+        l.take(b, 3).unwrap();
+        assert_eq!(l.set_offline_cap(7, Some(1)), Err(PoolError::NoSuchGpu(7)));
     }
 
     #[test]

@@ -45,6 +45,8 @@ enum Kind {
 struct Conn {
     stream: UnixStream,
     pid: u32,
+    /// The peer's user (root alone may set caps).
+    uid: u32,
     kind: Kind,
 }
 
@@ -74,10 +76,11 @@ pub struct PoolServer {
 /// How often the pool publishes its per-GPU numbers for other threads.
 const USAGE_EVERY: Duration = Duration::from_secs(1);
 
-fn peer_pid(stream: &UnixStream) -> Option<u32> {
+/// The peer's pid and uid.
+fn peer(stream: &UnixStream) -> Option<(u32, u32)> {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
         .ok()
-        .map(|c| c.pid() as u32)
+        .map(|c| (c.pid() as u32, c.uid()))
 }
 
 fn random_token() -> u64 {
@@ -171,6 +174,12 @@ impl PoolServer {
         self.usage.clone()
     }
 
+    /// Publishes the per-GPU numbers now (after a change readers must see at once).
+    fn publish_usage_now(&mut self) {
+        self.usage_published = None;
+        self.publish_usage_if_due();
+    }
+
     /// Publishes the per-GPU numbers if a second has passed (between requests, never inside
     /// a reclaim: one pass over the handles and one NVML query per GPU).
     fn publish_usage_if_due(&mut self) {
@@ -231,7 +240,7 @@ impl PoolServer {
             if self.conns.len() >= MAX_CONNECTIONS || !(self.allowed)(&stream) {
                 continue; // dropped: closed
             }
-            let Some(pid) = peer_pid(&stream) else {
+            let Some((pid, uid)) = peer(&stream) else {
                 continue;
             };
             let _ = stream.set_nonblocking(false);
@@ -245,6 +254,7 @@ impl PoolServer {
                 Conn {
                     stream,
                     pid,
+                    uid,
                     kind: Kind::New,
                 },
             );
@@ -381,6 +391,7 @@ impl PoolServer {
             (Kind::New, "register") => (Some(self.register(fd, pid, msg)), None),
             (Kind::New, "attach") => (Some(self.attach(fd, pid, msg)), None),
             (Kind::New, "status") | (Kind::Control(_), "status") => (Some(self.status()), None),
+            (Kind::New, "cap") => (Some(self.cap(conn.uid, msg)), None),
             (Kind::New, _) => (Some(err_reply(13, "not registered: the first message on a pool connection is `register` (or `attach`)")), None),
             (Kind::Control(c), "grow") => {
                 let c = *c;
@@ -393,6 +404,41 @@ impl PoolServer {
             (Kind::Control(c), "usage") => (Some(self.usage(*c, msg)), None),
             (Kind::Control(_), other) => (Some(err_reply(2, format!("unknown op `{other}`: register, grow, shrink, usage, status"))), None),
             (Kind::Callback(_), _) => (None, None),
+        }
+    }
+
+    /// `cap`: limit what offline may hold on a GPU (`{"op":"cap","gpu":0,"offline_mib":4096}`;
+    /// `null` lifts it). Root only: it changes what every offline job gets.
+    fn cap(&mut self, uid: u32, msg: &Value) -> Value {
+        if uid != 0 {
+            return err_reply(1, "only root may cap the pool (sudo valvectl pool cap ...)");
+        }
+        let Some(gpu) = msg.get("gpu").and_then(Value::as_u64) else {
+            return err_reply(2, "cap needs \"gpu\": the GPU index (e.g. 0)");
+        };
+        let gpu = gpu as usize;
+        let handle_bytes = match self.ledger.handle_bytes(gpu) {
+            Ok(b) => b as u64,
+            Err(e) => return pool_err(e),
+        };
+        let cap =
+            match msg.get("offline_mib") {
+                None | Some(Value::Null) => None,
+                Some(v) => match v.as_u64() {
+                    Some(mib) => Some(((mib << 20) / handle_bytes.max(1)) as usize),
+                    None => return err_reply(
+                        2,
+                        "\"offline_mib\" must be a whole number of MiB, or null to lift the cap",
+                    ),
+                },
+            };
+        match self.ledger.set_offline_cap(gpu, cap) {
+            Ok(()) => {
+                self.publish_usage_now();
+                json!({"ok": true, "gpu": gpu, "offline_cap_handles": cap,
+                       "offline_cap_mib": cap.map(|c| (c as u64 * handle_bytes) >> 20)})
+            }
+            Err(e) => pool_err(e),
         }
     }
 
@@ -740,6 +786,67 @@ mod tests {
         assert_eq!(reply["ok"], true, "{reply}");
         let token = reply["token"].as_str().unwrap().to_string();
         (s, reply["client"].as_u64().unwrap(), token)
+    }
+
+    #[test]
+    fn root_caps_offline_and_others_may_not() {
+        let r = start(64 * 11);
+        let admin = connect(&r);
+        let (reply, _) = call(&admin, json!({"op": "cap", "gpu": 0, "offline_mib": 128}));
+        assert_eq!(
+            (reply["ok"].clone(), reply["offline_cap_handles"].clone()),
+            (json!(true), json!(2)),
+            "{reply}"
+        );
+        let (off, _, _) = register(&r, "offline");
+        assert_eq!(call(&off, json!({"op": "grow", "count": 3})).0["code"], 12);
+        assert_eq!(call(&off, json!({"op": "grow", "count": 2})).0["ok"], true);
+        let (st, _) = call(&connect(&r), json!({"op": "status"}));
+        assert_eq!(st["gpus"][0]["offline_cap"], 2);
+        let (reply, _) = call(
+            &connect(&r),
+            json!({"op": "cap", "gpu": 0, "offline_mib": null}),
+        );
+        assert_eq!(reply["offline_cap_handles"], Value::Null);
+        assert_eq!(
+            call(
+                &connect(&r),
+                json!({"op": "cap", "gpu": 9, "offline_mib": 1})
+            )
+            .0["code"],
+            6
+        );
+        assert_eq!(
+            call(&connect(&r), json!({"op": "cap", "offline_mib": 1})).0["code"],
+            2
+        );
+        assert_eq!(
+            call(&off, json!({"op": "cap", "gpu": 0})).0["code"],
+            2,
+            "not on a client's connection"
+        );
+    }
+
+    #[test]
+    fn only_root_may_cap() {
+        let sock = std::env::temp_dir().join(format!("valve-cap-{}.sock", std::process::id()));
+        let mut server = PoolServer::new(
+            ledger(64 * 11, 1 << 20),
+            wire::listen(
+                &std::env::temp_dir().join(format!("valve-cap-{}.sock", std::process::id())),
+            )
+            .unwrap(),
+            Box::new(|_: &UnixStream| true),
+            Box::new(Log::default()),
+            Duration::from_millis(200),
+        );
+        let reply = server.cap(1000, &json!({"op": "cap", "gpu": 0, "offline_mib": 64}));
+        assert!(
+            reply["error"].as_str().unwrap().contains("only root"),
+            "{reply}"
+        );
+        assert_eq!(server.ledger.usage()[0].offline_cap, None);
+        let _ = std::fs::remove_file(sock);
     }
 
     #[test]

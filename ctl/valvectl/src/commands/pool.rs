@@ -1,5 +1,6 @@
 //! `valvectl pool status`: what the daemon's GPU memory pool holds, per GPU and per process,
-//! and how its reclaims went (asked on the pool socket; no registration needed).
+//! and how its reclaims went (asked on the pool socket; no registration needed); `pool cap`
+//! limits what offline may hold on a GPU (root; used to profile a job's memory curve).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,9 +28,32 @@ pub struct PoolArgs {
 pub enum PoolCommand {
     /// Handles per GPU (free, online, offline), the processes holding them, reclaim counters.
     Status,
+    /// Limit what all offline processes on a GPU may hold together (root).
+    ///
+    /// A lower cap stops offline from growing; it takes nothing back. `valve-scheduler
+    /// profile-job` raises it step by step to measure a job's memory-throughput curve.
+    Cap(CapArgs),
+}
+
+/// The arguments of `valvectl pool cap`.
+#[derive(Debug, Args)]
+pub struct CapArgs {
+    /// The GPU.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
+    /// The most offline may hold, in MiB (rounded down to whole handles).
+    #[arg(long, conflicts_with = "lift", required_unless_present = "lift")]
+    pub offline_mib: Option<u64>,
+    /// Lift the cap.
+    #[arg(long)]
+    pub lift: bool,
 }
 
 fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
+    request(socket, &json!({"op": "status"}))
+}
+
+fn request(socket: &std::path::Path, msg: &Value) -> Result<Value, CliError> {
     let not_running = |e: valve_vmm::VmmError| {
         CliError::Daemon(
             7,
@@ -40,7 +64,7 @@ fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
         )
     };
     let s = wire::connect(socket).map_err(not_running)?;
-    wire::send(&s, &json!({"op": "status"}), &[]).map_err(not_running)?;
+    wire::send(&s, msg, &[]).map_err(not_running)?;
     match wire::recv(&s).map_err(not_running)? {
         Some((v, _)) if v["ok"] == true => Ok(v),
         Some((v, _)) => Err(CliError::Daemon(1, format!("pool: {}", v["error"]))),
@@ -50,7 +74,29 @@ fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
 
 /// Asks the pool and prints its answer.
 pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
-    let PoolCommand::Status = args.cmd;
+    if let PoolCommand::Cap(c) = &args.cmd {
+        let mib = if c.lift {
+            Value::Null
+        } else {
+            json!(c.offline_mib)
+        };
+        let v = request(
+            &args.pool_socket,
+            &json!({"op": "cap", "gpu": c.gpu, "offline_mib": mib}),
+        )?;
+        if g.json {
+            writeln!(out, "{v}")?;
+        } else if v["offline_cap_mib"].is_null() {
+            writeln!(out, "GPU {}: offline is not capped", c.gpu)?;
+        } else {
+            writeln!(
+                out,
+                "GPU {}: offline may hold {} MiB",
+                c.gpu, v["offline_cap_mib"]
+            )?;
+        }
+        return Ok(());
+    }
     let v = ask(&args.pool_socket)?;
     if g.json {
         writeln!(out, "{v}")?;
