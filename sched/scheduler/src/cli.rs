@@ -51,6 +51,8 @@ pub enum Command {
     Agent(commands::agent::AgentArgs),
     /// Predict a job's throughput on one node's harvest document.
     Predict(commands::predict::PredictArgs),
+    /// Measure a job's profile: its throughput at several pool shares and alone (root).
+    ProfileJob(commands::profile_job::ProfileJobArgs),
     /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
     BenchPass(commands::bench_pass::BenchPassArgs),
 }
@@ -73,6 +75,7 @@ pub fn main() -> ExitCode {
         Command::TaskProlog(a) => commands::task_prolog::exec(a, cli.json),
         Command::Agent(a) => commands::agent::exec(a, cli.json),
         Command::Predict(a) => commands::predict::exec(a, cli.json),
+        Command::ProfileJob(a) => commands::profile_job::exec(a, cli.json),
         Command::BenchPass(a) => commands::bench_pass::exec(a, cli.json),
     };
     match result {

@@ -4,6 +4,7 @@
 //!
 //! - [`job`]: job profiles (T_alone and T(m)) and SLAs.
 //! - [`predict`]: the throughput model over a node's harvest document.
+//! - [`profiling`]: a job's profile from runs at several memory caps.
 //! - [`place`]: the placement pass.
 //! - [`monitor`]: the SLA monitor and its evictions.
 //! - [`meta`]: what the scheduler stores with each job in the engine.
@@ -23,6 +24,7 @@ pub mod meta;
 pub mod monitor;
 pub mod place;
 pub mod predict;
+pub mod profiling;
 pub mod replay;
 pub mod sim;
 pub mod slurm;

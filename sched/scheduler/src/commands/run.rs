@@ -1,7 +1,6 @@
 //! `valve-scheduler run`: the scheduler's loop against Slurm, until SIGINT or SIGTERM.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -9,6 +8,7 @@ use clap::Args;
 use super::common::{duration, EngineArgs, ModelArgs};
 use super::metrics::SchedulerMetrics;
 use super::print::print_pass;
+use super::stop::{install_signals, nap, stopped};
 use crate::cli::{exit, usage, Fail};
 use valve_scheduler::driver::{backoff, pass, SlurmEngine, StateFile};
 use valve_scheduler::replay::unix_ms;
@@ -43,35 +43,6 @@ pub struct RunArgs {
     metrics_addr: Option<std::net::SocketAddr>,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signals() -> anyhow::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for s in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe, and no
-        // other code in this process installs handlers for these signals.
-        unsafe { sigaction(s, &action) }?;
-    }
-    Ok(())
-}
-
-/// Sleeps up to `d`, waking early on a stop signal.
-fn nap(d: Duration) {
-    let end = Instant::now() + d;
-    while !STOP.load(Ordering::SeqCst) && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(100).min(end - Instant::now()));
-    }
-}
-
 /// Runs the loop.
 pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     if a.interval.is_zero() {
@@ -88,7 +59,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     };
     install_signals()?;
     let mut failures = 0u32;
-    while !STOP.load(Ordering::SeqCst) {
+    while !stopped() {
         let started = Instant::now();
         match pass(
             &mut engine,

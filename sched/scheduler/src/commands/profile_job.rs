@@ -1,0 +1,283 @@
+//! `valve-scheduler profile-job`: runs an offline job alone on a node's memory pool, its pool
+//! share capped at several sizes in turn, and writes its profile (T_alone and T(m)).
+//!
+//! The cap is raised step by step (`valvectl pool cap`), so the job never loses memory while it
+//! runs; the cap is lifted and the job stopped on every way out, Ctrl-C included.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::Value;
+
+use super::common::duration;
+use super::stop::{install_signals, nap, stopped};
+use crate::cli::usage;
+use valve_harvest::progress;
+use valve_scheduler::job::Measured;
+use valve_scheduler::profiling::{build, About, Step};
+use valve_scheduler::replay::unix_ms;
+
+/// The job id the profiled run reports progress under.
+const JOB: &str = "profile";
+
+/// Measures a job's memory-throughput curve on this node and writes its profile.
+///
+/// Needs root and the Valve daemon with its pool (`valvectl daemon --pool`), no other offline
+/// pool client on the GPU, and a job that is an offline pool client (e.g. transformers through
+/// `valve_transformers.install("offline")`) and reports its progress: it gets
+/// VALVE_PROGRESS_DIR and SLURM_JOB_ID and appends `UNIX_MS UNITS_DONE` lines to
+/// $VALVE_PROGRESS_DIR/$SLURM_JOB_ID (or calls `valve-scheduler report UNITS_DONE`).
+///
+/// Steps: cap at each --caps size, smallest first (settle, then measure --seconds), then no cap
+/// (T_alone). Each point's memory is what the job held at the end of its step.
+///
+/// Example: sudo valve-scheduler profile-job --name llama-1b-cb --caps 1GiB,2GiB,4GiB,8GiB \
+///   --out llama-1b-cb.json -- env VALVE_LABEL=batch python batch.py
+#[derive(Args, Debug)]
+pub struct ProfileJobArgs {
+    /// The job's name in the profile.
+    #[arg(long)]
+    name: String,
+    /// What its progress counts.
+    #[arg(long, default_value = "tokens")]
+    units: String,
+    /// GPUs it runs on (the pool cap is set on --gpu; multi-GPU jobs: profile one rank).
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// The GPU whose pool is capped.
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// Pool shares to measure, e.g. 1GiB,2GiB,4GiB (MiB and GiB suffixes).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = bytes)]
+    caps: Vec<u64>,
+    /// Time from the job's first progress report to the first step.
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    warmup: Duration,
+    /// Time after a cap change before measuring (the job grows to the new cap).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    settle: Duration,
+    /// Measuring time per step.
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    seconds: Duration,
+    /// The deficit penalty to record (throughput lost per unit of relative memory deficit).
+    #[arg(long, default_value_t = 0.0)]
+    deficit_penalty: f64,
+    /// The valvectl binary.
+    #[arg(long, default_value = "valvectl")]
+    valvectl: PathBuf,
+    /// Where to write the profile (also printed).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The job's command line.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `1GiB`, `512MiB`, or a number of bytes.
+fn bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = if let Some(n) = t.strip_suffix("GiB") {
+        (n, 1u64 << 30)
+    } else if let Some(n) = t.strip_suffix("MiB") {
+        (n, 1 << 20)
+    } else {
+        (t, 1)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 512MiB, 4GiB)"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("'{s}' must be above 0"));
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+/// The job and the cap, undone when dropped.
+struct Session<'a> {
+    a: &'a ProfileJobArgs,
+    child: Option<Child>,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let pg = nix::unistd::Pid::from_raw(-(c.id() as i32));
+            let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGTERM);
+            let end = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGKILL);
+            let _ = c.wait();
+        }
+        if let Err(e) = self.pool(&["cap", "--gpu", &self.a.gpu.to_string(), "--lift"]) {
+            eprintln!("valve-scheduler profile-job: could not lift the pool cap: {e}; run `sudo valvectl pool cap --gpu {} --lift`", self.a.gpu);
+        }
+    }
+}
+
+impl Session<'_> {
+    fn pool(&self, args: &[&str]) -> Result<Value, String> {
+        let out = Command::new(&self.a.valvectl)
+            .arg("--json")
+            .arg("pool")
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.a.valvectl.display()))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("valvectl pool: {e}"))
+    }
+
+    fn cap(&self, bytes: Option<u64>) -> Result<(), String> {
+        let gpu = self.a.gpu.to_string();
+        match bytes {
+            Some(b) => self.pool(&[
+                "cap",
+                "--gpu",
+                &gpu,
+                "--offline-mib",
+                &(b >> 20).to_string(),
+            ]),
+            None => self.pool(&["cap", "--gpu", &gpu, "--lift"]),
+        }
+        .map(|_| ())
+    }
+
+    /// What offline holds on the GPU now.
+    fn held_bytes(&self) -> Result<u64, String> {
+        let st = self.pool(&["status"])?;
+        let g = st["gpus"]
+            .as_array()
+            .and_then(|gs| gs.iter().find(|g| g["gpu"] == u64::from(self.a.gpu)))
+            .ok_or_else(|| format!("the pool has no GPU {}", self.a.gpu))?;
+        Ok(g["offline"].as_u64().unwrap_or(0) * g["handle_bytes"].as_u64().unwrap_or(0))
+    }
+
+    fn alive(&mut self) -> Result<(), String> {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(Some(status))) => {
+                Err(format!("the job exited ({status}) before profiling ended"))
+            }
+            _ if stopped() => Err("interrupted".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The job's rate over the last `window`.
+fn rate(dir: &Path, window: Duration) -> Option<f64> {
+    let w = window.as_secs().max(1) as u32;
+    progress::read_all(dir, unix_ms(), &[w], 600_000)
+        .into_iter()
+        .find(|j| j.job == JOB)?
+        .rate(w)
+        .map(|r| r.per_s)
+}
+
+/// Profiles the job.
+pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let mut caps = a.caps.clone();
+    caps.sort_unstable();
+    caps.dedup();
+    install_signals()?;
+    let dir = tempfile_dir()?;
+    let mut s = Session { a, child: None };
+    s.pool(&["status"])
+        .map_err(|e| usage(format!("the pool is not reachable: {e}")))?;
+    s.cap(Some(caps[0])).map_err(usage)?;
+    let child = Command::new(&a.command[0])
+        .args(&a.command[1..])
+        .env("VALVE_PROGRESS_DIR", &dir)
+        .env("SLURM_JOB_ID", JOB)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| usage(format!("cannot start {}: {e}", a.command[0])))?;
+    s.child = Some(child);
+    let started = Instant::now();
+    while rate(&dir, Duration::from_secs(3600)).is_none() {
+        s.alive().map_err(anyhow::Error::msg)?;
+        if started.elapsed() > Duration::from_secs(600) {
+            anyhow::bail!("the job has not reported progress in 10 minutes: it must append to $VALVE_PROGRESS_DIR/$SLURM_JOB_ID");
+        }
+        nap(Duration::from_millis(500));
+    }
+    nap(a.warmup);
+    let mut steps = Vec::new();
+    for cap in caps.iter().map(|&c| Some(c)).chain([None]) {
+        s.cap(cap).map_err(anyhow::Error::msg)?;
+        nap(a.settle + a.seconds);
+        s.alive().map_err(anyhow::Error::msg)?;
+        let per_s = rate(&dir, a.seconds).unwrap_or(0.0);
+        let held_bytes = s.held_bytes().map_err(anyhow::Error::msg)?;
+        eprintln!(
+            "cap {}: held {} MiB, {per_s:.1} {}/s",
+            cap.map_or("none".into(), |c| format!("{} MiB", c >> 20)),
+            held_bytes >> 20,
+            a.units
+        );
+        steps.push(Step {
+            cap_bytes: cap,
+            held_bytes,
+            per_s,
+        });
+    }
+    drop(s);
+    let about = About {
+        name: a.name.clone(),
+        units: a.units.clone(),
+        gpus: a.gpus,
+        measured: Measured {
+            device: device_name(),
+            unix_ms: unix_ms(),
+            seconds_per_point: a.seconds.as_secs_f64(),
+        },
+        deficit_penalty: a.deficit_penalty,
+    };
+    let profile = build(&about, &steps).map_err(anyhow::Error::msg)?;
+    let text = serde_json::to_string_pretty(&profile)?;
+    if let Some(out) = &a.out {
+        std::fs::write(out, &text)?;
+    }
+    if json || a.out.is_none() {
+        println!("{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("valve-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The first GPU's name from nvidia-smi, where it answers.
+fn device_name() -> String {
+    Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(bytes("1.5GiB"), Ok(3 << 29));
+        assert!(bytes("lots").is_err());
+        assert!(bytes("0GiB").is_err());
+    }
+}

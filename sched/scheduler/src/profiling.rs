@@ -1,0 +1,169 @@
+//! Turning measurements of a job run at several memory caps into its profile: T_alone and the
+//! memory-throughput curve T(m) (issue 28, part 2). `valve-scheduler profile-job` measures.
+
+use crate::job::{CurvePoint, JobProfile, Measured, PROFILE_VERSION};
+
+/// One measured step.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Step {
+    /// The cap in force (`None`: no cap: the job alone with all the memory it wants).
+    pub cap_bytes: Option<u64>,
+    /// What the job held at the end of the step (0: unknown).
+    pub held_bytes: u64,
+    /// Its throughput over the step (units/s).
+    pub per_s: f64,
+}
+
+/// What the profile says about itself.
+#[derive(Clone, Debug)]
+pub struct About {
+    /// The job's name.
+    pub name: String,
+    /// Its unit of work.
+    pub units: String,
+    /// GPUs it runs on.
+    pub gpus: u32,
+    /// Where and when it was measured.
+    pub measured: Measured,
+    /// The deficit penalty to record (measured elsewhere, or stated).
+    pub deficit_penalty: f64,
+}
+
+/// The profile from `steps`. A step's memory is what the job held (the cap where that is
+/// unknown); steps at equal memory are averaged. T_alone is the uncapped step's rate, or the
+/// best rate where no step ran uncapped.
+pub fn build(about: &About, steps: &[Step]) -> Result<JobProfile, String> {
+    let mut pts: Vec<(u64, f64)> = steps
+        .iter()
+        .filter_map(|s| {
+            let m = if s.held_bytes > 0 {
+                s.held_bytes
+            } else {
+                s.cap_bytes?
+            };
+            Some((m, s.per_s))
+        })
+        .collect();
+    if pts.is_empty() {
+        return Err(
+            "no step measured any memory: is the job a pool client (offline, VALVE_LABEL)?".into(),
+        );
+    }
+    pts.sort_by_key(|p| p.0);
+    let mut curve: Vec<CurvePoint> = Vec::new();
+    let mut run: Vec<f64> = Vec::new();
+    for (i, &(m, r)) in pts.iter().enumerate() {
+        run.push(r);
+        if pts.get(i + 1).is_none_or(|n| n.0 != m) {
+            let per_s = run.iter().sum::<f64>() / run.len() as f64;
+            curve.push(CurvePoint {
+                memory_bytes: m,
+                per_s,
+            });
+            run.clear();
+        }
+    }
+    let alone = steps
+        .iter()
+        .filter(|s| s.cap_bytes.is_none())
+        .map(|s| s.per_s)
+        .fold(None, |a: Option<f64>, r| Some(a.map_or(r, |a| a.max(r))))
+        .unwrap_or_else(|| curve.iter().map(|p| p.per_s).fold(0.0, f64::max));
+    let profile = JobProfile {
+        version: PROFILE_VERSION,
+        name: about.name.clone(),
+        units: about.units.clone(),
+        gpus: about.gpus,
+        alone_per_s: alone,
+        curve,
+        required_bytes: None,
+        deficit_penalty: about.deficit_penalty,
+        measured: Some(about.measured.clone()),
+    };
+    profile.validate().map_err(|e| e.to_string())?;
+    Ok(profile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn about() -> About {
+        About {
+            name: "cb".into(),
+            units: "tokens".into(),
+            gpus: 1,
+            measured: Measured {
+                device: "test".into(),
+                unix_ms: 0,
+                seconds_per_point: 20.0,
+            },
+            deficit_penalty: 0.2,
+        }
+    }
+
+    #[test]
+    fn steps_become_a_curve_by_the_memory_actually_held() {
+        let steps = [
+            Step {
+                cap_bytes: Some(2 * GIB),
+                held_bytes: 2 * GIB,
+                per_s: 300.0,
+            },
+            Step {
+                cap_bytes: Some(4 * GIB),
+                held_bytes: 4 * GIB,
+                per_s: 500.0,
+            },
+            // Capped above what it wants: it held 5 GiB either way.
+            Step {
+                cap_bytes: Some(8 * GIB),
+                held_bytes: 5 * GIB,
+                per_s: 590.0,
+            },
+            Step {
+                cap_bytes: None,
+                held_bytes: 5 * GIB,
+                per_s: 610.0,
+            },
+        ];
+        let p = build(&about(), &steps).unwrap();
+        assert_eq!(p.alone_per_s, 610.0);
+        let mem: Vec<u64> = p.curve.iter().map(|c| c.memory_bytes).collect();
+        assert_eq!(mem, [2 * GIB, 4 * GIB, 5 * GIB]);
+        assert_eq!(p.curve[2].per_s, 600.0, "equal memory: averaged");
+        assert_eq!(p.deficit_penalty, 0.2);
+    }
+
+    #[test]
+    fn without_an_uncapped_step_the_best_rate_is_alone_and_empty_runs_are_refused() {
+        let steps = [Step {
+            cap_bytes: Some(GIB),
+            held_bytes: 0,
+            per_s: 100.0,
+        }];
+        assert_eq!(build(&about(), &steps).unwrap().alone_per_s, 100.0);
+        let e = build(
+            &about(),
+            &[Step {
+                cap_bytes: None,
+                held_bytes: 0,
+                per_s: 1.0,
+            }],
+        )
+        .unwrap_err();
+        assert!(e.contains("pool client"), "{e}");
+        let e = build(
+            &about(),
+            &[Step {
+                cap_bytes: Some(GIB),
+                held_bytes: 0,
+                per_s: 0.0,
+            }],
+        )
+        .unwrap_err();
+        assert!(e.contains("alone_per_s"), "{e}");
+    }
+}
