@@ -15,7 +15,7 @@ echo "== cargo test"
 export VALVE_REQUIRE_SLURM=${VALVE_REQUIRE_SLURM:-1}
 cargo test --workspace
 
-for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/selftest.sh scripts/ci-driver-patch.sh; do
+for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/selftest.sh hwtests/cluster/selftest.sh scripts/ci-driver-patch.sh; do
   if [ -f "$t" ]; then
     echo "== $t"
     bash "$t"

@@ -8,7 +8,9 @@ batching over a backlog that never runs dry, measuring useful throughput.
 backs the cache with the pool through `valve_transformers` (offline role: free memory only, and
 requests whose blocks a reclaim took are recomputed). Throughput counts the tokens of requests that
 finished while measuring; tokens a reclaim made it recompute are not counted twice. Every step's end
-time is logged, for the comparison with waiting for an iteration boundary.
+time is logged, for the comparison with waiting for an iteration boundary. With VALVE_PROGRESS_DIR and
+SLURM_JOB_ID set (a Valve job), the tokens of finished requests so far are reported there as they
+finish (`UNIX_MS TOKENS` lines, at most 4 a second; docs/cluster.md), from start, not only after --go.
 """
 
 from __future__ import annotations
@@ -37,6 +39,21 @@ def log_steps(steps: list) -> None:
         steps.append(now())
 
     cbp.update_batch = update_batch
+
+
+class Progress:
+    """The job's progress for Valve's node agent: tokens of finished requests so far."""
+
+    def __init__(self) -> None:
+        d, job = os.environ.get("VALVE_PROGRESS_DIR"), os.environ.get("SLURM_JOB_ID")
+        self.f = open(os.path.join(d, job), "a", buffering=1) if d and job else None
+        self.tokens, self.last = 0, 0.0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+        if self.f and time.monotonic() - self.last >= 0.25:
+            self.last = time.monotonic()
+            self.f.write(f"{int(time.time() * 1000)} {self.tokens}\n")
 
 
 def main() -> int:
@@ -101,9 +118,13 @@ def main() -> int:
     top_up(a.backlog)
     if a.ready:
         open(a.ready, "w").close()
+    progress = Progress()
     solo_from = len(steps)  # until `go`, offline runs alone: its undisturbed step times
     while a.go and not os.path.exists(a.go):
-        if manager.get_result(timeout=0.05) is not None:
+        out = manager.get_result(timeout=0.05)
+        if out is not None:
+            if not out.error:
+                progress.add(len(out.generated_tokens))
             top_up(1)
     t0, done, errors = now(), [], []
     steps_before = len(steps)
@@ -120,6 +141,7 @@ def main() -> int:
             errors.append(str(out.error))
         else:
             done.append((now(), len(out.generated_tokens)))
+            progress.add(len(out.generated_tokens))
         top_up(1)
     t1 = now()
     result = dict(mode=a.mode, fifo=a.fifo, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),

@@ -1,13 +1,15 @@
 """The offline job: PyTorch training of a random-weight Llama (AdamW, bf16 on a GPU), with
 deterministic algorithms. Every iteration appends `<monotonic_ns> <iteration>` to the progress
 file; on SIGTERM it prints a sha256 of its weights and exits (offline results must not change
-under the gate).
+under the gate). With VALVE_PROGRESS_DIR and SLURM_JOB_ID set (a Valve job), it also reports the
+tokens trained so far there, at most 4 times a second (`UNIX_MS TOKENS` lines, docs/cluster.md).
 
     VALVE_LABEL=batch python3 offline.py --progress FILE --size small --device cuda
 """
 
 import argparse
 import hashlib
+import os
 import signal
 import sys
 import time
@@ -50,6 +52,9 @@ def main(argv=None):
     g = torch.Generator(device="cpu").manual_seed(a.seed)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    valve_dir, job = os.environ.get("VALVE_PROGRESS_DIR"), os.environ.get("SLURM_JOB_ID")
+    valve = open(os.path.join(valve_dir, job), "a", buffering=1) if valve_dir and job else None
+    reported = 0.0
     with open(a.progress, "a", buffering=1) as prog:
         it = 0
         print(f"READY {sum(p.numel() for p in model.parameters())}", flush=True)
@@ -63,6 +68,9 @@ def main(argv=None):
             loss_v = loss.item()
             it += 1
             prog.write(f"{time.monotonic_ns()} {it}\n")
+            if valve and time.monotonic() - reported >= 0.25:
+                reported = time.monotonic()
+                valve.write(f"{int(time.time() * 1000)} {it * a.batch * a.seq}\n")
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().float().cpu().numpy().tobytes())

@@ -50,8 +50,10 @@ pub struct ProfileJobArgs {
     /// The GPU whose pool is capped.
     #[arg(long, default_value_t = 0)]
     gpu: u32,
-    /// Pool shares to measure, e.g. 1GiB,2GiB,4GiB (MiB and GiB suffixes).
-    #[arg(long, value_delimiter = ',', required = true, value_parser = bytes)]
+    /// Pool shares to measure, e.g. 1GiB,2GiB,4GiB (MiB and GiB suffixes). None: the job is not a
+    /// pool client (training, fixed memory): only its throughput alone is measured, and its
+    /// curve is flat.
+    #[arg(long, value_delimiter = ',', value_parser = bytes)]
     caps: Vec<u64>,
     /// Time from the job's first progress report to the first step.
     #[arg(long, default_value = "20s", value_parser = duration)]
@@ -102,6 +104,12 @@ struct Session<'a> {
     child: Option<Child>,
 }
 
+impl Session<'_> {
+    fn capped(&self) -> bool {
+        !self.a.caps.is_empty()
+    }
+}
+
 impl Drop for Session<'_> {
     fn drop(&mut self) {
         if let Some(c) = &mut self.child {
@@ -113,6 +121,9 @@ impl Drop for Session<'_> {
             }
             let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGKILL);
             let _ = c.wait();
+        }
+        if !self.capped() {
+            return;
         }
         if let Err(e) = self.pool(&["cap", "--gpu", &self.a.gpu.to_string(), "--lift"]) {
             eprintln!("valve-scheduler profile-job: could not lift the pool cap: {e}; run `sudo valvectl pool cap --gpu {} --lift`", self.a.gpu);
@@ -188,9 +199,11 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
     install_signals()?;
     let dir = tempfile_dir()?;
     let mut s = Session { a, child: None };
-    s.pool(&["status"])
-        .map_err(|e| usage(format!("the pool is not reachable: {e}")))?;
-    s.cap(Some(caps[0])).map_err(usage)?;
+    if let Some(&first) = caps.first() {
+        s.pool(&["status"])
+            .map_err(|e| usage(format!("the pool is not reachable: {e}")))?;
+        s.cap(Some(first)).map_err(usage)?;
+    }
     let child = Command::new(&a.command[0])
         .args(&a.command[1..])
         .env("VALVE_PROGRESS_DIR", &dir)
@@ -210,11 +223,17 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
     nap(a.warmup);
     let mut steps = Vec::new();
     for cap in caps.iter().map(|&c| Some(c)).chain([None]) {
-        s.cap(cap).map_err(anyhow::Error::msg)?;
+        if !caps.is_empty() {
+            s.cap(cap).map_err(anyhow::Error::msg)?;
+        }
         nap(a.settle + a.seconds);
         s.alive().map_err(anyhow::Error::msg)?;
         let per_s = rate(&dir, a.seconds).unwrap_or(0.0);
-        let held_bytes = s.held_bytes().map_err(anyhow::Error::msg)?;
+        let held_bytes = if caps.is_empty() {
+            0
+        } else {
+            s.held_bytes().map_err(anyhow::Error::msg)?
+        };
         eprintln!(
             "cap {}: held {} MiB, {per_s:.1} {}/s",
             cap.map_or("none".into(), |c| format!("{} MiB", c >> 20)),
@@ -239,6 +258,9 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
         },
         deficit_penalty: a.deficit_penalty,
     };
+    if caps.is_empty() {
+        steps[0].cap_bytes = Some(0); // not a pool client: one flat point
+    }
     let profile = build(&about, &steps).map_err(anyhow::Error::msg)?;
     let text = serde_json::to_string_pretty(&profile)?;
     if let Some(out) = &a.out {
