@@ -42,7 +42,12 @@ pub fn print_pass(plan: &Plan, applied: &Applied, agents: &Agents, json: bool, f
         );
     }
     for (job, node) in &applied.placed {
-        let why = plan.decisions.iter().find(|d| &d.job == job);
+        // The full listing already gave the reason.
+        let why = plan
+            .decisions
+            .iter()
+            .find(|d| &d.job == job)
+            .filter(|_| !full);
         println!(
             "  placed {job} on {node}{}",
             why.map_or(String::new(), |d| format!(": {d}"))
