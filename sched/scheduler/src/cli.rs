@@ -55,6 +55,8 @@ pub enum Command {
     ProfileJob(commands::profile_job::ProfileJobArgs),
     /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
     BenchPass(commands::bench_pass::BenchPassArgs),
+    /// Simulate a large cluster for a week, once per scheduling policy (issue 28, part 6).
+    Simulate(commands::simulate::SimulateArgs),
 }
 
 /// Parses the command line, runs the command, maps errors to exit codes.
@@ -77,6 +79,7 @@ pub fn main() -> ExitCode {
         Command::Predict(a) => commands::predict::exec(a, cli.json),
         Command::ProfileJob(a) => commands::profile_job::exec(a, cli.json),
         Command::BenchPass(a) => commands::bench_pass::exec(a, cli.json),
+        Command::Simulate(a) => commands::simulate::exec(a, cli.json),
     };
     match result {
         Ok(code) => code,

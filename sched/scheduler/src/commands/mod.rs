@@ -11,6 +11,7 @@ pub mod print;
 pub mod profile_job;
 pub mod report;
 pub mod run;
+pub mod simulate;
 pub mod stop;
 pub mod submit;
 pub mod task_prolog;

@@ -1,0 +1,245 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::sim::jobs::{classes, SLAS};
+
+const GIB: f32 = 1.0;
+
+fn cell(b: f32, m: f32) -> Cell {
+    Cell { b, m, tr: 0.0 }
+}
+
+/// Runs `policies` over a world of one node laid out as `layout`, under `load`, with one job
+/// of class `class` (SLA `sla`) arriving at minute 0, for `minutes`.
+fn one_job(
+    layout: Vec<(u32, bool)>,
+    load: impl Fn(usize, i64) -> Cell + Send + Sync + 'static,
+    class: u8,
+    sla: f64,
+    minutes: u32,
+    policies: &[&str],
+) -> Vec<(Policy, Metrics)> {
+    let mut rng = fastrand::Rng::with_seed(4);
+    let mut cluster = Cluster::assemble(&[layout], 0.3, &mut rng);
+    cluster.custom = Some(Arc::new(load));
+    let sla_index = SLAS
+        .iter()
+        .position(|&s| s == sla)
+        .expect("an SLA of the list") as u8;
+    let arrivals = vec![Arrival {
+        minute: 0,
+        class,
+        sla: sla_index,
+        work_s: 100.0 * 3600.0,
+        error: 0.0,
+    }];
+    let world = World::new(cluster, classes(), arrivals, minutes, 10);
+    let mut cfg = SimConfig::small(1, minutes, policies);
+    cfg.threads = 1;
+    run_world(&world, &cfg).policies
+}
+
+#[test]
+fn the_truth_multiplies_independent_idle_time_and_charges_reclaims() {
+    let c = classes();
+    let seven_b = &c[0];
+    let mut held = [f32::NAN, f32::NAN];
+    // Two independent series, each busy half the minute: all idle a quarter of it.
+    let m = truth(
+        seven_b,
+        &[cell(0.5, 40.0), cell(0.5, 40.0)],
+        &mut held,
+        None,
+        0.0,
+    );
+    assert!(
+        (m.all_idle - 0.25).abs() < 1e-9 && (m.share - 0.25).abs() < 1e-9,
+        "{m:?}"
+    );
+    assert_eq!(held, [36.0, 36.0], "it holds at most R");
+    // One series (an in-step pair): idle half the minute.
+    let mut one = [f32::NAN];
+    let m = truth(seven_b, &[cell(0.5, 40.0)], &mut one, None, 0.0);
+    assert!((m.share - 0.5).abs() < 1e-9);
+    // Memory falls from 36 to 24 GiB: T(24) = 0.7, and the reclaim costs 0.4 x 12/36.
+    let m = truth(seven_b, &[cell(0.0, 24.0)], &mut one, None, 0.0);
+    let want = 0.7 * (1.0 - 0.4 * 12.0 / 36.0);
+    assert!((m.share - want).abs() < 1e-6, "{m:?} vs {want}");
+    // Below the least memory it runs with: no work, and not counted as offline busy time.
+    let m = truth(seven_b, &[cell(0.0, 10.0)], &mut one, None, 0.0);
+    assert!(!m.runs && m.share == 0.0);
+    // A static split of 30 GiB: T(30) whatever the memory above it; killed below it.
+    let alloc = [30.0 * GIB];
+    let m = truth(seven_b, &[cell(0.2, 50.0)], &mut one, Some(&alloc), 0.1);
+    assert!((m.share - 0.8 * 0.84 * 1.1).abs() < 1e-6, "{m:?}");
+    let m = truth(seven_b, &[cell(0.2, 29.0)], &mut one, Some(&alloc), 0.0);
+    assert!(m.killed);
+}
+
+#[test]
+fn policies_parse_with_operator_settings() {
+    let p = Policy::parse("valve:margin=0.1:monitor=3600", 1000).unwrap();
+    assert_eq!(p.kind, PolicyKind::Valve);
+    assert_eq!(p.params.place.margin, 0.1);
+    assert_eq!(p.params.monitor.window_s, 3600);
+    assert_eq!(
+        p.params.monitor.max_evictions_per_min, 100,
+        "1 per 10 nodes"
+    );
+    assert_eq!(p.params.monitor.misses_to_evict, 3);
+    let idle = Policy::parse("idle-only", 5).unwrap();
+    assert_eq!(idle.params.place.model.memory, MemoryModel::Ignore);
+    assert!(!idle.params.place.model.alignment);
+    assert_eq!(idle.params.monitor.max_evictions_per_min, 1);
+    assert_eq!(
+        Policy::parse("static", 5)
+            .unwrap()
+            .params
+            .place
+            .model
+            .memory,
+        MemoryModel::StaticMin
+    );
+    assert!(Policy::parse("best", 5)
+        .unwrap_err()
+        .contains("unknown policy"));
+    assert!(Policy::parse("valve:monitor=120", 5)
+        .unwrap_err()
+        .contains("60, 600 or 3600"));
+    assert!(Policy::parse("valve:speed=2", 5).is_err());
+}
+
+#[test]
+fn online_only_runs_no_offline_work() {
+    let cfg = SimConfig::small(3, 120, &["online-only", "valve"]);
+    let r = crate::sim::simulate(&cfg, "test", "given");
+    let online = &r.policies[0];
+    assert_eq!(online.offline_busy, 0.0);
+    assert_eq!(online.harvested_gpu_h, 0.0);
+    assert_eq!(online.counts.placements, 0);
+    assert!(online.online_busy > 0.05 && online.online_busy < 0.8);
+    assert!(r.policies[1].counts.placements > 0, "valve does place jobs");
+    assert_eq!(
+        r.policies[1].online_busy, online.online_busy,
+        "one online load"
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_results_and_no_gpu_is_overbooked() {
+    let all = [
+        "online-only",
+        "idle-only",
+        "random",
+        "static",
+        "valve",
+        "oracle",
+    ];
+    let run = || {
+        let cfg = SimConfig::small(4, 240, &all);
+        crate::sim::simulate(&cfg, "test", "given")
+    };
+    let (a, b) = (run(), run());
+    for (x, y) in a.policies.iter().zip(&b.policies) {
+        assert_eq!(
+            serde_json::to_string(&x.counts).unwrap(),
+            serde_json::to_string(&y.counts).unwrap(),
+            "{}",
+            x.name
+        );
+        assert_eq!(x.counts.pred, y.counts.pred);
+        assert_eq!(x.counts.conflicts, 0, "{}: a GPU given twice", x.name);
+        assert!(
+            x.counts.max_gpu_utilisation <= 1.0 + 1e-6,
+            "{}: a GPU busier than 1: {}",
+            x.name,
+            x.counts.max_gpu_utilisation
+        );
+        assert!(x.utilisation <= 1.0);
+        assert!(x.counts.placements >= x.counts.first_starts);
+    }
+    let placed: u64 = a.policies.iter().map(|p| p.counts.placements).sum();
+    assert!(placed > 0, "jobs ran");
+    let mut other = SimConfig::small(4, 240, &["random"]);
+    other.seed = 2;
+    let c = crate::sim::simulate(&other, "test", "given");
+    assert_ne!(
+        c.policies[0].counts.arrived, a.policies[2].counts.arrived,
+        "another seed, other arrivals"
+    );
+}
+
+/// Two out-of-step ranks that take turns: each busy 30% of the time, never together.
+fn taking_turns(s: usize, minute: i64) -> Cell {
+    let b = if (minute + s as i64) % 2 == 0 {
+        0.6
+    } else {
+        0.0
+    };
+    cell(b, 60.0)
+}
+
+#[test]
+fn idle_only_places_a_two_gpu_job_on_an_out_of_step_pair_where_valve_does_not() {
+    let r = one_job(
+        vec![(2, false)],
+        taking_turns,
+        3,
+        0.5,
+        20,
+        &["idle-only", "valve"],
+    );
+    let (idle, valve) = (&r[0].1, &r[1].1);
+    assert_eq!(idle.placements, 1);
+    assert_eq!(idle.placements_out_of_step, 1);
+    assert_eq!(valve.placements, 0, "alignment admission refuses the pair");
+    assert_eq!(valve.pending_below_sla_last, 1);
+    // In step, the same load on one series: Valve places it too.
+    let r = one_job(vec![(2, true)], taking_turns, 3, 0.5, 20, &["valve"]);
+    assert_eq!(r[0].1.placements, 1);
+}
+
+#[test]
+fn an_out_of_step_job_misses_its_sla_and_is_evicted() {
+    // Idle-only predicts 0.7 (each GPU idle 70%), but both are idle together only 40% of the
+    // time: a 0.5 SLA is missed every window, and the monitor evicts after three.
+    let r = one_job(vec![(2, false)], taking_turns, 3, 0.5, 150, &["idle-only"]);
+    let m = &r[0].1;
+    assert!(m.evictions >= 1, "{m:?}");
+    assert_eq!(
+        m.pending_end, 1,
+        "requeued, and the only node is to be avoided"
+    );
+}
+
+#[test]
+fn a_static_split_job_is_killed_when_online_takes_its_memory() {
+    // 40 GiB left to offline, until online needs all but 10 GiB at minute 100.
+    let dip = |_s: usize, minute: i64| {
+        cell(
+            0.1,
+            if (100..103).contains(&minute) {
+                10.0
+            } else {
+                40.0
+            },
+        )
+    };
+    let r = one_job(vec![(1, true)], dip, 0, 0.3, 130, &["static", "valve"]);
+    let (st, valve) = (&r[0].1, &r[1].1);
+    assert_eq!(st.placements, 1);
+    assert_eq!(st.kills, 1, "{st:?}");
+    assert!(st.lost_gpu_h > 0.0, "the last 10 minutes are lost");
+    assert_eq!(st.pending_end, 1);
+    assert_eq!(valve.kills, 0, "Valve's job is reclaimed, not killed");
+    assert_eq!(valve.running_end, 1);
+}
+
+#[test]
+fn the_oracle_places_by_the_hour_to_come() {
+    // Plenty of memory until minute 20, then online needs almost all of it.
+    let cliff = |_s: usize, minute: i64| cell(0.1, if minute < 20 { 40.0 } else { 12.0 });
+    let r = one_job(vec![(1, true)], cliff, 0, 0.5, 10, &["valve", "oracle"]);
+    assert_eq!(r[0].1.placements, 1, "the past hour looked fine");
+    assert_eq!(r[1].1.placements, 0, "the next hour will not be");
+}
