@@ -272,11 +272,12 @@ fn check_running(
         })
         .collect();
     let window = params.monitor.window_s;
+    let open: std::collections::HashSet<&str> = open.iter().map(|r| r.doc.node.as_str()).collect();
     let measured = |r: &RunningJob| {
-        let rep = reports.get(&r.node)?;
-        if !open.iter().any(|o| std::ptr::eq(*o, rep)) {
+        if !open.contains(r.node.as_str()) {
             return None; // its node is excluded: nothing fresh to judge by
         }
+        let rep = reports.get(&r.node)?;
         let rate = rep.doc.job(&r.id)?.rate(window)?;
         // Reports from before this run started do not count.
         let since_start = now.saturating_sub(r.started_unix_ms) as f64 / 1000.0;

@@ -27,8 +27,8 @@ pub struct MonitorParams {
 impl Default for MonitorParams {
     fn default() -> Self {
         MonitorParams {
-            window_s: 60,
-            misses_to_evict: 3,
+            window_s: 600,
+            misses_to_evict: 2,
             hysteresis: 0.05,
             max_evictions_per_min: 10,
             min_coverage: 0.9,
@@ -117,8 +117,8 @@ impl Monitor {
         measured: impl Fn(&RunningJob) -> Option<Measured>,
         params: &MonitorParams,
     ) -> Vec<Check> {
-        self.jobs
-            .retain(|id, _| running.iter().any(|r| &r.id == id));
+        let ids: std::collections::HashSet<&str> = running.iter().map(|r| r.id.as_str()).collect();
+        self.jobs.retain(|id, _| ids.contains(id.as_str()));
         while self
             .evictions_unix_ms
             .front()
@@ -202,6 +202,15 @@ impl Monitor {
 mod tests {
     use super::*;
 
+    /// One-minute windows, three misses to evict (the tests' own settings, not the defaults).
+    fn three() -> MonitorParams {
+        MonitorParams {
+            window_s: 60,
+            misses_to_evict: 3,
+            ..MonitorParams::default()
+        }
+    }
+
     fn run(id: &str, sla: f64) -> RunningJob {
         RunningJob {
             id: id.into(),
@@ -238,7 +247,7 @@ mod tests {
             &mut m,
             &run("1", 0.8),
             &[70.0, 70.0, 90.0, 70.0, 70.0, 70.0],
-            &MonitorParams::default(),
+            &three(),
         );
         use Action::*;
         assert_eq!(
@@ -256,7 +265,7 @@ mod tests {
             &mut m,
             &run("1", 0.8),
             &[79.0, 82.0, 79.0, 82.0, 79.0],
-            &MonitorParams::default(),
+            &three(),
         );
         assert_eq!(acts.last(), Some(&Action::Evict));
         let mut m = Monitor::default();
@@ -264,7 +273,7 @@ mod tests {
             &mut m,
             &run("1", 0.8),
             &[79.0, 86.0, 79.0, 86.0, 79.0],
-            &MonitorParams::default(),
+            &three(),
         );
         assert!(
             acts.iter().all(|a| *a == Action::Keep),
@@ -277,7 +286,7 @@ mod tests {
         let p = MonitorParams {
             misses_to_evict: 1,
             max_evictions_per_min: 2,
-            ..MonitorParams::default()
+            ..three()
         };
         let jobs: Vec<_> = (0..3).map(|i| run(&i.to_string(), 0.8)).collect();
         let mut m = Monitor::default();
@@ -298,7 +307,7 @@ mod tests {
         let j = run("1", 0.8);
         let p = MonitorParams {
             misses_to_evict: 1,
-            ..MonitorParams::default()
+            ..three()
         };
         let c = m.tick(60_000, std::slice::from_ref(&j), |_| None, &p);
         assert_eq!((c[0].action, c[0].misses), (Action::Keep, 0));
@@ -314,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_requeued_run_starts_a_fresh_streak_and_state_survives_serialisation() {
-        let p = MonitorParams::default();
+        let p = three();
         let mut m = Monitor::default();
         let mut j = run("1", 0.8);
         ticks(&mut m, &j, &[10.0, 10.0], &p);

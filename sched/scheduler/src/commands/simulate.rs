@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::cli::{exit, usage};
 use valve_scheduler::sim::cluster::{alibaba_multi_gpu_share, OnlineConfig, Shape};
-use valve_scheduler::sim::run::{Policy, SimConfig};
+use valve_scheduler::sim::run::{Costs, Policy, SimConfig};
 use valve_scheduler::sim::{report, simulate};
 
 const LONG_ABOUT: &str = "\
@@ -91,6 +91,15 @@ pub struct SimulateArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
+    /// Offline work the ground truth loses per online idle-to-busy transition, in ms (the model
+    /// does not know it). An H100 measured about 270 ms per request for training
+    /// (docs/results/2026-11-25-h100-cluster-predict.md).
+    #[arg(long, default_value_t = 1.2)]
+    pub preempt_cost_ms: f64,
+    /// Share of offline's running time the ground truth loses to the gate being there (the model
+    /// does not know it; an idle gate cost training 12% on an H100).
+    #[arg(long, default_value_t = 0.0)]
+    pub gate_overhead: f64,
     /// Exit 4 if a target is missed.
     #[arg(long)]
     pub check: bool,
@@ -127,6 +136,13 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
     if !(a.online_busy > 0.0 && a.online_busy < 1.0) {
         return Err(usage("--online-busy must be in (0, 1)"));
     }
+    let costs_ok =
+        (0.0..60_000.0).contains(&a.preempt_cost_ms) && (0.0..1.0).contains(&a.gate_overhead);
+    if !costs_ok {
+        return Err(usage(
+            "--preempt-cost-ms must be in [0, 60000) and --gate-overhead in [0, 1)",
+        ));
+    }
     let policies = a
         .policies
         .iter()
@@ -152,6 +168,10 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
         policies,
         threads: threads.max(1),
         seed: a.offline_seed.unwrap_or(a.seed),
+        costs: Costs {
+            preempt_s: a.preempt_cost_ms / 1000.0,
+            gate_overhead: a.gate_overhead,
+        },
     };
     let command = std::env::args()
         .map(|s| if s.contains(' ') { format!("'{s}'") } else { s })

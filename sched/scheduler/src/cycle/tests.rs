@@ -170,6 +170,7 @@ fn running_jobs_are_judged_by_their_nodes_reports_and_evicted() {
     });
     let params = Params {
         monitor: MonitorParams {
+            window_s: 60,
             misses_to_evict: 2,
             ..MonitorParams::default()
         },

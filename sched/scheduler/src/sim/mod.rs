@@ -44,8 +44,8 @@ pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
         ),
         "GPUs of one in-step service share one busy series; out-of-step ranks and different services are independent within a minute (overlap = b1 b2).".into(),
         format!(
-            "Preemption costs {} ms of offline time per online idle-to-busy transition; transitions per minute = the trace's requests that minute x the service's load x its idle share, at most {}.",
-            run::PREEMPT_COST_S * 1e3, cluster::TRANSITIONS_CAP_PER_MIN
+            "Preemption costs {} ms of offline time per online idle-to-busy transition, and the gate {:.0}% of offline's running time; transitions per minute = the trace's requests that minute x the service's load x its idle share, at most {}.",
+            cfg.costs.preempt_s * 1e3, cfg.costs.gate_overhead * 100.0, cluster::TRANSITIONS_CAP_PER_MIN
         ),
         format!(
             "A job's true throughput differs from its profile by a normal factor (sd {}) drawn once; a reclaim (memory below what the job held the minute before) costs deficit_penalty x drop / R of that minute's work; a multi-GPU job runs only when all its GPUs are idle and at its worst GPU's T(m).",
@@ -60,7 +60,7 @@ pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
             cfg.max_pending_per_stream
         ),
         "Offline busy time counts a job's GPUs x the share of the minute all of them are idle, in minutes where its memory lets it run at all.".into(),
-        "Monitor (all policies): 600 s window, 3 misses in a row to evict, 0.05 hysteresis, at most one eviction per 10 nodes a minute; jobs report progress every pass.".into(),
+        "Monitor (all policies): 600 s window, 2 misses in a row to evict, 0.05 hysteresis, at most one eviction per 10 nodes a minute; jobs report progress every pass.".into(),
         "The oracle is Valve's placement fed with documents of the hour after each pass (what will happen on each GPU), not the per-job ground truth.".into(),
     ]
 }
@@ -115,7 +115,8 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
         arrivals,
         cfg.minutes,
         cfg.max_pending_per_stream,
-    );
+    )
+    .with_costs(cfg.costs);
     let out = run::run_world(&world, cfg);
     let online = out.online_busy_gpu_min / out.gpu_minutes.max(1.0);
     let mut lo = 0.0;

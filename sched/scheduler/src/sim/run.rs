@@ -32,6 +32,24 @@ pub const PASS_EVERY_MIN: u32 = 5;
 pub const ROLLBACK_MIN: u32 = 10;
 /// Offline time lost per online idle-to-busy transition (the gate's preemption).
 pub const PREEMPT_COST_S: f64 = 1.2e-3;
+
+/// What preemption costs an offline job in the ground truth, beyond the time it is frozen.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Costs {
+    /// Offline work lost per online idle-to-busy transition (s).
+    pub preempt_s: f64,
+    /// Share of offline's running time lost to the gate being there at all.
+    pub gate_overhead: f64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs {
+            preempt_s: PREEMPT_COST_S,
+            gate_overhead: 0.0,
+        }
+    }
+}
 /// Unix time of simulated minute 0 (a Monday 00:00 in the simulated week).
 pub const EPOCH_MS: u64 = 1_700_000_000_000;
 
@@ -169,12 +187,10 @@ impl Policy {
 }
 
 /// The scheduler settings of each kind: Valve's defaults, with the monitor every policy shares
-/// (a 600 s window, 3 misses to evict, at most one eviction per 10 nodes a minute).
+/// (the default 600 s window and 2 misses to evict, at most one eviction per 10 nodes a minute).
 pub fn base_params(kind: PolicyKind, nodes: usize) -> Params {
     let mut p = Params {
         monitor: MonitorParams {
-            window_s: 600,
-            misses_to_evict: 3,
             max_evictions_per_min: (nodes / 10).max(1) as u32,
             ..MonitorParams::default()
         },
@@ -213,6 +229,8 @@ pub struct SimConfig {
     pub threads: usize,
     /// Seed of the offline arrivals and the random policy.
     pub seed: u64,
+    /// What preemption costs offline in the ground truth (the model does not know it).
+    pub costs: Costs,
 }
 
 impl SimConfig {
@@ -233,6 +251,7 @@ impl SimConfig {
                 .collect(),
             threads: 2,
             seed: 1,
+            costs: Costs::default(),
         }
     }
 }
@@ -249,6 +268,8 @@ pub struct World {
     pub minutes: u32,
     node_index: HashMap<String, u32>,
     max_pending_per_stream: usize,
+    /// The ground truth's preemption costs.
+    pub costs: Costs,
 }
 
 impl World {
@@ -273,7 +294,14 @@ impl World {
             minutes,
             node_index,
             max_pending_per_stream,
+            costs: Costs::default(),
         }
+    }
+
+    /// The same world with the ground truth's preemption costs `costs`.
+    pub fn with_costs(mut self, costs: Costs) -> World {
+        self.costs = costs;
+        self
     }
 }
 
@@ -332,6 +360,7 @@ pub fn truth(
     held: &mut [f32],
     alloc: Option<&[f32]>,
     error: f64,
+    costs: &Costs,
 ) -> Minute {
     let r = class.required_gib as f32;
     let penalty = class.profile.profile.deficit_penalty;
@@ -363,9 +392,14 @@ pub fn truth(
             killed: true,
         };
     }
-    let overhead = (PREEMPT_COST_S * transitions / 60.0).min(1.0);
-    let share =
-        (idle * mem * (1.0 - overhead) * (1.0 + error) * (1.0 - loss.min(1.0))).clamp(0.0, 1.0);
+    let overhead = (costs.preempt_s * transitions / 60.0).min(1.0);
+    let share = (idle
+        * mem
+        * (1.0 - overhead)
+        * (1.0 - costs.gate_overhead)
+        * (1.0 + error)
+        * (1.0 - loss.min(1.0)))
+    .clamp(0.0, 1.0);
     Minute {
         share,
         all_idle: idle,
@@ -881,6 +915,7 @@ impl<'w> PolicySim<'w> {
                 &mut run.held,
                 run.alloc.as_deref(),
                 a.error,
+                &self.w.costs,
             );
             if mt.killed {
                 killed.push(slot);

@@ -51,6 +51,7 @@ fn the_truth_multiplies_independent_idle_time_and_charges_reclaims() {
         &mut held,
         None,
         0.0,
+        &Costs::default(),
     );
     assert!(
         (m.all_idle - 0.25).abs() < 1e-9 && (m.share - 0.25).abs() < 1e-9,
@@ -59,21 +60,72 @@ fn the_truth_multiplies_independent_idle_time_and_charges_reclaims() {
     assert_eq!(held, [36.0, 36.0], "it holds at most R");
     // One series (an in-step pair): idle half the minute.
     let mut one = [f32::NAN];
-    let m = truth(seven_b, &[cell(0.5, 40.0)], &mut one, None, 0.0);
+    let m = truth(
+        seven_b,
+        &[cell(0.5, 40.0)],
+        &mut one,
+        None,
+        0.0,
+        &Costs::default(),
+    );
     assert!((m.share - 0.5).abs() < 1e-9);
     // Memory falls from 36 to 24 GiB: T(24) = 0.7, and the reclaim costs 0.4 x 12/36.
-    let m = truth(seven_b, &[cell(0.0, 24.0)], &mut one, None, 0.0);
+    let m = truth(
+        seven_b,
+        &[cell(0.0, 24.0)],
+        &mut one,
+        None,
+        0.0,
+        &Costs::default(),
+    );
     let want = 0.7 * (1.0 - 0.4 * 12.0 / 36.0);
     assert!((m.share - want).abs() < 1e-6, "{m:?} vs {want}");
     // Below the least memory it runs with: no work, and not counted as offline busy time.
-    let m = truth(seven_b, &[cell(0.0, 10.0)], &mut one, None, 0.0);
+    let m = truth(
+        seven_b,
+        &[cell(0.0, 10.0)],
+        &mut one,
+        None,
+        0.0,
+        &Costs::default(),
+    );
     assert!(!m.runs && m.share == 0.0);
     // A static split of 30 GiB: T(30) whatever the memory above it; killed below it.
     let alloc = [30.0 * GIB];
-    let m = truth(seven_b, &[cell(0.2, 50.0)], &mut one, Some(&alloc), 0.1);
+    let m = truth(
+        seven_b,
+        &[cell(0.2, 50.0)],
+        &mut one,
+        Some(&alloc),
+        0.1,
+        &Costs::default(),
+    );
     assert!((m.share - 0.8 * 0.84 * 1.1).abs() < 1e-6, "{m:?}");
-    let m = truth(seven_b, &[cell(0.2, 29.0)], &mut one, Some(&alloc), 0.0);
+    let m = truth(
+        seven_b,
+        &[cell(0.2, 29.0)],
+        &mut one,
+        Some(&alloc),
+        0.0,
+        &Costs::default(),
+    );
     assert!(m.killed);
+    // The gate's own cost and a costly preemption, as measured on an H100.
+    let measured = Costs {
+        preempt_s: 0.27,
+        gate_overhead: 0.1,
+    };
+    let busy = Cell {
+        b: 0.0,
+        m: 40.0,
+        tr: 20.0,
+    };
+    let mut one = [f32::NAN];
+    let m = truth(seven_b, &[busy], &mut one, None, 0.0, &measured);
+    assert!(
+        (m.share - (1.0 - 0.27 * 20.0 / 60.0) * 0.9).abs() < 1e-6,
+        "{m:?}"
+    );
 }
 
 #[test]
@@ -86,7 +138,10 @@ fn policies_parse_with_operator_settings() {
         p.params.monitor.max_evictions_per_min, 100,
         "1 per 10 nodes"
     );
-    assert_eq!(p.params.monitor.misses_to_evict, 3);
+    assert_eq!(
+        p.params.monitor.misses_to_evict, 2,
+        "the scheduler's default"
+    );
     let idle = Policy::parse("idle-only", 5).unwrap();
     assert_eq!(idle.params.place.model.memory, MemoryModel::Ignore);
     assert!(!idle.params.place.model.alignment);
