@@ -32,6 +32,29 @@ pub struct PassTiming {
     pub pass_ms: Vec<f64>,
 }
 
+/// A GPU that was `busy` over each of the windows 60 s, 10 min and 1 h, with memory left to
+/// offline at the ascending `quantiles`.
+pub fn steady_gpu(index: u32, busy: f64, quantiles: Vec<u64>) -> GpuHarvest {
+    GpuHarvest {
+        index,
+        name: None,
+        memory_total_bytes: 80 * GIB,
+        windows: [60u32, 600, 3600]
+            .iter()
+            .map(|&w| GpuWindow {
+                window_s: w,
+                covered_s: f64::from(w),
+                busy_fraction: busy,
+                offline_memory: MemoryStats {
+                    samples: 60,
+                    mean_bytes: quantiles[quantiles.len() / 2],
+                    quantiles_bytes: quantiles.clone(),
+                },
+            })
+            .collect(),
+    }
+}
+
 /// A random harvest document for a node of `gpus` GPUs.
 pub fn random_doc(rng: &mut fastrand::Rng, name: &str, gpus: u32, now_ms: u64) -> NodeHarvest {
     let gpu = |i: u32, rng: &mut fastrand::Rng| {
@@ -41,24 +64,7 @@ pub fn random_doc(rng: &mut fastrand::Rng, name: &str, gpus: u32, now_ms: u64) -
             .map(|_| base - rng.u64(0..base / 2))
             .collect();
         q.sort_unstable();
-        GpuHarvest {
-            index: i,
-            name: None,
-            memory_total_bytes: 80 * GIB,
-            windows: [60u32, 600, 3600]
-                .iter()
-                .map(|&w| GpuWindow {
-                    window_s: w,
-                    covered_s: f64::from(w),
-                    busy_fraction: busy,
-                    offline_memory: MemoryStats {
-                        samples: 60,
-                        mean_bytes: q[10],
-                        quantiles_bytes: q.clone(),
-                    },
-                })
-                .collect(),
-        }
+        steady_gpu(i, busy, q)
     };
     let gpus_v: Vec<GpuHarvest> = (0..gpus).map(|i| gpu(i, rng)).collect();
     let mut pairs = Vec::new();

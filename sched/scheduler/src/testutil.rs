@@ -1,6 +1,8 @@
 //! Harvest documents for tests.
 
-use valve_harvest::{GpuHarvest, GpuWindow, MemoryStats, NodeHarvest, QUANTILES, VERSION};
+use valve_harvest::{NodeHarvest, QUANTILES, VERSION};
+
+use crate::bench::steady_gpu;
 
 /// A node of `gpus` GPUs, each `busy` over every window with `memory` left to offline.
 pub fn doc(name: &str, gpus: u32, busy: f64, memory: u64) -> NodeHarvest {
@@ -10,24 +12,7 @@ pub fn doc(name: &str, gpus: u32, busy: f64, memory: u64) -> NodeHarvest {
         generated_unix_ms: 0,
         source: "test".into(),
         gpus: (0..gpus)
-            .map(|i| GpuHarvest {
-                index: i,
-                name: None,
-                memory_total_bytes: 80 << 30,
-                windows: [60, 600, 3600]
-                    .iter()
-                    .map(|&w| GpuWindow {
-                        window_s: w,
-                        covered_s: f64::from(w),
-                        busy_fraction: busy,
-                        offline_memory: MemoryStats {
-                            samples: 10,
-                            mean_bytes: memory,
-                            quantiles_bytes: vec![memory; QUANTILES],
-                        },
-                    })
-                    .collect(),
-            })
+            .map(|i| steady_gpu(i, busy, vec![memory; QUANTILES]))
             .collect(),
         pairs: vec![],
         jobs: vec![],

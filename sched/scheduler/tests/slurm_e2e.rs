@@ -38,26 +38,37 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A recorded document: every GPU `busy`, 60 GiB left to offline, all pairs scoring `score`.
+/// A recorded document: 8 GPUs, every one `busy`, 60 GiB left to offline, all pairs scoring
+/// `score`.
 fn harvest(busy: f64, score: f64) -> NodeHarvest {
-    let mut d =
-        valve_scheduler::bench::random_doc(&mut fastrand::Rng::with_seed(1), "recorded", 8, 0);
-    for g in &mut d.gpus {
-        for w in &mut g.windows {
-            w.busy_fraction = busy;
-            w.offline_memory.quantiles_bytes = vec![60 * GIB; valve_harvest::QUANTILES];
-            w.offline_memory.mean_bytes = 60 * GIB;
+    let gpus = (0..8)
+        .map(|i| {
+            valve_scheduler::bench::steady_gpu(i, busy, vec![60 * GIB; valve_harvest::QUANTILES])
+        })
+        .collect();
+    let mut pairs = Vec::new();
+    for window_s in [60, 600, 3600] {
+        for a in 0..8 {
+            for b in a + 1..8 {
+                pairs.push(PairAlignment {
+                    gpus: [a, b],
+                    window_s,
+                    overlap_fraction: busy * score,
+                    union_fraction: busy,
+                    score,
+                });
+            }
         }
     }
-    for p in &mut d.pairs {
-        *p = PairAlignment {
-            score,
-            overlap_fraction: busy * score,
-            union_fraction: busy,
-            ..p.clone()
-        };
+    NodeHarvest {
+        version: valve_harvest::VERSION,
+        node: "recorded".into(),
+        generated_unix_ms: 0,
+        source: "recorded".into(),
+        gpus,
+        pairs,
+        jobs: vec![],
     }
-    d
 }
 
 /// A 1- or 2-GPU profile: 100 tokens/s alone, full speed from 16 GiB.
