@@ -455,6 +455,28 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 
 /// The results as text tables.
 pub fn render(r: &Results) -> String {
+    let cycle_ones: Vec<&PolicyReport> = r
+        .policies
+        .iter()
+        .filter(|p| p.kind != PolicyKind::OnlineOnly && p.counts.job_hours > 0)
+        .collect();
+    let mut s = render_setting(r);
+    s += &render_outcomes(r);
+    s += &render_counts(r);
+    if !cycle_ones.is_empty() {
+        s += &render_violations(r, &cycle_ones);
+        s += &render_when(&cycle_ones);
+    }
+    s += &render_targets(r);
+    s += &format!(
+        "\nWall time {:.1} s ({} threads).\n",
+        r.wall_s, r.config.threads
+    );
+    s
+}
+
+/// What was simulated, and the memory left to offline.
+fn render_setting(r: &Results) -> String {
     let mut s = String::new();
     let c = &r.config;
     s += &format!(
@@ -482,6 +504,12 @@ pub fn render(r: &Results) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     s += ".\n\n";
+    s
+}
+
+/// Utilisation, harvest and SLA per policy.
+fn render_outcomes(r: &Results) -> String {
+    let mut s = String::new();
     s += "| policy | online busy | offline busy | utilisation | gain (points) | gain (%) | GPUs held by offline | harvested GPU-h | % of oracle | job-hours | SLA met | SLA met, evicted partial hours too | violating: in step / out of step |\n";
     s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for p in &r.policies {
@@ -503,6 +531,12 @@ pub fn render(r: &Results) -> String {
             p.violated_out_of_step,
         );
     }
+    s
+}
+
+/// Jobs, evictions, predictions and pass times per policy.
+fn render_counts(r: &Results) -> String {
+    let mut s = String::new();
     s += "\n| policy | arrived | turned away | started | finished | evictions | kills | lost GPU-h | pending at end: no free GPUs / below SLA | mean queue delay | pred. err. median / p90 (n) | pred. bias | plan ms median / max |\n";
     s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for p in &r.policies {
@@ -532,85 +566,93 @@ pub fn render(r: &Results) -> String {
             },
         );
     }
-    let cycle_ones: Vec<&PolicyReport> = r
-        .policies
-        .iter()
-        .filter(|p| p.kind != PolicyKind::OnlineOnly && p.counts.job_hours > 0)
-        .collect();
-    if !cycle_ones.is_empty() {
-        s += "\nSLA-violating job-hours by profile class (of job-hours):\n\n| policy |";
-        for c in &r.classes {
-            s += &format!(" {} |", c.name);
-        }
-        s += &format!("\n|---|{}\n", "---:|".repeat(r.classes.len()));
-        for p in &cycle_ones {
-            s += &format!("| {} |", p.name);
-            for (v, h) in p
-                .counts
-                .violated_by_class
-                .iter()
-                .zip(&p.counts.job_hours_by_class)
-            {
-                s += &format!(" {v} of {h} |");
-            }
-            s += "\n";
-        }
-        s += "\nSLA-violating job-hours by SLA (of job-hours):\n\n| policy |";
-        for sla in SLAS {
-            s += &format!(" {sla} |");
-        }
-        s += &format!("\n|---|{}\n", "---:|".repeat(SLAS.len()));
-        for p in &cycle_ones {
-            s += &format!("| {} |", p.name);
-            for (v, h) in p
-                .counts
-                .violated_by_sla
-                .iter()
-                .zip(&p.counts.job_hours_by_sla)
-            {
-                s += &format!(" {v} of {h} |");
-            }
-            s += "\n";
-        }
+    s
+}
+
+/// Violating job-hours by profile class and by SLA.
+fn render_violations(r: &Results, cycle_ones: &[&PolicyReport]) -> String {
+    let mut s = String::new();
+    s += "\nSLA-violating job-hours by profile class (of job-hours):\n\n| policy |";
+    for c in &r.classes {
+        s += &format!(" {} |", c.name);
     }
-    if !cycle_ones.is_empty() {
-        s += "\nWhere SLA-violating job-hours fall:\n\n| policy | first hour of a run | later hours | near misses (< 0.02 short) | median shortfall | worst hours of day (violating of job-hours) |\n|---|---:|---:|---:|---:|---|\n";
-        for p in &cycle_ones {
-            let m = &p.counts;
-            let violated = m.job_hours - m.job_hours_met;
-            let mut hours: Vec<usize> = (0..24).collect();
-            hours.sort_by(|&a, &b| {
-                let rate = |h: usize| {
-                    m.violated_by_hour_of_day[h] as f64
-                        / m.job_hours_by_hour_of_day[h].max(1) as f64
-                };
-                rate(b).total_cmp(&rate(a))
-            });
-            let worst: Vec<String> = hours
-                .iter()
-                .take(3)
-                .map(|&h| {
-                    format!(
-                        "{h:02}:00-{:02}:00 {} of {}",
-                        (h + 1) % 24,
-                        m.violated_by_hour_of_day[h],
-                        m.job_hours_by_hour_of_day[h]
-                    )
-                })
-                .collect();
-            s += &format!(
-                "| {} | {} of {} | {} of {} | {} of {violated} | {} | {} |\n",
-                p.name,
-                m.violated_first,
-                m.job_hours_first,
-                violated - m.violated_first,
-                m.job_hours - m.job_hours_first,
-                m.violated_near_miss,
-                opt(p.shortfall_median, |x| format!("{x:.3}")),
-                worst.join(", "),
-            );
+    s += &format!("\n|---|{}\n", "---:|".repeat(r.classes.len()));
+    for p in cycle_ones {
+        s += &format!("| {} |", p.name);
+        for (v, h) in p
+            .counts
+            .violated_by_class
+            .iter()
+            .zip(&p.counts.job_hours_by_class)
+        {
+            s += &format!(" {v} of {h} |");
         }
+        s += "\n";
     }
+    s += "\nSLA-violating job-hours by SLA (of job-hours):\n\n| policy |";
+    for sla in SLAS {
+        s += &format!(" {sla} |");
+    }
+    s += &format!("\n|---|{}\n", "---:|".repeat(SLAS.len()));
+    for p in cycle_ones {
+        s += &format!("| {} |", p.name);
+        for (v, h) in p
+            .counts
+            .violated_by_sla
+            .iter()
+            .zip(&p.counts.job_hours_by_sla)
+        {
+            s += &format!(" {v} of {h} |");
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// When violating job-hours fall: first hour or later, near misses, hours of day.
+fn render_when(cycle_ones: &[&PolicyReport]) -> String {
+    let mut s = String::new();
+    s += "\nWhere SLA-violating job-hours fall:\n\n| policy | first hour of a run | later hours | near misses (< 0.02 short) | median shortfall | worst hours of day (violating of job-hours) |\n|---|---:|---:|---:|---:|---|\n";
+    for p in cycle_ones {
+        let m = &p.counts;
+        let violated = m.job_hours - m.job_hours_met;
+        let mut hours: Vec<usize> = (0..24).collect();
+        hours.sort_by(|&a, &b| {
+            let rate = |h: usize| {
+                m.violated_by_hour_of_day[h] as f64 / m.job_hours_by_hour_of_day[h].max(1) as f64
+            };
+            rate(b).total_cmp(&rate(a))
+        });
+        let worst: Vec<String> = hours
+            .iter()
+            .take(3)
+            .map(|&h| {
+                format!(
+                    "{h:02}:00-{:02}:00 {} of {}",
+                    (h + 1) % 24,
+                    m.violated_by_hour_of_day[h],
+                    m.job_hours_by_hour_of_day[h]
+                )
+            })
+            .collect();
+        s += &format!(
+            "| {} | {} of {} | {} of {} | {} of {violated} | {} | {} |\n",
+            p.name,
+            m.violated_first,
+            m.job_hours_first,
+            violated - m.violated_first,
+            m.job_hours - m.job_hours_first,
+            m.violated_near_miss,
+            opt(p.shortfall_median, |x| format!("{x:.3}")),
+            worst.join(", "),
+        );
+    }
+    s
+}
+
+/// The issue's targets, PASS or FAIL.
+fn render_targets(r: &Results) -> String {
+    let mut s = String::new();
     s += "\nTargets (issue 28):\n\n";
     for t in &r.targets {
         s += &format!(
@@ -625,6 +667,5 @@ pub fn render(r: &Results) -> String {
             t.measured
         );
     }
-    s += &format!("\nWall time {:.1} s ({} threads).\n", r.wall_s, c.threads);
     s
 }
