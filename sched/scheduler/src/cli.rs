@@ -5,16 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands;
-
-/// Exit codes (also in `--help`).
-pub mod exit {
-    /// Bad arguments or input files.
-    pub const USAGE: u8 = 2;
-    /// The cluster engine (Slurm) could not be reached or refused a command.
-    pub const ENGINE: u8 = 3;
-    /// A benchmark or simulation missed a target it was asked to check.
-    pub const TARGET: u8 = 4;
-}
+use crate::error::Fail;
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 other failure, 2 bad arguments or input, 3 the engine (Slurm) failed,
@@ -88,30 +79,4 @@ pub fn main() -> ExitCode {
             ExitCode::from(e.downcast_ref::<Fail>().map_or(1, |f| f.code))
         }
     }
-}
-
-/// An error with its exit code.
-#[derive(Debug)]
-pub struct Fail {
-    /// The exit code.
-    pub code: u8,
-    /// The message.
-    pub msg: String,
-}
-
-impl std::fmt::Display for Fail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.msg)
-    }
-}
-
-impl std::error::Error for Fail {}
-
-/// An error of bad arguments or input.
-pub fn usage(msg: impl Into<String>) -> anyhow::Error {
-    Fail {
-        code: exit::USAGE,
-        msg: msg.into(),
-    }
-    .into()
 }

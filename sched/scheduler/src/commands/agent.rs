@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::common::duration;
-use crate::cli::usage;
+use crate::error::usage;
 use valve_harvest::progress::DEFAULT_DIR;
 use valve_scheduler::replay::{unix_ms, Replay};
 

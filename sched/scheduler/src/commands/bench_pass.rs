@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::cli::{exit, usage};
+use crate::error::{exit, usage};
 use valve_scheduler::bench::time_pass;
 
 /// Times one pass of placement (and the monitor) over random harvest documents.

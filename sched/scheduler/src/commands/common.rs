@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::usage;
+use crate::error::usage;
 use valve_scheduler::agents::{parse_agents_file, Agents, DEFAULT_URL};
 use valve_scheduler::cycle::Params;
 use valve_scheduler::job::JobProfile;

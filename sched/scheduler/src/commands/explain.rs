@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::common::{EngineArgs, ModelArgs};
 use super::print::print_plan;
-use crate::cli::{exit, Fail};
+use crate::error::{exit, Fail};
 use valve_scheduler::driver::{pass, SlurmEngine, StateFile};
 use valve_scheduler::replay::unix_ms;
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::common::{read_profile, ModelArgs};
-use crate::cli::usage;
+use crate::error::usage;
 use valve_harvest::NodeHarvest;
 use valve_scheduler::meta::ClassedProfile;
 use valve_scheduler::place::NodeSlot;

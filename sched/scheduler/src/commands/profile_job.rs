@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::common::duration;
 use super::stop::{install_signals, nap, stopped};
-use crate::cli::usage;
+use crate::error::usage;
 use valve_harvest::progress;
 use valve_scheduler::job::Measured;
 use valve_scheduler::profiling::{build, About, Step};

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::cli::usage;
+use crate::error::usage;
 use valve_harvest::progress::{report, DEFAULT_DIR};
 use valve_scheduler::replay::unix_ms;
 

@@ -9,7 +9,7 @@ use super::common::{duration, EngineArgs, ModelArgs};
 use super::metrics::SchedulerMetrics;
 use super::print::print_pass;
 use super::stop::{install_signals, nap, stopped};
-use crate::cli::{exit, usage, Fail};
+use crate::error::{exit, usage, Fail};
 use valve_scheduler::driver::{backoff, pass, SlurmEngine, StateFile};
 use valve_scheduler::replay::unix_ms;
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::cli::{exit, usage};
+use crate::error::{exit, usage};
 use valve_scheduler::sim::cluster::{alibaba_multi_gpu_share, OnlineConfig, Shape};
 use valve_scheduler::sim::run::{Costs, Policy, SimConfig};
 use valve_scheduler::sim::{report, simulate};

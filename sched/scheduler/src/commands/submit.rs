@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::common::read_profile;
-use crate::cli::{exit, usage, Fail};
+use crate::error::{exit, usage, Fail};
 use valve_scheduler::job::check_sla;
 use valve_scheduler::meta::JobMeta;
 use valve_scheduler::slurm::{Slurm, SlurmError};

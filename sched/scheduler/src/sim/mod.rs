@@ -6,12 +6,14 @@
 //! - [`jobs`]: offline profile classes, work and arrivals.
 //! - [`docs`]: the nodes' harvest documents, built from the load as an agent measures it.
 //! - [`run`]: the loop, the policies and the ground truth of each job's minute.
+//! - [`counts`]: each policy's raw counts, minute by minute.
 //! - [`report`]: metrics, the targets and the tables.
 //!
 //! Every policy but `random` places through [`crate::cycle::plan`], and every policy evicts
 //! through [`crate::monitor::Monitor`] (inside `plan`): the code the Slurm adapter runs.
 
 pub mod cluster;
+pub mod counts;
 pub mod docs;
 pub mod jobs;
 pub mod report;

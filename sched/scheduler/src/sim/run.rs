@@ -17,9 +17,9 @@ use serde::Serialize;
 use valve_harvest::{JobProgress, NodeHarvest, Rate};
 
 use super::cluster::{Cell, Cluster, OnlineConfig};
+use super::counts::Metrics;
 use super::docs::{Dir, Ring, Templates};
 use super::jobs::{self, Arrival, Class};
-use super::report::Metrics;
 use crate::cycle::{self, JobInfo, NodeInfo, Params, Phase, Report, Snapshot};
 use crate::meta::{JobMeta, PlacedOn};
 use crate::monitor::{Action, MonitorParams};
@@ -449,7 +449,7 @@ impl<'w> PolicySim<'w> {
         let classes = w.classes.len();
         PolicySim {
             w,
-            m: Metrics::new(&policy, classes),
+            m: Metrics::new(classes),
             policy,
             next_arrival: 0,
             jobs: Vec::new(),
