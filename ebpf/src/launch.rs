@@ -5,10 +5,11 @@
 //! Works for calls made through the CUDA runtime too (it calls these exported symbols through
 //! pointers from cuGetProcAddress), without touching the application.
 
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -54,6 +55,10 @@ const STATS_SIZE: usize = std::mem::size_of::<skel::types::launch_stats>();
 const KIND_MASK: u32 = 0xff;
 /// ...and this flag when only [`LaunchWatcher::arm_resume`] made it an edge.
 const KIND_AFTER_RESUME: u32 = 0x100;
+
+/// How often the poll thread takes up probe requests (watching a process probes it this late at
+/// most; its launches before that are not seen).
+const REQUEST_POLL: Duration = Duration::from_millis(10);
 
 /// libcuda entry points that submit kernels (cookie 1) or graphs (cookie 2).
 pub const LAUNCH_SYMBOLS: [(&str, u64); 10] = [
@@ -137,6 +142,8 @@ pub struct LaunchWatcher {
     /// Edges, unless they go to a sink given to [`LaunchWatcher::start_with`].
     edges: Mutex<Option<Receiver<LaunchEdge>>>,
     attached: Vec<&'static str>,
+    /// To the poll thread: which processes to probe.
+    probes: Sender<ProbeRequest>,
 }
 
 /// `libcuda.so.1` as the dynamic loader would find it, with symlinks resolved (uprobes attach to
@@ -207,9 +214,10 @@ impl LaunchWatcher {
         cfg: LaunchConfig,
         sink: impl FnMut(LaunchEdge) + Send + 'static,
     ) -> Result<LaunchWatcher, WatchError> {
+        let (probes, requests) = mpsc::channel();
         let (thread, (stats, watched, resumed, attached)) =
             PollThread::spawn("launch-watch", cfg.realtime, move |ready, stop| {
-                run(cfg, ready, sink, stop)
+                run(cfg, ready, sink, requests, stop)
             })?;
         Ok(LaunchWatcher {
             thread,
@@ -218,6 +226,7 @@ impl LaunchWatcher {
             resumed,
             edges: Mutex::new(None),
             attached,
+            probes,
         })
     }
 
@@ -231,17 +240,22 @@ impl LaunchWatcher {
         self.thread.scheduling()
     }
 
-    /// Adds a process to the filter.
+    /// Adds a process to the filter and, when filtering, probes it (within [`REQUEST_POLL`]:
+    /// this does not wait for the probes, so it never holds up the caller's loop).
     pub fn watch(&self, pid: u32) -> Result<(), WatchError> {
         self.watched
             .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-            .map_err(|e| WatchError::bpf("adding a pid to the filter", e))
+            .map_err(|e| WatchError::bpf("adding a pid to the filter", e))?;
+        self.probes
+            .send(ProbeRequest::Attach(pid))
+            .map_err(|_| WatchError::Thread("the launch-watch thread has ended".into()))
     }
 
-    /// Removes a process from the filter (and its counters).
+    /// Removes a process from the filter (and its counters) and its probes.
     pub fn unwatch(&self, pid: u32) {
         let _ = self.watched.delete(&pid.to_ne_bytes());
         let _ = self.stats.delete(&pid.to_ne_bytes());
+        let _ = self.probes.send(ProbeRequest::Detach(pid));
     }
 
     /// Offline is about to resume at `now_ns` (CLOCK_MONOTONIC): every watched process's first
@@ -272,141 +286,276 @@ impl LaunchWatcher {
 
 type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>), WatchError>;
 
-/// Attaches the wait programs (uprobe at entry, uretprobe at return) to every [`SYNC_SYMBOLS`]
-/// entry `image` names; a symbol that fails is logged and left out.
-fn attach_waits(
-    skel: &skel::LaunchWatchSkel<'_>,
-    library: &Path,
-    image: &[u8],
-    links: &mut Vec<libbpf_rs::Link>,
-    attached: &mut Vec<&'static str>,
-) {
-    for sym in SYNC_SYMBOLS {
-        if !names_symbol(image, sym) {
-            continue;
-        }
-        for (retprobe, prog) in [
-            (false, &skel.progs.cuda_sync_enter),
-            (true, &skel.progs.cuda_sync_exit),
-        ] {
-            let opts = UprobeOpts {
-                retprobe,
-                func_name: Some(sym.to_string()),
-                ..Default::default()
-            };
-            match prog.attach_uprobe_with_opts(-1, library, 0, opts) {
-                Ok(link) => links.push(link),
-                Err(e) => tracing::warn!("launch watch: probing {sym}: {e}"),
-            }
-        }
-        attached.push(sym);
-    }
+/// Asks the poll thread (which owns the programs) to probe a process or to stop probing it.
+enum ProbeRequest {
+    Attach(u32),
+    Detach(u32),
 }
 
-fn run(
-    cfg: LaunchConfig,
-    ready: SyncSender<Ready>,
-    mut sink: impl FnMut(LaunchEdge) + Send + 'static,
-    stop: Arc<AtomicBool>,
-) {
-    let mut storage = MaybeUninit::uninit();
-    let setup = || -> Result<_, WatchError> {
-        let mut open = LaunchWatchSkelBuilder::default()
-            .open(&mut storage)
-            .map_err(|e| WatchError::bpf("opening the launch-watch BPF object", e))?;
-        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-            ro.filter_pids = u8::from(cfg.filter || !cfg.pids.is_empty());
-            ro.edge_gap_ns = cfg.edge_gap.as_nanos() as u64;
-        }
-        let skel = open
-            .load()
-            .map_err(|e| WatchError::bpf("loading the launch-watch BPF program", e))?;
-        for pid in &cfg.pids {
-            skel.maps
-                .watched
-                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-                .map_err(|e| WatchError::bpf("filling the pid filter", e))?;
-        }
-        let image = std::fs::read(&cfg.library)
-            .map_err(|e| WatchError::Thread(format!("reading {}: {e}", cfg.library.display())))?;
+/// The entry points that resolved in the library at start-up: what each process's probes
+/// attach to.
+struct Targets {
+    library: PathBuf,
+    launches: Vec<(&'static str, u64)>,
+    waits: Vec<&'static str>,
+}
+
+impl Targets {
+    /// Attaches every target's program to `pid` (-1: every process mapping the library).
+    fn attach(
+        &self,
+        skel: &skel::LaunchWatchSkel<'_>,
+        pid: i32,
+    ) -> Result<Vec<libbpf_rs::Link>, libbpf_rs::Error> {
         let mut links = Vec::new();
-        let mut attached = Vec::new();
-        let mut sync_attached = Vec::new();
-        let mut last_err = None;
-        for (sym, cookie) in LAUNCH_SYMBOLS {
-            // Skip names the library does not carry at all (libbpf would warn for each).
-            if !names_symbol(&image, sym) {
-                continue;
-            }
+        for &(sym, cookie) in &self.launches {
             let opts = UprobeOpts {
                 cookie,
                 func_name: Some(sym.to_string()),
                 ..Default::default()
             };
-            match skel
-                .progs
-                .cuda_launch
-                .attach_uprobe_with_opts(-1, &cfg.library, 0, opts)
-            {
-                Ok(link) => {
-                    links.push(link);
-                    attached.push(sym);
-                }
-                Err(e) => last_err = Some(e),
+            links.push(skel.progs.cuda_launch.attach_uprobe_with_opts(
+                pid,
+                &self.library,
+                0,
+                opts,
+            )?);
+        }
+        for &sym in &self.waits {
+            for (retprobe, prog) in [
+                (false, &skel.progs.cuda_sync_enter),
+                (true, &skel.progs.cuda_sync_exit),
+            ] {
+                let opts = UprobeOpts {
+                    retprobe,
+                    func_name: Some(sym.to_string()),
+                    ..Default::default()
+                };
+                links.push(prog.attach_uprobe_with_opts(pid, &self.library, 0, opts)?);
             }
         }
-        // The waits: optional (a library without them still reports launches).
-        if cfg.track_waits {
-            attach_waits(&skel, &cfg.library, &image, &mut links, &mut sync_attached);
+        Ok(links)
+    }
+
+    /// The symbols probed, launches first.
+    fn names(&self) -> Vec<&'static str> {
+        let launches = self.launches.iter().map(|&(s, _)| s);
+        launches.chain(self.waits.iter().copied()).collect()
+    }
+}
+
+/// Finds which [`LAUNCH_SYMBOLS`] (and, with `waits`, [`SYNC_SYMBOLS`]) `cfg.library` exports by
+/// attaching each to `probe_pid`; returns them with the links made (kept when `probe_pid` is -1,
+/// every process). A wait that fails is logged and left out; no launch symbol at all is an error.
+fn resolve(
+    skel: &skel::LaunchWatchSkel<'_>,
+    cfg: &LaunchConfig,
+    probe_pid: i32,
+) -> Result<(Targets, Vec<libbpf_rs::Link>), WatchError> {
+    let image = std::fs::read(&cfg.library)
+        .map_err(|e| WatchError::Thread(format!("reading {}: {e}", cfg.library.display())))?;
+    let mut t = Targets {
+        library: cfg.library.clone(),
+        launches: Vec::new(),
+        waits: Vec::new(),
+    };
+    let (mut links, mut last_err) = (Vec::new(), None);
+    // Names the library does not carry at all are skipped (libbpf would warn for each).
+    for (sym, cookie) in LAUNCH_SYMBOLS
+        .into_iter()
+        .filter(|s| names_symbol(&image, s.0))
+    {
+        let one = Targets {
+            launches: vec![(sym, cookie)],
+            waits: Vec::new(),
+            library: cfg.library.clone(),
+        };
+        match one.attach(skel, probe_pid) {
+            Ok(l) => {
+                links.extend(l);
+                t.launches.push((sym, cookie));
+            }
+            Err(e) => last_err = Some(e),
         }
-        if attached.is_empty() {
-            return Err(match last_err {
-                Some(e) => WatchError::bpf("attaching uprobes to the launch entry points", e),
-                None => WatchError::Thread(format!(
-                    "{} exports none of libcuda's launch entry points: is it libcuda?",
-                    cfg.library.display()
-                )),
+    }
+    if t.launches.is_empty() {
+        return Err(match last_err {
+            Some(e) => WatchError::bpf("attaching uprobes to the launch entry points", e),
+            None => WatchError::Thread(format!(
+                "{} exports none of libcuda's launch entry points: is it libcuda?",
+                cfg.library.display()
+            )),
+        });
+    }
+    // The waits: optional (a library without them still reports launches).
+    let waits = SYNC_SYMBOLS.into_iter().filter(|s| names_symbol(&image, s));
+    for sym in waits.filter(|_| cfg.track_waits) {
+        let one = Targets {
+            launches: Vec::new(),
+            waits: vec![sym],
+            library: cfg.library.clone(),
+        };
+        match one.attach(skel, probe_pid) {
+            Ok(l) => {
+                links.extend(l);
+                t.waits.push(sym);
+            }
+            Err(e) => tracing::warn!("launch watch: probing {sym}: {e}"),
+        }
+    }
+    Ok((t, links))
+}
+
+/// The probes in force. With a pid filter each watched process has its own, so a process that
+/// is not watched runs libcuda without a breakpoint trap per launch (an offline job next to the
+/// gate paid about 10% for those); without a filter one set probes every process.
+struct Probes {
+    targets: Targets,
+    everyone: Vec<libbpf_rs::Link>,
+    per_pid: HashMap<u32, Vec<libbpf_rs::Link>>,
+}
+
+impl Probes {
+    fn start(skel: &skel::LaunchWatchSkel<'_>, cfg: &LaunchConfig) -> Result<Probes, WatchError> {
+        let filtered = cfg.filter || !cfg.pids.is_empty();
+        // Filtered, the symbols are resolved by probing this process, whose probes go at once.
+        let probe_pid = if filtered {
+            i32::try_from(std::process::id()).unwrap_or(-1)
+        } else {
+            -1
+        };
+        let (targets, links) = resolve(skel, cfg, probe_pid)?;
+        let mut probes = Probes {
+            targets,
+            everyone: if filtered { Vec::new() } else { links },
+            per_pid: HashMap::new(),
+        };
+        for &pid in &cfg.pids {
+            probes.apply(skel, ProbeRequest::Attach(pid))?;
+        }
+        Ok(probes)
+    }
+
+    fn apply(
+        &mut self,
+        skel: &skel::LaunchWatchSkel<'_>,
+        req: ProbeRequest,
+    ) -> Result<(), WatchError> {
+        match req {
+            ProbeRequest::Attach(pid) if self.everyone.is_empty() => {
+                if self.per_pid.contains_key(&pid) {
+                    return Ok(());
+                }
+                let target = i32::try_from(pid).map_err(|_| {
+                    WatchError::Thread(format!("pid {pid} is out of range for a uprobe"))
+                })?;
+                let links = self
+                    .targets
+                    .attach(skel, target)
+                    .map_err(|e| WatchError::bpf("attaching uprobes to a watched process", e))?;
+                self.per_pid.insert(pid, links);
+            }
+            ProbeRequest::Attach(_) => {}
+            ProbeRequest::Detach(pid) => {
+                self.per_pid.remove(&pid);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the ring buffer of edges, handing each to `sink`.
+fn edge_ring<'a>(
+    skel: &'a skel::LaunchWatchSkel<'_>,
+    mut sink: impl FnMut(LaunchEdge) + 'a,
+) -> Result<libbpf_rs::RingBuffer<'a>, WatchError> {
+    let mut rb = RingBufferBuilder::new();
+    rb.add(&skel.maps.edges, move |data: &[u8]| {
+        if data.len() >= 24 {
+            let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
+            let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
+            let kind = u32_at(4);
+            sink(LaunchEdge {
+                pid: u32_at(0),
+                graph: kind & KIND_MASK == 2,
+                ts_ns: u64_at(8),
+                idle_ns: u64_at(16),
+                after_resume: kind & KIND_AFTER_RESUME != 0,
             });
         }
-        attached.extend(sync_attached);
-        let stats = MapHandle::try_from(&skel.maps.stats)
-            .map_err(|e| WatchError::bpf("duplicating the stats map", e))?;
-        let watched = MapHandle::try_from(&skel.maps.watched)
-            .map_err(|e| WatchError::bpf("duplicating the pid filter map", e))?;
-        let resumed = MapHandle::try_from(&skel.maps.resumed)
-            .map_err(|e| WatchError::bpf("duplicating the resume map", e))?;
-        let mut rb = RingBufferBuilder::new();
-        rb.add(&skel.maps.edges, move |data: &[u8]| {
-            if data.len() >= 24 {
-                let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
-                let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
-                let kind = u32_at(4);
-                sink(LaunchEdge {
-                    pid: u32_at(0),
-                    graph: kind & KIND_MASK == 2,
-                    ts_ns: u64_at(8),
-                    idle_ns: u64_at(16),
-                    after_resume: kind & KIND_AFTER_RESUME != 0,
-                });
-            }
-            0
-        })
-        .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
-        let rb = rb
-            .build()
-            .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
-        Ok((skel, links, rb, stats, watched, resumed, attached))
-    };
-    let (_skel, _links, rb, stats, watched, resumed, attached) = match setup() {
+        0
+    })
+    .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
+    rb.build()
+        .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))
+}
+
+/// Duplicates the maps the watcher reads from other threads: stats, the pid filter, resume.
+fn map_handles(skel: &skel::LaunchWatchSkel<'_>) -> Result<[MapHandle; 3], WatchError> {
+    let dup = |m, what| MapHandle::try_from(m).map_err(|e| WatchError::bpf(what, e));
+    Ok([
+        dup(&skel.maps.stats, "duplicating the stats map")?,
+        dup(&skel.maps.watched, "duplicating the pid filter map")?,
+        dup(&skel.maps.resumed, "duplicating the resume map")?,
+    ])
+}
+
+/// Loads the program with `cfg`'s filter and edge gap, and probes what `cfg` asks for.
+fn load<'a>(
+    storage: &'a mut MaybeUninit<libbpf_rs::OpenObject>,
+    cfg: &LaunchConfig,
+) -> Result<(skel::LaunchWatchSkel<'a>, Probes), WatchError> {
+    let mut open = LaunchWatchSkelBuilder::default()
+        .open(storage)
+        .map_err(|e| WatchError::bpf("opening the launch-watch BPF object", e))?;
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        ro.filter_pids = u8::from(cfg.filter || !cfg.pids.is_empty());
+        ro.edge_gap_ns = cfg.edge_gap.as_nanos() as u64;
+    }
+    let skel = open
+        .load()
+        .map_err(|e| WatchError::bpf("loading the launch-watch BPF program", e))?;
+    for pid in &cfg.pids {
+        skel.maps
+            .watched
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .map_err(|e| WatchError::bpf("filling the pid filter", e))?;
+    }
+    let probes = Probes::start(&skel, cfg)?;
+    Ok((skel, probes))
+}
+
+fn run(
+    cfg: LaunchConfig,
+    ready: SyncSender<Ready>,
+    sink: impl FnMut(LaunchEdge) + Send + 'static,
+    requests: Receiver<ProbeRequest>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut storage = MaybeUninit::uninit();
+    let (skel, mut probes) = match load(&mut storage, &cfg) {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let _ = ready.send(Ok((stats, watched, resumed, attached)));
+    let started = map_handles(&skel).and_then(|maps| Ok((maps, edge_ring(&skel, sink)?)));
+    let ([stats, watched, resumed], rb) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok((stats, watched, resumed, probes.targets.names())));
     while !stop.load(Ordering::Relaxed) {
-        let _ = rb.poll(Duration::from_millis(50));
+        let _ = rb.poll(REQUEST_POLL);
+        for req in requests.try_iter() {
+            if let Err(e) = probes.apply(&skel, req) {
+                tracing::warn!("launch watch: {e}");
+            }
+        }
     }
     let _ = rb.consume();
 }

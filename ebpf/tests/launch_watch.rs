@@ -223,6 +223,8 @@ fn other_processes_are_not_counted() {
     call(&f, 100, 1);
     assert_eq!(w.counts(me).kernel_launches, 0);
     w.watch(me).unwrap();
+    // Probing a newly watched process is the poll thread's (it does not hold up the caller).
+    assert!(eventually(|| first_byte(&f) == 0xcc));
     call(&f, 7, 0);
     assert_eq!(w.counts(me).kernel_launches, 7);
 }
@@ -338,4 +340,44 @@ fn the_first_launch_after_a_resume_is_an_edge_whatever_its_gap() {
         .expect("edge during a wait");
     assert!(e.after_resume, "{e:?}");
     waiter.join().unwrap();
+}
+
+/// The first byte of the fake's `cuLaunchKernel` as this process sees it: an installed uprobe
+/// shows as a breakpoint (int3, 0xcc) in the probed process's copy of the page only.
+fn first_byte(f: &FakeCuda) -> u8 {
+    // SAFETY: the function's code is mapped readable for as long as `f` holds the library.
+    unsafe { std::ptr::read_volatile(f.launch as *const u8) }
+}
+
+#[test]
+fn only_watched_processes_carry_the_probes() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let clean = first_byte(&f);
+    assert_ne!(clean, 0xcc, "the fake starts with a real instruction");
+    let Some(w) = start(&f.path, Vec::new()) else {
+        return;
+    };
+    // Filtering and nobody watched: launches here trap nowhere and count nothing.
+    assert_eq!(
+        first_byte(&f),
+        clean,
+        "an unwatched process must not be probed"
+    );
+    call(&f, 10, 0);
+    assert_eq!(w.counts(me).kernel_launches, 0);
+    w.watch(me).unwrap();
+    assert!(
+        eventually(|| first_byte(&f) == 0xcc),
+        "a watched process gets its probes"
+    );
+    call(&f, 10, 0);
+    assert_eq!(w.counts(me).kernel_launches, 10);
+    w.unwatch(me);
+    assert!(
+        eventually(|| first_byte(&f) == clean),
+        "unwatching removes the probes"
+    );
+    drop(w);
+    assert_eq!(first_byte(&f), clean);
 }
