@@ -57,6 +57,14 @@ pub struct GpuWindow {
     /// The share of the measured time in which offline could not run on this GPU (the gate held
     /// it preempted, or, with no gate, online was busy).
     pub busy_fraction: f64,
+    /// How many times the gate preempted offline on this GPU in the window (each costs offline
+    /// more than the time it is held: the job profile's `preemption_cost_s`). 0 where unknown.
+    #[serde(default)]
+    pub preemptions: u64,
+    /// Bytes the pool took back from offline on this GPU in the window (reclaimed work is
+    /// redone: the job profile's `reclaim_cost_s_per_gib`). 0 where unknown.
+    #[serde(default)]
+    pub reclaimed_bytes: u64,
     /// Memory left to offline on this GPU over the window.
     pub offline_memory: MemoryStats,
 }
@@ -281,6 +289,8 @@ mod tests {
             window_s,
             covered_s: f64::from(window_s),
             busy_fraction: busy,
+            preemptions: 0,
+            reclaimed_bytes: 0,
             offline_memory: MemoryStats {
                 samples: 3,
                 mean_bytes: 10,

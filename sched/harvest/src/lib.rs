@@ -3,12 +3,14 @@
 //!
 //! - [`busy`]: busy intervals per GPU; busy fractions and cross-GPU alignment over windows.
 //! - [`memory`]: memory left to offline per GPU; time-weighted mean and quantiles.
+//! - [`events`]: preemptions and reclaimed bytes per GPU over windows.
 //! - [`progress`]: offline jobs' own progress reports, as rates.
 //! - [`doc`]: the document ([`NodeHarvest`], version 1) and its validation.
 //! - [`Recorder`]: the trackers of one node, turned into a document on request.
 
 pub mod busy;
 pub mod doc;
+pub mod events;
 pub mod memory;
 pub mod progress;
 
@@ -17,6 +19,7 @@ pub use doc::{
     DocError, GpuHarvest, GpuWindow, JobProgress, MemoryStats, NodeHarvest, PairAlignment, Rate,
     QUANTILES, VERSION,
 };
+pub use events::EventTracker;
 pub use memory::MemoryTracker;
 
 /// The windows a node reports by default: 1 min, 10 min, 1 h.
@@ -47,6 +50,10 @@ pub struct Recorder {
     pub online: BusyTracker,
     /// Memory left to offline, per GPU.
     pub memory: MemoryTracker,
+    /// The gate's preemptions of offline, per GPU.
+    pub preemptions: EventTracker,
+    /// Bytes the pool took back from offline, per GPU.
+    pub reclaimed: EventTracker,
 }
 
 impl Recorder {
@@ -65,6 +72,8 @@ impl Recorder {
             blocked: BusyTracker::new(n, now_ns, horizon),
             online: BusyTracker::new(n, now_ns, horizon).with_merge_gap(NS / 1000),
             memory: MemoryTracker::new(n, horizon),
+            preemptions: EventTracker::new(n, horizon),
+            reclaimed: EventTracker::new(n, horizon),
         }
     }
 
@@ -130,6 +139,8 @@ impl Recorder {
             window_s,
             covered_s: self.blocked.covered_ns(gpu, now_ns, w) as f64 / NS as f64,
             busy_fraction: self.blocked.busy_fraction(gpu, now_ns, w),
+            preemptions: self.preemptions.sum(gpu, now_ns, w),
+            reclaimed_bytes: self.reclaimed.sum(gpu, now_ns, w),
             offline_memory: self.memory.stats(gpu, now_ns, w).unwrap_or(MemoryStats {
                 samples: 0,
                 mean_bytes: memory_total,
@@ -161,6 +172,8 @@ mod tests {
             r.online.add(1, s, s + NS / 4);
             r.online.add(2, s + NS / 2, s + NS * 3 / 4);
         }
+        r.preemptions.add(0, 59 * NS, 3);
+        r.reclaimed.add(1, 10 * NS, 1 << 30);
         r.memory.sample(1, 0, 40 << 30);
         r.memory.sample(1, 30 * NS, 20 << 30);
         let doc = r.document(60 * NS, 123, vec![]);
@@ -169,6 +182,11 @@ mod tests {
         let w = back.gpu(0).unwrap().window(60).unwrap();
         assert!((w.busy_fraction - 0.25).abs() < 1e-9);
         assert_eq!(w.covered_s, 60.0);
+        assert_eq!(w.preemptions, 3);
+        assert_eq!(
+            back.gpu(1).unwrap().window(60).unwrap().reclaimed_bytes,
+            1 << 30
+        );
         assert_eq!(back.pair(0, 1, 60).unwrap().score, 1.0);
         assert_eq!(back.pair(0, 2, 600).unwrap().score, 0.0);
         assert_eq!(back.pairs.len(), 6, "3 pairs x 2 windows");

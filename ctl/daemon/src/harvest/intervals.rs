@@ -2,7 +2,7 @@
 //! held it frozen, on every GPU) and when each online process was busy (on its GPUs).
 //!
 //! Fields used ([`crate::gate::trace::TraceKind`]): a successful `Disable` (`b` = 0) starts a
-//! blocked interval at its return (`a`), and the next `Enable` of all offline (`id` = 0) ends it
+//! blocked interval at its return (`a`) and counts as a preemption, and the next `Enable` of all offline (`id` = 0) ends it
 //! at its issue (`t_ns`). A `Launch`/`LaunchAfterResume` edge of pid `id` at `t_ns` after an
 //! idle gap `b` ends that pid's busy interval at `t_ns - b` and opens the next at `t_ns`; a
 //! `Cooldown` ends every open one at the online processes' last activity (`a`). Records lost to
@@ -116,6 +116,7 @@ impl TraceFolder {
                 TraceKind::Disable if r.b == 0 => {
                     for g in 0..gpus {
                         rec.blocked.start(g, r.a);
+                        rec.preemptions.add(g, r.a, 1);
                     }
                     self.unsure_since = None;
                 }

@@ -1,5 +1,6 @@
 //! Memory left to offline per GPU, sampled for the harvest profile: with the memory pool, its
-//! free, still-creatable and offline-held handles; without it, NVML's free memory plus offline's.
+//! free, still-creatable and offline-held handles (and the bytes it reclaimed from offline);
+//! without it, NVML's free memory plus offline's.
 //!
 //! The pool's numbers come from the snapshot its thread publishes about once a second
 //! ([`UsageSnapshot`]), so sampling never waits for a reclaim. A GPU whose memory cannot be read
@@ -88,6 +89,8 @@ pub struct MemorySampler {
     offline_label: Option<String>,
     /// Whether a process has the offline label (looked up once per process).
     labelled: BTreeMap<u32, bool>,
+    /// The pool's count of handles reclaimed from offline, per pool GPU, at the last sample.
+    reclaimed_seen: BTreeMap<usize, u64>,
 }
 
 impl MemorySampler {
@@ -113,6 +116,7 @@ impl MemorySampler {
             devices: None,
             offline_label,
             labelled: BTreeMap::new(),
+            reclaimed_seen: BTreeMap::new(),
         }
     }
 
@@ -129,7 +133,18 @@ impl MemorySampler {
         for i in 0..self.gpus.len() {
             let (position, index) = (self.gpus[i].position, self.gpus[i].index);
             let bytes = match pooled.iter().find(|u| u.gpu == index) {
-                Some(u) => Some(u.offline_available_bytes()),
+                Some(u) => {
+                    // The first sample only sets the baseline; a smaller count is a new pool.
+                    let last = self.reclaimed_seen.insert(index, u.reclaimed_total);
+                    let new = last.map_or(0, |l| {
+                        u.reclaimed_total
+                            .checked_sub(l)
+                            .unwrap_or(u.reclaimed_total)
+                    });
+                    rec.reclaimed
+                        .add(position, now_ns, new * u.handle_bytes as u64);
+                    Some(u.offline_available_bytes())
+                }
                 None => self.device_bytes(i, view, &mut seen),
             };
             if let Some(b) = bytes {

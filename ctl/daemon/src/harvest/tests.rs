@@ -87,6 +87,11 @@ fn a_successful_disable_and_the_next_enable_of_all_offline_block_every_gpu() {
             (busy - (2 * S - MS) as f64 / (100 * S) as f64).abs() < 1e-12,
             "{busy}"
         );
+        assert_eq!(
+            rec.preemptions.sum(g, 100 * S, 100 * S),
+            1,
+            "the failed disable is no preemption"
+        );
     }
     // A second hold, still going on: it counts up to now.
     ring.push(TraceKind::Disable, 90 * S, 0, 90 * S, 0, 0);
@@ -339,6 +344,25 @@ fn pool_memory_is_free_creatable_and_offline_held_handles_from_the_ledger() {
     );
     assert_eq!(s.quantiles_bytes[1], 3 * 64 * MIB, "p5");
     assert_eq!(s.samples, 2);
+    // Online takes 2 of offline's handles: 128 MiB reclaimed, counted at the next sample.
+    let taken: Vec<_> = l
+        .client(off)
+        .unwrap()
+        .held
+        .iter()
+        .take(2)
+        .copied()
+        .collect();
+    l.transfer(off, &taken, on).unwrap();
+    l.note_reclaimed(0, 2);
+    snapshot.publish(l.usage());
+    m.sample(&mut rec, 60 * S, &ProcessView::default());
+    assert_eq!(rec.reclaimed.sum(0, 100 * S, 100 * S), 2 * 64 * MIB);
+    assert_eq!(
+        rec.reclaimed.sum(0, 100 * S, 30 * S),
+        0,
+        "it happened at 60 s"
+    );
 }
 
 #[test]

@@ -124,6 +124,8 @@ pub struct GpuPool {
     keep_free_bytes: u64,
     /// The most all offline processes together may hold (`valvectl pool cap`).
     offline_cap: Option<usize>,
+    /// Handles taken back from offline since the pool started.
+    reclaimed_total: u64,
 }
 
 /// A registered process.
@@ -185,6 +187,9 @@ pub struct GpuUsage {
     /// The most offline may hold (`valvectl pool cap`), if capped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offline_cap: Option<usize>,
+    /// Handles taken back from offline since the pool started (the harvest profile turns it
+    /// into bytes reclaimed per window).
+    pub reclaimed_total: u64,
 }
 
 /// The pool's per-GPU numbers as its thread last published them (about once a second), for
@@ -242,6 +247,7 @@ impl Ledger {
                 max_handles,
                 keep_free_bytes,
                 offline_cap: None,
+                reclaimed_total: 0,
             },
         );
     }
@@ -385,6 +391,13 @@ impl Ledger {
         Ok(())
     }
 
+    /// Counts `handles` taken back from offline on `gpu`.
+    pub fn note_reclaimed(&mut self, gpu: usize, handles: usize) {
+        if let Some(p) = self.gpus.get_mut(&gpu) {
+            p.reclaimed_total += handles as u64;
+        }
+    }
+
     /// Which offline clients on `gpu` give back how many handles so that `short` are freed:
     /// the largest holders first, so that as few processes as possible are disturbed.
     pub fn reclaim_plan(&self, gpu: usize, short: usize) -> Vec<(ClientId, usize)> {
@@ -519,6 +532,7 @@ impl Ledger {
                     offline: held_by(Role::Offline),
                     creatable: p.creatable(),
                     offline_cap: p.offline_cap,
+                    reclaimed_total: p.reclaimed_total,
                 }
             })
             .collect()

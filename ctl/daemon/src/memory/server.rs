@@ -392,6 +392,7 @@ impl PoolServer {
             (Kind::New, "attach") => (Some(self.attach(fd, pid, msg)), None),
             (Kind::New, "status") | (Kind::Control(_), "status") => (Some(self.status()), None),
             (Kind::New, "cap") => (Some(self.cap(conn.uid, msg)), None),
+            (Kind::New, "reclaim") => (Some(self.take_back(conn.uid, msg)), None),
             (Kind::New, _) => (Some(err_reply(13, "not registered: the first message on a pool connection is `register` (or `attach`)")), None),
             (Kind::Control(c), "grow") => {
                 let c = *c;
@@ -440,6 +441,37 @@ impl PoolServer {
             }
             Err(e) => pool_err(e),
         }
+    }
+
+    /// `reclaim`: take memory back from offline on a GPU now, as an online burst would, and
+    /// leave it free (`{"op":"reclaim","gpu":0,"mib":1024}`). Root only: `valve-scheduler
+    /// profile-job` measures what a job loses per GiB reclaimed with it.
+    fn take_back(&mut self, uid: u32, msg: &Value) -> Value {
+        if uid != 0 {
+            return err_reply(
+                1,
+                "only root may reclaim from offline (sudo valvectl pool reclaim ...)",
+            );
+        }
+        let (Some(gpu), Some(mib)) = (
+            msg.get("gpu").and_then(Value::as_u64),
+            msg.get("mib").and_then(Value::as_u64),
+        ) else {
+            return err_reply(
+                2,
+                "reclaim needs \"gpu\" (an index) and \"mib\" (a whole number)",
+            );
+        };
+        let gpu = gpu as usize;
+        let handle_bytes = match self.ledger.handle_bytes(gpu) {
+            Ok(b) => b as u64,
+            Err(e) => return pool_err(e),
+        };
+        let count = ((mib << 20).div_ceil(handle_bytes.max(1))) as usize;
+        let freed = self.reclaim(gpu, count, None).len();
+        self.publish_usage_now();
+        json!({"ok": true, "gpu": gpu, "reclaimed": freed,
+               "reclaimed_mib": (freed as u64 * handle_bytes) >> 20})
     }
 
     fn register(&mut self, fd: RawFd, pid: u32, msg: &Value) -> Value {
@@ -606,7 +638,7 @@ impl PoolServer {
         let mut reclaimed = Vec::new();
         if taken.short > 0 {
             let gpu = self.ledger.client(client).map_err(pool_err)?.gpu;
-            reclaimed = self.reclaim(gpu, taken.short, client);
+            reclaimed = self.reclaim(gpu, taken.short, Some(client));
             handles.extend(&reclaimed);
         }
         let gpu = self.ledger.client(client).map_err(pool_err)?.gpu;
@@ -633,8 +665,9 @@ impl PoolServer {
         Ok((reply, with_fds))
     }
 
-    /// Frees `short` handles on `gpu` from offline processes and gives them to `to`.
-    fn reclaim(&mut self, gpu: usize, short: usize, to: ClientId) -> Vec<HandleId> {
+    /// Frees `short` handles on `gpu` from offline processes and gives them to `to` (`None`:
+    /// leaves them free). Returns the handles freed.
+    fn reclaim(&mut self, gpu: usize, short: usize, to: Option<ClientId>) -> Vec<HandleId> {
         let targets: Vec<Target> = self
             .ledger
             .reclaim_plan(gpu, short)
@@ -660,21 +693,34 @@ impl PoolServer {
         self.reclaim_times = (outcome.freeze_us, outcome.answer_us, outcome.slowest_freeze);
         let mut got = Vec::new();
         for (client, handles) in outcome.returned {
-            if self.ledger.transfer(client, &handles, to).is_ok() {
+            let moved = match to {
+                Some(to) => self.ledger.transfer(client, &handles, to),
+                None => self.ledger.release(client, &handles),
+            };
+            if moved.is_ok() {
                 got.extend(handles);
             }
         }
+        let mut from_offline = got.len();
         for client in outcome.killed {
             // Its process is dead or dying with its channels still disabled, so its mappings can
             // no longer be used: its handles are free to hand over.
-            self.ledger.unregister(client);
+            let freed = self.ledger.unregister(client);
+            from_offline += freed.len();
+            if to.is_none() {
+                got.extend(freed);
+            }
             self.tokens.remove(&client);
         }
+        self.ledger.note_reclaimed(gpu, from_offline);
         let still = short.saturating_sub(got.len());
-        if still > 0 {
-            if let Ok(t) = self.ledger.take(to, still) {
-                got.extend(t.handles);
+        match to {
+            Some(to) if still > 0 => {
+                if let Ok(t) = self.ledger.take(to, still) {
+                    got.extend(t.handles);
+                }
             }
+            _ => {}
         }
         got
     }
@@ -828,7 +874,7 @@ mod tests {
     }
 
     #[test]
-    fn only_root_may_cap() {
+    fn only_root_may_cap_or_reclaim() {
         let sock = std::env::temp_dir().join(format!("valve-cap-{}.sock", std::process::id()));
         let mut server = PoolServer::new(
             ledger(64 * 11, 1 << 20),
@@ -846,6 +892,11 @@ mod tests {
             "{reply}"
         );
         assert_eq!(server.ledger.usage()[0].offline_cap, None);
+        let reply = server.take_back(1000, &json!({"op": "reclaim", "gpu": 0, "mib": 64}));
+        assert!(
+            reply["error"].as_str().unwrap().contains("only root"),
+            "{reply}"
+        );
         let _ = std::fs::remove_file(sock);
     }
 
@@ -1018,6 +1069,35 @@ mod tests {
     }
 
     #[test]
+    fn root_takes_memory_back_from_offline_and_leaves_it_free() {
+        let r = start(64 * 11); // 10 handles
+        let _off = offline_holding_all(&r);
+        let (reply, _) = call(&connect(&r), json!({"op": "reclaim", "gpu": 0, "mib": 100}));
+        assert_eq!(
+            (reply["reclaimed"].as_u64(), reply["reclaimed_mib"].as_u64()),
+            (Some(2), Some(128)),
+            "100 MiB is two 64 MiB handles: {reply}"
+        );
+        let me = std::process::id();
+        assert_eq!(
+            r.log.take(2),
+            vec![format!("freeze {me}"), format!("thaw {me}")]
+        );
+        let (st, _) = call(&connect(&r), json!({"op": "status"}));
+        let g = &st["gpus"][0];
+        assert_eq!(
+            (g["offline"].as_u64(), g["free"].as_u64()),
+            (Some(8), Some(2)),
+            "{st}"
+        );
+        assert_eq!(g["reclaimed_total"], 2, "the harvest profile reads this");
+        let bad = call(&connect(&r), json!({"op": "reclaim", "gpu": 0})).0;
+        assert_eq!(bad["code"], 2, "{bad}");
+        let none = call(&connect(&r), json!({"op": "reclaim", "gpu": 7, "mib": 1})).0;
+        assert_eq!(none["code"], 6, "{none}");
+    }
+
+    #[test]
     fn online_grows_into_offline_memory_with_offline_frozen_around_the_swap() {
         let r = start(64 * 11); // 10 handles
         let off = offline_holding_all(&r);
@@ -1048,9 +1128,10 @@ mod tests {
         assert_eq!(
             (
                 st["gpus"][0]["online"].as_u64(),
-                st["gpus"][0]["offline"].as_u64()
+                st["gpus"][0]["offline"].as_u64(),
+                st["gpus"][0]["reclaimed_total"].as_u64()
             ),
-            (Some(3), Some(7)),
+            (Some(3), Some(7), Some(3)),
             "{st}"
         );
         assert_eq!(

@@ -1,6 +1,7 @@
 //! `valvectl pool status`: what the daemon's GPU memory pool holds, per GPU and per process,
 //! and how its reclaims went (asked on the pool socket; no registration needed); `pool cap`
-//! limits what offline may hold on a GPU (root; used to profile a job's memory curve).
+//! limits what offline may hold on a GPU and `pool reclaim` takes memory back from it now (root;
+//! both used to profile a job).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,6 +34,23 @@ pub enum PoolCommand {
     /// A lower cap stops offline from growing; it takes nothing back. `valve-scheduler
     /// profile-job` raises it step by step to measure a job's memory-throughput curve.
     Cap(CapArgs),
+    /// Take memory back from offline on a GPU now, as an online burst would (root).
+    ///
+    /// Offline is frozen, gives the handles back (its requests that used them are redone) and
+    /// resumes; the memory stays free. `valve-scheduler profile-job --reclaim-every` uses it to
+    /// measure what a job loses per GiB reclaimed.
+    Reclaim(ReclaimArgs),
+}
+
+/// The arguments of `valvectl pool reclaim`.
+#[derive(Debug, Args)]
+pub struct ReclaimArgs {
+    /// The GPU.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
+    /// How much to take back, in MiB (rounded up to whole handles).
+    #[arg(long)]
+    pub mib: u64,
 }
 
 /// The arguments of `valvectl pool cap`.
@@ -93,6 +111,22 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
                 out,
                 "GPU {}: offline may hold {} MiB",
                 c.gpu, v["offline_cap_mib"]
+            )?;
+        }
+        return Ok(());
+    }
+    if let PoolCommand::Reclaim(c) = &args.cmd {
+        let v = request(
+            &args.pool_socket,
+            &json!({"op": "reclaim", "gpu": c.gpu, "mib": c.mib}),
+        )?;
+        if g.json {
+            writeln!(out, "{v}")?;
+        } else {
+            writeln!(
+                out,
+                "GPU {}: took {} MiB back from offline",
+                c.gpu, v["reclaimed_mib"]
             )?;
         }
         return Ok(());

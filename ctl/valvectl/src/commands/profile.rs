@@ -224,6 +224,8 @@ mod tests {
             window_s,
             covered_s: f64::from(window_s),
             busy_fraction: busy,
+            preemptions: 0,
+            reclaimed_bytes: 0,
             offline_memory: MemoryStats {
                 samples: 7,
                 mean_bytes: mean_gib * GIB,
