@@ -1,6 +1,6 @@
 """The cluster scheduler's prediction check on a GPU host (issue 28): does the model's predicted
-offline throughput (T_alone x idle fraction x memory factor, from the node's own harvest
-document) match what the offline job measured next to a real online server?
+offline throughput (T_alone x (idle fraction - interruptions) x memory factor, from the node's
+own harvest document) match what the offline job measured next to a real online server?
 
     python3 hwtests/cluster/predict.py --valvectl V --scheduler S --out DIR [--offline cb,train]
 
@@ -8,7 +8,8 @@ One run, on one GPU, as root:
 1. the daemon with its pool and the harvest profile (windows of --window seconds);
 2. profiles: the continuous-batching offline job (membench/offline.py through the pool) at
    several pool caps (`valve-scheduler profile-job`), and the training job (serving/offline.py)
-   alone;
+   alone; then each job preempted every --preempt-every, and continuous batching reclaimed
+   from every --reclaim-every, to measure what an interruption costs it;
 3. per offline job: the online server (membench/online.py, through the pool, telling the gate
    when it is busy) replays phases of the Azure conversation trace's arrivals (sched/data) at
    --loads requests per second, each with a steady and a bursty memory pattern (bursts of long
@@ -96,10 +97,12 @@ class Bench:
         self.progress = os.path.join(self.r.out, "progress")
         os.makedirs(self.progress, mode=0o1777, exist_ok=True)
 
-    def sched(self, *args: str, check: bool = True) -> str:
-        p = subprocess.run([self.a.scheduler, *args], capture_output=True, text=True, timeout=900)
+    def sched(self, *args: str, check: bool = True, env: dict | None = None) -> str:
+        p = subprocess.run([self.a.scheduler, *args], capture_output=True, text=True, timeout=900, env=env)
         if check and p.returncode != 0:
             raise RuntimeError(f"valve-scheduler {args[0]}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+        if args[0] == "profile-job":
+            print(p.stderr.strip()[-2000:], flush=True)
         return p.stdout
 
     def start_daemon(self) -> None:
@@ -133,9 +136,16 @@ class Bench:
                 "--out", path]
         if caps:
             args += ["--caps", caps]
-        env_cmd = ["env", "VALVE_LABEL=batch", "CUDA_MODULE_LOADING=EAGER", f"PYTHONPATH={self.r.env['PYTHONPATH']}"]
+        if a.preempt_every:
+            args += ["--preempt-every", a.preempt_every, "--preempt-for", a.preempt_for]
+        if kind == "cb" and a.reclaim_every:
+            args += ["--reclaim-every", a.reclaim_every, "--reclaim-mib", str(a.reclaim_mib)]
+        # The job runs exactly as it will next to online: the same environment (cuBLAS's
+        # deterministic workspace included: without it training ran 20% faster alone).
+        env = dict(self.r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER")
         t = time.monotonic()
-        self.sched(*args, "--", *env_cmd, *self.offline_argv(kind, os.path.join(self.r.out, f"profile-{kind}-run.json")))
+        self.sched(*args, "--", *self.offline_argv(kind, os.path.join(self.r.out, f"profile-{kind}-run.json")),
+                   env=env)
         print(f"profile {kind}: {time.monotonic() - t:.0f} s: {open(path).read()}", flush=True)
         return path
 
@@ -198,7 +208,10 @@ class Bench:
         return dict(offline=kind, load_rps=load, pattern=pattern, window_s=w, covered_s=gw["covered_s"],
                     busy=gw["busy_fraction"], memory_mean_gib=gw["offline_memory"]["mean_bytes"] / 2**30,
                     memory_p5_gib=gw["offline_memory"]["quantiles_bytes"][1] / 2**30,
-                    idle=pred["idle"], memory_factor=pred["memory"], predicted=pred["per_s"], measured=meas,
+                    preemptions_per_s=gw.get("preemptions", 0) / max(gw["covered_s"], 1.0),
+                    reclaimed_gib_per_s=gw.get("reclaimed_bytes", 0) / 2**30 / max(gw["covered_s"], 1.0),
+                    idle=pred["idle"], interrupted=pred.get("interrupted", 0.0), memory_factor=pred["memory"],
+                    predicted=pred["per_s"], measured=meas,
                     rate_covered_s=rate["covered_s"] if rate else 0.0, error=error(pred["per_s"], meas))
 
 
@@ -206,12 +219,15 @@ def markdown(rep: dict) -> str:
     lines = [f"# Cluster scheduler: predicted against measured offline throughput ({rep['device']})", "",
              f"Date {rep['date']}; window {rep['window_s']} s per phase; target |predicted - measured| / measured "
              f"<= {TARGET_ERROR:.0%} in every run.", "",
-             "| offline | load (req/s) | memory | online busy | offline memory mean / p5 (GiB) | idle x memory "
-             "| predicted | measured | error |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| offline | load (req/s) | memory | online busy | preemptions/s | reclaimed GiB/s "
+             "| offline memory mean / p5 (GiB) | (idle - interrupted) x memory | predicted | measured | error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rep["rows"]:
         err = "n/a" if x["error"] is None else f"{x['error']:.1%}"
         lines.append(f"| {x['offline']} | {x['load_rps']} | {x['pattern']} | {x['busy']:.3f} | "
-                     f"{x['memory_mean_gib']:.1f} / {x['memory_p5_gib']:.1f} | {x['idle']:.3f} x {x['memory_factor']:.3f} | "
+                     f"{x['preemptions_per_s']:.2f} | {x['reclaimed_gib_per_s']:.3f} | "
+                     f"{x['memory_mean_gib']:.1f} / {x['memory_p5_gib']:.1f} | "
+                     f"({x['idle']:.3f} - {x['interrupted']:.3f}) x {x['memory_factor']:.3f} | "
                      f"{x['predicted']:.0f} | {x['measured']:.0f} | {err} |")
     worst = max((x["error"] for x in rep["rows"] if x["error"] is not None), default=None)
     lines += ["", f"Worst error {worst:.1%}: target {'met' if rep['met'] else 'MISSED'}." if worst is not None
@@ -241,6 +257,10 @@ def main() -> int:
     ap.add_argument("--train-size", default="1b")
     ap.add_argument("--attention", default="varlen")
     ap.add_argument("--profiles", help="reuse profile-<kind>.json files from this folder")
+    ap.add_argument("--preempt-every", default="1s", help="profile-job --preempt-every ('' skips the step)")
+    ap.add_argument("--preempt-for", default="100ms")
+    ap.add_argument("--reclaim-every", default="5s", help="profile-job --reclaim-every, cb only ('' skips)")
+    ap.add_argument("--reclaim-mib", type=int, default=1024)
     a = ap.parse_args()
     if a.phase_s < a.window + 8:
         ap.error("--phase-s must exceed --window by at least 8 s (the document is rebuilt every 5 s)")

@@ -45,6 +45,8 @@ pub fn steady_gpu(index: u32, busy: f64, quantiles: Vec<u64>) -> GpuHarvest {
                 window_s: w,
                 covered_s: f64::from(w),
                 busy_fraction: busy,
+                preemptions: 0,
+                reclaimed_bytes: 0,
                 offline_memory: MemoryStats {
                     samples: 60,
                     mean_bytes: quantiles[quantiles.len() / 2],
@@ -123,6 +125,7 @@ pub fn class_profile(class: usize) -> JobProfile {
         ],
         required_bytes: None,
         deficit_penalty: 0.3,
+        costs: crate::job::InterruptCosts::default(),
         measured: None,
     }
 }

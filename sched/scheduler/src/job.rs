@@ -32,9 +32,38 @@ pub struct JobProfile {
     /// cost of the work a reclaim throws away). 0 for a job whose memory is never reclaimed.
     #[serde(default)]
     pub deficit_penalty: f64,
+    /// What each interruption costs it beyond the time it is held (measured at profiling; 0
+    /// where never measured).
+    #[serde(default, skip_serializing_if = "InterruptCosts::is_zero")]
+    pub costs: InterruptCosts,
     /// How and where it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<Measured>,
+}
+
+/// Work an offline job loses to interruptions, in seconds of its running time: a harvested GPU
+/// that preempts it P times and reclaims G GiB from it per second leaves it
+/// `P x preemption_s + G x reclaim_s_per_gib` less of each second than its idle share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct InterruptCosts {
+    /// Per preemption by the gate: the pipeline refill and the work redone after a resume.
+    #[serde(default)]
+    pub preemption_s: f64,
+    /// Per GiB the pool takes back: the requests requeued and recomputed.
+    #[serde(default)]
+    pub reclaim_s_per_gib: f64,
+}
+
+impl InterruptCosts {
+    /// Nothing measured.
+    pub fn is_zero(&self) -> bool {
+        self.preemption_s == 0.0 && self.reclaim_s_per_gib == 0.0
+    }
+
+    /// The share of each second lost at `preemptions_per_s` and `reclaimed_gib_per_s`.
+    pub fn lost_share(&self, preemptions_per_s: f64, reclaimed_gib_per_s: f64) -> f64 {
+        self.preemption_s * preemptions_per_s + self.reclaim_s_per_gib * reclaimed_gib_per_s
+    }
 }
 
 /// One point of T(m).
@@ -131,6 +160,14 @@ impl JobProfile {
                     "curve point at {} bytes has per_s = {} (must be in [0, 1.5 x alone_per_s])",
                     p.memory_bytes, p.per_s
                 )));
+            }
+        }
+        for (name, v) in [
+            ("costs.preemption_s", self.costs.preemption_s),
+            ("costs.reclaim_s_per_gib", self.costs.reclaim_s_per_gib),
+        ] {
+            if !(v.is_finite() && (0.0..=600.0).contains(&v)) {
+                return Err(bad(format!("{name} = {v} must be in [0, 600] seconds")));
             }
         }
         if !(self.deficit_penalty.is_finite() && (0.0..=10.0).contains(&self.deficit_penalty)) {
@@ -231,6 +268,7 @@ pub(crate) mod tests {
             ],
             required_bytes: None,
             deficit_penalty: 0.5,
+            costs: InterruptCosts::default(),
             measured: None,
         }
     }

@@ -9,6 +9,8 @@ use valve_harvest::{NodeHarvest, QUANTILES};
 
 use crate::job::JobProfile;
 
+const GIB_F: f64 = (1u64 << 30) as f64;
+
 /// The model's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ModelParams {
@@ -27,6 +29,9 @@ pub struct ModelParams {
     /// Whether multi-GPU jobs need aligned GPUs, and pairs' union busy time bounds idle time
     /// (Valve's model: true).
     pub alignment: bool,
+    /// Whether the time a job loses to each preemption and each GiB reclaimed (its profile's
+    /// `costs`, times the node's rates) comes off its idle share (Valve's model: true).
+    pub interruptions: bool,
 }
 
 /// How memory enters a prediction. Valve's model reads the node's memory trace; the others are
@@ -52,6 +57,7 @@ impl Default for ModelParams {
             quiet_busy: 0.02,
             memory: MemoryModel::Trace,
             alignment: true,
+            interruptions: true,
         }
     }
 }
@@ -65,6 +71,10 @@ pub struct GpuModel {
     pub busy: f64,
     /// Memory left to offline: time-weighted quantiles 0%, 5%, ..., 100%.
     pub memory_quantiles: Vec<u64>,
+    /// The gate's preemptions of offline per second.
+    pub preemptions_per_s: f64,
+    /// GiB the pool took back from offline per second.
+    pub reclaimed_gib_per_s: f64,
 }
 
 /// A node's harvest as the model reads it.
@@ -91,6 +101,12 @@ pub struct Prediction {
     pub per_s: f64,
     /// Idle compute fraction of the GPU set (1 - the busiest GPU's, or pair's union, busy share).
     pub idle: f64,
+    /// The share of time the job loses to interruptions (its costs x the set's worst rates).
+    pub interrupted: f64,
+    /// Preemptions per second on the set's most preempted GPU.
+    pub preemptions_per_s: f64,
+    /// GiB reclaimed per second on the set's most reclaimed GPU.
+    pub reclaimed_gib_per_s: f64,
     /// Memory factor of the GPU set (its worst GPU's).
     pub memory: f64,
     /// The lowest pairwise alignment score in the set (`None` for one GPU).
@@ -110,9 +126,13 @@ impl NodeModel {
             .iter()
             .map(|g| {
                 let w = g.window(window_s);
+                // Events per measured second (nothing was counted before the window's cover).
+                let per_s = |n: f64| w.map_or(0.0, |w| n / w.covered_s.max(1.0));
                 GpuModel {
                     index: g.index,
                     busy: w.map_or(1.0, |w| w.busy_fraction),
+                    preemptions_per_s: per_s(w.map_or(0.0, |w| w.preemptions as f64)),
+                    reclaimed_gib_per_s: per_s(w.map_or(0.0, |w| w.reclaimed_bytes as f64 / GIB_F)),
                     memory_quantiles: w
                         .map(|w| w.offline_memory.quantiles_bytes.clone())
                         .filter(|q| q.len() == QUANTILES)
@@ -252,10 +272,14 @@ pub fn predict_with(
 ) -> Prediction {
     let mut idle: f64 = 1.0;
     let mut mem: f64 = 1.0;
+    let (mut preemptions, mut reclaimed) = (0.0f64, 0.0f64);
     let mut min_alignment: Option<f64> = None;
     for (k, &a) in positions.iter().enumerate() {
-        idle = idle.min(1.0 - node.gpus[a].busy);
+        let g = &node.gpus[a];
+        idle = idle.min(1.0 - g.busy);
         mem = mem.min(memory[k]);
+        preemptions = preemptions.max(g.preemptions_per_s);
+        reclaimed = reclaimed.max(g.reclaimed_gib_per_s);
         if !params.alignment {
             continue;
         }
@@ -265,16 +289,27 @@ pub fn predict_with(
             idle = idle.min(1.0 - node.union(a, b));
         }
     }
+    let idle = idle.clamp(0.0, 1.0);
+    let interrupted = if params.interruptions {
+        job.costs
+            .lost_share(preemptions, reclaimed)
+            .clamp(0.0, idle)
+    } else {
+        0.0
+    };
     let aligned = min_alignment.is_none_or(|s| s >= params.align_threshold);
     let share = if aligned {
-        (idle * mem).clamp(0.0, 1.0)
+        ((idle - interrupted) * mem).clamp(0.0, 1.0)
     } else {
         0.0
     };
     Prediction {
         share,
         per_s: share * job.alone_per_s,
-        idle: idle.clamp(0.0, 1.0),
+        idle,
+        interrupted,
+        preemptions_per_s: preemptions,
+        reclaimed_gib_per_s: reclaimed,
         memory: mem,
         min_alignment,
         aligned,
@@ -298,11 +333,15 @@ pub fn predict(
 
 impl std::fmt::Display for Prediction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:.2} of alone = idle {:.2} x memory {:.2}",
-            self.share, self.idle, self.memory
-        )?;
+        write!(f, "{:.2} of alone = idle {:.2}", self.share, self.idle)?;
+        if self.interrupted > 0.0 {
+            write!(
+                f,
+                " - interruptions {:.2} ({:.2} preemptions/s, {:.3} GiB/s reclaimed)",
+                self.interrupted, self.preemptions_per_s, self.reclaimed_gib_per_s
+            )?;
+        }
+        write!(f, " x memory {:.2}", self.memory)?;
         match self.min_alignment {
             None => write!(f, " (one GPU)"),
             Some(s) if self.aligned => write!(f, " x aligned (worst pair {s:.2})"),
@@ -322,7 +361,75 @@ pub(crate) mod tests {
             index,
             busy,
             memory_quantiles: vec![memory; QUANTILES],
+            preemptions_per_s: 0.0,
+            reclaimed_gib_per_s: 0.0,
         }
+    }
+
+    #[test]
+    fn preemptions_and_reclaims_come_off_the_idle_share_at_the_jobs_measured_costs() {
+        let mut busy = gpu(0, 0.3, 16 * GIB);
+        busy.preemptions_per_s = 0.5;
+        busy.reclaimed_gib_per_s = 0.1;
+        let node = NodeModel::uniform("n", vec![busy], 1.0, 600);
+        let mut job = profile(1);
+        let free = predict(&job, &node, &[0], &ModelParams::default());
+        assert_eq!(
+            (free.interrupted, free.share),
+            (0.0, 0.7),
+            "no costs measured"
+        );
+        job.costs = crate::job::InterruptCosts {
+            preemption_s: 0.2,
+            reclaim_s_per_gib: 1.0,
+        };
+        let p = predict(&job, &node, &[0], &ModelParams::default());
+        // 0.5/s x 0.2 s + 0.1 GiB/s x 1 s/GiB = 0.2 of each second.
+        assert!((p.interrupted - 0.2).abs() < 1e-12, "{p:?}");
+        assert!((p.share - 0.5).abs() < 1e-12, "{p:?}");
+        assert!(
+            p.to_string()
+                .contains("- interruptions 0.20 (0.50 preemptions/s"),
+            "{p}"
+        );
+        let off = ModelParams {
+            interruptions: false,
+            ..ModelParams::default()
+        };
+        assert_eq!(
+            predict(&job, &node, &[0], &off).share,
+            0.7,
+            "a baseline may ignore them"
+        );
+        job.costs.preemption_s = 10.0;
+        assert_eq!(
+            predict(&job, &node, &[0], &ModelParams::default()).share,
+            0.0,
+            "never below 0"
+        );
+    }
+
+    #[test]
+    fn a_documents_counts_become_rates_over_the_measured_time() {
+        let mut doc = crate::testutil::doc("n", 1, 0.2, 8 * GIB);
+        let w = doc.gpus[0]
+            .windows
+            .iter_mut()
+            .find(|w| w.window_s == 600)
+            .unwrap();
+        w.covered_s = 300.0;
+        w.preemptions = 150;
+        w.reclaimed_bytes = 30 * GIB;
+        let params = ModelParams {
+            window_s: 600,
+            ..ModelParams::default()
+        };
+        let m = NodeModel::from_doc(&doc, &params);
+        assert_eq!(
+            m.gpus[0].preemptions_per_s, 0.5,
+            "150 over the 300 s measured"
+        );
+        assert_eq!(m.gpus[0].reclaimed_gib_per_s, 0.1);
     }
 
     #[test]
@@ -420,6 +527,8 @@ pub(crate) mod tests {
                         window_s: 600,
                         covered_s: 600.0,
                         busy_fraction: busy,
+                        preemptions: 0,
+                        reclaimed_bytes: 0,
                         offline_memory: valve_harvest::MemoryStats {
                             samples: 1,
                             mean_bytes: 40 * GIB,

@@ -1,7 +1,7 @@
 //! Turning measurements of a job run at several memory caps into its profile: T_alone and the
 //! memory-throughput curve T(m) (issue 28, part 2). `valve-scheduler profile-job` measures.
 
-use crate::job::{CurvePoint, JobProfile, Measured, PROFILE_VERSION};
+use crate::job::{CurvePoint, InterruptCosts, JobProfile, Measured, PROFILE_VERSION};
 
 /// One measured step.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -27,6 +27,25 @@ pub struct About {
     pub measured: Measured,
     /// The deficit penalty to record (measured elsewhere, or stated).
     pub deficit_penalty: f64,
+    /// What interruptions cost it ([`interrupt_cost_s`] from the profiling steps).
+    pub costs: InterruptCosts,
+}
+
+/// Seconds of work lost per interruption: a step of `seconds` at `per_s`, against `alone_per_s`,
+/// in which the job was held for `held_s` in all and interrupted `events` times (or, for
+/// reclaims, lost `events` GiB). What the held time explains is not counted; never below 0.
+pub fn interrupt_cost_s(
+    alone_per_s: f64,
+    per_s: f64,
+    seconds: f64,
+    held_s: f64,
+    events: f64,
+) -> Option<f64> {
+    if !(alone_per_s > 0.0 && seconds > 0.0 && events > 0.0) {
+        return None;
+    }
+    let ran_s = seconds * (per_s / alone_per_s);
+    Some(((seconds - held_s - ran_s) / events).max(0.0))
 }
 
 /// The profile from `steps`. A step's memory is what the job held (the cap where that is
@@ -78,6 +97,7 @@ pub fn build(about: &About, steps: &[Step]) -> Result<JobProfile, String> {
         curve,
         required_bytes: None,
         deficit_penalty: about.deficit_penalty,
+        costs: about.costs,
         measured: Some(about.measured.clone()),
     };
     profile.validate().map_err(|e| e.to_string())?;
@@ -101,7 +121,26 @@ mod tests {
                 seconds_per_point: 20.0,
             },
             deficit_penalty: 0.2,
+            costs: InterruptCosts::default(),
         }
+    }
+
+    #[test]
+    fn an_interruption_costs_what_the_held_time_does_not_explain() {
+        // 20 s, held 2 s in all over 20 preemptions, ran at 80% of alone: 2 s lost beyond the
+        // 2 s held, 0.1 s per preemption.
+        let c = interrupt_cost_s(100.0, 80.0, 20.0, 2.0, 20.0).unwrap();
+        assert!((c - 0.1).abs() < 1e-12, "{c}");
+        assert_eq!(
+            interrupt_cost_s(100.0, 95.0, 20.0, 2.0, 20.0),
+            Some(0.0),
+            "noise above alone"
+        );
+        assert_eq!(
+            interrupt_cost_s(100.0, 80.0, 20.0, 2.0, 0.0),
+            None,
+            "nothing happened"
+        );
     }
 
     #[test]

@@ -16,8 +16,9 @@ use super::common::duration;
 use super::stop::{install_signals, nap, stopped};
 use crate::error::usage;
 use valve_harvest::progress;
+use valve_scheduler::job::InterruptCosts;
 use valve_scheduler::job::Measured;
-use valve_scheduler::profiling::{build, About, Step};
+use valve_scheduler::profiling::{build, interrupt_cost_s, About, Step};
 use valve_scheduler::replay::unix_ms;
 
 /// The job id the profiled run reports progress under.
@@ -32,7 +33,8 @@ const JOB: &str = "profile";
 /// $VALVE_PROGRESS_DIR/$SLURM_JOB_ID (or calls `valve-scheduler report UNITS_DONE`).
 ///
 /// Steps: cap at each --caps size, smallest first (settle, then measure --seconds), then no cap
-/// (T_alone). Each point's memory is what the job held at the end of its step.
+/// (T_alone). Each point's memory is what the job held at the end of its step. With
+/// --preempt-every and --reclaim-every, one step each then measures what an interruption costs.
 ///
 /// Example: sudo valve-scheduler profile-job --name llama-1b-cb --caps 1GiB,2GiB,4GiB,8GiB \
 ///   --out llama-1b-cb.json -- env VALVE_LABEL=batch python batch.py
@@ -67,6 +69,23 @@ pub struct ProfileJobArgs {
     /// The deficit penalty to record (throughput lost per unit of relative memory deficit).
     #[arg(long, default_value_t = 0.0)]
     deficit_penalty: f64,
+    /// Measure what a preemption costs the job: one more step in which it is preempted this
+    /// often (`valvectl preempt --pid`, the job's own pid), each time for --preempt-for. The
+    /// work lost beyond the time held, per preemption, becomes the profile's
+    /// `costs.preemption_s`. E.g. 1s.
+    #[arg(long, value_parser = duration)]
+    preempt_every: Option<Duration>,
+    /// How long each profiling preemption holds the job.
+    #[arg(long, default_value = "100ms", value_parser = duration)]
+    preempt_for: Duration,
+    /// Measure what a reclaim costs the job (a pool client): one more step in which
+    /// --reclaim-mib is taken back from it this often (`valvectl pool reclaim`), as online
+    /// bursts would. The work lost per GiB becomes `costs.reclaim_s_per_gib`. E.g. 5s.
+    #[arg(long, value_parser = duration)]
+    reclaim_every: Option<Duration>,
+    /// How much each profiling reclaim takes back, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    reclaim_mib: u64,
     /// The valvectl binary.
     #[arg(long, default_value = "valvectl")]
     valvectl: PathBuf,
@@ -170,6 +189,32 @@ impl Session<'_> {
         Ok(g["offline"].as_u64().unwrap_or(0) * g["handle_bytes"].as_u64().unwrap_or(0))
     }
 
+    /// Preempts the job for --preempt-for (valvectl returns once it resumed).
+    fn preempt_once(&self) -> Result<(), String> {
+        let pid = self.child.as_ref().map_or(0, Child::id).to_string();
+        let hold = format!("{}ms", self.a.preempt_for.as_millis());
+        let out = Command::new(&self.a.valvectl)
+            .args(["--json", "preempt", "--pid", &pid, "--for", &hold])
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.a.valvectl.display()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "valvectl preempt --pid {pid}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Takes --reclaim-mib back from offline; returns the GiB actually taken.
+    fn reclaim_once(&self) -> Result<f64, String> {
+        let gpu = self.a.gpu.to_string();
+        let mib = self.a.reclaim_mib.to_string();
+        let v = self.pool(&["reclaim", "--gpu", &gpu, "--mib", &mib])?;
+        Ok(v["reclaimed_mib"].as_f64().unwrap_or(0.0) / 1024.0)
+    }
+
     fn alive(&mut self) -> Result<(), String> {
         match self.child.as_mut().map(Child::try_wait) {
             Some(Ok(Some(status))) => {
@@ -246,6 +291,8 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
             per_s,
         });
     }
+    let alone = steps.last().map_or(0.0, |st| st.per_s);
+    let costs = interruptions(&mut s, &dir, alone).map_err(anyhow::Error::msg)?;
     drop(s);
     let about = About {
         name: a.name.clone(),
@@ -257,6 +304,7 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
             seconds_per_point: a.seconds.as_secs_f64(),
         },
         deficit_penalty: a.deficit_penalty,
+        costs,
     };
     if caps.is_empty() {
         steps[0].cap_bytes = Some(0); // not a pool client: one flat point
@@ -271,6 +319,63 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The interruption steps (after the uncapped one, whose rate is `alone`): what a preemption
+/// and a GiB reclaimed cost the job, where asked for.
+fn interruptions(s: &mut Session<'_>, dir: &Path, alone: f64) -> Result<InterruptCosts, String> {
+    let a = s.a;
+    let mut costs = InterruptCosts::default();
+    if let Some(every) = a.preempt_every {
+        let held = a.preempt_for.as_secs_f64();
+        let (n, per_s) = interrupted_step(s, dir, every, |s| s.preempt_once().map(|()| 1.0))?;
+        costs.preemption_s =
+            interrupt_cost_s(alone, per_s, a.seconds.as_secs_f64(), n * held, n).unwrap_or(0.0);
+        eprintln!(
+            "preempted {n:.0} times for {} ms: {per_s:.1} {}/s, {:.3} s lost per preemption",
+            a.preempt_for.as_millis(),
+            a.units,
+            costs.preemption_s
+        );
+    }
+    if let Some(every) = a.reclaim_every {
+        let (gib, per_s) = interrupted_step(s, dir, every, |s| s.reclaim_once())?;
+        costs.reclaim_s_per_gib =
+            interrupt_cost_s(alone, per_s, a.seconds.as_secs_f64(), 0.0, gib).unwrap_or(0.0);
+        eprintln!(
+            "reclaimed {gib:.2} GiB: {per_s:.1} {}/s, {:.3} s lost per GiB",
+            a.units, costs.reclaim_s_per_gib
+        );
+    }
+    Ok(costs)
+}
+
+/// Runs `interrupt` every `every` through --settle and --seconds; returns the sum of what it
+/// returned inside the measured --seconds and the job's rate over them.
+fn interrupted_step<'a>(
+    s: &mut Session<'a>,
+    dir: &Path,
+    every: Duration,
+    mut interrupt: impl FnMut(&Session<'a>) -> Result<f64, String>,
+) -> Result<(f64, f64), String> {
+    let (settle, seconds) = (s.a.settle, s.a.seconds);
+    let start = Instant::now();
+    let mut next = start + every / 2;
+    let mut counted = 0.0;
+    while start.elapsed() < settle + seconds {
+        s.alive()?;
+        let now = Instant::now();
+        if now >= next {
+            let amount = interrupt(s)?;
+            if now >= start + settle {
+                counted += amount;
+            }
+            next += every;
+        } else {
+            nap((next - now).min(Duration::from_millis(200)));
+        }
+    }
+    Ok((counted, rate(dir, seconds).unwrap_or(0.0)))
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {

@@ -152,6 +152,8 @@ impl Templates {
                     window_s: (w * 60) as u32,
                     covered_s: (w * 60) as f64,
                     busy_fraction: 0.0,
+                    preemptions: 0,
+                    reclaimed_bytes: 0,
                     offline_memory: MemoryStats {
                         samples: w as u64,
                         mean_bytes: 0,

@@ -68,6 +68,7 @@ fn profile(
             .collect(),
         required_bytes: None,
         deficit_penalty: penalty,
+        costs: crate::job::InterruptCosts::default(),
         measured: None,
     }
 }
