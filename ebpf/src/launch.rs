@@ -15,8 +15,8 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeOpts};
 
+use crate::error::WatchError;
 use crate::poll_thread::PollThread;
-use crate::watcher::WatchError;
 
 #[allow(
     clippy::all,
