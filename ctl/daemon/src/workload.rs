@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::gate::supervisor::process_label;
+/// The environment variable that labels a process for `--online-label` / `--offline-label`.
+pub const LABEL_VAR: &str = "VALVE_LABEL";
 
 /// Where pod labels come from (the config's `[kubernetes]` table).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +25,15 @@ static POD_LABELS: OnceLock<PodLabels> = OnceLock::new();
 /// Makes [`label_of`] fall back to pod labels (the daemon does this once, at start).
 pub fn use_pod_labels(p: PodLabels) {
     let _ = POD_LABELS.set(p);
+}
+
+/// `VALVE_LABEL` of a process, from its environment at exec (root can read any).
+pub fn process_label(pid: u32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{LABEL_VAR}=");
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// The workload label of `pid`: `VALVE_LABEL` in its environment, else (if configured) its
@@ -171,5 +181,17 @@ mod tests {
         let me = std::process::id();
         assert_eq!(process_uid(me), Some(nix::unistd::getuid().as_raw()));
         assert!(process_cgroup(me).is_some_and(|p| p.starts_with('/')));
+    }
+
+    #[test]
+    fn labels_come_from_the_environment() {
+        // This test process has no label unless the environment gives it one.
+        let me = std::process::id();
+        assert_eq!(
+            process_label(me),
+            std::env::var(LABEL_VAR).ok(),
+            "reads /proc/self/environ"
+        );
+        assert_eq!(process_label(u32::MAX), None);
     }
 }

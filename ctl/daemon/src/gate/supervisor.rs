@@ -20,11 +20,9 @@ use super::runtime::{GateHandle, LaunchSource};
 use super::{GateConfig, GateInput};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
+use crate::workload::label_of;
 use valve::IssueMode;
 use valve_ebpf::{ArrivalEdge, WatchedPort};
-
-/// The environment variable that labels a process for `--online-label` / `--offline-label`.
-pub const LABEL_VAR: &str = "VALVE_LABEL";
 
 /// Starts a gate thread with the given tuning (the real one attaches uprobes and opens the
 /// driver; tests use the fake RM).
@@ -68,15 +66,6 @@ pub enum Rescan {
 /// it.
 #[must_use = "record the offline set in the state file, then apply it"]
 pub struct OfflineUpdate(Vec<DisabledRecord>);
-
-/// `VALVE_LABEL` of a process, from its environment at exec (root can read any).
-pub fn process_label(pid: u32) -> Option<String> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let prefix = format!("{LABEL_VAR}=");
-    env.split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-}
 
 fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
     let d = GateConfig::default();
@@ -477,9 +466,7 @@ impl ActiveGate {
             if by_label {
                 self.labels.retain(|p, _| live.contains(p));
                 for &p in &pids {
-                    self.labels
-                        .entry(p)
-                        .or_insert_with(|| crate::workload::label_of(p));
+                    self.labels.entry(p).or_insert_with(|| label_of(p));
                 }
             }
             let proc_root = std::path::Path::new("/proc");
@@ -573,18 +560,6 @@ mod tests {
         assert!(!due(Rescan::IfDue, Some(now), now));
         assert!(!due(Rescan::Never, stale, now) && !due(Rescan::Never, None, now));
         assert!(due(Rescan::Now, Some(now), now));
-    }
-
-    #[test]
-    fn labels_come_from_the_environment() {
-        // This test process has no label unless the environment gives it one.
-        let me = std::process::id();
-        assert_eq!(
-            process_label(me),
-            std::env::var(LABEL_VAR).ok(),
-            "reads /proc/self/environ"
-        );
-        assert_eq!(process_label(u32::MAX), None);
     }
 
     #[test]
