@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::protocol::GateSpec;
-use crate::workload::PodLabels;
+use crate::workload::{PodLabels, Workload};
 
 /// A config problem: the file, the key (dotted, or a line number when the file does not
 /// parse) and what is wrong with it.
@@ -487,17 +487,12 @@ impl OfflinePolicy {
         ))
     }
 
-    /// [`OfflinePolicy::check`] for a running process (reads `/proc`).
-    pub fn permits(&self, pid: u32) -> Result<(), String> {
+    /// [`OfflinePolicy::check`] for a running process (reads `/proc`, only if a rule is set).
+    pub fn permits(&self, who: &Workload) -> Result<(), String> {
         if !self.restricts() {
             return Ok(());
         }
-        use crate::workload::{label_of, process_cgroup, process_uid};
-        self.check(
-            label_of(pid).as_deref(),
-            process_uid(pid),
-            process_cgroup(pid).as_deref(),
-        )
+        self.check(who.label(), who.uid(), who.cgroup())
     }
 }
 
