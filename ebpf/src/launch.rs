@@ -272,6 +272,58 @@ impl LaunchWatcher {
 
 type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>), WatchError>;
 
+/// Attaches the launch program to every [`LAUNCH_SYMBOLS`] entry `image` names, each with its
+/// cookie; returns the last failure (what to report if none attached).
+fn attach_launches(
+    skel: &skel::LaunchWatchSkel<'_>,
+    library: &Path,
+    image: &[u8],
+    links: &mut Vec<libbpf_rs::Link>,
+    attached: &mut Vec<&'static str>,
+) -> Option<libbpf_rs::Error> {
+    let mut last_err = None;
+    for (sym, cookie) in LAUNCH_SYMBOLS {
+        // Skip names the library does not carry at all (libbpf would warn for each).
+        if !names_symbol(image, sym) {
+            continue;
+        }
+        let opts = UprobeOpts {
+            cookie,
+            func_name: Some(sym.to_string()),
+            ..Default::default()
+        };
+        match skel
+            .progs
+            .cuda_launch
+            .attach_uprobe_with_opts(-1, library, 0, opts)
+        {
+            Ok(link) => {
+                links.push(link);
+                attached.push(sym);
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    last_err
+}
+
+/// An edge record of the ring buffer (`struct launch_edge` of `launch_watch.bpf.c`); `None` if short.
+fn parse_edge(data: &[u8]) -> Option<LaunchEdge> {
+    if data.len() < 24 {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
+    let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
+    let kind = u32_at(4);
+    Some(LaunchEdge {
+        pid: u32_at(0),
+        graph: kind & KIND_MASK == 2,
+        ts_ns: u64_at(8),
+        idle_ns: u64_at(16),
+        after_resume: kind & KIND_AFTER_RESUME != 0,
+    })
+}
+
 /// Attaches the wait programs (uprobe at entry, uretprobe at return) to every [`SYNC_SYMBOLS`]
 /// entry `image` names; a symbol that fails is logged and left out.
 fn attach_waits(
@@ -332,29 +384,7 @@ fn run(
         let mut links = Vec::new();
         let mut attached = Vec::new();
         let mut sync_attached = Vec::new();
-        let mut last_err = None;
-        for (sym, cookie) in LAUNCH_SYMBOLS {
-            // Skip names the library does not carry at all (libbpf would warn for each).
-            if !names_symbol(&image, sym) {
-                continue;
-            }
-            let opts = UprobeOpts {
-                cookie,
-                func_name: Some(sym.to_string()),
-                ..Default::default()
-            };
-            match skel
-                .progs
-                .cuda_launch
-                .attach_uprobe_with_opts(-1, &cfg.library, 0, opts)
-            {
-                Ok(link) => {
-                    links.push(link);
-                    attached.push(sym);
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
+        let last_err = attach_launches(&skel, &cfg.library, &image, &mut links, &mut attached);
         // The waits: optional (a library without them still reports launches).
         if cfg.track_waits {
             attach_waits(&skel, &cfg.library, &image, &mut links, &mut sync_attached);
@@ -377,17 +407,8 @@ fn run(
             .map_err(|e| WatchError::bpf("duplicating the resume map", e))?;
         let mut rb = RingBufferBuilder::new();
         rb.add(&skel.maps.edges, move |data: &[u8]| {
-            if data.len() >= 24 {
-                let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
-                let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
-                let kind = u32_at(4);
-                sink(LaunchEdge {
-                    pid: u32_at(0),
-                    graph: kind & KIND_MASK == 2,
-                    ts_ns: u64_at(8),
-                    idle_ns: u64_at(16),
-                    after_resume: kind & KIND_AFTER_RESUME != 0,
-                });
+            if let Some(e) = parse_edge(data) {
+                sink(e);
             }
             0
         })
@@ -435,6 +456,22 @@ mod tests {
         let bytes: Vec<u8> = (1..=8u64).flat_map(u64::to_ne_bytes).collect();
         let c = parse_counts(&bytes);
         assert_eq!((c.kernel_launches, c.last_launch_ns), (1, 8));
+    }
+
+    #[test]
+    fn edges_are_read_where_the_program_writes_them() {
+        // struct launch_edge: pid, kind (graph = 2, flag 0x100 after a resume), ts_ns, idle_ns.
+        let mut raw = Vec::new();
+        raw.extend(42u32.to_ne_bytes());
+        raw.extend((2 | KIND_AFTER_RESUME).to_ne_bytes());
+        raw.extend(5u64.to_ne_bytes());
+        raw.extend(7u64.to_ne_bytes());
+        let e = parse_edge(&raw).expect("a whole record");
+        assert_eq!(
+            (e.pid, e.graph, e.ts_ns, e.idle_ns, e.after_resume),
+            (42, true, 5, 7, true)
+        );
+        assert_eq!(parse_edge(&raw[..20]), None);
     }
 
     #[test]
