@@ -15,9 +15,11 @@ use valve::driver::{NvDriver, RmDriver};
 use valve::state::{reenable, DisabledRecord};
 use valve_ebpf::Registry;
 
+use super::policy::GateConfig;
 use super::ports::{listening_ports, port_owners};
-use super::runtime::{GateHandle, LaunchSource};
-use super::{GateConfig, GateInput};
+use super::runtime::{
+    self, ChannelSet, GateHandle, GateInput, GateShared, LaunchSource, ProbeHits,
+};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
 use crate::workload::label_of;
@@ -196,8 +198,8 @@ impl LaunchSource for GateWatchers {
     fn last_wait_end_ns(&self, pid: u32) -> u64 {
         self.launch.counts(pid).sync_end_ns
     }
-    fn probe_hits(&self, pid: u32) -> super::runtime::ProbeHits {
-        super::runtime::ProbeHits::from(&self.launch.counts(pid))
+    fn probe_hits(&self, pid: u32) -> ProbeHits {
+        ProbeHits::from(&self.launch.counts(pid))
     }
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
         match &self.arrival {
@@ -230,7 +232,7 @@ impl LaunchSource for GateWatchers {
 /// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and
 /// the arrival program.
 pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
-    super::runtime::spawn(cfg, move |tx| {
+    runtime::spawn(cfg, move |tx| {
         let arrival = if cfg.arrivals {
             let tx = tx.clone();
             let w = valve_ebpf::ArrivalWatcher::start_with(
@@ -240,7 +242,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                     realtime: cfg.realtime,
                 },
                 move |e| {
-                    let read_ns = super::runtime::monotonic_ns();
+                    let read_ns = runtime::monotonic_ns();
                     let _ = tx.send(GateInput::Arrival(ArrivalEdge { read_ns, ..e }));
                 },
             )
@@ -321,7 +323,7 @@ impl ActiveGate {
     }
 
     /// What the gate thread shares: its status and its decision trace.
-    pub fn shared(&self) -> std::sync::Arc<super::GateShared> {
+    pub fn shared(&self) -> std::sync::Arc<GateShared> {
         self.handle.shared()
     }
 
@@ -436,7 +438,7 @@ impl ActiveGate {
     /// Takes `pid` out of the gate's hands for a manual preempt, without waiting for the gate
     /// thread; returns whether the gate held all of `channels` disabled (they are the caller's
     /// now). See [`GateHandle::claim`].
-    pub fn claim(&self, pid: u32, channels: &super::runtime::ChannelSet) -> bool {
+    pub fn claim(&self, pid: u32, channels: &ChannelSet) -> bool {
         self.handle.claim(pid, channels)
     }
 
