@@ -621,7 +621,7 @@ impl Metrics {
 }
 
 /// The gate's side: a gate starts and stops (from the daemon), and its thread freezes and
-/// releases offline (the recording calls in `gate/runtime.rs`).
+/// releases offline (the recording calls in `gate/runtime/channels.rs`).
 impl Metrics {
     /// A gate started with offline label `label` (already passed through
     /// [`Metrics::workload_label`]): its handles are made now, off the gate thread.
