@@ -15,8 +15,8 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Program, RingBufferBuilder};
 
+use crate::error::WatchError;
 use crate::poll_thread::PollThread;
-use crate::watcher::WatchError;
 
 #[allow(
     clippy::all,

@@ -16,8 +16,8 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeOpts};
 
+use crate::error::WatchError;
 use crate::poll_thread::PollThread;
-use crate::watcher::WatchError;
 
 #[allow(
     clippy::all,
@@ -471,23 +471,32 @@ fn edge_ring<'a>(
 ) -> Result<libbpf_rs::RingBuffer<'a>, WatchError> {
     let mut rb = RingBufferBuilder::new();
     rb.add(&skel.maps.edges, move |data: &[u8]| {
-        if data.len() >= 24 {
-            let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
-            let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
-            let kind = u32_at(4);
-            sink(LaunchEdge {
-                pid: u32_at(0),
-                graph: kind & KIND_MASK == 2,
-                ts_ns: u64_at(8),
-                idle_ns: u64_at(16),
-                after_resume: kind & KIND_AFTER_RESUME != 0,
-            });
+        if let Some(e) = parse_edge(data) {
+            sink(e);
         }
         0
     })
     .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))?;
     rb.build()
         .map_err(|e| WatchError::bpf("opening the edge ring buffer", e))
+}
+
+/// An edge record of the ring buffer (`struct launch_edge` of `launch_watch.bpf.c`); `None` if
+/// short.
+fn parse_edge(data: &[u8]) -> Option<LaunchEdge> {
+    if data.len() < 24 {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_ne_bytes(data[i..i + 4].try_into().expect("4"));
+    let u64_at = |i: usize| u64::from_ne_bytes(data[i..i + 8].try_into().expect("8"));
+    let kind = u32_at(4);
+    Some(LaunchEdge {
+        pid: u32_at(0),
+        graph: kind & KIND_MASK == 2,
+        ts_ns: u64_at(8),
+        idle_ns: u64_at(16),
+        after_resume: kind & KIND_AFTER_RESUME != 0,
+    })
 }
 
 /// Duplicates the maps the watcher reads from other threads: stats, the pid filter, resume.
@@ -584,6 +593,22 @@ mod tests {
         let bytes: Vec<u8> = (1..=8u64).flat_map(u64::to_ne_bytes).collect();
         let c = parse_counts(&bytes);
         assert_eq!((c.kernel_launches, c.last_launch_ns), (1, 8));
+    }
+
+    #[test]
+    fn edges_are_read_where_the_program_writes_them() {
+        // struct launch_edge: pid, kind (graph = 2, flag 0x100 after a resume), ts_ns, idle_ns.
+        let mut raw = Vec::new();
+        raw.extend(42u32.to_ne_bytes());
+        raw.extend((2 | KIND_AFTER_RESUME).to_ne_bytes());
+        raw.extend(5u64.to_ne_bytes());
+        raw.extend(7u64.to_ne_bytes());
+        let e = parse_edge(&raw).expect("a whole record");
+        assert_eq!(
+            (e.pid, e.graph, e.ts_ns, e.idle_ns, e.after_resume),
+            (42, true, 5, 7, true)
+        );
+        assert_eq!(parse_edge(&raw[..20]), None);
     }
 
     #[test]

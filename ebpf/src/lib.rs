@@ -7,6 +7,7 @@
 //! on a port) tell the gate when online work starts.
 
 pub mod arrival;
+mod error;
 pub mod event;
 pub mod launch;
 mod poll_thread;
@@ -19,8 +20,9 @@ pub use arrival::{
     enable_run_time_stats, ArrivalConfig, ArrivalCounts, ArrivalEdge, ArrivalWatcher, ProgramStats,
     StatsGuard, WatchedPort,
 };
+pub use error::WatchError;
 pub use event::{AllocEvent, DecodeError, FreeEvent, RmEvent, RmEventKind};
 pub use launch::{find_libcuda, LaunchConfig, LaunchCounts, LaunchEdge, LaunchWatcher};
 pub use realtime::Scheduling;
 pub use registry::Registry;
-pub use watcher::{WatchConfig, WatchError, WatchStats, Watcher, NVIDIA_MAJOR};
+pub use watcher::{WatchConfig, WatchStats, Watcher, NVIDIA_MAJOR};

@@ -6,8 +6,8 @@ use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::error::WatchError;
 use crate::realtime::{self, Scheduling};
-use crate::watcher::WatchError;
 
 /// A running watcher thread.
 pub(crate) struct PollThread {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::protocol::GateSpec;
-use crate::workload::PodLabels;
+use crate::workload::{PodLabels, Workload};
 
 /// A config problem: the file, the key (dotted, or a line number when the file does not
 /// parse) and what is wrong with it.
@@ -234,17 +234,12 @@ impl FileConfig {
             )),
             _ => Ok(v.clone()),
         };
-        let log_format = match raw.log_format.as_deref() {
-            None => None,
-            Some("text") => Some(LogFormat::Text),
-            Some("json") => Some(LogFormat::Json),
-            Some(o) => {
-                return Err(err(
-                    "log_format",
-                    format!("'{o}': use \"text\" or \"json\""),
-                ))
-            }
-        };
+        let log_format = raw
+            .log_format
+            .as_deref()
+            .map(check_log_format)
+            .transpose()
+            .map_err(|(k, p)| err(k, p))?;
         let metrics_addr = match raw.metrics.address.as_deref() {
             None => None,
             Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| {
@@ -278,24 +273,11 @@ impl FileConfig {
         check_gate(&gate_defaults, g.autostart).map_err(|(k, p)| err(k, p))?;
         let offline = check_offline(raw.offline).map_err(|(k, p)| err(k, p))?;
         let harvest = check_harvest(raw.harvest).map_err(|(k, p)| err(k, p))?;
-        let pod_labels = match raw.kubernetes {
-            None => None,
-            Some(k) => {
-                if k.pod_label.is_empty() || k.pod_label.contains(['=', '"', '\n']) {
-                    return Err(err(
-                        "kubernetes.pod_label",
-                        format!(
-                            "'{}' is not a label key (e.g. valve.dev/workload)",
-                            k.pod_label
-                        ),
-                    ));
-                }
-                Some(PodLabels {
-                    key: k.pod_label,
-                    kubelet_pods_dir: k.kubelet_pods_dir,
-                })
-            }
-        };
+        let pod_labels = raw
+            .kubernetes
+            .map(check_kubernetes)
+            .transpose()
+            .map_err(|(k, p)| err(k, p))?;
         Ok(FileConfig {
             group: nonempty("group", &raw.group)?,
             max_hold: duration("max_hold", &raw.max_hold)?,
@@ -426,6 +408,30 @@ fn check_gate(spec: &GateSpec, autostart: bool) -> Result<(), (&'static str, Str
     Ok(())
 }
 
+fn check_log_format(name: &str) -> Result<LogFormat, (&'static str, String)> {
+    match name {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        o => Err(("log_format", format!("'{o}': use \"text\" or \"json\""))),
+    }
+}
+
+fn check_kubernetes(raw: RawKubernetes) -> Result<PodLabels, (&'static str, String)> {
+    if raw.pod_label.is_empty() || raw.pod_label.contains(['=', '"', '\n']) {
+        return Err((
+            "kubernetes.pod_label",
+            format!(
+                "'{}' is not a label key (e.g. valve.dev/workload)",
+                raw.pod_label
+            ),
+        ));
+    }
+    Ok(PodLabels {
+        key: raw.pod_label,
+        kubelet_pods_dir: raw.kubelet_pods_dir,
+    })
+}
+
 fn check_offline(raw: RawOffline) -> Result<OfflinePolicy, (&'static str, String)> {
     if raw.labels.iter().any(String::is_empty) {
         return Err(("offline.labels", "an empty label matches nothing".into()));
@@ -487,17 +493,12 @@ impl OfflinePolicy {
         ))
     }
 
-    /// [`OfflinePolicy::check`] for a running process (reads `/proc`).
-    pub fn permits(&self, pid: u32) -> Result<(), String> {
+    /// [`OfflinePolicy::check`] for a running process (reads `/proc`, only if a rule is set).
+    pub fn permits(&self, who: &Workload) -> Result<(), String> {
         if !self.restricts() {
             return Ok(());
         }
-        use crate::workload::{label_of, process_cgroup, process_uid};
-        self.check(
-            label_of(pid).as_deref(),
-            process_uid(pid),
-            process_cgroup(pid).as_deref(),
-        )
+        self.check(who.label(), who.uid(), who.cgroup())
     }
 }
 

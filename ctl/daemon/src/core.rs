@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use valve::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
-use valve::gpu::GpuSelector;
+use valve::gpu::{GpuInfo, GpuSelector};
 use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
@@ -26,6 +26,7 @@ use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
 use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
+use crate::workload::Workload;
 
 mod recorded;
 use recorded::RecordedState;
@@ -37,6 +38,23 @@ struct Preempted {
     plan: PreemptPlan,
     since: Instant,
     deadline: Option<Instant>,
+}
+
+/// When each step of a preempt began: where its time goes (the memory pool logs it with each
+/// reclaim).
+struct PreemptTiming {
+    record: Instant,
+    gate: Instant,
+    disable: Instant,
+}
+
+impl PreemptTiming {
+    /// Microseconds per step, with the disable's own.
+    fn json(&self, disable_us: u64) -> serde_json::Value {
+        json!({"record": self.gate.duration_since(self.record).as_micros() as u64,
+               "gate": self.disable.duration_since(self.gate).as_micros() as u64,
+               "disable": disable_us})
+    }
 }
 
 /// The daemon's state and request handling, independent of sockets and BPF.
@@ -371,18 +389,85 @@ impl<D: RmDriver> DaemonCore<D> {
         if self.preempted.contains_key(&pid) {
             return Reply::ok(json!({"pid": pid, "already_preempted": true}));
         }
-        if let Err(why) = self.offline_policy.permits(pid) {
+        // Who it is, read from /proc once, as first asked for: by the config's `[offline]`
+        // rules now if it has any, else by the metrics after the disable.
+        let who = Workload::of(pid);
+        if let Err(why) = self.offline_policy.permits(&who) {
             return Reply::err(4, format!("not preempting process {pid}: {why}"));
         }
+        let (records, plan) = match self.preempt_plan(pid, gpu) {
+            Ok(found) => found,
+            Err(reply) => return reply,
+        };
+        let limit = match (hold, self.max_hold) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let preempted = Preempted {
+            records,
+            label: String::new(),
+            plan,
+            since: Instant::now(),
+            deadline: limit.map(|l| Instant::now() + l),
+        };
+        let (from_gate, timing) = match self.record_preempted(pid, preempted) {
+            Ok(taken) => taken,
+            Err(reply) => return reply,
+        };
+        let max_hold_ms = limit.map(|l| l.as_millis() as u64);
+        if from_gate {
+            let p = self.preempted.get(&pid).expect("inserted");
+            return Reply::ok(json!({
+                "pid": pid, "channels": p.plan.channels(), "gpus": p.plan.gpus(), "disable": null,
+                "from_gate": true, "max_hold_ms": max_hold_ms, "timing_us": timing.json(0),
+            }));
+        }
+        self.disable_preempted(pid, &who, max_hold_ms, timing)
+    }
+
+    /// What a preempt of `pid` disables (its channels on the GPU `gpu` names, else on every
+    /// GPU), as state-file records and a plan; the error is the reply.
+    fn preempt_plan(
+        &self,
+        pid: u32,
+        gpu: Option<&str>,
+    ) -> Result<(Vec<DisabledRecord>, PreemptPlan), Reply> {
         let gpus = self.ctl.gpus();
         let want = match gpu.map(|s| s.parse::<GpuSelector>()) {
             None => None,
             Some(Ok(sel)) => match sel.resolve(&gpus) {
                 Ok(i) => Some(gpus[i].device_instance),
-                Err(e) => return Reply::err(6, e.to_string()),
+                Err(e) => return Err(Reply::err(6, e.to_string())),
             },
-            Some(Err(e)) => return Reply::err(2, e),
+            Some(Err(e)) => return Err(Reply::err(2, e)),
         };
+        let (targets, records) = self.channels_of(pid, want, &gpus);
+        if targets.is_empty() {
+            let msg = if want.is_some() && !self.registry.gpus(pid).is_empty() {
+                format!(
+                    "process {pid} has no GPU channels on GPU {}",
+                    gpu.unwrap_or("")
+                )
+            } else {
+                self.no_channels_reason(pid)
+            };
+            return Err(Reply::err(EXIT_PROCESS, msg));
+        }
+        let plan = self
+            .ctl
+            .plan(&targets, PreemptMode::Preempt)
+            .map_err(|e| Reply::err(EXIT_RM, e.to_string()))?;
+        Ok((records, plan))
+    }
+
+    /// The registry's channels of `pid` on the GPU whose RM instance is `want` (every GPU if
+    /// `None`), as disable targets and as records per GPU.
+    fn channels_of(
+        &self,
+        pid: u32,
+        want: Option<u32>,
+        gpus: &[GpuInfo],
+    ) -> (Vec<ChannelTarget>, Vec<DisabledRecord>) {
         let mut targets = Vec::new();
         let mut records = Vec::new();
         for v in self.registry.gpus(pid) {
@@ -411,65 +496,52 @@ impl<D: RmDriver> DaemonCore<D> {
                 channels: chans,
             });
         }
-        if targets.is_empty() {
-            let mut msg = self.no_channels_reason(pid);
-            if want.is_some() && !self.registry.gpus(pid).is_empty() {
-                msg = format!(
-                    "process {pid} has no GPU channels on GPU {}",
-                    gpu.unwrap_or("")
-                );
-            }
-            return Reply::err(EXIT_PROCESS, msg);
-        }
-        let plan = match self.ctl.plan(&targets, PreemptMode::Preempt) {
-            Ok(p) => p,
-            Err(e) => return Reply::err(EXIT_RM, e.to_string()),
-        };
-        let limit = match (hold, self.max_hold) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        (targets, records)
+    }
+
+    /// Records `p` as `pid`'s preemption in the state file, then takes `pid` out of the gate's
+    /// hands. Returns whether the gate held all of it disabled (it is taken over as it is: no
+    /// second disable), and when each step began.
+    fn record_preempted(&mut self, pid: u32, p: Preempted) -> Result<(bool, PreemptTiming), Reply> {
         // Record first: if the daemon dies right after the disable, a restart re-enables.
-        self.preempted.insert(
-            pid,
-            Preempted {
-                records,
-                label: String::new(),
-                plan,
-                since: Instant::now(),
-                deadline: limit.map(|l| Instant::now() + l),
-            },
-        );
-        let t_record = Instant::now();
+        self.preempted.insert(pid, p);
+        let record = Instant::now();
         if let Err(e) = self.record() {
             self.preempted.remove(&pid);
-            return Reply::err(1, format!("not preempting: cannot record it ({e})"));
+            return Err(Reply::err(
+                1,
+                format!("not preempting: cannot record it ({e})"),
+            ));
         }
-        let t_gate = Instant::now();
-        // A gated process is the operator's from now on: the gate must not enable it again. If
-        // the gate held it disabled, it is taken over as it is: no second disable. The claim
-        // waits for no thread (the gate thread's wake-up took 10-15 ms in a few hundred
+        let gate = Instant::now();
+        // A gated process is the operator's from now on: the gate must not enable it again. The
+        // claim waits for no thread (the gate thread's wake-up took 10-15 ms in a few hundred
         // reclaims), and the new offline set reads no /proc: this is the memory pool's path.
         let from_gate = match (&self.gate, self.preempted.get(&pid)) {
             (Some(g), Some(p)) => g.claim(pid, &crate::gate::runtime::channel_set(&p.records)),
             _ => false,
         };
         self.refresh_gate(Instant::now(), Rescan::Never);
-        let t_disable = Instant::now();
-        // Where a preemption's time goes (the memory pool logs it with each reclaim).
-        let timing = |disable_us: u64| {
-            json!({"record": t_gate.duration_since(t_record).as_micros() as u64,
-                   "gate": t_disable.duration_since(t_gate).as_micros() as u64,
-                   "disable": disable_us})
-        };
-        if from_gate {
-            let p = self.preempted.get(&pid).expect("inserted");
-            return Reply::ok(json!({
-                "pid": pid, "channels": p.plan.channels(), "gpus": p.plan.gpus(), "disable": null,
-                "from_gate": true, "max_hold_ms": limit.map(|l| l.as_millis() as u64),
-                "timing_us": timing(0),
-            }));
-        }
+        let disable = Instant::now();
+        Ok((
+            from_gate,
+            PreemptTiming {
+                record,
+                gate,
+                disable,
+            },
+        ))
+    }
+
+    /// Disables what [`Self::record_preempted`] recorded for `pid` and answers the preempt; if
+    /// the disable fails, the record goes again.
+    fn disable_preempted(
+        &mut self,
+        pid: u32,
+        who: &Workload,
+        max_hold_ms: Option<u64>,
+        timing: PreemptTiming,
+    ) -> Reply {
         let outcome = {
             let p = self.preempted.get(&pid).expect("inserted");
             self.ctl
@@ -477,10 +549,10 @@ impl<D: RmDriver> DaemonCore<D> {
                 .map(|g| (g.keep_disabled(), p.plan.channels(), p.plan.gpus()))
                 .map_err(|e| e.to_string())
         };
-        let disable_us = t_disable.elapsed().as_micros() as u64;
+        let disable_us = timing.disable.elapsed().as_micros() as u64;
         if let (Ok((report, ..)), Some(m)) = (&outcome, &self.metrics) {
             // After the disable: the label lookup reads /proc and takes a lock.
-            let label = m.workload_label(crate::workload::label_of(pid).as_deref());
+            let label = m.workload_label(who.label());
             m.record_preemption(report, &label);
             if let Some(p) = self.preempted.get_mut(&pid) {
                 p.label = label;
@@ -489,8 +561,8 @@ impl<D: RmDriver> DaemonCore<D> {
         match outcome {
             Ok((report, channels, gpus_n)) => Reply::ok(json!({
                 "pid": pid, "channels": channels, "gpus": gpus_n, "disable": report,
-                "max_hold_ms": limit.map(|l| l.as_millis() as u64), "from_gate": false,
-                "timing_us": timing(disable_us),
+                "max_hold_ms": max_hold_ms, "from_gate": false,
+                "timing_us": timing.json(disable_us),
             })),
             Err(message) => {
                 self.preempted.remove(&pid);
@@ -728,7 +800,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 && !*cache
                     .borrow_mut()
                     .entry(p)
-                    .or_insert_with(|| policy.permits(p).is_ok())
+                    .or_insert_with(|| policy.permits(&Workload::of(p)).is_ok())
         };
         let left_alone = |p: u32| preempted.contains_key(&p) || denied(p);
         let Some(update) = g.refresh(now, rescan, &self.registry, left_alone) else {

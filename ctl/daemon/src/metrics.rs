@@ -287,7 +287,7 @@ pub struct Metrics {
     disable: Vec<AtomicHistogram>,
     enable: Vec<AtomicHistogram>,
     edge_to_stopped: Vec<AtomicHistogram>,
-    hold: Family<LabelSource, AtomicHistogram, fn() -> AtomicHistogram>,
+    hold: HistogramFamily<LabelSource>,
     processes_known: Gauge,
     processes_frozen: Family<SourceLabels, Gauge>,
     frozen_s: Family<LabelSource, Counter<f64, AtomicU64>>,
@@ -380,6 +380,9 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// A histogram family whose histograms a plain function makes.
+type HistogramFamily<L> = Family<L, AtomicHistogram, fn() -> AtomicHistogram>;
+
 fn gpu_labels(gpu: usize) -> GpuLabels {
     GpuLabels {
         gpu: gpu.to_string(),
@@ -390,28 +393,10 @@ impl Metrics {
     /// Metrics for a node with `gpus` GPUs (Valve's indices `0..gpus`); the per-GPU and
     /// per-cause series exist from the start, at zero.
     pub fn new(gpus: usize) -> Arc<Self> {
-        let mut reg = Registry::default();
-        let preemptions = Family::<WorkloadLabels, Counter>::default();
-        let resumes = Family::<WorkloadLabels, Counter>::default();
         let errors = Family::<CauseLabels, Counter>::default();
-        let per_gpu = || {
-            Family::<GpuLabels, AtomicHistogram, fn() -> AtomicHistogram>::new_with_constructor(
-                latency_histogram,
-            )
-        };
-        let (disable, enable) = (per_gpu(), per_gpu());
-        let edges =
-            Family::<EdgeLabels, AtomicHistogram, fn() -> AtomicHistogram>::new_with_constructor(
-                latency_histogram,
-            );
-        let hold =
-            Family::<LabelSource, AtomicHistogram, fn() -> AtomicHistogram>::new_with_constructor(
-                hold_histogram,
-            );
-        let processes_known = Gauge::default();
-        let processes_frozen = Family::<SourceLabels, Gauge>::default();
-        let frozen_s = Family::<LabelSource, Counter<f64, AtomicU64>>::default();
-        let harvest = Arc::new(Harvest::default());
+        let disable = HistogramFamily::<GpuLabels>::new_with_constructor(latency_histogram);
+        let enable = HistogramFamily::<GpuLabels>::new_with_constructor(latency_histogram);
+        let edges = HistogramFamily::<EdgeLabels>::new_with_constructor(latency_histogram);
         let m = Metrics {
             gpus,
             errors: ErrorCause::ALL
@@ -428,31 +413,44 @@ impl Metrics {
                 .iter()
                 .map(|&edge| edges.get_or_create_owned(&EdgeLabels { edge }))
                 .collect(),
-            preemptions: preemptions.clone(),
-            resumes: resumes.clone(),
-            hold: hold.clone(),
-            processes_known: processes_known.clone(),
-            processes_frozen: processes_frozen.clone(),
-            frozen_s: frozen_s.clone(),
+            preemptions: Family::default(),
+            resumes: Family::default(),
+            hold: HistogramFamily::new_with_constructor(hold_histogram),
+            processes_known: Gauge::default(),
+            processes_frozen: Family::default(),
+            frozen_s: Family::default(),
             labels_seen: Mutex::new(Vec::new()),
             gate: RwLock::new(None),
-            harvest: harvest.clone(),
+            harvest: Arc::new(Harvest::default()),
             profile: OnceLock::new(),
             registry: Mutex::new(Registry::default()),
         };
         for source in [Source::Manual, Source::Gate] {
-            let _ = processes_frozen.get_or_create(&SourceLabels { source });
+            let _ = m.processes_frozen.get_or_create(&SourceLabels { source });
         }
-        let r = &mut reg;
+        m.register(errors, disable, enable, edges);
+        Arc::new(m)
+    }
+
+    /// Registers every series with its name and help: those this holds, and the families of
+    /// the per-cause, per-GPU and per-edge ones it holds handles into.
+    fn register(
+        &self,
+        errors: Family<CauseLabels, Counter>,
+        disable: HistogramFamily<GpuLabels>,
+        enable: HistogramFamily<GpuLabels>,
+        edges: HistogramFamily<EdgeLabels>,
+    ) {
+        let mut r = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         r.register(
             "valve_preemptions",
             "Offline freezes, per GPU, workload label and source",
-            preemptions,
+            self.preemptions.clone(),
         );
         r.register(
             "valve_resumes",
             "Offline releases, per GPU, workload label and source",
-            resumes,
+            self.resumes.clone(),
         );
         r.register(
             "valve_errors",
@@ -476,27 +474,25 @@ impl Metrics {
             "valve_hold",
             "How long offline stayed frozen, per workload label and source",
             Unit::Seconds,
-            hold,
+            self.hold.clone(),
         );
         r.register(
             "valve_processes_known",
             "CUDA processes the daemon knows the channels of",
-            processes_known,
+            self.processes_known.clone(),
         );
         r.register(
             "valve_processes_frozen",
             "Processes frozen now, by source",
-            processes_frozen,
+            self.processes_frozen.clone(),
         );
         r.register_with_unit(
             "valve_offline_frozen",
             "Time offline work spent frozen, per workload label and source",
             Unit::Seconds,
-            frozen_s,
+            self.frozen_s.clone(),
         );
-        r.register_collector(Box::new(harvest));
-        *m.registry.lock().unwrap_or_else(PoisonError::into_inner) = reg;
-        Arc::new(m)
+        r.register_collector(Box::new(self.harvest.clone()));
     }
 
     /// Lets another part of the daemon (the memory pool) register its metrics here; they are
@@ -625,7 +621,7 @@ impl Metrics {
 }
 
 /// The gate's side: a gate starts and stops (from the daemon), and its thread freezes and
-/// releases offline (the recording calls in `gate/runtime.rs`).
+/// releases offline (the recording calls in `gate/runtime/channels.rs`).
 impl Metrics {
     /// A gate started with offline label `label` (already passed through
     /// [`Metrics::workload_label`]): its handles are made now, off the gate thread.

@@ -5,10 +5,12 @@
 //! named `labels`; the daemon finds it from the process's cgroup path (which names the pod UID)
 //! under the kubelet's pod directory. No API server access is needed.
 
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::gate::supervisor::process_label;
+/// The environment variable that labels a process for `--online-label` / `--offline-label`.
+pub const LABEL_VAR: &str = "VALVE_LABEL";
 
 /// Where pod labels come from (the config's `[kubernetes]` table).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +26,54 @@ static POD_LABELS: OnceLock<PodLabels> = OnceLock::new();
 /// Makes [`label_of`] fall back to pod labels (the daemon does this once, at start).
 pub fn use_pod_labels(p: PodLabels) {
     let _ = POD_LABELS.set(p);
+}
+
+/// A process as the config's `[offline]` rules and the metrics see it: its label, uid and
+/// cgroup, each read from `/proc` at most once, when first asked for (a preemption asks for
+/// none of them before its disable unless the rules need them).
+pub struct Workload {
+    pid: u32,
+    label: OnceCell<Option<String>>,
+    uid: OnceCell<Option<u32>>,
+    cgroup: OnceCell<Option<String>>,
+}
+
+impl Workload {
+    /// Process `pid`; nothing is read yet.
+    pub fn of(pid: u32) -> Self {
+        Workload {
+            pid,
+            label: OnceCell::new(),
+            uid: OnceCell::new(),
+            cgroup: OnceCell::new(),
+        }
+    }
+
+    /// The process's workload label ([`label_of`]).
+    pub fn label(&self) -> Option<&str> {
+        self.label.get_or_init(|| label_of(self.pid)).as_deref()
+    }
+
+    /// The process's real uid ([`process_uid`]).
+    pub fn uid(&self) -> Option<u32> {
+        *self.uid.get_or_init(|| process_uid(self.pid))
+    }
+
+    /// The process's cgroup path ([`process_cgroup`]).
+    pub fn cgroup(&self) -> Option<&str> {
+        self.cgroup
+            .get_or_init(|| process_cgroup(self.pid))
+            .as_deref()
+    }
+}
+
+/// `VALVE_LABEL` of a process, from its environment at exec (root can read any).
+pub fn process_label(pid: u32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{LABEL_VAR}=");
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// The workload label of `pid`: `VALVE_LABEL` in its environment, else (if configured) its
@@ -171,5 +221,21 @@ mod tests {
         let me = std::process::id();
         assert_eq!(process_uid(me), Some(nix::unistd::getuid().as_raw()));
         assert!(process_cgroup(me).is_some_and(|p| p.starts_with('/')));
+        let who = Workload::of(me);
+        assert_eq!(who.uid(), process_uid(me));
+        assert_eq!(who.cgroup(), process_cgroup(me).as_deref());
+        assert_eq!(who.label(), label_of(me).as_deref());
+    }
+
+    #[test]
+    fn labels_come_from_the_environment() {
+        // This test process has no label unless the environment gives it one.
+        let me = std::process::id();
+        assert_eq!(
+            process_label(me),
+            std::env::var(LABEL_VAR).ok(),
+            "reads /proc/self/environ"
+        );
+        assert_eq!(process_label(u32::MAX), None);
     }
 }

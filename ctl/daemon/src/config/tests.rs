@@ -205,5 +205,5 @@ fn offline_rules_allow_by_label_uid_or_cgroup_prefix() {
         uids: vec![nix::unistd::getuid().as_raw()],
         ..OfflinePolicy::default()
     };
-    assert!(me.permits(std::process::id()).is_ok());
+    assert!(me.permits(&Workload::of(std::process::id())).is_ok());
 }

@@ -20,5 +20,7 @@ pub mod trace;
 
 pub use policy::{Action, GateConfig, GatePolicy};
 pub use runtime::{GateInput, GateRuntime, GateShared, GateStatus, LaunchSource};
-pub use supervisor::{process_label, ActiveGate, GateStarter, Rescan, GATE_EDGE_GAP, LABEL_VAR};
+pub use supervisor::{ActiveGate, GateStarter, Rescan, GATE_EDGE_GAP};
 pub use trace::{TraceKind, TraceRecord, TraceRing};
+// A process's label, by which `--online-label` and `--offline-label` name it.
+pub use crate::workload::{process_label, LABEL_VAR};

@@ -15,16 +15,16 @@ use valve::driver::{NvDriver, RmDriver};
 use valve::state::{reenable, DisabledRecord};
 use valve_ebpf::Registry;
 
+use super::policy::GateConfig;
 use super::ports::{listening_ports, port_owners};
-use super::runtime::{GateHandle, LaunchSource};
-use super::{GateConfig, GateInput};
+use super::runtime::{
+    self, ChannelSet, GateHandle, GateInput, GateShared, LaunchSource, ProbeHits,
+};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
+use crate::workload::label_of;
 use valve::IssueMode;
 use valve_ebpf::{ArrivalEdge, WatchedPort};
-
-/// The environment variable that labels a process for `--online-label` / `--offline-label`.
-pub const LABEL_VAR: &str = "VALVE_LABEL";
 
 /// Starts a gate thread with the given tuning (the real one attaches uprobes and opens the
 /// driver; tests use the fake RM).
@@ -68,15 +68,6 @@ pub enum Rescan {
 /// it.
 #[must_use = "record the offline set in the state file, then apply it"]
 pub struct OfflineUpdate(Vec<DisabledRecord>);
-
-/// `VALVE_LABEL` of a process, from its environment at exec (root can read any).
-pub fn process_label(pid: u32) -> Option<String> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let prefix = format!("{LABEL_VAR}=");
-    env.split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-}
 
 fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
     let d = GateConfig::default();
@@ -207,8 +198,8 @@ impl LaunchSource for GateWatchers {
     fn last_wait_end_ns(&self, pid: u32) -> u64 {
         self.launch.counts(pid).sync_end_ns
     }
-    fn probe_hits(&self, pid: u32) -> super::runtime::ProbeHits {
-        super::runtime::ProbeHits::from(&self.launch.counts(pid))
+    fn probe_hits(&self, pid: u32) -> ProbeHits {
+        ProbeHits::from(&self.launch.counts(pid))
     }
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
         match &self.arrival {
@@ -241,7 +232,7 @@ impl LaunchSource for GateWatchers {
 /// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and
 /// the arrival program.
 pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
-    super::runtime::spawn(cfg, move |tx| {
+    runtime::spawn(cfg, move |tx| {
         let arrival = if cfg.arrivals {
             let tx = tx.clone();
             let w = valve_ebpf::ArrivalWatcher::start_with(
@@ -251,7 +242,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
                     realtime: cfg.realtime,
                 },
                 move |e| {
-                    let read_ns = super::runtime::monotonic_ns();
+                    let read_ns = runtime::monotonic_ns();
                     let _ = tx.send(GateInput::Arrival(ArrivalEdge { read_ns, ..e }));
                 },
             )
@@ -332,7 +323,7 @@ impl ActiveGate {
     }
 
     /// What the gate thread shares: its status and its decision trace.
-    pub fn shared(&self) -> std::sync::Arc<super::GateShared> {
+    pub fn shared(&self) -> std::sync::Arc<GateShared> {
         self.handle.shared()
     }
 
@@ -447,7 +438,7 @@ impl ActiveGate {
     /// Takes `pid` out of the gate's hands for a manual preempt, without waiting for the gate
     /// thread; returns whether the gate held all of `channels` disabled (they are the caller's
     /// now). See [`GateHandle::claim`].
-    pub fn claim(&self, pid: u32, channels: &super::runtime::ChannelSet) -> bool {
+    pub fn claim(&self, pid: u32, channels: &ChannelSet) -> bool {
         self.handle.claim(pid, channels)
     }
 
@@ -477,9 +468,7 @@ impl ActiveGate {
             if by_label {
                 self.labels.retain(|p, _| live.contains(p));
                 for &p in &pids {
-                    self.labels
-                        .entry(p)
-                        .or_insert_with(|| crate::workload::label_of(p));
+                    self.labels.entry(p).or_insert_with(|| label_of(p));
                 }
             }
             let proc_root = std::path::Path::new("/proc");
@@ -573,18 +562,6 @@ mod tests {
         assert!(!due(Rescan::IfDue, Some(now), now));
         assert!(!due(Rescan::Never, stale, now) && !due(Rescan::Never, None, now));
         assert!(due(Rescan::Now, Some(now), now));
-    }
-
-    #[test]
-    fn labels_come_from_the_environment() {
-        // This test process has no label unless the environment gives it one.
-        let me = std::process::id();
-        assert_eq!(
-            process_label(me),
-            std::env::var(LABEL_VAR).ok(),
-            "reads /proc/self/environ"
-        );
-        assert_eq!(process_label(u32::MAX), None);
     }
 
     #[test]

@@ -1,0 +1,548 @@
+//! The gate thread's loop ([`GateRuntime::run`]): each input and each tick, decided by the
+//! policy and carried out on the offline channels.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use valve::driver::RmDriver;
+use valve::stats::monotonic_ns;
+use valve_ebpf::ArrivalEdge;
+
+use super::channels::Cause;
+use super::input::{GateInput, LaunchSource};
+use super::shared::channel_set;
+use super::state::GateRuntime;
+use crate::gate::policy::Action;
+use crate::gate::trace::TraceKind;
+
+/// A thread waiting for online GPU work holds offline for at most this many cooldown ceilings
+/// after the last online launch (a long prefill waits that long at most; a stuck wait is no work).
+const SYNC_HOLD_FACTOR: u64 = 5;
+
+impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
+    /// Whether `e` came to a watched port: in the port's network namespace, or in any where
+    /// the port was named without one.
+    pub(super) fn watched_port(&self, e: &ArrivalEdge) -> bool {
+        self.ports
+            .iter()
+            .any(|p| p.port == e.port && (p.netns == 0 || p.netns == e.netns))
+    }
+
+    /// Handles one input received at `now_ns`; returns false on [`GateInput::Stop`].
+    pub fn handle(&mut self, input: GateInput, now_ns: u64) -> bool {
+        match input {
+            GateInput::Edge(e) => {
+                if !self.online.contains(&e.pid) {
+                    return true;
+                }
+                let kind = if e.after_resume {
+                    TraceKind::LaunchAfterResume
+                } else {
+                    TraceKind::Launch
+                };
+                self.trace(kind, e.ts_ns, e.pid, now_ns, e.idle_ns);
+                let idle = (e.idle_ns > 0).then_some(e.idle_ns);
+                if self.policy.on_edge(e.ts_ns, idle) == Some(Action::Preempt) {
+                    self.disable(Cause::Launch(e.ts_ns));
+                }
+                // Counted after the disable: nothing that can wait on a lock comes before it.
+                self.update(|s| s.edges += 1);
+            }
+            GateInput::Arrival(e) => {
+                if !self.watched_port(&e) || !self.first_sight(&e) {
+                    return true;
+                }
+                self.shared.trace.push(
+                    TraceKind::Arrival,
+                    e.ts_ns,
+                    u32::from(e.port),
+                    now_ns,
+                    e.idle_ns,
+                    e.read_ns,
+                );
+                if self.policy.on_arrival(e.ts_ns) == Some(Action::Preempt) {
+                    self.disable(Cause::Arrival(e.ts_ns));
+                }
+                self.update(|_| {});
+            }
+            GateInput::Busy => {
+                self.trace(TraceKind::Busy, now_ns, 0, 0, 0);
+                if self.policy.on_busy(now_ns) == Some(Action::Preempt) {
+                    self.disable(Cause::Other);
+                }
+                self.update(|_| {});
+            }
+            GateInput::Idle => {
+                self.trace(TraceKind::Idle, now_ns, 0, 0, 0);
+                if self.policy.on_idle() == Some(Action::Resume) {
+                    self.launches.arm_resume(monotonic_ns());
+                    self.enable();
+                }
+                self.update(|_| {});
+            }
+            GateInput::Offline(records) => self.set_offline(records),
+            GateInput::Online(pids) => self.set_online(pids),
+            GateInput::Ports(ports) => self.set_ports(ports),
+            GateInput::Adopt(records) => self.adopt = channel_set(&records),
+            GateInput::Sync(ack) => {
+                self.adopt.clear();
+                let _ = ack.try_send(());
+            }
+            GateInput::Stop => return false,
+        }
+        true
+    }
+
+    /// Time passes: resumes offline once online has been idle for the cooldown (or, after an
+    /// arrival that launched nothing, for the arrival hold).
+    ///
+    /// Before it resumes it arms the launch watcher and reads the counters once more: a launch
+    /// after the arm is reported as an edge (which preempts again at once), and one before it is
+    /// in this second reading (which pushes the resume out). So no online launch runs beside
+    /// resumed offline work without the gate hearing of it, whatever its idle gap.
+    pub fn tick(&mut self, now_ns: u64) {
+        // Later activity can only push the due time out, so before it nothing needs reading.
+        if !self.resume_due(now_ns) {
+            return;
+        }
+        let waiting = self.read_activity(now_ns);
+        if !self.resume_due(now_ns) || self.policy.hold_for_first_wait(now_ns) {
+            return;
+        }
+        self.launches.arm_resume(monotonic_ns());
+        let waiting = self.read_activity(now_ns) || waiting;
+        if !self.resume_due(now_ns) {
+            // Online launched in between: no resume, so no launch should be flagged as after one.
+            self.launches.arm_resume(0);
+            return;
+        }
+        let activity = self.policy.last_launch_ns().unwrap_or(0);
+        let due = self.policy.resume_due_ns().unwrap_or(now_ns);
+        if self.policy.on_tick(now_ns) == Some(Action::Resume) {
+            // Flag a resume that ignored a wait (the stuck-thread bound ran out): if online was in
+            // fact busy, its launches did not reach the probe.
+            self.trace(
+                TraceKind::Cooldown,
+                now_ns,
+                u32::from(waiting),
+                activity,
+                due.saturating_sub(activity),
+            );
+            self.enable();
+            self.update(|_| {});
+        }
+    }
+
+    /// The latest of `time` over the online processes (0: none).
+    fn latest_online(&self, time: impl Fn(&L, u32) -> u64) -> u64 {
+        self.online
+            .iter()
+            .map(|&p| time(&self.launches, p))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn resume_due(&self, now_ns: u64) -> bool {
+        self.policy.resume_due_ns().is_some_and(|due| now_ns >= due)
+    }
+
+    /// Feeds the policy the online activity the watchers' counters hold: launches that were not
+    /// edges (closer together than the edge gap), threads waiting for online GPU work, and
+    /// arrivals that were not edges. Returns whether a thread is waiting now.
+    fn read_activity(&mut self, now_ns: u64) -> bool {
+        let last = self.latest_online(L::last_launch_ns);
+        if last > 0 {
+            self.policy.saw_launch(last);
+        }
+        // A thread waiting for online GPU work: online is busy now although it launches nothing
+        // (a launch gap is not GPU idleness). Not for longer than SYNC_HOLD_FACTOR x the ceiling
+        // after its last launch, so a thread stuck in a wait cannot hold offline forever.
+        let bound = SYNC_HOLD_FACTOR * self.policy.ceiling().as_nanos() as u64;
+        let recent = last > 0 && now_ns.saturating_sub(last) < bound;
+        let waiting = self.online.iter().any(|&p| self.launches.in_sync(p));
+        if recent && waiting {
+            self.policy.saw_activity(now_ns);
+        }
+        self.policy
+            .saw_wait_end(self.latest_online(L::last_wait_end_ns));
+        let arrived = self
+            .ports
+            .iter()
+            .map(|p| self.launches.arrival_counts(p.port).last_ns)
+            .max()
+            .unwrap_or(0);
+        if arrived > 0 {
+            self.policy.saw_activity(arrived);
+        }
+        waiting
+    }
+
+    /// How long the thread may wait for input before it must tick.
+    pub fn wait_for(&self, now_ns: u64) -> Duration {
+        match self.policy.resume_due_ns() {
+            Some(due) => Duration::from_nanos(due.saturating_sub(now_ns)),
+            None => Duration::from_millis(100),
+        }
+    }
+
+    /// The thread body: waits for input or the cooldown's end, until [`GateInput::Stop`] or until
+    /// every sender is gone. Offline is enabled before it returns.
+    pub fn run(mut self, rx: Receiver<GateInput>) {
+        loop {
+            let wait = self.wait_for(monotonic_ns());
+            let input = if self.spins() {
+                self.spin_for_input(&rx, wait)
+            } else {
+                rx.recv_timeout(wait)
+            };
+            match input {
+                Ok(input) => {
+                    if !self.handle(input, monotonic_ns()) {
+                        break;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            self.tick(monotonic_ns());
+        }
+        // Drop enables.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::gate::runtime::fixtures::*;
+    use crate::gate::runtime::shared::snapshot;
+    use crate::gate::GateConfig;
+    use valve::fake::FakeRm;
+    use valve_ebpf::{ArrivalCounts, LaunchEdge, WatchedPort};
+
+    #[test]
+    fn no_online_launch_runs_beside_resumed_offline_unreported() {
+        let (rm, mut rt, launches) = one_offline_one_online();
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 10 * MS);
+        // The cooldown runs out at 60 ms, but online launches after the gate's first reading of
+        // the counters, as it arms: its second reading sees the launch, and offline stays stopped.
+        *launches.4.lock().unwrap() = Some((ONLINE, 61 * MS));
+        rt.tick(61 * MS);
+        assert_eq!(
+            rm.disabled().len(),
+            20,
+            "a launch in the window holds offline"
+        );
+        let arms = launches.3.lock().unwrap().clone();
+        assert!(
+            arms.len() == 2 && arms[0] > 0 && arms[1] == 0,
+            "armed before reading again, disarmed when the resume was called off: {arms:?}"
+        );
+        // Nothing more: it resumes, armed (the watcher then reports online's next launch).
+        rt.tick(112 * MS);
+        assert!(rm.disabled().is_empty());
+        let arms = launches.3.lock().unwrap().clone();
+        assert!(arms.len() == 3 && arms[2] > 0, "{arms:?}");
+        // That launch, 50 us after a wait's end (no idle edge), comes flagged: preempt at once.
+        rt.handle(
+            GateInput::Edge(LaunchEdge {
+                pid: ONLINE,
+                graph: true,
+                ts_ns: 113 * MS,
+                idle_ns: 50 * US,
+                after_resume: true,
+            }),
+            113 * MS,
+        );
+        assert_eq!(rm.disabled().len(), 20, "the armed edge preempts");
+        let trace = rt.shared.trace.since(0, 1000);
+        let flagged = trace
+            .iter()
+            .find(|r| r.kind == TraceKind::LaunchAfterResume)
+            .expect("the trace marks it");
+        assert_eq!(flagged.to_json()["after_resume"], true);
+        // A resume on an explicit idle signal arms too.
+        rt.handle(GateInput::Busy, 120 * MS);
+        rt.handle(GateInput::Idle, 130 * MS);
+        assert!(rm.disabled().is_empty());
+        assert_eq!(launches.3.lock().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn no_resume_while_online_waits_for_its_gpu_work() {
+        let (rm, mut rt, launches) = one_offline_one_online();
+        // A prefill: launches at 10 ms, then the host waits for the GPU.
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 11 * MS);
+        launches.2.lock().unwrap().insert(ONLINE);
+        // The cooldown (the 50 ms ceiling) runs out while it waits: held.
+        rt.tick(61 * MS);
+        assert_eq!(rm.disabled().len(), 20, "held while online waits");
+        rt.tick(200 * MS);
+        assert_eq!(rm.disabled().len(), 20, "a long wait");
+        // Still waiting long after its last launch (a stuck thread): released after 5 ceilings.
+        rt.tick(262 * MS);
+        assert!(
+            rm.disabled().is_empty(),
+            "a wait cannot hold offline forever"
+        );
+        let cooldown = rt.shared.trace.since(0, 1000);
+        let cooldown = cooldown
+            .iter()
+            .rfind(|r| r.kind == TraceKind::Cooldown)
+            .unwrap();
+        assert_eq!(
+            cooldown.to_json()["waits_ignored"],
+            true,
+            "the trace says the resume ignored a wait"
+        );
+        // Next request; its wait ends at 430 ms (the GPU work is done): the cooldown (now the
+        // 1 ms floor: nothing learned) runs from the wait's end, not from the launch.
+        rt.handle(edge(ONLINE, 400 * MS, 0), 400 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 401 * MS);
+        rt.tick(420 * MS);
+        assert_eq!(rm.disabled().len(), 20, "still waiting");
+        launches.2.lock().unwrap().clear();
+        launches.0.lock().unwrap().insert(ONLINE, 430 * MS);
+        rt.tick(430 * MS + 500 * US);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(432 * MS);
+        assert!(rm.disabled().is_empty());
+    }
+
+    #[test]
+    fn an_arrival_stops_offline_before_the_first_launch_and_the_trace_tells_it() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, launches) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        rt.handle(
+            GateInput::Ports(
+                [WatchedPort {
+                    port: PORT,
+                    netns: 0,
+                }]
+                .into(),
+            ),
+            0,
+        );
+        assert!(launches.1.lock().unwrap().contains_key(&PORT));
+        // Another port's data is not the service's.
+        rt.handle(arrival(9000, MS), MS);
+        assert!(rm.disabled().is_empty());
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS + 50 * US);
+        assert_eq!(rm.disabled().len(), 20, "frozen at the arrival");
+        // The first kernel 3 ms later finds offline stopped: no second preemption.
+        rt.handle(edge(ONLINE, 13 * MS, 0), 13 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 20 * MS);
+        assert_eq!(rt.policy().preemptions(), 1);
+        // Not learned yet: the cooldown is the ceiling after the last launch.
+        rt.tick(210 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(221 * MS);
+        assert!(rm.disabled().is_empty());
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.arrivals, st.edges, st.preemptions), (1, 1, 1));
+        assert_eq!(st.arrival_to_disable_us.n, 1);
+        assert_eq!(st.online_ports, vec![PORT]);
+        let kinds: Vec<TraceKind> = rt
+            .shared
+            .trace
+            .since(0, 100)
+            .iter()
+            .map(|r| r.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                TraceKind::Arrival,
+                TraceKind::Disable,
+                TraceKind::Launch,
+                TraceKind::Cooldown,
+                TraceKind::Enable
+            ]
+        );
+        let t = rt.shared.trace.since(0, 100);
+        assert_eq!(
+            (t[0].t_ns, t[0].id, t[0].a),
+            (10 * MS, u32::from(PORT), 10 * MS + 50 * US)
+        );
+        assert!(
+            t[1].t_ns <= t[1].a && t[1].b == 0,
+            "disable start <= end, ok"
+        );
+        assert_eq!(
+            (t[3].a, t[3].b),
+            (20 * MS, 200 * MS),
+            "last activity, cooldown"
+        );
+        assert_eq!(st.trace_head, 5);
+    }
+
+    #[test]
+    fn a_request_keeps_offline_stopped_until_its_host_has_waited_for_the_gpu() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            fixed_cooldown: Some(Duration::from_millis(1)),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        let port = WatchedPort {
+            port: PORT,
+            netns: 0,
+        };
+        rt.handle(GateInput::Ports([port].into()), 0);
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
+        rt.handle(edge(ONLINE, 13 * MS, 0), 13 * MS);
+        launches
+            .0
+            .lock()
+            .unwrap()
+            .insert(ONLINE, 13 * MS + 300 * US);
+        // The host is quiet for 7 ms, far past the 1 ms cooldown, but has not waited yet.
+        rt.tick(20 * MS);
+        assert_eq!(rm.disabled().len(), 20, "the prefill may still be queued");
+        // The first token's copy returns at 20.5 ms: the cooldown runs from there.
+        launches
+            .5
+            .lock()
+            .unwrap()
+            .insert(ONLINE, 20 * MS + 500 * US);
+        launches
+            .0
+            .lock()
+            .unwrap()
+            .insert(ONLINE, 20 * MS + 500 * US);
+        rt.tick(21 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(21 * MS + 600 * US);
+        assert!(
+            rm.disabled().is_empty(),
+            "resumed a cooldown after the wait"
+        );
+    }
+
+    #[test]
+    fn an_arrival_that_launches_nothing_releases_offline_after_the_hold() {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            cooldown_ceiling: Duration::from_millis(50),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(
+            GateInput::Ports(
+                [WatchedPort {
+                    port: PORT,
+                    netns: 0,
+                }]
+                .into(),
+            ),
+            0,
+        );
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        // A later arrival (not an edge) read from the counters extends the hold.
+        launches.1.lock().unwrap().insert(
+            PORT,
+            ArrivalCounts {
+                arrivals: 1,
+                edges: 1,
+                last_ns: 30 * MS,
+            },
+        );
+        rt.tick(60 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        assert_eq!(rt.wait_for(60 * MS), Duration::from_millis(20));
+        rt.tick(80 * MS);
+        assert!(rm.disabled().is_empty());
+    }
+
+    #[test]
+    fn an_online_edge_freezes_every_offline_channel_and_the_cooldown_releases_them() {
+        let rm = Arc::new(FakeRm::host(2));
+        let (mut rt, launches) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Offline(offline(&rm)), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        assert!(rm.disabled().is_empty());
+        // Another process's launches are not online work.
+        rt.handle(edge(4242, MS, 0), MS);
+        assert!(rm.disabled().is_empty());
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        assert_eq!(rm.disabled().len(), 60, "both processes, both GPUs");
+        // Not learned yet: the cooldown is the ceiling (200 ms), and later launches extend it.
+        launches.0.lock().unwrap().insert(ONLINE, 15 * MS);
+        rt.tick(150 * MS);
+        assert_eq!(rm.disabled().len(), 60);
+        // The counters are read once the edge's cooldown is over: the 15 ms launch extends it.
+        assert_eq!(rt.wait_for(150 * MS), Duration::from_millis(60));
+        rt.tick(210 * MS);
+        assert_eq!(rm.disabled().len(), 60);
+        assert_eq!(rt.wait_for(210 * MS), Duration::from_millis(5));
+        rt.tick(215 * MS);
+        assert!(rm.disabled().is_empty());
+        assert!(!rt.offline_disabled());
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.preemptions, st.resumes, st.edges), (1, 1, 1));
+        assert_eq!(st.offline_channels, 60);
+        assert_eq!(st.offline_gpus, 2);
+        assert_eq!(st.disable_us.n, 1);
+        assert_eq!(st.edge_to_disable_us.n, 1);
+    }
+
+    #[test]
+    fn one_preemption_per_request_once_gaps_are_learned() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, launches) = runtime(&rm, GateConfig::default());
+        let recs: Vec<_> = offline(&rm)
+            .into_iter()
+            .filter(|r| r.device_instance == 0)
+            .collect();
+        rt.handle(GateInput::Offline(recs), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        let mut t = 0;
+        let mut first = true;
+        for _request in 0..5 {
+            t += 300 * MS;
+            let before = rt.policy().preemptions();
+            // Prefill then 20 decode iterations 2 ms apart; each iteration is an edge.
+            let mut idle = if first { 0 } else { 300 * MS };
+            for _ in 0..21 {
+                rt.handle(edge(ONLINE, t, idle), t);
+                launches.0.lock().unwrap().insert(ONLINE, t + 50 * US);
+                assert!(rt.offline_disabled(), "frozen inside the request");
+                rt.tick(t + MS);
+                assert!(rt.offline_disabled(), "no resume between iterations");
+                t += 2 * MS;
+                idle = 2 * MS - 50 * US;
+            }
+            assert_eq!(rt.policy().preemptions(), before + 1);
+            // Idle after the request: resumed once the cooldown (ceiling until learned) passed.
+            rt.tick(t + 250 * MS);
+            assert!(!rt.offline_disabled());
+            assert!(rm.disabled().is_empty());
+            first = false;
+        }
+        assert_eq!(rt.policy().preemptions(), 5);
+        assert!(rt.policy().cooldown() < Duration::from_millis(5));
+    }
+
+    #[test]
+    fn busy_and_idle_signals_override_the_launch_clock() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, _) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Busy, MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(10_000 * MS);
+        assert_eq!(rm.disabled().len(), 20, "pinned by busy");
+        rt.handle(GateInput::Idle, 10_001 * MS);
+        assert!(rm.disabled().is_empty());
+    }
+}

@@ -1,0 +1,137 @@
+//! What the gate thread is told ([`GateInput`]), and where it learns when online processes
+//! launch and when requests arrive ([`LaunchSource`], with the probe hits it counts).
+
+use std::collections::BTreeSet;
+use std::sync::mpsc;
+
+use serde::Serialize;
+use valve::state::DisabledRecord;
+use valve_ebpf::realtime::Scheduling;
+use valve_ebpf::{ArrivalCounts, ArrivalEdge, LaunchEdge, WatchedPort};
+
+/// What the gate thread is told.
+#[derive(Clone, Debug)]
+pub enum GateInput {
+    /// An online process launched GPU work after an idle gap (from the uprobe watcher).
+    Edge(LaunchEdge),
+    /// Request data reached an online port after an idle gap (from the arrival watcher).
+    Arrival(ArrivalEdge),
+    /// The online ports whose arrivals count (replaces the previous set).
+    Ports(BTreeSet<WatchedPort>),
+    /// The serving framework: a request is in flight.
+    Busy,
+    /// The serving framework: no request is in flight.
+    Idle,
+    /// The offline channels, per process and GPU (replaces the previous set).
+    Offline(Vec<DisabledRecord>),
+    /// The online processes (replaces the previous set).
+    Online(BTreeSet<u32>),
+    /// These channels come back from a manual preempt still disabled: in the next offline set
+    /// the gate keeps them disabled if it holds offline, else enables them (never an enable
+    /// followed at once by a disable). Forgotten at the next [`GateInput::Sync`].
+    Adopt(Vec<DisabledRecord>),
+    /// Answer on this channel once every earlier input has been applied.
+    Sync(mpsc::SyncSender<()>),
+    /// Enable everything and end the thread.
+    Stop,
+}
+
+/// Where the gate learns when online processes last launched GPU work.
+pub trait LaunchSource: Send {
+    /// Start reporting `pid`'s launches (edges go to the gate's input channel).
+    fn watch(&mut self, pid: u32) -> Result<(), String>;
+    /// Stop reporting `pid`.
+    fn unwatch(&mut self, pid: u32);
+    /// CLOCK_MONOTONIC ns of `pid`'s latest launch or end of a wait for its GPU work (0: none).
+    fn last_launch_ns(&self, pid: u32) -> u64;
+    /// Whether a thread of `pid` is waiting for its GPU work now (inside a synchronising call).
+    fn in_sync(&self, _pid: u32) -> bool {
+        false
+    }
+    /// CLOCK_MONOTONIC ns at which a thread of `pid` last returned from waiting for its GPU
+    /// work (0: none, or waits are not watched).
+    fn last_wait_end_ns(&self, _pid: u32) -> u64 {
+        0
+    }
+    /// How the source's threads are scheduled, by thread name (none: it has no threads).
+    fn scheduling(&self) -> Vec<(&'static str, Scheduling)> {
+        Vec::new()
+    }
+    /// Start counting request arrivals on `port` (edges go to the gate's input channel).
+    fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
+        Err(format!(
+            "port {}: this gate has no arrival watcher",
+            port.port
+        ))
+    }
+    /// Stop counting arrivals on `port`.
+    fn unwatch_port(&mut self, _port: u16) {}
+    /// The arrival counters of `port`: arrivals, edges and the latest arrival's time (all 0:
+    /// none yet). A busy-polling gate spins on them (`--arrival-busy-poll`).
+    fn arrival_counts(&self, _port: u16) -> ArrivalCounts {
+        ArrivalCounts::default()
+    }
+    /// The calls of `pid` that hit the launch watcher's probes so far (each costs the calling
+    /// thread a trap into the kernel; zeros where the source does not count them).
+    fn probe_hits(&self, _pid: u32) -> ProbeHits {
+        ProbeHits::default()
+    }
+    /// Offline is about to resume at `now_ns`: report each online process's next launch as an
+    /// edge whatever its idle gap (0: disarm, no resume after all). Errors are the source's to
+    /// log; the gate resumes anyway.
+    fn arm_resume(&self, _now_ns: u64) {}
+}
+
+impl LaunchSource for valve_ebpf::LaunchWatcher {
+    fn watch(&mut self, pid: u32) -> Result<(), String> {
+        valve_ebpf::LaunchWatcher::watch(self, pid).map_err(|e| e.to_string())
+    }
+    fn unwatch(&mut self, pid: u32) {
+        valve_ebpf::LaunchWatcher::unwatch(self, pid);
+    }
+    fn last_launch_ns(&self, pid: u32) -> u64 {
+        self.counts(pid).last_ns
+    }
+    fn last_wait_end_ns(&self, pid: u32) -> u64 {
+        self.counts(pid).sync_end_ns
+    }
+    fn probe_hits(&self, pid: u32) -> ProbeHits {
+        ProbeHits::from(&self.counts(pid))
+    }
+    fn arm_resume(&self, now_ns: u64) {
+        if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
+            tracing::warn!("gate: {e}");
+        }
+    }
+}
+
+/// Calls of the online processes that hit the launch watcher's probes: what the gate costs
+/// their host threads (about 1-2 us per launch; a synchronising call is probed on entry and
+/// on return).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeHits {
+    /// Kernel launches (every variant).
+    pub kernel_launches: u64,
+    /// Graph launches.
+    pub graph_launches: u64,
+    /// Synchronising calls.
+    pub syncs: u64,
+}
+
+impl From<&valve_ebpf::LaunchCounts> for ProbeHits {
+    fn from(c: &valve_ebpf::LaunchCounts) -> Self {
+        ProbeHits {
+            kernel_launches: c.kernel_launches,
+            graph_launches: c.graph_launches,
+            syncs: c.syncs,
+        }
+    }
+}
+
+impl std::ops::AddAssign for ProbeHits {
+    fn add_assign(&mut self, o: ProbeHits) {
+        self.kernel_launches += o.kernel_launches;
+        self.graph_launches += o.graph_launches;
+        self.syncs += o.syncs;
+    }
+}

@@ -1,0 +1,96 @@
+//! What the gate reports: the status `valvectl gate status` prints, and the latency samples
+//! behind its summaries, as the gate thread shares them with the daemon.
+
+use serde::Serialize;
+use valve::stats::Summary;
+
+use super::input::ProbeHits;
+
+/// What the gate has done, as `valvectl gate status` shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GateStatus {
+    /// The gate thread is running.
+    pub running: bool,
+    /// Offline is preempted now.
+    pub preempted: bool,
+    /// Held preempted by an explicit "busy" signal.
+    pub pinned: bool,
+    /// Preemptions so far (policy decisions, whether or not offline had channels yet).
+    pub preemptions: u64,
+    /// Resumes so far.
+    pub resumes: u64,
+    /// Idle->busy launch edges of online processes received.
+    pub edges: u64,
+    /// Arrival edges (request data on an online port after idling) received.
+    pub arrivals: u64,
+    /// Online processes watched.
+    pub online_pids: Vec<u32>,
+    /// Online ports whose request arrivals preempt.
+    pub online_ports: Vec<u16>,
+    /// Offline processes gated.
+    pub offline_pids: Vec<u32>,
+    /// Their channels, over all GPUs.
+    pub offline_channels: usize,
+    /// GPUs they use.
+    pub offline_gpus: usize,
+    /// The cooldown in force now.
+    pub cooldown_us: f64,
+    /// How long an arrival holds offline while no launch follows it.
+    pub arrival_hold_us: f64,
+    /// How the offline GPUs are issued: "serial", "parallel", or "serial (calibrating)".
+    pub issue: String,
+    /// How the threads an edge crosses are scheduled: the gate thread, then each watcher's poll
+    /// thread ("gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10, ...").
+    pub scheduling: String,
+    /// Every one of those threads preempts a busy CPU when woken (`SCHED_FIFO`, or a short
+    /// slice where that was refused); false: an edge can wait for a CPU's slice.
+    pub fast_wakeups: bool,
+    /// The trace's latest sequence number (`valvectl gate trace --since`).
+    pub trace_head: u64,
+    /// Total time offline spent preempted by the gate.
+    pub preempted_s: f64,
+    /// Disable calls (all GPUs at once), wall time.
+    pub disable_us: Summary,
+    /// Enable calls, wall time.
+    pub enable_us: Summary,
+    /// From the online launch (uprobe timestamp) to the disable call's start.
+    pub reaction_us: Summary,
+    /// From the online launch to the disable call's return (the offline GPUs are stopped).
+    pub edge_to_disable_us: Summary,
+    /// From the request's arrival (BPF timestamp) to the disable call's return.
+    pub arrival_to_disable_us: Summary,
+    /// The online processes' probed calls so far (of the processes watched now; read at most
+    /// every 100 ms).
+    pub online_probe_hits: ProbeHits,
+    /// Failed disables/enables (each is retried process by process).
+    pub errors: u64,
+    /// The latest failure.
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Default)]
+pub(super) struct Samples {
+    pub(super) disable: Vec<f64>,
+    pub(super) enable: Vec<f64>,
+    pub(super) reaction: Vec<f64>,
+    pub(super) edge_to_disable: Vec<f64>,
+    pub(super) arrival_to_disable: Vec<f64>,
+}
+
+/// Samples kept per series; older ones are dropped (status then covers the latest ones). Small
+/// enough that copying them out for a status holds the lock for microseconds.
+const MAX_SAMPLES: usize = 10_000;
+
+pub(super) fn push(v: &mut Vec<f64>, x: f64) {
+    if v.len() >= MAX_SAMPLES {
+        v.drain(..MAX_SAMPLES / 2);
+    }
+    v.push(x);
+}
+
+/// The status and samples the gate thread shares with the daemon.
+#[derive(Default)]
+pub(super) struct SharedStatus {
+    pub(super) status: GateStatus,
+    pub(super) samples: Samples,
+}
