@@ -37,8 +37,13 @@ pub enum IpcError {
     },
 }
 
-/// Sends one request and waits for the reply.
-pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, IpcError> {
+/// Sends one request (a [`Request`], or a `LoopRequest` the daemon's loop answers) and waits
+/// for the reply.
+pub fn call(
+    socket: &Path,
+    req: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<Reply, IpcError> {
     let name = socket.display().to_string();
     let io = |source: std::io::Error| IpcError::Io {
         socket: name.clone(),
@@ -63,7 +68,17 @@ pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, Ip
 
 /// Sends one request to the daemon on `socket`; a failure carries the exit code to use.
 pub fn daemon_call(socket: &Path, req: &Request) -> Result<serde_json::Value, CliError> {
-    let reply = call(socket, req, Duration::from_secs(10)).map_err(|e| {
+    daemon_call_within(socket, req, Duration::from_secs(10))
+}
+
+/// [`daemon_call`] with a reply timeout of its own (`valvectl top` must not hang on a stuck
+/// daemon).
+pub fn daemon_call_within(
+    socket: &Path,
+    req: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<serde_json::Value, CliError> {
+    let reply = call(socket, req, timeout).map_err(|e| {
         let code = match e {
             IpcError::NotRunning(_) => EXIT_NO_DAEMON,
             IpcError::Permission(_) => 4,

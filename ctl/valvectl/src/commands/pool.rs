@@ -49,7 +49,9 @@ pub struct CapArgs {
     pub lift: bool,
 }
 
-fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
+/// The pool's `status` (handles per GPU and per process, reclaim counters); `valvectl top`
+/// reads it too.
+pub(crate) fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
     request(socket, &json!({"op": "status"}))
 }
 
