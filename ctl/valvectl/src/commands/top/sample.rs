@@ -11,8 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 use valve_daemon::protocol::{LoopRequest, Request};
 
-use crate::client::daemon_call_within;
-use crate::commands::pool;
+use crate::client::{daemon_call_within, pool_call};
 use crate::error::CliError;
 
 /// How long one request may take: a stuck daemon must not freeze the view.
@@ -59,7 +58,8 @@ pub fn take(src: &Sources) -> Result<Sample, CliError> {
             None => Err("the daemon's metrics reply has no text".into()),
         });
     let harvest = call(&Request::Harvest).ok();
-    let pool = pool::ask(&src.pool_socket).map_err(|e| pool_error(&src.pool_socket, e));
+    let pool = pool_call(&src.pool_socket, &serde_json::json!({"op": "status"}))
+        .map_err(|e| pool_error(&src.pool_socket, e));
     Ok(Sample {
         at: Instant::now(),
         unix_ms: SystemTime::now()
