@@ -157,8 +157,11 @@ impl TerminalGuard {
 impl Drop for TerminalGuard {
     fn drop(&mut self) {
         restore_terminal();
-        // The panic hook goes back to the default one for the rest of the process.
-        let _ = std::panic::take_hook();
+        // The panic hook goes back to the default one for the rest of the process (not while
+        // unwinding: take_hook panics on a panicking thread, and the hook has restored already).
+        if !std::thread::panicking() {
+            let _ = std::panic::take_hook();
+        }
     }
 }
 
