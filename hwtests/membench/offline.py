@@ -84,8 +84,9 @@ def main() -> int:
     # No code loading while frozen: run.py sets CUDA_MODULE_LOADING=EAGER, and cuDNN's SDPA (which
     # compiles kernels at run time) is off, so offline uses the precompiled SDPA backends. Tried
     # after an offline job hung in cuKernelSetAttribute under cuDNN after a reclaim; the hang
-    # stayed (then in cuStreamSynchronize), see docs/results/2026-11-24-h100-membench.md. Kept in
-    # every configuration alike: it also made offline steps about 2x faster here.
+    # stayed (then in cuStreamSynchronize), see 2026-11-24-h100-membench.md (archived in
+    # docs/results/README.md). Kept in every configuration alike: it also made offline steps
+    # about 2x faster here.
     torch.backends.cuda.enable_cudnn_sdp(False)
 
     if a.mode == "valve":

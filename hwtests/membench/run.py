@@ -8,7 +8,8 @@ offline batch generation, with a static split and with Valve's pool; and the cor
 
 Compare online latency with `--online-cuda-graphs`: without CUDA graphs the online decode step is
 bound by the host's Python (20-40 ms whatever its GPU work, +-30% between bursts), and two alone
-runs differ by more than the targets; with them, by under 1% (docs/results/2026-11-24-h100-membench-4.md).
+runs differ by more than the targets; with them, by under 1% (2026-11-24-h100-membench-4.md,
+archived in docs/results/README.md).
 
 Needs root (the daemon), one GPU, PyTorch and transformers >= 5, the `valve` wheel installed and
 `integrations/transformers` importable (this script puts it on the children's PYTHONPATH).
@@ -380,7 +381,7 @@ def main() -> int:
     # Offline is long-context batch generation, decode-heavy: its batch (and so its throughput) is
     # bounded by KV memory, the regime the pool is for. With short prompts (128-384 tokens, 64
     # new) offline was bounded by its token budget and compute share instead: 1.09x static
-    # (docs/results/2026-11-24-h100-membench.md).
+    # (2026-11-24-h100-membench.md, archived in docs/results/README.md).
     b.add_argument("--offline-batch-tokens", type=int, default=512)
     b.add_argument("--offline-max-requests", type=int, default=96)
     b.add_argument("--offline-new-tokens", type=int, default=128)

@@ -65,7 +65,8 @@ class CbEngine:
     `attention` "varlen" is the memory benchmark's PyTorch varlen flash kernel (linear in the batch;
     `paged|sdpa` grows with its square), and `cuda_graphs` replays transformers' padded-shape graphs.
     Without both, a decode step is bound by the host's Python: 40 ms a token for the 3B model on the
-    H100, against 8.4 ms with them (TPOT p50, docs/results/2026-11-24-h100-serving-4.md).
+    H100, against 8.4 ms with them (TPOT p50, 2026-11-24-h100-serving-4.md,
+    archived in docs/results/README.md).
     """
 
     def __init__(self, model_dir, device, max_memory_percent, attention="sdpa", cuda_graphs=False):

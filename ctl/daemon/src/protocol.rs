@@ -69,6 +69,17 @@ pub enum Request {
     Harvest,
 }
 
+/// Read-only requests the socket loop answers itself, beside [`Request`] (which the daemon's
+/// core answers); same wire form, one JSON line with an `op`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum LoopRequest {
+    /// The daemon's Prometheus metrics as the text `--metrics-addr` serves, in
+    /// `{"text": "..."}` (`valvectl top` reads its per-GPU counters there); an error when the
+    /// daemon keeps no metrics (started without `--metrics-addr`).
+    Metrics,
+}
+
 /// What to gate and how, for [`Request::GateStart`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GateSpec {
@@ -188,6 +199,11 @@ mod tests {
         let g: Request =
             serde_json::from_str(r#"{"op":"gate_start","online":[1],"offline_label":"batch"}"#)
                 .unwrap();
+        assert_eq!(
+            serde_json::from_str::<LoopRequest>(r#"{"op":"metrics"}"#).unwrap(),
+            LoopRequest::Metrics
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"metrics"}"#).is_err());
         assert_eq!(
             g,
             Request::GateStart(GateSpec {

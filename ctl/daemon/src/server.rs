@@ -6,7 +6,8 @@
 //! [`MAX_REQUEST_BYTES`], sent within [`REQUEST_TIMEOUT`]; at most [`MAX_CONNECTIONS`] wait at
 //! once (the oldest goes for a new one). Requests are answered in order on the daemon's one
 //! thread; between them the loop folds watcher events into the registry, expires hold limits
-//! and keeps the gate current.
+//! and keeps the gate current. The loop answers the read-only [`LoopRequest`]s itself (the
+//! metrics text for `valvectl top`); every [`Request`] goes to the daemon's core.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
@@ -25,7 +26,7 @@ use crate::audit::{Audit, Caller};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::metrics::ErrorCause;
-use crate::protocol::{Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
+use crate::protocol::{LoopRequest, Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
 
 /// Requests that took this long from connection to reply are logged (with where the time went).
 const SLOW_REQUEST: Duration = Duration::from_millis(20);
@@ -385,10 +386,14 @@ impl<'a> Server<'a> {
                         }
                         (reply, Some(event))
                     }
-                    Err(e) => {
-                        (self.on_error)(ErrorCause::Malformed);
-                        (Reply::err(2, format!("bad request: {e}")), None)
-                    }
+                    Err(e) => match serde_json::from_slice::<LoopRequest>(&line) {
+                        // Read-only: nothing to audit.
+                        Ok(req) => (answer_loop(req), None),
+                        Err(_) => {
+                            (self.on_error)(ErrorCause::Malformed);
+                            (Reply::err(2, format!("bad request: {e}")), None)
+                        }
+                    },
                 };
                 let handled = started.elapsed();
                 if let Some(conn) = self.conns.get_mut(i) {
@@ -425,6 +430,20 @@ impl<'a> Server<'a> {
             }
         }
         self.conns.retain(|c| !c.done);
+    }
+}
+
+/// Answers a [`LoopRequest`] from what the daemon shares process-wide (its metrics).
+fn answer_loop(req: LoopRequest) -> Reply {
+    match req {
+        LoopRequest::Metrics => match crate::metrics::for_gate() {
+            Some(m) => Reply::ok(json!({"text": m.encode()})),
+            None => Reply::err(
+                1,
+                "this daemon keeps no metrics: start it with `--metrics-addr ADDR` (or \
+                 `address` under `[metrics]` in its config file)",
+            ),
+        },
     }
 }
 

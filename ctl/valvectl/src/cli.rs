@@ -25,6 +25,7 @@ use crate::commands::ps::{self, PsArgs};
 use crate::commands::resume::{self, ResumeArgs};
 use crate::commands::status::{self, StatusArgs};
 use crate::commands::test_load::{self, TestLoadArgs};
+use crate::commands::top::{self, TopArgs};
 use crate::error::CliError;
 
 const EXIT_CODES: &str = "\
@@ -56,7 +57,8 @@ Examples:
   valvectl resume --all
   valvectl gate start --online 4242 --offline-label batch  # offline runs only while 4242 idles
   valvectl gate status; valvectl gate stop
-  valvectl profile                                       # what this node leaves to offline work";
+  valvectl profile                                       # what this node leaves to offline work
+  valvectl top                                           # live view per GPU; q quits";
 
 /// Valve: freeze and release other processes' GPU channels on NVIDIA GPUs.
 #[derive(Debug, Parser)]
@@ -122,6 +124,12 @@ pub enum Command {
     /// could not run, the memory left to it, how in step the GPUs' online work is, and the
     /// offline jobs' progress (docs/cluster.md). `--json`: the document a scheduler reads.
     Profile(ProfileArgs),
+    /// Live view per GPU: who runs and who is frozen, freezes per second, pool (`q` quits).
+    ///
+    /// Refreshed from the daemon: per GPU its online and offline processes, running or frozen,
+    /// freezes and releases per second, the disable call's time, harvested and frozen offline
+    /// time, pool handles per process and reclaims. `--once` prints one frame for scripts.
+    Top(TopArgs),
 }
 
 impl Cli {
@@ -186,6 +194,7 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
         Command::Driver(a) => driver::exec(a, out),
         Command::Pool(a) => pool::exec(a, g, out),
         Command::Profile(a) => profile::exec(a, g, out),
+        Command::Top(a) => top::exec(a, g, out, signals),
         Command::Preempt(a) if a.targets.pid.is_some() => preempt::exec_pid(a, g, out, signals),
         Command::Resume(a) if a.targets.pid.is_some() || a.all => resume::exec_daemon(a, g, out),
         Command::Gpus(_) | Command::Preempt(_) | Command::Resume(_) | Command::Bench(_) => {
@@ -217,6 +226,7 @@ pub fn execute<D: RmDriver>(
         | Command::Driver(_)
         | Command::Pool(_)
         | Command::Profile(_)
+        | Command::Top(_)
         | Command::TestLoad(_) => Err(CliError::Usage(
             "this command does not run against a controller".into(),
         )),

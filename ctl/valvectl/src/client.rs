@@ -1,5 +1,6 @@
-//! The daemon's client: sends one request over the daemon's socket and turns the reply, or the
-//! failure to get one, into data or a [`CliError`] with its exit code.
+//! The daemon's client: sends one request over the daemon's socket (or one message to its memory
+//! pool's) and turns the reply, or the failure to get one, into data or a [`CliError`] with its
+//! exit code.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -37,8 +38,13 @@ pub enum IpcError {
     },
 }
 
-/// Sends one request and waits for the reply.
-pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, IpcError> {
+/// Sends one request (a [`Request`], or a `LoopRequest` the daemon's loop answers) and waits
+/// for the reply.
+pub fn call(
+    socket: &Path,
+    req: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<Reply, IpcError> {
     let name = socket.display().to_string();
     let io = |source: std::io::Error| IpcError::Io {
         socket: name.clone(),
@@ -63,7 +69,17 @@ pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, Ip
 
 /// Sends one request to the daemon on `socket`; a failure carries the exit code to use.
 pub fn daemon_call(socket: &Path, req: &Request) -> Result<serde_json::Value, CliError> {
-    let reply = call(socket, req, Duration::from_secs(10)).map_err(|e| {
+    daemon_call_within(socket, req, Duration::from_secs(10))
+}
+
+/// [`daemon_call`] with a reply timeout of its own (`valvectl top` must not hang on a stuck
+/// daemon).
+pub fn daemon_call_within(
+    socket: &Path,
+    req: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<serde_json::Value, CliError> {
+    let reply = call(socket, req, timeout).map_err(|e| {
         let code = match e {
             IpcError::NotRunning(_) => EXIT_NO_DAEMON,
             IpcError::Permission(_) => 4,
@@ -74,6 +90,28 @@ pub fn daemon_call(socket: &Path, req: &Request) -> Result<serde_json::Value, Cl
     match reply.error {
         Some(e) => Err(CliError::Daemon(e.code, e.message)),
         None => Ok(reply.data),
+    }
+}
+
+/// Sends one message to the memory pool on `socket` (`valvectl daemon --pool`) and returns its
+/// reply; exit code 7, naming the command that starts one, when no pool answers.
+pub fn pool_call(socket: &Path, msg: &serde_json::Value) -> Result<serde_json::Value, CliError> {
+    use valve_vmm::wire;
+    let not_running = |e: valve_vmm::VmmError| {
+        CliError::Daemon(
+            EXIT_NO_DAEMON,
+            format!(
+                "no memory pool answers on {}: start it with `sudo valvectl daemon --pool` ({e})",
+                socket.display()
+            ),
+        )
+    };
+    let s = wire::connect(socket).map_err(not_running)?;
+    wire::send(&s, msg, &[]).map_err(not_running)?;
+    match wire::recv(&s).map_err(not_running)? {
+        Some((v, _)) if v["ok"] == true => Ok(v),
+        Some((v, _)) => Err(CliError::Daemon(1, format!("pool: {}", v["error"]))),
+        None => Err(CliError::Daemon(1, "the pool closed the connection".into())),
     }
 }
 

@@ -195,3 +195,30 @@ fn a_preempt_over_the_socket_says_how_long_it_queued_and_drained_events() {
     assert!(reply.error.is_none(), "{reply:?}");
     assert!(rm.disabled().is_empty());
 }
+
+#[test]
+fn the_metrics_op_is_answered_by_the_loop_and_says_how_to_get_metrics() {
+    // No test in this binary installs the process-wide metrics (valvectl's `top` test does, in
+    // its own): the op names the flag that turns them on, and is not taken for a bad request.
+    let (_rm, _dir, mut core, socket, listener) = bound_core();
+    let audit = Audit::log_only();
+    let causes = RefCell::new(Vec::new());
+    let mut server =
+        Server::new(&listener, own_group(), &audit).on_error(|c| causes.borrow_mut().push(c));
+    let events = QueuedEvents::default();
+    let path = socket.clone();
+    let client = std::thread::spawn(move || {
+        (
+            request(&path, "{\"op\":\"metrics\"}\n"),
+            request(&path, "{\"op\":\"metricz\"}\n"),
+        )
+    });
+    let ((metrics, bad), _) = serve_until(&mut server, &mut core, &events, client);
+    let e = metrics.error.expect("no metrics in this daemon");
+    assert_eq!(e.code, 1);
+    assert!(e.message.contains("--metrics-addr"), "{}", e.message);
+    let e = bad.error.expect("unknown op");
+    assert_eq!(e.code, 2);
+    assert!(e.message.contains("bad request"), "{}", e.message);
+    assert!(causes.borrow().contains(&ErrorCause::Malformed));
+}

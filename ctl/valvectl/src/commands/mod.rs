@@ -17,3 +17,4 @@ pub mod ps;
 pub mod resume;
 pub mod status;
 pub mod test_load;
+pub mod top;

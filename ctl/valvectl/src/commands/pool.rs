@@ -6,12 +6,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::args::Globals;
+use crate::client::pool_call;
+use crate::error::CliError;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use valve_vmm::wire;
-
-use crate::args::Globals;
-use crate::error::CliError;
 
 /// The arguments of `valvectl pool`.
 #[derive(Debug, Args)]
@@ -68,26 +67,7 @@ pub struct CapArgs {
 }
 
 fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
-    request(socket, &json!({"op": "status"}))
-}
-
-fn request(socket: &std::path::Path, msg: &Value) -> Result<Value, CliError> {
-    let not_running = |e: valve_vmm::VmmError| {
-        CliError::Daemon(
-            7,
-            format!(
-                "no memory pool answers on {}: start it with `sudo valvectl daemon --pool` ({e})",
-                socket.display()
-            ),
-        )
-    };
-    let s = wire::connect(socket).map_err(not_running)?;
-    wire::send(&s, msg, &[]).map_err(not_running)?;
-    match wire::recv(&s).map_err(not_running)? {
-        Some((v, _)) if v["ok"] == true => Ok(v),
-        Some((v, _)) => Err(CliError::Daemon(1, format!("pool: {}", v["error"]))),
-        None => Err(CliError::Daemon(1, "the pool closed the connection".into())),
-    }
+    pool_call(socket, &json!({"op": "status"}))
 }
 
 /// Asks the pool and prints its answer.
@@ -98,7 +78,7 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         } else {
             json!(c.offline_mib)
         };
-        let v = request(
+        let v = pool_call(
             &args.pool_socket,
             &json!({"op": "cap", "gpu": c.gpu, "offline_mib": mib}),
         )?;
@@ -190,6 +170,8 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
 
 #[cfg(test)]
 mod tests {
+    use valve_vmm::wire;
+
     use super::*;
 
     #[test]
