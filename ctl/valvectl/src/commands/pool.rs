@@ -96,7 +96,7 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         return Ok(());
     }
     if let PoolCommand::Reclaim(c) = &args.cmd {
-        let v = request(
+        let v = pool_call(
             &args.pool_socket,
             &json!({"op": "reclaim", "gpu": c.gpu, "mib": c.mib}),
         )?;
