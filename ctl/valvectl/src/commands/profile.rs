@@ -21,6 +21,10 @@ Per GPU and window:
   BUSY     share of the measured time in which offline could not run on this GPU: a gate held it
            frozen for online work (from its disable's return to its enable). The gate is node-wide,
            so every GPU shows the same. Without a gate it is 0: offline could run all the time.
+  PREEMPT/s  the gate's preemptions of offline per measured second (what each costs a job beyond
+           the time it is held is its profile's costs.preemption_s)
+  RECLAIM  GiB per minute the memory pool took back from offline (reclaimed work is redone: the
+           job profile's costs.reclaim_s_per_gib)
   MEMORY   memory left to offline (GiB, time-weighted over the window): MEAN; P5, the level it
            was below 5% of the time (its dips); P50, the median. With the daemon's memory pool:
            free + still creatable + offline-held pool handles; without: NVML's free memory plus
@@ -123,18 +127,21 @@ fn gpu_table(out: &mut dyn Write, g: &GpuHarvest) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
-        "  {:<7} {:>8} {:>7}  {:>10} {:>8} {:>8} {:>8}",
-        "WINDOW", "COVERED", "BUSY", "MEMORY GiB", "P5", "P50", "READINGS"
+        "  {:<7} {:>8} {:>7} {:>9} {:>9}  {:>10} {:>8} {:>8} {:>8}",
+        "WINDOW", "COVERED", "BUSY", "PREEMPT/s", "RECLAIM", "MEMORY GiB", "P5", "P50", "READINGS"
     )?;
     for w in &g.windows {
         let m = &w.offline_memory;
         let q = |i: usize| m.quantiles_bytes.get(i).map_or(0.0, |&b| gib(b));
+        let per_s = |n: f64| n / w.covered_s.max(1.0);
         writeln!(
             out,
-            "  {:<7} {:>7.0}s {:>6.1}%  {:>10.1} {:>8.1} {:>8.1} {:>8}",
+            "  {:<7} {:>7.0}s {:>6.1}% {:>9.2} {:>5.2}G/m  {:>10.1} {:>8.1} {:>8.1} {:>8}",
             window_name(w.window_s),
             w.covered_s,
             w.busy_fraction * 100.0,
+            per_s(w.preemptions as f64),
+            per_s(gib(w.reclaimed_bytes)) * 60.0,
             gib(m.mean_bytes),
             q(1),
             q(10),
@@ -224,8 +231,8 @@ mod tests {
             window_s,
             covered_s: f64::from(window_s),
             busy_fraction: busy,
-            preemptions: 0,
-            reclaimed_bytes: 0,
+            preemptions: u64::from(window_s) / 2,
+            reclaimed_bytes: u64::from(window_s) * GIB / 120,
             offline_memory: MemoryStats {
                 samples: 7,
                 mean_bytes: mean_gib * GIB,
@@ -286,7 +293,8 @@ mod tests {
             text.contains("GPU 1 NVIDIA H100 80GB HBM3, 80.0 GiB"),
             "{text}"
         );
-        // 1m: busy 30%, mean 40 GiB, p5 1 GiB, p50 10 GiB, 7 readings.
+        // 1m: busy 30%, 0.5 preemptions/s, 0.5 GiB reclaimed/min, mean 40 GiB, p5 1 GiB, p50
+        // 10 GiB, 7 readings.
         let row = lines
             .iter()
             .find(|l| l.trim_start().starts_with("1m"))
@@ -294,7 +302,7 @@ mod tests {
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
             cells,
-            ["1m", "60s", "30.0%", "40.0", "1.0", "10.0", "7"],
+            ["1m", "60s", "30.0%", "0.50", "0.50G/m", "40.0", "1.0", "10.0", "7"],
             "{row}"
         );
         assert!(lines
