@@ -91,13 +91,18 @@ pub struct SimulateArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
-    /// Offline work the ground truth loses per online idle-to-busy transition, in ms (the model
-    /// does not know it). An H100 measured about 270 ms per request for training
-    /// (docs/results/2026-11-25-h100-cluster-predict.md).
+    /// Offline work the ground truth loses per online idle-to-busy transition, in ms. The model
+    /// knows it only with --profiled-costs. The second H100 check measured 0 beyond the time held
+    /// for training and continuous batching (docs/results/2026-11-25-h100-cluster-predict-2.md).
     #[arg(long, default_value_t = 1.2)]
     pub preempt_cost_ms: f64,
+    /// The jobs' profiles carry --preempt-cost-ms as their measured preemption cost (as
+    /// `profile-job --preempt-every` would have measured it), so Valve's model subtracts it.
+    #[arg(long)]
+    pub profiled_costs: bool,
     /// Share of offline's running time the ground truth loses to the gate being there (the model
-    /// does not know it; an idle gate cost training 12% on an H100).
+    /// has no term for it; an idle gate cost training 12% on an H100 before the gate's probes
+    /// were limited to online processes, nothing after).
     #[arg(long, default_value_t = 0.0)]
     pub gate_overhead: f64,
     /// Exit 4 if a target is missed.
@@ -171,6 +176,7 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
         costs: Costs {
             preempt_s: a.preempt_cost_ms / 1000.0,
             gate_overhead: a.gate_overhead,
+            profiled: a.profiled_costs,
         },
     };
     let command = std::env::args()

@@ -135,6 +135,8 @@ pub struct Templates {
 #[derive(Clone)]
 struct SeriesStats {
     busy: [f64; 3],
+    /// Online idle-to-busy transitions (the gate's preemptions) in each window.
+    preemptions: [f64; 3],
     mean: [f64; 3],
     q: [[u64; QUANTILES]; 3],
 }
@@ -265,17 +267,20 @@ fn update_node(
     for s in s0..s1 {
         let mut st = SeriesStats {
             busy: [0.0; 3],
+            preemptions: [0.0; 3],
             mean: [0.0; 3],
             q: [[0; QUANTILES]; 3],
         };
         values.clear();
-        let mut busy = 0.0;
+        let (mut busy, mut preemptions) = (0.0, 0.0);
         let mut wi = 0;
         for (k, col) in cols.iter().enumerate() {
             busy += f64::from(col[s].b);
+            preemptions += f64::from(col[s].tr);
             values.push(col[s].m);
             if k + 1 == WINDOWS_MIN[wi] {
                 st.busy[wi] = busy / (k + 1) as f64;
+                st.preemptions[wi] = preemptions;
                 let (mean, q) = quantiles(&values);
                 st.mean[wi] = mean;
                 st.q[wi] = q;
@@ -288,6 +293,7 @@ fn update_node(
         let st = &stats[g.series as usize - s0];
         for (wi, w) in gd.windows.iter_mut().enumerate() {
             w.busy_fraction = st.busy[wi].clamp(0.0, 1.0);
+            w.preemptions = st.preemptions[wi].round() as u64;
             w.offline_memory.mean_bytes = st.mean[wi] as u64;
             w.offline_memory.quantiles_bytes.copy_from_slice(&st.q[wi]);
         }
@@ -393,7 +399,7 @@ mod tests {
                 _ => 0.0,
             },
             m: 40.0,
-            tr: 0.0,
+            tr: if s == 0 { 3.0 } else { 0.0 },
         }));
         c
     }
@@ -418,6 +424,9 @@ mod tests {
         assert!(across.score > 0.0 && across.score < 0.5, "{across:?}");
         let w = doc.gpu(2).unwrap().window(3600).unwrap();
         assert!((w.busy_fraction - 0.3).abs() < 1e-6);
+        assert_eq!(w.preemptions, 0, "series 1 never flips in this load");
+        let w0 = doc.gpu(0).unwrap().window(3600).unwrap();
+        assert_eq!(w0.preemptions, 180, "3 transitions a minute for an hour");
         assert_eq!(w.offline_memory.quantiles_bytes[0], 40 << 30);
         // A real trace: the out-of-step ranks still score below the in-step pair.
         let mut real = node_with_both();

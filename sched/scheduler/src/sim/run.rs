@@ -40,6 +40,9 @@ pub struct Costs {
     pub preempt_s: f64,
     /// Share of offline's running time lost to the gate being there at all.
     pub gate_overhead: f64,
+    /// Whether the jobs' profiles carry `preempt_s` as their measured `costs.preemption_s`
+    /// (`profile-job --preempt-every` measured it), so the model's interruption term knows it.
+    pub profiled: bool,
 }
 
 impl Default for Costs {
@@ -47,6 +50,7 @@ impl Default for Costs {
         Costs {
             preempt_s: PREEMPT_COST_S,
             gate_overhead: 0.0,
+            profiled: false,
         }
     }
 }
@@ -201,6 +205,7 @@ pub fn base_params(kind: PolicyKind, nodes: usize) -> Params {
             p.place.model = ModelParams {
                 memory: MemoryModel::Ignore,
                 alignment: false,
+                interruptions: false,
                 ..ModelParams::default()
             }
         }
@@ -298,9 +303,17 @@ impl World {
         }
     }
 
-    /// The same world with the ground truth's preemption costs `costs`.
+    /// The same world with the ground truth's preemption costs `costs` (and, if they were
+    /// profiled, in every class's profile).
     pub fn with_costs(mut self, costs: Costs) -> World {
         self.costs = costs;
+        if costs.profiled {
+            for c in &mut self.classes {
+                std::sync::Arc::make_mut(&mut c.profile.profile)
+                    .costs
+                    .preemption_s = costs.preempt_s;
+            }
+        }
         self
     }
 }

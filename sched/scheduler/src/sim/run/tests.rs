@@ -19,6 +19,27 @@ fn one_job(
     minutes: u32,
     policies: &[&str],
 ) -> Vec<(Policy, Metrics)> {
+    one_job_costing(
+        Costs::default(),
+        layout,
+        load,
+        class,
+        sla,
+        minutes,
+        policies,
+    )
+}
+
+/// [`one_job`] with the ground truth's preemption costs `costs`.
+fn one_job_costing(
+    costs: Costs,
+    layout: Vec<(u32, bool)>,
+    load: impl Fn(usize, i64) -> Cell + Send + Sync + 'static,
+    class: u8,
+    sla: f64,
+    minutes: u32,
+    policies: &[&str],
+) -> Vec<(Policy, Metrics)> {
     let mut rng = fastrand::Rng::with_seed(4);
     let mut cluster = Cluster::assemble(&[layout], 0.3, &mut rng);
     cluster.custom = Some(Arc::new(load));
@@ -33,7 +54,7 @@ fn one_job(
         work_s: 100.0 * 3600.0,
         error: 0.0,
     }];
-    let world = World::new(cluster, classes(), arrivals, minutes, 10);
+    let world = World::new(cluster, classes(), arrivals, minutes, 10).with_costs(costs);
     let mut cfg = SimConfig::small(1, minutes, policies);
     cfg.threads = 1;
     run_world(&world, &cfg).policies
@@ -114,6 +135,7 @@ fn the_truth_multiplies_independent_idle_time_and_charges_reclaims() {
     let measured = Costs {
         preempt_s: 0.27,
         gate_overhead: 0.1,
+        profiled: false,
     };
     let busy = Cell {
         b: 0.0,
@@ -232,6 +254,33 @@ fn taking_turns(s: usize, minute: i64) -> Cell {
         0.0
     };
     cell(b, 60.0)
+}
+
+#[test]
+fn a_profiled_preemption_cost_keeps_valve_off_a_gpu_that_flips_often() {
+    // Busy a fifth of each minute in 30 short bursts: 0.8 idle, but at 1 s lost per preemption
+    // half of each minute goes to interruptions.
+    let flipping = |_: usize, _: i64| Cell {
+        b: 0.2,
+        m: 40.0,
+        tr: 30.0,
+    };
+    let costs = Costs {
+        preempt_s: 1.0,
+        gate_overhead: 0.0,
+        profiled: false,
+    };
+    let blind = one_job_costing(costs, vec![(1, true)], flipping, 0, 0.7, 20, &["valve"]);
+    assert_eq!(blind[0].1.placements, 1, "the model does not know the cost");
+    let profiled = Costs {
+        profiled: true,
+        ..costs
+    };
+    let r = one_job_costing(profiled, vec![(1, true)], flipping, 0, 0.7, 20, &["valve"]);
+    assert_eq!(
+        r[0].1.placements, 0,
+        "0.8 idle - 0.5 interrupted is below 0.7"
+    );
 }
 
 #[test]
