@@ -1,12 +1,5 @@
 //! The saved reservations file: what each online reservation learned, per GPU and online
 //! process, kept across daemon restarts so that MIAD starts warm (docs/memory.md, "Warm start").
-//!
-//! The pool thread only copies the controllers' state and serialises it, at most every
-//! [`SAVE_EVERY`] and at shutdown, between requests; a writer thread writes the file (temporary
-//! file, fsync, rename), so a slow disk never holds up an online grow. Nothing read from the file
-//! is trusted: a file that is unreadable, truncated, of another version or too large is moved
-//! aside with a warning and every reservation starts cold; values are clamped by
-//! [`ReservationController::warm_from`](crate::memory::reservation::ReservationController::warm_from).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -143,6 +136,13 @@ pub fn unix_now() -> u64 {
 
 /// The saved reservations: read once at start, updated from the live controllers, written by a
 /// writer thread.
+///
+/// The pool thread only copies the controllers' state and serialises it, at most every
+/// [`SAVE_EVERY`] and at shutdown, between requests; the writer thread writes the file
+/// ([`write_atomic`]), so a slow disk never holds up an online grow. Nothing read from the file
+/// is trusted: a file that is unreadable, truncated, of another version or too large is moved
+/// aside with a warning and every reservation starts cold; values are clamped by
+/// [`ReservationController::warm_from`](crate::memory::reservation::ReservationController::warm_from).
 pub struct WarmStore {
     settings: Option<WarmSettings>,
     entries: BTreeMap<(String, String), Saved>,
