@@ -278,7 +278,8 @@ def config_numbers(res: dict) -> dict:
         t_ms = [x[3] for x in samples]
         n["miad"] = dict(samples=len(samples), interval_ms_first=t_ms[0], interval_ms_min=min(t_ms),
                          interval_ms_last=t_ms[-1], target_handles_max=max(x[1] for x in samples),
-                         balance_max=max(x[4] for x in samples), balance_last=samples[-1][4])
+                         balance_max=max(x[4] for x in samples), balance_last=samples[-1][4],
+                         start=(res.get("miad") or {}).get("start"))
     gate = (res.get("gate") or {}).get("data") or res.get("gate") or {}
     n["gate_preemptions"] = (gate.get("stats") or {}).get("preemptions", gate.get("preemptions"))
     return n
@@ -325,7 +326,8 @@ def targets(nums: dict, args: dict) -> list[dict]:
     events = f"{miad.get('reclaims')} reclaims in {miad.get('trace_minutes', 0):.1f} min" if rate is not None else ""
     check(f"MIAD reclaims/min within 25% of the target ({tgt}/min)", rate,
           rate is not None and tgt and abs(rate / tgt - 1) <= TARGETS["rate_within"], events)
-    for k in ("valve-miad", "valve-noreserve"):
+    warm = ("valve-miad-warm",) if "valve-miad-warm" in nums else ()
+    for k in ("valve-miad", "valve-noreserve") + warm:
         v = nums.get(k, {}).get("offline_vs_static")
         check(f"{k}: offline throughput >= 1.5x static", v, v is not None and v >= TARGETS["offline_vs_static"])
     check("valve-miad: TTFT p99 <= +5% vs alone", miad.get("ttft_p99_vs_alone_pct"),
@@ -356,6 +358,17 @@ def fmt(v, digits: int = 1) -> str:
     return str(v)
 
 
+def start_text(start: dict | None) -> str:
+    """How the reservation started (the pool's `reservation.start`), as a sentence."""
+    if not start:
+        return ""
+    if start.get("warm"):
+        adjusted = "; ".join(start.get("adjusted") or [])
+        return (f" Started warm from {start.get('from')}, saved {start.get('saved_s_ago')} s before"
+                + (f" (adjusted: {adjusted})." if adjusted else "."))
+    return f" Started cold: {start.get('why')}."
+
+
 def markdown(rep: dict) -> str:
     lines = [f"# Memory benchmark ({rep.get('device')})", "",
              f"Sizes: {json.dumps(rep['sizes'])}. Online replays CUDA graphs: "
@@ -383,12 +396,12 @@ def markdown(rep: dict) -> str:
             lines += ["", f"MIAD ({k}, sampled every second): interval T {m['interval_ms_first']} ms at first, "
                       f"{m['interval_ms_min']} ms at least, {m['interval_ms_last']} ms at the end; reservation up to "
                       f"{m['target_handles_max']} handles; rate balance up to {fmt(m['balance_max'])} events, "
-                      f"{fmt(m['balance_last'])} at the end (positive: over the target)."]
+                      f"{fmt(m['balance_last'])} at the end (positive: over the target).{start_text(m.get('start'))}"]
             w = n.get("reclaims_per_min_by_window") or []
             if len(w) > 1:
                 lines += ["", f"Reclaims/min ({k}) per {WINDOW_S / 60:.0f}-minute window of the trace, from online's "
-                          f"grows that reclaimed: {', '.join(fmt(x) for x in w)}. The first window holds MIAD's "
-                          "cold start."]
+                          f"grows that reclaimed: {', '.join(fmt(x) for x in w)}."
+                          + ("" if (m.get("start") or {}).get("warm") else " The first window holds MIAD's cold start.")]
     lines += ["", "Online's generation loop (s): scheduling with the shim's turn / forward passes / updates; "
               "decode-only steps against alone at the same KV read:", "",
               "| config | steps | schedule | forward (its CPU time) | update | schedule p99 ms | decode step vs alone |",

@@ -5,6 +5,8 @@ offline batch generation, with a static split and with Valve's pool; and the cor
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
         --configs alone,static,valve-noreserve,valve-noreserve-fifo,valve-miad [--seconds 90] \
         [--online-cuda-graphs]
+    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
+        --configs alone,static,valve-miad,valve-miad-warm --seconds 90 [--warm-prime-seconds 450]
 
 Compare online latency with `--online-cuda-graphs`: without CUDA graphs the online decode step is
 bound by the host's Python (20-40 ms whatever its GPU work, +-30% between bursts), and two alone
@@ -22,7 +24,13 @@ the measured numbers, the device name and the targets. Configurations:
 - static: online gets its peak, offline the rest (the minimum free memory over the alone run);
 - valve-noreserve: the pool; online holds only what it uses (every burst is reclaimed);
 - valve-noreserve-fifo: the same with FIFO handle choice instead of Algorithm 1;
-- valve-miad: the pool with the daemon's MIAD reservation at --target-per-min.
+- valve-miad: the pool with the daemon's MIAD reservation at --target-per-min, from a cold start
+  (every other configuration runs with --pool-no-warm-start);
+- valve-miad-warm: MIAD after a daemon restart, from a warm start. A first pass
+  (valve-miad-warm-prime, --warm-prime-seconds of the same trace parameters, not in the report)
+  runs valve-miad and saves MIAD's state in DIR/reservations.json at the daemon's shutdown; the
+  daemon, online and offline then start again, the daemon on that file, and the measured pass
+  plays the trace (docs/memory.md, "Warm start"). Its wall_s includes the first pass.
 
 Compute is shared the same way in every configuration with offline: Valve's gate, told by the
 online server when requests are in flight (online_busy/online_idle), with launch edges as fallback.
@@ -77,11 +85,15 @@ class Run:
             raise RuntimeError(f"valvectl {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
         return r.stdout
 
-    def start_daemon(self, name: str, pool_gib: int | None, target_per_min: float) -> subprocess.Popen:
+    def start_daemon(self, name: str, pool_gib: int | None, target_per_min: float,
+                     warm_state: str | None = None) -> subprocess.Popen:
+        """The daemon, with a pool of `pool_gib` if given; its MIAD reservations start cold unless
+        `warm_state` names the saved reservations file to start from and save to."""
         argv = [self.a.valvectl, "daemon"]
         if pool_gib:
             argv += ["--pool", "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
                      "--pool-target-reclaims-per-min", str(target_per_min)]
+            argv += ["--pool-reservation-state", warm_state] if warm_state else ["--pool-no-warm-start"]
         d = self.spawn(f"{name}-daemon", argv)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -129,9 +141,12 @@ def python(script: str, *args: str) -> list[str]:
 # ------------------------------------------------------------------------------------ bench
 
 
-def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
+def run_config(r: Run, name: str, trace_path: str, sizes: dict, warm_state: str | None = None,
+               seconds: float | None = None) -> dict:
     """One configuration: daemon and gate where offline runs, online plays the trace, offline runs
-    until online is done. Returns what both sides and the daemon reported."""
+    until online is done. Returns what both sides and the daemon reported. `warm_state`: the
+    daemon's saved reservations file (None: MIAD starts cold); `seconds`: the trace's length
+    (default --seconds)."""
     a = r.a
     mode = "alone" if name.startswith("alone") else {"static": "static"}.get(name, "valve")
     files = {k: os.path.join(r.work, f"{name}.{k}") for k in ("on-ready", "off-ready", "go", "stop")}
@@ -144,7 +159,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
     try:
         with_offline = mode != "alone"
         if with_offline:
-            r.start_daemon(name, a.pool_gib if mode == "valve" else None, a.target_per_min)
+            r.start_daemon(name, a.pool_gib if mode == "valve" else None, a.target_per_min, warm_state)
             off_args = ["--model", r.model, "--mode", "static" if mode == "static" else "valve", "--out", off_out,
                         "--ready", files["off-ready"], "--go", files["go"], "--stop", files["stop"],
                         "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests",
@@ -163,7 +178,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
         if mode != "valve":
             on_args += ["--num-blocks", str(sizes["pool_blocks"] if mode == "alone" else sizes["online_blocks"])]
         else:
-            on_args += ["--reservation", "on" if name == "valve-miad" else "off"]
+            on_args += ["--reservation", "on" if name.startswith("valve-miad") else "off"]
         if with_offline:
             on_args.append("--gate-signals")
         if a.online_cuda_graphs:
@@ -174,9 +189,9 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict) -> dict:
             r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", "batch")
             result["pool_before"] = pool_status(r) if mode == "valve" else None
         open(files["go"], "w").close()
-        miad = MiadSampler(r) if name == "valve-miad" else None
+        miad = MiadSampler(r) if name.startswith("valve-miad") else None
         try:
-            result["online_exit"] = on.wait(timeout=a.seconds + 240)
+            result["online_exit"] = on.wait(timeout=(seconds or a.seconds) + 240)
         finally:
             if miad:
                 result["miad"] = miad.finish()
@@ -223,6 +238,7 @@ class MiadSampler(threading.Thread):
     def __init__(self, r: Run) -> None:
         super().__init__(daemon=True)
         self.r, self.samples, self.stop = r, [], threading.Event()
+        self.began: dict | None = None  # whether the reservation started warm, and from what
         self.start()
 
     def run(self) -> None:
@@ -231,6 +247,7 @@ class MiadSampler(threading.Thread):
             for c in st.get("clients", []):
                 m = c.get("reservation")
                 if m:
+                    self.began = self.began or m.get("start")
                     self.samples.append([common.now(), m["target_handles"], m["headroom_handles"], m["interval_ms"],
                                          round(m["balance_events"], 2), m["events"]])
 
@@ -238,7 +255,7 @@ class MiadSampler(threading.Thread):
         self.stop.set()
         self.join(timeout=60)
         return dict(fields=["t", "target_handles", "headroom_handles", "interval_ms", "balance_events", "events"],
-                    samples=self.samples)
+                    samples=self.samples, start=self.began)
 
 
 def pool_status(r: Run) -> dict | None:
@@ -248,7 +265,7 @@ def pool_status(r: Run) -> dict | None:
         return {"error": str(e)}
 
 
-CONFIGS = ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "alone-2")
+CONFIGS = ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "valve-miad-warm", "alone-2")
 
 
 def config_problem(names: list[str], have_sizes: bool) -> str | None:
@@ -280,7 +297,8 @@ def bench(r: Run) -> int:
         sizes.update(common.read_json(prev))
     for name in a.configs.split(","):
         t = time.monotonic()
-        res = run_config(r, name, trace_path, sizes)
+        warm_state = prime_warm_start(r, sizes) if name == "valve-miad-warm" else None
+        res = run_config(r, name, trace_path, sizes, warm_state)
         res["wall_s"] = time.monotonic() - t
         results[name] = res
         common.write_json(os.path.join(r.out, f"{name}.json"), res)
@@ -302,6 +320,30 @@ def bench(r: Run) -> int:
         f.write(report.markdown(rep))
     print(report.markdown(rep))
     return 0
+
+
+def prime_warm_start(r: Run, sizes: dict) -> str:
+    """valve-miad-warm's first pass: valve-miad from a cold start on a trace of
+    --warm-prime-seconds, whose daemon saves MIAD's state at its shutdown. Returns the file the
+    measured pass starts warm from."""
+    a = r.a
+    state = os.path.join(r.out, "reservations.json")
+    for f in (state, state + ".bad"):
+        if os.path.exists(f):
+            os.remove(f)
+    seconds = a.warm_prime_seconds or a.seconds
+    trace = common.online_trace(seconds, a.seed, base_rate=a.base_rate,
+                                burst_every=a.burst_every, burst_size=a.burst_size,
+                                burst_prompt=(a.burst_prompt[0], a.burst_prompt[1]),
+                                base_new=a.base_new_tokens, burst_new=a.burst_new_tokens)
+    prime_path = os.path.join(r.out, "trace-prime.json")
+    common.write_json(prime_path, trace)
+    res = run_config(r, "valve-miad-warm-prime", prime_path, sizes, state, seconds)
+    common.write_json(os.path.join(r.out, "valve-miad-warm-prime.json"), res)
+    print(report.one_line("valve-miad-warm-prime", res), flush=True)
+    if not os.path.exists(state):
+        print(f"valve-miad-warm: the first pass saved no {state}: the measured pass starts cold", flush=True)
+    return state
 
 
 # ------------------------------------------------------------------------------ correctness
@@ -378,6 +420,9 @@ def main() -> int:
                    help="online replays CUDA graphs, so its decode step is bound by the GPU, not by the host's "
                         "Python (without: 20-40 ms a step whatever its GPU work, +-30%% between bursts)")
     b.add_argument("--target-per-min", type=float, default=6.0, help="MIAD's target reclaims per minute")
+    b.add_argument("--warm-prime-seconds", type=float, default=0,
+                   help="valve-miad-warm: length of the first pass's trace, whose MIAD state the measured pass "
+                        "starts from after a daemon restart (0: --seconds)")
     # Offline is long-context batch generation, decode-heavy: its batch (and so its throughput) is
     # bounded by KV memory, the regime the pool is for. With short prompts (128-384 tokens, 64
     # new) offline was bounded by its token budget and compute share instead: 1.09x static

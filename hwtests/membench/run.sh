@@ -4,6 +4,8 @@
 #
 #   hwtests/membench/run.sh OUTDIR correctness
 #   hwtests/membench/run.sh OUTDIR bench [--configs ...] [--seconds 90]
+#   hwtests/membench/run.sh OUTDIR bench --configs alone,static,valve-miad,valve-miad-warm --seconds 90
+#     (valve-miad-warm: MIAD's first 90 s after a daemon restart, from a warm start)
 #
 # VALVECTL (default: .carry/valvectl, else target/release/valvectl) and VALVE_WHEEL (default:
 # .carry/valve_client-*.whl; build it with scripts/build-python-wheel.sh) say what to use.

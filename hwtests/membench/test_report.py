@@ -128,6 +128,20 @@ class Targets(unittest.TestCase):
         self.assertFalse(bad["valve-miad: TTFT p99 <= +5% vs alone"])
         self.assertFalse(bad["no offline crash"])
         self.assertIsNone(bad["valve-noreserve: offline throughput >= 1.5x static"], "not run is not a pass")
+        self.assertNotIn("valve-miad-warm: offline throughput >= 1.5x static", ok, "checked only where it ran")
+        nums = dict(self.nums(6.0, 1.0), **{"valve-miad-warm": dict(offline_vs_static=1.4)})
+        warm = {c["check"]: c["ok"] for c in report.targets(nums, dict(target_per_min=6.0))}
+        self.assertFalse(warm["valve-miad-warm: offline throughput >= 1.5x static"])
+
+
+class WarmStart(unittest.TestCase):
+    def test_the_miad_line_says_whether_the_reservation_started_warm(self):
+        warm = dict(warm=True, **{"from": "/o/reservations.json"}, saved_s_ago=4, adjusted=["target 300 clamped to 192"])
+        self.assertEqual(report.start_text(warm), " Started warm from /o/reservations.json, saved 4 s before "
+                                                  "(adjusted: target 300 clamped to 192).")
+        self.assertEqual(report.start_text(dict(warm=False, why="warm start is off")),
+                         " Started cold: warm start is off.")
+        self.assertEqual(report.start_text(None), "", "a pool from before warm start")
 
 
 class NoiseFloor(unittest.TestCase):

@@ -17,6 +17,8 @@ pub mod reclaim;
 pub mod reservation;
 pub mod server;
 
+pub use server::warm::WarmSettings;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +45,8 @@ pub struct PoolConfig {
     pub target_reclaims_per_min: f64,
     /// The pool thread runs under `SCHED_FIFO` at this priority (`None`: normal scheduling).
     pub realtime: Option<u8>,
+    /// Where online reservations are saved and start warm from (`None`: always cold).
+    pub warm: Option<WarmSettings>,
     /// The daemon's control socket (reclaims preempt through it).
     pub daemon_socket: PathBuf,
     /// Group allowed on the socket besides root.
@@ -110,6 +114,10 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
         target_rate_per_min: cfg.target_reclaims_per_min,
         ..reservation::ReservationConfig::for_handle_bytes(cfg.handle_bytes as u64)
     })?;
+    if let Some(w) = &cfg.warm {
+        let (store, _warned) = server::warm::WarmStore::open(w.clone(), server::warm::unix_now());
+        srv.set_warm_start(store);
+    }
     let usage = srv.usage_snapshot();
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();

@@ -231,6 +231,8 @@ pub struct PoolSettings {
     pub target_reclaims_per_min: f64,
     /// `SCHED_FIFO` priority of the pool thread (`None`: normal scheduling).
     pub realtime: Option<u8>,
+    /// Where online reservations are saved across restarts (`None`: they start cold).
+    pub warm: Option<crate::memory::WarmSettings>,
 }
 
 fn start_pool(
@@ -266,6 +268,7 @@ fn start_pool(
         reclaim_deadline: p.reclaim_deadline,
         target_reclaims_per_min: p.target_reclaims_per_min,
         realtime: p.realtime,
+        warm: p.warm.clone(),
         daemon_socket: cfg.socket.clone(),
         gid,
     };

@@ -2,7 +2,8 @@
 //! from offline for online (freeze, ask, transfer, thaw). One thread, one poll loop.
 //!
 //! Protocol: `docs/memory.md`, "The pool protocol". Connections are identified by SO_PEERCRED;
-//! a control connection that closes unregisters its process and frees what it held.
+//! a control connection that closes unregisters its process and frees what it held. Online
+//! reservations are saved across restarts by [`warm`].
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -17,6 +18,10 @@ use valve_vmm::wire;
 use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role, UsageSnapshot};
 use super::reclaim::{FreezeReport, Freezer, Reclaimer, Target};
 use super::reservation::{ReservationConfig, ReservationController};
+
+pub mod warm;
+
+use warm::{Start, WarmStore};
 
 /// Most connections served at once; more are closed at accept.
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -66,11 +71,26 @@ pub struct PoolServer {
     /// What to log about the reclaim just answered: handles, freeze, answers, total (us).
     reclaim_log: Option<([u64; 4], FreezeReport)>,
     /// MIAD state per online client, fed by its `usage` reports.
-    controllers: BTreeMap<ClientId, ReservationController>,
+    controllers: BTreeMap<ClientId, OnlineReservation>,
+    /// The saved reservations that new ones start from, and where live ones are saved.
+    warm: WarmStore,
+    /// How an online process is named in the saved reservations (`warm::online_name`).
+    online_name: fn(u32) -> String,
     started: Instant,
     /// Per-GPU numbers for other threads, and when they were last published.
     usage: Arc<UsageSnapshot>,
     usage_published: Option<Instant>,
+}
+
+/// One online client's MIAD reservation, and what it is saved under.
+struct OnlineReservation {
+    ctl: ReservationController,
+    /// The GPU's name in the saved reservations.
+    gpu: String,
+    /// The online process's name in the saved reservations.
+    online: String,
+    /// Whether it started warm, and from what.
+    start: Start,
 }
 
 /// How often the pool publishes its per-GPU numbers for other threads.
@@ -118,6 +138,8 @@ impl PoolServer {
             reclaimer: Reclaimer::new(freezer, deadline),
             reservation: ReservationConfig::default(),
             controllers: BTreeMap::new(),
+            warm: WarmStore::off(),
+            online_name: warm::online_name,
             started: Instant::now(),
             usage: Arc::default(),
             usage_published: None,
@@ -137,6 +159,76 @@ impl PoolServer {
         Ok(())
     }
 
+    /// Where online reservations are saved and start from (off until this is called).
+    pub fn set_warm_start(&mut self, store: WarmStore) {
+        self.warm = store;
+    }
+
+    /// A new online reservation for `pid` on `gpu`: warm from a saved one where one matches
+    /// (`docs/memory.md`, "Warm start"), else cold.
+    fn new_reservation(&self, pid: u32, gpu: usize) -> OnlineReservation {
+        let capacity = self.ledger.max_handles(gpu).unwrap_or(usize::MAX) as u64;
+        let mut ctl = ReservationController::new(self.reservation)
+            .expect("validated in set_reservation")
+            .with_capacity(capacity);
+        let gpu_name = warm::gpu_name(self.ledger.pci_bus_id(gpu), gpu);
+        let online = (self.online_name)(pid);
+        let file = self
+            .warm
+            .path()
+            .map(|p| p.to_path_buf())
+            .unwrap_or_default();
+        let start = match self.warm.start(&gpu_name, &online, warm::unix_now()) {
+            Ok((saved, age_s)) => match ctl.warm_from(saved) {
+                Ok(notes) => Start::Warm { file, age_s, notes },
+                Err(why) => Start::Cold(why),
+            },
+            Err(why) => Start::Cold(why),
+        };
+        match &start {
+            Start::Warm { file, age_s, notes } => tracing::info!(
+                pid, online, gpu = gpu_name, age_s, adjusted = ?notes,
+                "online reservation starts warm from {}", file.display()
+            ),
+            Start::Cold(why) => {
+                tracing::info!(
+                    pid,
+                    online,
+                    gpu = gpu_name,
+                    "online reservation starts cold: {why}"
+                )
+            }
+        }
+        OnlineReservation {
+            ctl,
+            gpu: gpu_name,
+            online,
+            start,
+        }
+    }
+
+    /// Keeps what `r` has learned in the saved reservations.
+    fn remember(warm: &mut WarmStore, r: &OnlineReservation) {
+        warm.record(&r.gpu, &r.online, r.ctl.learned(), warm::unix_now());
+    }
+
+    /// Saves every live reservation if [`warm::SAVE_EVERY`] has passed (between requests; the
+    /// file is written by another thread).
+    fn save_reservations_if_due(&mut self, now: Instant) {
+        if !self.warm.due(now) {
+            return;
+        }
+        self.save_reservations();
+    }
+
+    /// Saves every live reservation now (the writer thread writes the file).
+    fn save_reservations(&mut self) {
+        for r in self.controllers.values() {
+            Self::remember(&mut self.warm, r);
+        }
+        self.warm.save();
+    }
+
     /// `usage`: an online client's used bytes; the reply says how many handles it should hold.
     fn usage(&mut self, client: ClientId, msg: &Value) -> Value {
         let Some(used) = msg.get("used_bytes").and_then(Value::as_u64) else {
@@ -153,16 +245,19 @@ impl PoolServer {
         }
         let handle = self.ledger.handle_bytes(info.gpu).unwrap_or(1) as u64;
         let mapped = info.held.len() as u64 * handle;
-        let cfg = self.reservation;
-        let capacity = self.ledger.max_handles(info.gpu).unwrap_or(usize::MAX) as u64;
-        let c = self.controllers.entry(client).or_insert_with(|| {
-            ReservationController::new(cfg)
-                .expect("validated in set_reservation")
-                .with_capacity(capacity)
-        });
+        let (pid, gpu) = (info.pid, info.gpu);
+        if !self.controllers.contains_key(&client) {
+            let r = self.new_reservation(pid, gpu);
+            self.controllers.insert(client, r);
+        }
+        let c = &mut self
+            .controllers
+            .get_mut(&client)
+            .expect("inserted above")
+            .ctl;
         // Growth the pool can serve from spare memory reclaims nothing: not an event of the rate.
         let ledger = &self.ledger;
-        let spare = || ledger.spare_handles(info.gpu).unwrap_or(0) as u64;
+        let spare = || ledger.spare_handles(gpu).unwrap_or(0) as u64;
         let d = c.observe_with_spare(self.started.elapsed(), used, mapped, spare);
         json!({"ok": true, "target_handles": d.target_mapped_handles, "pressure": d.pressure,
                "headroom_handles": d.headroom_handles, "interval_ms": d.interval.as_millis() as u64,
@@ -198,6 +293,7 @@ impl PoolServer {
         let _ = self.listener.set_nonblocking(true);
         while !stop.load(Ordering::Relaxed) {
             self.publish_usage_if_due();
+            self.save_reservations_if_due(Instant::now());
             for fd in self.ready(tick) {
                 if fd == self.listener.as_raw_fd() {
                     self.accept();
@@ -206,6 +302,8 @@ impl PoolServer {
                 }
             }
         }
+        // A clean shutdown: what the reservations learned is kept for the next daemon.
+        self.save_reservations();
     }
 
     /// The descriptors with something to read (or hung up) within `tick`.
@@ -358,7 +456,9 @@ impl PoolServer {
         if let Kind::Control(client) = conn.kind {
             let freed = self.ledger.unregister(client);
             self.tokens.remove(&client);
-            self.controllers.remove(&client);
+            if let Some(r) = self.controllers.remove(&client) {
+                Self::remember(&mut self.warm, &r);
+            }
             tracing::info!(
                 pid = conn.pid,
                 client,
@@ -596,8 +696,8 @@ impl PoolServer {
             .clients()
             .map(|(id, c)| {
                 let mut v = json!({"client": id, "pid": c.pid, "role": c.role, "gpu": c.gpu, "handles": c.held.len()});
-                if let Some(ctl) = self.controllers.get(&id) {
-                    v["reservation"] = reservation_state(ctl);
+                if let Some(r) = self.controllers.get(&id) {
+                    v["reservation"] = reservation_state(r);
                 }
                 v
             })
@@ -607,12 +707,15 @@ impl PoolServer {
 }
 
 /// An online client's MIAD state for `status`: what it is asked to hold, its headroom and interval T,
-/// and how its pressure events compare with the target (the balance is positive when over it).
-fn reservation_state(ctl: &ReservationController) -> Value {
+/// how its pressure events compare with the target (the balance is positive when over it), the
+/// name it is saved under and whether it started warm.
+fn reservation_state(r: &OnlineReservation) -> Value {
+    let ctl = &r.ctl;
     json!({"target_handles": ctl.target_handles(), "headroom_handles": ctl.headroom_handles(),
            "interval_ms": ctl.interval().as_millis() as u64, "event_rate_per_min": ctl.event_rate_per_min(),
            "balance_events": ctl.balance_events(), "events": ctl.total_events(),
-           "target_rate_per_min": ctl.config().target_rate_per_min})
+           "target_rate_per_min": ctl.config().target_rate_per_min,
+           "online": r.online, "gpu_name": r.gpu, "start": r.start.to_json()})
 }
 
 fn handle_list(msg: &Value) -> Option<Vec<HandleId>> {
@@ -789,6 +892,16 @@ mod tests {
 
     /// [`start`], with every freeze taking `freeze_delay`.
     fn start_with(device_mib: u64, freeze_delay: Duration) -> Running {
+        start_saving(device_mib, freeze_delay, None)
+    }
+
+    /// [`start_with`], saving online reservations in `warm` (where every online process is
+    /// `label:test-online`).
+    fn start_saving(
+        device_mib: u64,
+        freeze_delay: Duration,
+        warm: Option<warm::WarmSettings>,
+    ) -> Running {
         let dir = std::env::temp_dir().join(format!(
             "valve-pool-{}-{:?}",
             std::process::id(),
@@ -805,6 +918,10 @@ mod tests {
             Box::new(log.clone()),
             Duration::from_millis(200),
         );
+        if let Some(w) = warm {
+            server.set_warm_start(WarmStore::open(w, warm::unix_now()).0);
+            server.online_name = |_| "label:test-online".into();
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let thread = std::thread::spawn(move || server.run(&s2, Duration::from_millis(5)));
@@ -1268,5 +1385,53 @@ mod tests {
         );
         let (st, _) = call(&on, json!({"op": "status"}));
         assert_eq!(st["reclaims"]["killed"], 0, "{st}");
+    }
+
+    /// One life of a pool that saves reservations in `warm`: online registers, holds 2 handles
+    /// and reports 120 MiB used. Returns the usage reply and the status; the pool then stops.
+    fn one_pool_life(warm: &warm::WarmSettings) -> (Value, Value) {
+        let r = start_saving(64 * 11, Duration::ZERO, Some(warm.clone()));
+        let (on, _, _) = register(&r, "online");
+        call(&on, json!({"op": "grow", "count": 2}));
+        let (reply, _) = call(&on, json!({"op": "usage", "used_bytes": 120u64 << 20}));
+        let (status, _) = call(&on, json!({"op": "status"}));
+        drop(r); // a clean shutdown: the reservation is saved
+        (reply, status["clients"][0]["reservation"].clone())
+    }
+
+    #[test]
+    fn an_online_reservation_starts_warm_from_what_the_last_pool_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        let warm = warm::WarmSettings {
+            path: dir.path().join("reservations.json"),
+            max_age: warm::DEFAULT_MAX_AGE,
+        };
+        let (first, miad) = one_pool_life(&warm);
+        assert_eq!(first["pressure"], true, "{first}");
+        let start = &miad["start"];
+        assert_eq!(start["warm"], false, "{miad}");
+        let why = start["why"].as_str().unwrap();
+        assert!(
+            why.starts_with("nothing saved for label:test-online on GPU index 0"),
+            "{why}"
+        );
+        assert_eq!(miad["online"], "label:test-online");
+        // The next daemon: the same online process starts where the last one stood.
+        let (again, miad) = one_pool_life(&warm);
+        assert_eq!(miad["start"]["warm"], true, "{miad}");
+        assert_eq!(miad["start"]["from"], warm.path.display().to_string());
+        assert_eq!(miad["start"]["adjusted"], json!([]));
+        assert_eq!(
+            (again["target_handles"].clone(), again["pressure"].clone()),
+            (first["target_handles"].clone(), json!(false)),
+            "asks at once for what it had learned, without a new pressure event: {again}"
+        );
+        assert_eq!(again["headroom_handles"], first["headroom_handles"]);
+        // A corrupted file: a warning, and a cold start.
+        std::fs::write(&warm.path, "{\"version\": 1, \"reserv").unwrap();
+        let (_, miad) = one_pool_life(&warm);
+        assert_eq!(miad["start"]["warm"], false, "{miad}");
+        let aside = dir.path().join("reservations.json.bad");
+        assert!(aside.exists(), "the bad file is kept for inspection");
     }
 }

@@ -11,6 +11,8 @@ use valve_daemon::config::{
     check_node_name, harvest_windows, FileConfig, HarvestFileConfig, LogFormat,
 };
 use valve_daemon::harvest::HarvestSettings;
+use valve_daemon::memory::server::warm::DEFAULT_PATH as DEFAULT_WARM_PATH;
+use valve_daemon::memory::WarmSettings;
 use valve_daemon::protocol::DEFAULT_STATE_DIR;
 use valve_daemon::{DaemonConfig, PoolSettings};
 
@@ -163,6 +165,17 @@ pub struct PoolArgs {
     #[arg(long, default_value_t = 10, value_name = "PRIORITY",
           value_parser = clap::value_parser!(u8).range(0..=99))]
     pub pool_realtime_priority: u8,
+    /// Where each online reservation's MIAD state is saved (about every 5 s and at shutdown),
+    /// per GPU and online process (its VALVE_LABEL, else its executable), so that after a
+    /// restart it starts warm from it. On disk, not in /run: it is worth keeping across reboots.
+    #[arg(long, default_value = DEFAULT_WARM_PATH, value_name = "FILE")]
+    pub pool_reservation_state: PathBuf,
+    /// A saved reservation older than this starts cold.
+    #[arg(long, value_parser = parse_duration, default_value = "24h", value_name = "DURATION")]
+    pub pool_warm_max_age: Duration,
+    /// Start every online reservation cold (MIAD's initial headroom and T) and save nothing.
+    #[arg(long)]
+    pub pool_no_warm_start: bool,
 }
 
 impl PoolArgs {
@@ -185,6 +198,10 @@ impl PoolArgs {
             reclaim_deadline: self.pool_reclaim_deadline,
             target_reclaims_per_min: self.pool_target_reclaims_per_min,
             realtime: (self.pool_realtime_priority > 0).then_some(self.pool_realtime_priority),
+            warm: (!self.pool_no_warm_start).then(|| WarmSettings {
+                path: self.pool_reservation_state.clone(),
+                max_age: self.pool_warm_max_age,
+            }),
         }))
     }
 }
@@ -281,6 +298,31 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(p.realtime, None, "0: the normal scheduler");
+        let warm = p.warm.expect("warm start is on by default");
+        assert_eq!(
+            (warm.path.to_str(), warm.max_age),
+            (
+                Some("/var/lib/valve/reservations.json"),
+                Duration::from_secs(24 * 3600)
+            )
+        );
+        let p = pool(&[
+            "--pool",
+            "--pool-warm-max-age",
+            "2h",
+            "--pool-reservation-state",
+            "/x.json",
+        ]);
+        let warm = p.unwrap().unwrap().unwrap().warm.unwrap();
+        assert_eq!(
+            (warm.path.to_str(), warm.max_age.as_secs()),
+            (Some("/x.json"), 7200)
+        );
+        let p = pool(&["--pool", "--pool-no-warm-start"])
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(p.warm.is_none());
         assert!(pool(&["--pool", "--pool-realtime-priority", "100"]).is_err());
         let odd = pool(&["--pool", "--pool-handle-mib", "3"])
             .unwrap()

@@ -157,6 +157,7 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
                 m["target_rate_per_min"],
                 m["balance_events"].as_f64().unwrap_or(0.0)
             )?;
+            write_start(out, m)?;
         }
     }
     let r = &v["reclaims"];
@@ -165,6 +166,34 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         "reclaims {}, handles taken from offline {}, offline killed for missing the deadline {}, last reclaim {} us",
         r["reclaims"], r["handles"], r["killed"], r["last_us"]
     )?;
+    Ok(())
+}
+
+/// How a reservation started: warm (from which file, how old, what was adjusted) or cold (why).
+fn write_start(out: &mut dyn Write, m: &Value) -> Result<(), CliError> {
+    let st = &m["start"];
+    let online = m["online"].as_str().unwrap_or("?");
+    if st["warm"] == true {
+        let adjusted: Vec<&str> = st["adjusted"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        write!(
+            out,
+            "    started warm: {online}'s reservation saved {} s before in {}",
+            st["saved_s_ago"],
+            st["from"].as_str().unwrap_or("?")
+        )?;
+        if !adjusted.is_empty() {
+            write!(out, " (adjusted: {})", adjusted.join("; "))?;
+        }
+        writeln!(out)?;
+    } else if st["warm"] == false {
+        let why = st["why"].as_str().unwrap_or("?");
+        writeln!(out, "    started cold ({online}): {why}")?;
+    }
     Ok(())
 }
 
@@ -196,7 +225,14 @@ mod tests {
                                "clients": [{"client": 1, "pid": 42, "role": "online", "gpu": 0, "handles": 2,
                                             "reservation": {"target_handles": 2, "headroom_handles": 1, "interval_ms": 600,
                                                             "event_rate_per_min": 3.0, "target_rate_per_min": 6.0,
-                                                            "balance_events": -1.5, "events": 3}}],
+                                                            "balance_events": -1.5, "events": 3, "online": "label:chat",
+                                                            "start": {"warm": true, "from": "/var/lib/valve/reservations.json",
+                                                                      "saved_s_ago": 35, "adjusted": ["target 300 clamped to 192"]}}},
+                                            {"client": 2, "pid": 43, "role": "online", "gpu": 0, "handles": 0,
+                                             "reservation": {"target_handles": 1, "headroom_handles": 1, "interval_ms": 1000,
+                                                             "event_rate_per_min": 0.0, "target_rate_per_min": 6.0,
+                                                             "balance_events": 0.0, "events": 0, "online": "exe:/usr/bin/python3",
+                                                             "start": {"warm": false, "why": "nothing saved for exe:/usr/bin/python3"}}}],
                                "reclaims": {"reclaims": 1, "handles": 2, "killed": 0, "last_us": 1800}});
             wire::send(&s, &reply, &[]).unwrap();
         });
@@ -216,6 +252,17 @@ mod tests {
         assert!(text.contains("last reclaim 1800 us"), "{text}");
         assert!(
             text.contains("T 600 ms, 3.0 events/min against 6.0/min (balance -1.5)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "started warm: label:chat's reservation saved 35 s before in \
+                 /var/lib/valve/reservations.json (adjusted: target 300 clamped to 192)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("started cold (exe:/usr/bin/python3): nothing saved for"),
             "{text}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

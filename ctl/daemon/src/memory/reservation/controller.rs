@@ -24,32 +24,32 @@ pub struct Decision {
 /// docs](super).
 #[derive(Clone, Debug)]
 pub struct ReservationController {
-    cfg: ReservationConfig,
-    headroom: u64,
-    interval: Duration,
+    pub(super) cfg: ReservationConfig,
+    pub(super) headroom: u64,
+    pub(super) interval: Duration,
     /// The latest timestamp seen; earlier ones are taken as this one.
-    now: Option<Duration>,
+    pub(super) now: Option<Duration>,
     /// When the headroom next shrinks if no event comes first.
     next_decrease: Duration,
     /// When T last changed (or the first observation).
     last_t_change: Duration,
     /// Events minus target × time, in events, within ± `balance_limit`.
-    balance: f64,
+    pub(super) balance: f64,
     /// The headroom at the previous event that reclaimed, before it grew.
-    prev_event_headroom: Option<u64>,
+    pub(super) prev_event_headroom: Option<u64>,
     /// Used bytes at the previous observation.
     last_used: u64,
     /// The last `target_mapped_handles` returned.
-    last_target: u64,
+    pub(super) last_target: u64,
     /// What online should hold: set to use + headroom at a pressure event, then down one
     /// handle per T. It does not follow use between events: memory online stops using is kept
     /// (that is the reservation), and use growing into it needs no new memory.
-    reserved: u64,
+    pub(super) reserved: u64,
     /// Timestamps of the events inside the window, oldest first.
     events: VecDeque<Duration>,
-    total_events: u64,
+    pub(super) total_events: u64,
     /// The most handles online can ever hold (the pool's size on its GPU).
-    capacity: u64,
+    pub(super) capacity: u64,
 }
 
 impl ReservationController {

@@ -50,14 +50,20 @@
 //! The time constants are tuned for 64 MiB handles; [`ReservationConfig::for_handle_bytes`]
 //! scales them for other sizes.
 //!
-//! The tuning and its checks are `config.rs`, the controller `controller.rs`; the simulations
-//! that tuned it and check that it converges, on synthetic traces and on the KV use measured on
-//! the H100, are `simulation.rs` (tests only).
+//! **Warm start.** A controller can start from what an earlier one learned
+//! ([`ReservationController::learned`], [`ReservationController::warm_from`]): the pool saves it
+//! across daemon restarts (`memory/server/warm.rs`), so the first minutes are not a cold start.
+//!
+//! The tuning and its checks are `config.rs`, the controller `controller.rs`, warm start
+//! `warm.rs`; the simulations that tuned it and check that it converges, on synthetic traces and
+//! on the KV use measured on the H100, are `simulation.rs` (tests only).
 
 mod config;
 mod controller;
 #[cfg(test)]
 mod simulation;
+mod warm;
 
 pub use config::{ConfigError, ReservationConfig};
 pub use controller::{Decision, ReservationController};
+pub use warm::Learned;
