@@ -529,4 +529,6 @@ pub fn serve<D: RmDriver>(
 }
 
 #[cfg(test)]
+mod bench;
+#[cfg(test)]
 pub(crate) mod tests;
