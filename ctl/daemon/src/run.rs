@@ -170,7 +170,7 @@ pub fn run_with_pool(
         core.pre_existing.len(),
         cfg.socket.display()
     );
-    core.set_gate_starter(Box::new(real_gate_starter));
+    core.set_gate_starter(Arc::new(real_gate_starter));
     core.set_policy(cfg.offline.clone(), cfg.gate_defaults.clone());
     if let Some(p) = &cfg.pod_labels {
         crate::workload::use_pod_labels(p.clone());

@@ -70,7 +70,7 @@ impl LaunchSource for NoLaunches {
 /// BPF programs does.
 pub(crate) fn slow_starter(rm: &Arc<FakeRm>, delay: Duration) -> GateStarter {
     let rm = rm.clone();
-    Box::new(move |cfg| {
+    Arc::new(move |cfg| {
         let rm = rm.clone();
         crate::gate::runtime::spawn(cfg, move |_tx| {
             std::thread::sleep(delay);
