@@ -462,7 +462,7 @@ pub(crate) fn held_starter(rm: &Arc<FakeRm>) -> HeldStarter {
             let _ = release_rx
                 .lock()
                 .unwrap()
-                .recv_timeout(std::time::Duration::from_secs(20));
+                .recv_timeout(std::time::Duration::from_secs(45));
             let ctl = Controller::with_driver(rm).map_err(|e| e.to_string())?;
             Ok((ctl, QuietLaunches { panic: false }))
         })

@@ -6,7 +6,9 @@
 //! `VALVE_BENCH_GATE_START_MS` (default 250, what it took on the H100) attaching, on the gate
 //! thread, as the real one does. Run it with
 //! `cargo test -p valve-daemon --release --lib reclaim_queueing_bench -- --ignored --nocapture`;
-//! `VALVE_BENCH_GROWS` (default 300) and `VALVE_BENCH_FLOODERS` (default 2) set its size.
+//! `VALVE_BENCH_GROWS` (default 300) and `VALVE_BENCH_FLOODERS` (default 2) set its size, and
+//! `VALVE_BENCH_FREEZER=socket` freezes through the control socket, as the pool did before the
+//! fast lane (the comparison).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -16,24 +18,24 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use valve::controller::Controller;
 use valve::fake::FakeRm;
-use valve_vmm::wire;
 
+use super::tests::pool::{call, ids, offline_client, online_client, spawn_pool};
 use super::tests::{fake_core, own_group, request, QueuedEvents};
-use super::{bind, Server};
+use super::{bind, Lane, Server};
 use crate::audit::Audit;
 use crate::gate::{GateStarter, LaunchSource};
-use crate::memory::ledger::tests::ledger;
-use crate::memory::reclaim::{DaemonSocketFreezer, Freezer};
-use crate::memory::server::PoolServer;
+use crate::memory::reclaim::{DaemonLaneFreezer, DaemonSocketFreezer, FreezeReport, Freezer};
 
 /// The benchmark's size, from the environment.
 struct Settings {
     grows: usize,
     gate_start: Duration,
     flooders: usize,
+    /// Freeze through the control socket instead of the fast lane.
+    by_socket: bool,
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -49,6 +51,7 @@ impl Settings {
             grows: env_or("VALVE_BENCH_GROWS", 300) as usize,
             gate_start: Duration::from_millis(env_or("VALVE_BENCH_GATE_START_MS", 250)),
             flooders: env_or("VALVE_BENCH_FLOODERS", 2) as usize,
+            by_socket: std::env::var("VALVE_BENCH_FREEZER").as_deref() == Ok("socket"),
         }
     }
 }
@@ -80,9 +83,14 @@ pub(crate) fn slow_starter(rm: &Arc<FakeRm>, delay: Duration) -> GateStarter {
     })
 }
 
-/// The daemon's loop on its own thread until `stop`; this process is a CUDA process with 4
-/// channels in its registry. Returns once the control socket is bound.
-fn spawn_daemon(dir: &Path, s: &Settings, stop: &Arc<AtomicBool>) -> (JoinHandle<()>, PathBuf) {
+/// The daemon's loop on its own thread until `stop`, serving `lane`; this process is a CUDA
+/// process with 4 channels in its registry. Returns once the control socket is bound.
+fn spawn_daemon(
+    dir: &Path,
+    s: &Settings,
+    stop: &Arc<AtomicBool>,
+    lane: Lane,
+) -> (JoinHandle<()>, PathBuf) {
     let socket = dir.join("valve.sock");
     let (dir, path, stop, delay) = (
         dir.to_path_buf(),
@@ -101,7 +109,7 @@ fn spawn_daemon(dir: &Path, s: &Settings, stop: &Arc<AtomicBool>) -> (JoinHandle
         }
         let listener = bind(&path, own_group()).unwrap();
         let audit = Audit::log_only();
-        let mut server = Server::new(&listener, own_group(), &audit);
+        let mut server = Server::new(&listener, own_group(), &audit).with_lane(lane);
         let events = QueuedEvents::default();
         ready_tx.send(()).unwrap();
         while !stop.load(Ordering::Relaxed) {
@@ -154,67 +162,29 @@ fn flood(socket: &Path, stop: &AtomicBool, sent: &AtomicU64) {
     }
 }
 
-/// The pool on its own thread until `stop`: 16 handles of 64 MiB, freezing with `freezer`.
-fn spawn_pool(dir: &Path, stop: &Arc<AtomicBool>, freezer: Box<dyn Freezer>) -> JoinHandle<()> {
-    let listener = wire::listen(&dir.join("pool.sock")).unwrap();
-    let mut server = PoolServer::new(
-        ledger(64 * 17, 1 << 20),
-        listener,
-        Box::new(|_: &UnixStream| true),
-        freezer,
-        Duration::from_secs(1),
-    );
-    let stop = stop.clone();
-    std::thread::spawn(move || server.run(&stop, Duration::from_millis(5)))
+/// A freezer that records each freeze's round trip and how long it waited for the loop.
+struct Recording {
+    inner: Box<dyn Freezer>,
+    freezes: Arc<Mutex<Vec<(Duration, Duration)>>>,
 }
 
-fn call(s: &UnixStream, v: Value) -> Value {
-    wire::send(s, &v, &[]).unwrap();
-    wire::recv(s).unwrap().unwrap().0
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h.as_u64().unwrap())
-        .collect()
-}
-
-/// Registers an offline client that takes the whole pool and gives back the handles each
-/// reclaim asks for at once. Returns its control connection and what it holds.
-fn offline_client(pool: &Path) -> (UnixStream, Arc<Mutex<Vec<u64>>>) {
-    let off = wire::connect(pool).unwrap();
-    let reg = call(&off, json!({"op": "register", "role": "offline", "gpu": 0}));
-    let grown = call(&off, json!({"op": "grow", "count": 16}));
-    let held = Arc::new(Mutex::new(ids(&grown["handles"])));
-    assert_eq!(held.lock().unwrap().len(), 16, "{grown}");
-    let cb = wire::connect(pool).unwrap();
-    let attach = json!({"op": "attach", "client": reg["client"], "token": reg["token"]});
-    assert_eq!(call(&cb, attach)["ok"], true);
-    let held2 = held.clone();
-    std::thread::spawn(move || {
-        while let Ok(Some((req, _))) = wire::recv(&cb) {
-            let k = req["count"].as_u64().unwrap() as usize;
-            let give: Vec<u64> = held2.lock().unwrap().drain(..k).collect();
-            let answer = json!({"rid": req["rid"], "ok": true, "handles": give});
-            if wire::send(&cb, &answer, &[]).is_err() {
-                return;
-            }
-        }
-    });
-    (off, held)
+impl Freezer for Recording {
+    fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
+        let t0 = Instant::now();
+        let r = self.inner.freeze(pid)?;
+        let queued = Duration::from_micros(r.queued_us);
+        self.freezes.lock().unwrap().push((t0.elapsed(), queued));
+        Ok(r)
+    }
+    fn thaw(&mut self, pid: u32) -> Result<(), String> {
+        self.inner.thaw(pid)
+    }
 }
 
 /// Online grows of 1-16 handles, each taken back from offline; returns each grow's time.
 fn grow_loop(pool: &Path, grows: usize) -> Vec<Duration> {
-    let (off, held) = offline_client(pool);
-    let on = wire::connect(pool).unwrap();
-    let reg = call(
-        &on,
-        json!({"op": "register", "role": "online", "gpu": 0, "premap": false}),
-    );
-    assert_eq!(reg["ok"], true, "{reg}");
+    let (off, held) = offline_client(pool, 16);
+    let on = online_client(pool);
     let mut times = Vec::with_capacity(grows);
     for i in 0..grows {
         let k = 1 + (i * 7) % 16;
@@ -241,12 +211,24 @@ fn reclaim_queueing_bench() {
     let s = Settings::from_env();
     let dir = tempfile::tempdir().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let (daemon, socket) = spawn_daemon(dir.path(), &s, &stop);
-    let freezer = Box::new(DaemonSocketFreezer {
-        socket: socket.clone(),
-        max_hold: Duration::from_secs(2),
-    });
-    let pool = spawn_pool(dir.path(), &stop, freezer);
+    let (client, lane) = super::lane::lane().unwrap();
+    let (daemon, socket) = spawn_daemon(dir.path(), &s, &stop, lane);
+    let max_hold = Duration::from_secs(2);
+    let freezer: Box<dyn Freezer> = if s.by_socket {
+        let socket = socket.clone();
+        Box::new(DaemonSocketFreezer { socket, max_hold })
+    } else {
+        Box::new(DaemonLaneFreezer {
+            lane: client,
+            max_hold,
+        })
+    };
+    let freezes = Arc::new(Mutex::new(Vec::new()));
+    let recording = Recording {
+        inner: freezer,
+        freezes: freezes.clone(),
+    };
+    let pool = spawn_pool(dir.path(), 16, &stop, Box::new(recording));
     let (load_stop, flooded) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),
@@ -272,10 +254,20 @@ fn reclaim_queueing_bench() {
     daemon.join().unwrap();
     times.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let freezes = std::mem::take(&mut *freezes.lock().unwrap());
+    let (mut trips, mut queued): (Vec<_>, Vec<_>) = freezes.into_iter().unzip();
+    trips.sort();
+    queued.sort();
     println!(
-        "reclaim_queueing_bench (CPU, fake RM, not the hardware target): {} grows of 1-16 \
-         64 MiB handles, each reclaimed from offline: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; \
-         {cycles} gate start/stop cycles ({} ms starts), {} malformed requests from {} flooders",
+        "reclaim_queueing_bench (CPU, fake RM, not the hardware target; freezes by {}): {} grows \
+         of 1-16 64 MiB handles, each reclaimed from offline: p50 {:.2} ms, p99 {:.2} ms, max \
+         {:.2} ms; {cycles} gate start/stop cycles ({} ms starts), {} malformed requests from {} \
+         flooders",
+        if s.by_socket {
+            "the control socket"
+        } else {
+            "the fast lane"
+        },
         times.len(),
         ms(percentile(&times, 0.50)),
         ms(percentile(&times, 0.99)),
@@ -283,5 +275,16 @@ fn reclaim_queueing_bench() {
         s.gate_start.as_millis(),
         flooded.load(Ordering::Relaxed),
         s.flooders,
+    );
+    println!(
+        "  their {} freezes: round trip p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; waiting for \
+         the loop (queued) p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        trips.len(),
+        ms(percentile(&trips, 0.50)),
+        ms(percentile(&trips, 0.99)),
+        ms(*trips.last().unwrap()),
+        ms(percentile(&queued, 0.50)),
+        ms(percentile(&queued, 0.99)),
+        ms(*queued.last().unwrap()),
     );
 }
