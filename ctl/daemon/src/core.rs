@@ -28,7 +28,9 @@ use crate::procfs::{alive, comm};
 use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
 use crate::workload::Workload;
 
+mod gate_start;
 mod recorded;
+use gate_start::PendingGate;
 use recorded::RecordedState;
 
 struct Preempted {
@@ -77,6 +79,8 @@ pub struct DaemonCore<D: RmDriver> {
     /// Set when the state file did not parse at start and was moved aside.
     pub state_salvage: Option<Salvage>,
     gate: Option<ActiveGate>,
+    /// A `gate start` whose gate thread is starting off the loop, or not yet synced.
+    gate_pending: Option<PendingGate>,
     gate_starter: Option<GateStarter>,
     metrics: Option<Arc<Metrics>>,
     offline_policy: OfflinePolicy,
@@ -152,6 +156,7 @@ impl<D: RmDriver> DaemonCore<D> {
             restored,
             state_salvage: leftover.salvage,
             gate: None,
+            gate_pending: None,
             gate_starter: None,
             metrics: None,
             offline_policy: OfflinePolicy::default(),
@@ -661,6 +666,7 @@ impl<D: RmDriver> DaemonCore<D> {
     /// At exit: stops the gate, resumes everything this daemon disabled and writes the journal.
     /// The reply names what could not be resumed.
     pub fn shutdown(&mut self) -> Reply {
+        self.finish_gate_start();
         if self.gate.is_some() {
             let _ = self.gate_stop();
         }
@@ -680,69 +686,23 @@ impl<D: RmDriver> DaemonCore<D> {
         self.gate_starter = Some(starter);
     }
 
-    fn gate_start(&mut self, mut spec: GateSpec) -> Reply {
-        let d = &self.gate_defaults;
-        spec.cooldown_floor_us = spec.cooldown_floor_us.or(d.cooldown_floor_us);
-        spec.cooldown_ceiling_us = spec.cooldown_ceiling_us.or(d.cooldown_ceiling_us);
-        spec.gap_factor = spec.gap_factor.or(d.gap_factor);
-        spec.gap_memory_ms = spec.gap_memory_ms.or(d.gap_memory_ms);
-        spec.fixed_cooldown_us = spec.fixed_cooldown_us.or(d.fixed_cooldown_us);
-        if spec.online.is_empty() && spec.online_label.is_none() {
-            spec.online_label = d.online_label.clone();
-        }
-        if spec.offline.is_empty() && spec.offline_label.is_none() {
-            spec.offline_label = d.offline_label.clone();
-        }
-        if self.gate.is_some() {
-            return Reply::err(
-                1,
-                "a gate is already running (see `valvectl gate status`); stop it first with \
-                 `valvectl gate stop`",
-            );
-        }
-        let not_discoverable = |pid: u32| {
-            self.pre_existing
-                .contains(&pid)
-                .then(|| self.no_channels_reason(pid))
-        };
-        let offline_label = spec.offline_label.clone();
-        let gate = match ActiveGate::start(spec, self.gate_starter.as_ref(), not_discoverable) {
-            Ok(g) => g,
-            Err(reply) => return reply,
-        };
-        self.gate = Some(gate);
-        if let Some(m) = &self.metrics {
-            m.gate_started(&m.workload_label(offline_label.as_deref()));
-        }
-        // The reply must show the sets the gate thread works with, not a status from before it
-        // applied them.
-        self.sync_gate(Rescan::Now);
-        self.harvest_gate_changed();
-        let status = self.gate_status();
-        let waiting = self
-            .gate
-            .as_ref()
-            .map(ActiveGate::waiting)
-            .unwrap_or_default();
-        let mut data = status.data;
-        if !waiting.is_empty() {
-            data["note"] = json!(format!(
-                "offline pid(s) {waiting:?} have no GPU channels yet; they are gated as soon as \
-                 they create them"
-            ));
-        }
-        Reply::ok(data)
-    }
-
     fn gate_status(&self) -> Reply {
-        match &self.gate {
-            Some(g) => Reply::ok(g.status()),
-            None => Reply::ok(json!({"running": false})),
+        match (&self.gate, &self.gate_pending) {
+            (Some(g), _) => Reply::ok(g.status()),
+            (None, Some(_)) => Reply::ok(json!({"running": false, "starting": true})),
+            (None, None) => Reply::ok(json!({"running": false})),
         }
     }
 
     /// Stops the gate (its thread enables offline) and drops its records.
     pub fn gate_stop(&mut self) -> Reply {
+        if self.gate_pending.is_some() {
+            return Reply::err(
+                1,
+                "the gate is still starting (attaching its BPF programs); stop it once \
+                 `valvectl gate start` has answered",
+            );
+        }
         let Some(g) = self.gate.take() else {
             return Reply::err(
                 1,
@@ -761,6 +721,9 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     fn gate_signal(&mut self, busy: bool) -> Reply {
+        if let Some(queued) = self.queue_signal(busy) {
+            return queued;
+        }
         match &self.gate {
             Some(g) => Reply::ok(g.signal(busy)),
             None => Reply::err(

@@ -47,8 +47,6 @@ pub struct PoolConfig {
     pub realtime: Option<u8>,
     /// Where online reservations are saved and start warm from (`None`: always cold).
     pub warm: Option<WarmSettings>,
-    /// The daemon's control socket (reclaims preempt through it).
-    pub daemon_socket: PathBuf,
     /// Group allowed on the socket besides root.
     pub gid: Option<u32>,
 }
@@ -79,8 +77,13 @@ impl Drop for PoolHandle {
     }
 }
 
-/// Opens every GPU's backing, binds the socket and starts the server thread.
-pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle, String> {
+/// Opens every GPU's backing, binds the socket and starts the server thread, which freezes
+/// offline through `freezer` (the daemon's: [`reclaim::DaemonLaneFreezer`]).
+pub fn start(
+    cfg: &PoolConfig,
+    allowed: server::PeerCheck,
+    freezer: Box<dyn reclaim::Freezer>,
+) -> Result<PoolHandle, String> {
     let mut ledger = ledger::Ledger::default();
     for (index, pci) in &cfg.gpus {
         let b = backing::CudaBacking::open(pci, cfg.handle_bytes)
@@ -99,17 +102,7 @@ pub fn start(cfg: &PoolConfig, allowed: server::PeerCheck) -> Result<PoolHandle,
         nix::unistd::chown(&cfg.socket, None, Some(nix::unistd::Gid::from_raw(gid)))
             .map_err(|e| format!("giving {} to group {gid}: {e}", cfg.socket.display()))?;
     }
-    let freezer = reclaim::DaemonSocketFreezer {
-        socket: cfg.daemon_socket.clone(),
-        max_hold: Duration::from_secs(2),
-    };
-    let mut srv = server::PoolServer::new(
-        ledger,
-        listener,
-        allowed,
-        Box::new(freezer),
-        cfg.reclaim_deadline,
-    );
+    let mut srv = server::PoolServer::new(ledger, listener, allowed, freezer, cfg.reclaim_deadline);
     srv.set_reservation(reservation::ReservationConfig {
         target_rate_per_min: cfg.target_reclaims_per_min,
         ..reservation::ReservationConfig::for_handle_bytes(cfg.handle_bytes as u64)

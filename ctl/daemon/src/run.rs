@@ -21,7 +21,7 @@ use crate::harvest::{HarvestHandle, HarvestSettings, HarvestSources, NvmlMemory}
 use crate::metrics::Metrics;
 use crate::procfs::nvidia_users;
 use crate::protocol::EXIT_BPF;
-use crate::protocol::{GateSpec, Reply, Request};
+use crate::protocol::{GateSpec, Reply};
 use crate::server;
 use crate::workload::PodLabels;
 
@@ -82,32 +82,6 @@ fn audit_config(cfg: &DaemonConfig, audit: &Audit) {
     );
 }
 
-/// Starts the configured gate (`gate.autostart`); a failure stops the daemon, since the
-/// operator asked for a gate and would otherwise not have one.
-fn autostart_gate(
-    cfg: &DaemonConfig,
-    core: &mut DaemonCore<NvDriver>,
-    audit: &Audit,
-) -> Result<(), DaemonError> {
-    if !cfg.gate_autostart {
-        return Ok(());
-    }
-    let spec = GateSpec::default();
-    let event = Audit::event_of(&Request::GateStart(spec.clone()));
-    let reply = core.handle(Request::GateStart(spec));
-    audit.served(Caller::daemon(), event, &reply);
-    match reply.error {
-        None => {
-            eprintln!("valvectl daemon: gate started from the config (gate.autostart)");
-            Ok(())
-        }
-        Some(e) => Err(derr(
-            e.code,
-            format!("gate.autostart: starting the gate failed: {}", e.message),
-        )),
-    }
-}
-
 /// Creates the metrics, has the core and the gate thread record into them, and serves them.
 fn start_metrics(
     addr: SocketAddr,
@@ -158,8 +132,11 @@ pub fn run_with_pool(
     server::raise_fd_limit();
     let (mut core, watcher) = start(cfg)?;
     let listener = server::bind(&cfg.socket, gid)?;
+    // The pool's freezes reach the loop by this lane, not by the socket.
+    let (lane_client, lane) =
+        server::lane::lane().map_err(|e| derr(1, format!("the loop's wake-up pair: {e}")))?;
     let pool = match pool {
-        Some(p) => Some(start_pool(p, &core, cfg, gid)?),
+        Some(p) => Some(start_pool(p, &core, gid, lane_client)?),
         None => None,
     };
     let harvest = start_harvest(cfg, &node, &core, pool.as_ref())?;
@@ -170,7 +147,7 @@ pub fn run_with_pool(
         core.pre_existing.len(),
         cfg.socket.display()
     );
-    core.set_gate_starter(Box::new(real_gate_starter));
+    core.set_gate_starter(Arc::new(real_gate_starter));
     core.set_policy(cfg.offline.clone(), cfg.gate_defaults.clone());
     if let Some(p) = &cfg.pod_labels {
         crate::workload::use_pod_labels(p.clone());
@@ -185,15 +162,23 @@ pub fn run_with_pool(
     if let Some(m) = &metrics {
         m.serve_profile(harvest.shared());
     }
-    let mut server = server::Server::new(&listener, gid, &audit).on_error(|cause| {
-        if let Some(m) = &metrics {
-            m.record_error(cause);
-        }
-    });
+    let mut server = server::Server::new(&listener, gid, &audit)
+        .with_lane(lane)
+        .on_error(|cause| {
+            if let Some(m) = &metrics {
+                m.record_error(cause);
+            }
+        });
     let result = started
-        .and_then(|()| autostart_gate(cfg, &mut core, &audit))
+        .and_then(|()| match cfg.gate_autostart {
+            true => server.autostart_gate(&mut core, GateSpec::default()),
+            false => Ok(()),
+        })
         .and_then(|()| server::serve(&mut core, &watcher, &mut server, signals));
-    // The pool first: a reclaim in flight thaws through the socket that is about to go.
+    // The loop's lane goes first, so a reclaim in flight fails at once instead of waiting for
+    // a loop that no longer turns; then the pool stops (it can freeze nothing more), and the
+    // core's shutdown resumes whatever a reclaim left frozen.
+    drop(server);
     drop(pool);
     drop(harvest);
     let r = core.shutdown();
@@ -238,8 +223,8 @@ pub struct PoolSettings {
 fn start_pool(
     p: &PoolSettings,
     core: &DaemonCore<NvDriver>,
-    cfg: &DaemonConfig,
     gid: Option<u32>,
+    lane: server::LaneClient,
 ) -> Result<crate::memory::PoolHandle, DaemonError> {
     let all = core.controller().gpus();
     let mut gpus = Vec::new();
@@ -269,12 +254,16 @@ fn start_pool(
         target_reclaims_per_min: p.target_reclaims_per_min,
         realtime: p.realtime,
         warm: p.warm.clone(),
-        daemon_socket: cfg.socket.clone(),
         gid,
     };
     let allowed = Box::new(move |s: &std::os::unix::net::UnixStream| server::peer_allowed(s, gid));
-    let handle =
-        crate::memory::start(&pcfg, allowed).map_err(|e| derr(1, format!("memory pool: {e}")))?;
+    // The daemon resumes by itself after max_hold, should the pool thread die mid-reclaim.
+    let freezer = Box::new(crate::memory::reclaim::DaemonLaneFreezer {
+        lane,
+        max_hold: Duration::from_secs(2),
+    });
+    let handle = crate::memory::start(&pcfg, allowed, freezer)
+        .map_err(|e| derr(1, format!("memory pool: {e}")))?;
     eprintln!(
         "valvectl daemon: memory pool on {} GPU(s), {} MiB handles, socket {}",
         pcfg.gpus.len(),

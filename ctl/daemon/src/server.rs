@@ -1,15 +1,24 @@
 //! The control socket: binding it with the right owner and mode, checking who connects
 //! (SO_PEERCRED: root or the daemon's group), and the main loop that serves requests.
 //!
+//! The loop is one thread. Each turn it folds watcher events into the registry, expires hold
+//! limits and keeps the gate current, polls, accepts, and answers requests one at a time in
+//! [`DaemonCore`]. Nothing slow runs on it: a `gate start` attaches its BPF programs on a helper
+//! thread and is answered when its gate is ready, while the loop goes on. The memory pool's
+//! freezes and thaws come by the fast [`lane`], not the socket, and are served between any two
+//! pieces of the loop's work (docs/memory.md, "How a reclaim reaches the loop").
+//!
 //! Connections are read without blocking, all of them at once through poll(2), so an idle or
 //! slow client holds a slot and never the loop. A request is one line of at most
-//! [`MAX_REQUEST_BYTES`], sent within [`REQUEST_TIMEOUT`]; at most [`MAX_CONNECTIONS`] wait at
-//! once (the oldest goes for a new one). Requests are answered in order on the daemon's one
-//! thread; between them the loop folds watcher events into the registry, expires hold limits
-//! and keeps the gate current. The loop answers the read-only [`LoopRequest`]s itself (the
-//! metrics text for `valvectl top`); every [`Request`] goes to the daemon's core.
+//! [`MAX_REQUEST_BYTES`], sent within [`REQUEST_TIMEOUT`]; a line that cannot be JSON is refused
+//! unparsed. A turn serves each peer process at most [`REQUESTS_PER_PEER_PER_TURN`] requests
+//! and accepts at most [`ACCEPTS_PER_TURN`], so a flood from one client delays another's request
+//! by a bounded amount; at most [`MAX_CONNECTIONS`] are open (the flooding peer's oldest goes
+//! for a new one). The loop answers the read-only [`LoopRequest`]s itself (the metrics text for
+//! `valvectl top`); every [`Request`] goes to the daemon's core.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -26,14 +35,27 @@ use crate::audit::{Audit, Caller};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::metrics::ErrorCause;
-use crate::protocol::{LoopRequest, Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
+use crate::protocol::{GateSpec, LoopRequest, Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
+
+mod conn;
+pub mod lane;
+
+use conn::{may_be_request, Conn, ReadOutcome};
+pub use lane::{Lane, LaneClient, LaneOp};
 
 /// Requests that took this long from connection to reply are logged (with where the time went).
 const SLOW_REQUEST: Duration = Duration::from_millis(20);
 /// How long a connection has to send its request line (and to take its reply).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; for a new one beyond this, the oldest is closed.
+/// Connections served at once; for a new one beyond this, the oldest of the peer holding the
+/// most is closed.
 pub const MAX_CONNECTIONS: usize = 4096;
+/// Requests served per peer process in one turn; the rest of its ready connections wait for the
+/// next turn (they stay readable), so one client's flood delays another's request by at most
+/// this many per flooding process.
+pub const REQUESTS_PER_PEER_PER_TURN: usize = 16;
+/// Connections accepted per turn; more wait in the listen queue for the next turn.
+pub const ACCEPTS_PER_TURN: usize = 256;
 /// Refused callers audited per second at most (the rest are only counted), so that a local
 /// user cannot fill the disk by connecting in a loop.
 const REFUSALS_AUDITED_PER_S: u32 = 10;
@@ -144,23 +166,32 @@ fn drain<D: RmDriver>(core: &mut DaemonCore<D>, events: &impl EventSource) {
     }
 }
 
-/// One client connection: reading its request line, then writing its reply.
-struct Conn {
-    stream: UnixStream,
-    caller: Option<Caller>,
-    request: Vec<u8>,
-    /// The reply and how much of it is written; set once the request is answered.
-    reply: Option<(Vec<u8>, usize)>,
-    since: Instant,
-    done: bool,
+/// Who waits for the `gate start` under way.
+enum GateWaiter {
+    /// A connection, by id, with what its reply is audited as.
+    Conn {
+        id: u64,
+        caller: Option<Caller>,
+        event: AuditEvent,
+        started: Instant,
+    },
+    /// The daemon's own start (`gate.autostart`): a failure stops the daemon.
+    Autostart { event: AuditEvent },
 }
 
-/// The control socket's connections and what the loop does with them each turn.
+/// A request's audit event ([`Audit::event_of`]).
+type AuditEvent = Option<(&'static str, serde_json::Value)>;
+
+/// The control socket's connections, the fast lane, and what the loop does with them each turn.
 pub struct Server<'a> {
     listener: &'a UnixListener,
     gid: Option<u32>,
     audit: &'a Audit,
     conns: Vec<Conn>,
+    next_id: u64,
+    /// The fast lane, once given ([`Self::with_lane`]).
+    lane: Option<Lane>,
+    gate_waiter: Option<GateWaiter>,
     on_error: Box<dyn Fn(ErrorCause) + 'a>,
     gauges_published: Option<Instant>,
     refusals_audited: (Instant, u32),
@@ -174,9 +205,29 @@ impl<'a> Server<'a> {
             gid,
             audit,
             conns: Vec::new(),
+            next_id: 0,
+            lane: None,
+            gate_waiter: None,
             on_error: Box::new(|_| {}),
             gauges_published: None,
             refusals_audited: (Instant::now(), 0),
+        }
+    }
+
+    /// Serves `lane` (see [`lane::lane`]) before anything else, and wakes on it.
+    pub fn with_lane(mut self, lane: Lane) -> Self {
+        self.lane = Some(lane);
+        self
+    }
+
+    /// What wakes the loop when a `gate start` has finished on its helper thread (without a
+    /// lane, the poll's timeout does).
+    fn waker(&self) -> impl FnOnce() + Send + 'static {
+        let waker = self.lane.as_ref().map(Lane::waker);
+        move || {
+            if let Some(w) = waker {
+                w.wake();
+            }
         }
     }
 
@@ -192,26 +243,37 @@ impl<'a> Server<'a> {
         self.conns.len()
     }
 
+    /// Starts the configured gate (`gate.autostart`) without holding the loop: it finishes in
+    /// a later [`Self::step`], which fails if the start does, since the operator asked for a gate.
+    pub fn autostart_gate<D: RmDriver>(
+        &mut self,
+        core: &mut DaemonCore<D>,
+        spec: GateSpec,
+    ) -> Result<(), DaemonError> {
+        let event = Audit::event_of(&Request::GateStart(spec.clone()));
+        match core.begin_gate_start(spec, self.waker()) {
+            Ok(()) => {
+                self.gate_waiter = Some(GateWaiter::Autostart { event });
+                Ok(())
+            }
+            Err(reply) => autostarted(self.audit, event, &reply),
+        }
+    }
+
     /// One turn of the loop: registry, hold limits and gate upkeep, then waits up to `wait`
-    /// for the sockets and serves what they have. Errors only when the event source died.
+    /// for the sockets and serves what they have, each peer at most
+    /// [`REQUESTS_PER_PEER_PER_TURN`] requests; the fast lane between any two of these. Errors
+    /// when the event source died or the configured gate failed to start.
     pub fn step<D: RmDriver>(
         &mut self,
         core: &mut DaemonCore<D>,
         events: &impl EventSource,
         wait: Duration,
     ) -> Result<(), DaemonError> {
+        self.serve_lane(core, events);
         drain(core, events);
-        for pid in core.expire(Instant::now()) {
-            let reply = if core.is_preempted(pid) {
-                (self.on_error)(ErrorCause::Rm);
-                Reply::err(1, "resume at the hold limit failed; see the daemon's log")
-            } else {
-                Reply::ok(serde_json::Value::Null)
-            };
-            let targets = json!({"pid": pid});
-            self.audit
-                .record("hold_limit_resume", Caller::daemon(), targets, &reply);
-        }
+        self.expire(core);
+        self.serve_lane(core, events);
         core.refresh_gate(Instant::now(), crate::gate::Rescan::IfDue);
         core.publish_harvest_view(Instant::now());
         if !events.alive() {
@@ -220,10 +282,19 @@ impl<'a> Server<'a> {
                 "the eBPF watcher stopped; exiting so the service restarts",
             ));
         }
+        self.finish_gate_start(core)?;
         let ready = self.poll(wait);
+        self.serve_lane(core, events);
+        self.finish_gate_start(core)?;
         let fresh = self.accept();
+        self.serve_lane(core, events);
+        let mut served = HashMap::new();
         for i in ready.into_iter().chain(fresh) {
+            if self.fair_share_used(i, &mut served) {
+                continue; // still readable: served next turn
+            }
             self.service(i, core, events);
+            self.serve_lane(core, events);
         }
         self.close_stale(Instant::now());
         // Gauges: after every request, else once a second.
@@ -238,36 +309,154 @@ impl<'a> Server<'a> {
         Ok(())
     }
 
-    /// Waits for the listener or any connection; returns the connections that are ready.
+    /// Resumes the preemptions past their hold limit, and audits it.
+    fn expire<D: RmDriver>(&mut self, core: &mut DaemonCore<D>) {
+        for pid in core.expire(Instant::now()) {
+            let reply = if core.is_preempted(pid) {
+                (self.on_error)(ErrorCause::Rm);
+                Reply::err(1, "resume at the hold limit failed; see the daemon's log")
+            } else {
+                Reply::ok(serde_json::Value::Null)
+            };
+            let targets = json!({"pid": pid});
+            self.audit
+                .record("hold_limit_resume", Caller::daemon(), targets, &reply);
+        }
+    }
+
+    /// Serves every call waiting on the fast lane (the pool's freezes and thaws), as the socket
+    /// would serve the same preempt or resume, with the daemon as the audited caller.
+    fn serve_lane<D: RmDriver>(&mut self, core: &mut DaemonCore<D>, events: &impl EventSource) {
+        while let Some(call) = self.lane.as_ref().and_then(Lane::next) {
+            let queued = call.sent.elapsed();
+            let started = Instant::now();
+            // Events that arrived before the call must be in the registry.
+            drain(core, events);
+            let drained = started.elapsed();
+            let req = call.op.request();
+            let event = Audit::event_of(&req);
+            let mut reply = core.handle(req);
+            stamp(&mut reply, drained, queued);
+            let _ = call.reply.send(reply.clone());
+            let caller = Some(Caller::daemon());
+            self.bookkeep(caller, event, &reply, Some((started.elapsed(), queued)));
+        }
+    }
+
+    /// Answers the `gate start` under way once it has finished.
+    fn finish_gate_start<D: RmDriver>(
+        &mut self,
+        core: &mut DaemonCore<D>,
+    ) -> Result<(), DaemonError> {
+        let Some(reply) = core.poll_gate_start() else {
+            return Ok(());
+        };
+        match self.gate_waiter.take() {
+            Some(GateWaiter::Conn {
+                id,
+                caller,
+                event,
+                started,
+            }) => {
+                if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
+                    c.answer(&reply);
+                }
+                tracing::info!(
+                    took_us = started.elapsed().as_micros() as u64,
+                    "gate start answered (the loop served other requests meanwhile)"
+                );
+                self.bookkeep(caller, event, &reply, None);
+                Ok(())
+            }
+            Some(GateWaiter::Autostart { event }) => autostarted(self.audit, event, &reply),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether connection `i`'s peer has had its requests for this turn (counting this one).
+    fn fair_share_used(&self, i: usize, served: &mut HashMap<i32, usize>) -> bool {
+        let Some(c) = self.conns.get(i) else {
+            return false;
+        };
+        if c.done || c.reply.is_some() {
+            return false; // closing or writing a reply: no request to serve
+        }
+        let n = served.entry(c.peer()).or_insert(0);
+        *n += 1;
+        *n > REQUESTS_PER_PEER_PER_TURN
+    }
+
+    /// After a reply is on its way: error metrics, the audit record, fresh gauges, and a log
+    /// line if it was slow (`timing`: handled, waited; `None`: not a loop-held request).
+    fn bookkeep(
+        &mut self,
+        caller: Option<Caller>,
+        event: AuditEvent,
+        reply: &Reply,
+        timing: Option<(Duration, Duration)>,
+    ) {
+        if let Some(e) = &reply.error {
+            (self.on_error)(ErrorCause::of_exit_code(e.code));
+        }
+        if let (Some(c), Some(event)) = (caller, event) {
+            self.audit.served(c, Some(event), reply);
+        }
+        self.gauges_published = None;
+        if let Some((handled, waited)) = timing.filter(|(h, w)| *h + *w >= SLOW_REQUEST) {
+            tracing::warn!(
+                handled_us = handled.as_micros() as u64,
+                waited_us = waited.as_micros() as u64,
+                "slow request"
+            );
+        }
+    }
+
+    /// Waits for the listener, the lane or any connection; returns the connections that are
+    /// ready. Connections waiting for a gate's start are not read.
     fn poll(&self, wait: Duration) -> Vec<usize> {
         use nix::poll::{PollFd, PollFlags, PollTimeout};
-        let mut fds = Vec::with_capacity(self.conns.len() + 1);
+        let mut fds = Vec::with_capacity(self.conns.len() + 2);
         fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
-        for c in &self.conns {
+        if let Some(lane) = &self.lane {
+            fds.push(PollFd::new(lane.fd(), PollFlags::POLLIN));
+        }
+        let first = fds.len();
+        let mut polled = Vec::with_capacity(self.conns.len());
+        for (i, c) in self.conns.iter().enumerate() {
+            if c.waiting || c.done {
+                continue;
+            }
             let want = if c.reply.is_some() {
                 PollFlags::POLLOUT
             } else {
                 PollFlags::POLLIN
             };
             fds.push(PollFd::new(c.stream.as_fd(), want));
+            polled.push(i);
         }
         let ms = wait.as_millis().min(u16::MAX as u128) as u16;
         if nix::poll::poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) <= 0 {
             return Vec::new();
         }
-        fds[1..]
+        if let Some(lane) = &self.lane {
+            if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                lane.clear_wake();
+            }
+        }
+        fds[first..]
             .iter()
-            .enumerate()
-            .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
-            .map(|(i, _)| i)
+            .zip(polled)
+            .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, i)| i)
             .collect()
     }
 
-    /// Accepts every waiting connection; returns their indices. Callers that may not use Valve
-    /// get their refusal queued at once and are never read.
+    /// Accepts up to [`ACCEPTS_PER_TURN`] waiting connections; returns their indices. Callers
+    /// that may not use Valve get their refusal queued at once and are never read.
     fn accept(&mut self) -> Vec<usize> {
         let mut fresh = Vec::new();
-        loop {
+        let mut heaviest = None;
+        while fresh.len() < ACCEPTS_PER_TURN {
             let stream = match self.listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -280,21 +469,16 @@ impl<'a> Server<'a> {
                 continue;
             }
             if self.conns.len() >= MAX_CONNECTIONS {
-                self.evict_oldest();
+                self.evict(&mut heaviest);
             }
             let cred = getsockopt(&stream, PeerCredentials).ok();
-            let mut conn = Conn {
-                stream,
-                caller: cred.map(|c| Caller {
-                    uid: c.uid(),
-                    gid: c.gid(),
-                    pid: c.pid(),
-                }),
-                request: Vec::new(),
-                reply: None,
-                since: Instant::now(),
-                done: false,
-            };
+            let caller = cred.map(|c| Caller {
+                uid: c.uid(),
+                gid: c.gid(),
+                pid: c.pid(),
+            });
+            self.next_id += 1;
+            let mut conn = Conn::new(self.next_id, stream, caller);
             if !cred.is_some_and(|c| allowed(&c, self.gid)) {
                 let reply = Reply::err(
                     4,
@@ -326,16 +510,34 @@ impl<'a> Server<'a> {
         }
     }
 
-    fn evict_oldest(&mut self) {
-        if let Some(c) = self
-            .conns
-            .iter_mut()
-            .filter(|c| !c.done)
-            .min_by_key(|c| c.since)
-        {
-            // Closed by the retain at the end of the turn (indices stay valid until then).
-            c.done = true;
-            (self.on_error)(ErrorCause::Evicted);
+    /// Makes room for a new connection: closes the oldest open one of the peer that holds the
+    /// most (`heaviest`, worked out once per accept batch), so that one client's flood costs
+    /// other clients none of their connections.
+    fn evict(&mut self, heaviest: &mut Option<i32>) {
+        let open = |c: &&mut Conn| !c.done && !c.waiting;
+        for _ in 0..2 {
+            let peer = *heaviest.get_or_insert_with(|| {
+                let mut held: HashMap<i32, usize> = HashMap::new();
+                for c in self.conns.iter().filter(|c| !c.done && !c.waiting) {
+                    *held.entry(c.peer()).or_insert(0) += 1;
+                }
+                held.into_iter()
+                    .max_by_key(|&(_, n)| n)
+                    .map_or(-1, |(p, _)| p)
+            });
+            let oldest = self
+                .conns
+                .iter_mut()
+                .filter(open)
+                .filter(|c| c.peer() == peer)
+                .min_by_key(|c| c.since);
+            if let Some(c) = oldest {
+                // Closed by the retain at the end of the turn (indices stay valid until then).
+                c.done = true;
+                (self.on_error)(ErrorCause::Evicted);
+                return;
+            }
+            *heaviest = None; // that peer has none left: count again
         }
     }
 
@@ -349,7 +551,7 @@ impl<'a> Server<'a> {
         let Some(conn) = self.conns.get_mut(i) else {
             return;
         };
-        if conn.done {
+        if conn.done || conn.waiting {
             return;
         }
         if conn.reply.is_some() {
@@ -369,60 +571,72 @@ impl<'a> Server<'a> {
                     ),
                 ));
             }
-            ReadOutcome::Line(line) => {
-                let (caller, waited) = (conn.caller, conn.since.elapsed());
-                let started = Instant::now();
-                let (reply, event) = match serde_json::from_slice::<Request>(&line) {
-                    Ok(req) => {
-                        // Events that arrived before the request must be in the registry.
-                        drain(core, events);
-                        let drained = started.elapsed();
-                        let event = Audit::event_of(&req);
-                        let mut reply = core.handle(req);
-                        // A preempt says where its time went (the memory pool logs it per reclaim).
-                        if let Some(t) = reply.data.get_mut("timing_us") {
-                            t["drain"] = json!(drained.as_micros() as u64);
-                            t["queued"] = json!(waited.as_micros() as u64);
-                        }
-                        (reply, Some(event))
-                    }
-                    Err(e) => match serde_json::from_slice::<LoopRequest>(&line) {
-                        // Read-only: nothing to audit.
-                        Ok(req) => (answer_loop(req), None),
-                        Err(_) => {
-                            (self.on_error)(ErrorCause::Malformed);
-                            (Reply::err(2, format!("bad request: {e}")), None)
-                        }
-                    },
-                };
-                let handled = started.elapsed();
-                if let Some(conn) = self.conns.get_mut(i) {
-                    conn.answer(&reply);
-                }
-                // Bookkeeping once the reply is on its way: a preempt (the memory pool's reclaim)
-                // waits for it.
-                if let Some(e) = &reply.error {
-                    (self.on_error)(ErrorCause::of_exit_code(e.code));
-                }
-                if let (Some(c), Some(event)) = (caller, event) {
-                    self.audit.served(c, event, &reply);
-                }
-                self.gauges_published = None;
-                if handled + waited >= SLOW_REQUEST {
-                    tracing::warn!(
-                        handled_us = handled.as_micros() as u64,
-                        waited_us = waited.as_micros() as u64,
-                        "slow request"
-                    );
-                }
-            }
+            ReadOutcome::Line(line) => self.answer_line(i, &line, core, events),
         }
     }
 
-    /// Closes finished connections and those past [`REQUEST_TIMEOUT`].
+    /// Answers connection `i`'s request line; a `gate start` is begun and answered once its gate
+    /// has started (see [`Self::finish_gate_start`]).
+    fn answer_line<D: RmDriver>(
+        &mut self,
+        i: usize,
+        line: &[u8],
+        core: &mut DaemonCore<D>,
+        events: &impl EventSource,
+    ) {
+        let (id, caller, waited) = {
+            let c = &self.conns[i];
+            (c.id, c.caller, c.since.elapsed())
+        };
+        let started = Instant::now();
+        let parsed = match parse(line) {
+            Ok(req) => req,
+            Err(Ok(req)) => {
+                // A read-only request the loop answers itself: nothing to audit.
+                self.conns[i].answer(&answer_loop(req));
+                return;
+            }
+            Err(Err(why)) => {
+                // Refused cheaply: counted, neither audited nor logged.
+                (self.on_error)(ErrorCause::Malformed);
+                self.conns[i].answer(&Reply::err(2, format!("bad request: {why}")));
+                return;
+            }
+        };
+        let event = Audit::event_of(&parsed);
+        let reply = match parsed {
+            Request::GateStart(spec) => match core.begin_gate_start(spec, self.waker()) {
+                Ok(()) => {
+                    self.conns[i].waiting = true;
+                    self.gate_waiter = Some(GateWaiter::Conn {
+                        id,
+                        caller,
+                        event,
+                        started,
+                    });
+                    return;
+                }
+                Err(reply) => reply,
+            },
+            req => {
+                // Events that arrived before the request must be in the registry.
+                drain(core, events);
+                let drained = started.elapsed();
+                let mut reply = core.handle(req);
+                stamp(&mut reply, drained, waited);
+                reply
+            }
+        };
+        self.conns[i].answer(&reply);
+        // Bookkeeping once the reply is on its way: a preempt may be waited for.
+        self.bookkeep(caller, event, &reply, Some((started.elapsed(), waited)));
+    }
+
+    /// Closes finished connections and those past [`REQUEST_TIMEOUT`] (not those waiting for a
+    /// gate's start, which always ends).
     fn close_stale(&mut self, now: Instant) {
         for c in &mut self.conns {
-            if !c.done && now.duration_since(c.since) >= REQUEST_TIMEOUT {
+            if !c.done && !c.waiting && now.duration_since(c.since) >= REQUEST_TIMEOUT {
                 c.done = true;
                 if c.reply.is_none() {
                     (self.on_error)(ErrorCause::Timeout);
@@ -430,6 +644,39 @@ impl<'a> Server<'a> {
             }
         }
         self.conns.retain(|c| !c.done);
+    }
+}
+
+/// A request line as a [`Request`], else as a [`LoopRequest`], else why it is neither. A line
+/// that cannot be a JSON object is refused without parsing.
+fn parse(line: &[u8]) -> Result<Request, Result<LoopRequest, String>> {
+    if !may_be_request(line) {
+        return Err(Err("a request is one JSON object per line".into()));
+    }
+    serde_json::from_slice::<Request>(line)
+        .map_err(|e| serde_json::from_slice::<LoopRequest>(line).map_err(|_| e.to_string()))
+}
+
+/// A preempt's reply says where its time went: `drain` and `queued` join the core's timings.
+fn stamp(reply: &mut Reply, drained: Duration, queued: Duration) {
+    if let Some(t) = reply.data.get_mut("timing_us") {
+        t["drain"] = json!(drained.as_micros() as u64);
+        t["queued"] = json!(queued.as_micros() as u64);
+    }
+}
+
+/// Audits the configured gate's start; its failure stops the daemon.
+fn autostarted(audit: &Audit, event: AuditEvent, reply: &Reply) -> Result<(), DaemonError> {
+    audit.served(Caller::daemon(), event, reply);
+    match &reply.error {
+        None => {
+            eprintln!("valvectl daemon: gate started from the config (gate.autostart)");
+            Ok(())
+        }
+        Some(e) => Err(derr(
+            e.code,
+            format!("gate.autostart: starting the gate failed: {}", e.message),
+        )),
     }
 }
 
@@ -444,71 +691,6 @@ fn answer_loop(req: LoopRequest) -> Reply {
                  `address` under `[metrics]` in its config file)",
             ),
         },
-    }
-}
-
-enum ReadOutcome {
-    /// No complete line yet.
-    Pending,
-    /// The line (without its newline; or everything, if the peer closed without one).
-    Line(Vec<u8>),
-    /// Over [`MAX_REQUEST_BYTES`] without a newline.
-    TooLong,
-    /// The peer closed without sending anything.
-    Closed,
-}
-
-impl Conn {
-    /// Reads what is there without blocking, never past [`MAX_REQUEST_BYTES`] + 1 bytes.
-    fn read_request(&mut self) -> ReadOutcome {
-        let mut chunk = [0u8; 4096];
-        loop {
-            let room = (MAX_REQUEST_BYTES + 1 - self.request.len()).min(chunk.len());
-            if room == 0 {
-                return ReadOutcome::TooLong;
-            }
-            match self.stream.read(&mut chunk[..room]) {
-                Ok(0) if self.request.is_empty() => return ReadOutcome::Closed,
-                Ok(0) => return ReadOutcome::Line(std::mem::take(&mut self.request)),
-                Ok(n) => {
-                    let seen = self.request.len();
-                    self.request.extend_from_slice(&chunk[..n]);
-                    if let Some(p) = self.request[seen..].iter().position(|&b| b == b'\n') {
-                        self.request.truncate(seen + p);
-                        return ReadOutcome::Line(std::mem::take(&mut self.request));
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    return ReadOutcome::Pending
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return ReadOutcome::Closed,
-            }
-        }
-    }
-
-    /// Queues `reply` and writes as much of it as the socket takes now.
-    fn answer(&mut self, reply: &Reply) {
-        let mut out = serde_json::to_vec(reply).expect("replies serialise");
-        out.push(b'\n');
-        self.reply = Some((out, 0));
-        self.since = Instant::now();
-        self.write_reply();
-    }
-
-    fn write_reply(&mut self) {
-        let Some((out, written)) = &mut self.reply else {
-            return;
-        };
-        while *written < out.len() {
-            match self.stream.write(&out[*written..]) {
-                Ok(n) => *written += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        self.done = true;
     }
 }
 
@@ -528,5 +710,7 @@ pub fn serve<D: RmDriver>(
     }
 }
 
+#[cfg(test)]
+mod bench;
 #[cfg(test)]
 pub(crate) mod tests;

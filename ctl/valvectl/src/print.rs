@@ -122,6 +122,10 @@ pub fn gpus(
 
 /// The gate's status as a few human lines.
 pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Result<()> {
+    if v["starting"] == true {
+        writeln!(out, "gate: starting (attaching its programs)")?;
+        return Ok(());
+    }
     if v["running"] != true {
         writeln!(out, "gate: not running")?;
         if v.get("preemptions").is_none() {
@@ -371,5 +375,12 @@ mod tests {
         let mut out = Vec::new();
         gate_status(&mut out, &serde_json::json!({"running": false})).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "gate: not running\n");
+        let mut out = Vec::new();
+        let starting = serde_json::json!({"running": false, "starting": true});
+        gate_status(&mut out, &starting).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "gate: starting (attaching its programs)\n"
+        );
     }
 }

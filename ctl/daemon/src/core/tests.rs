@@ -429,7 +429,7 @@ pub(crate) fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter,
     let rm = rm.clone();
     let edges: EdgeSender = Default::default();
     let edges2 = edges.clone();
-    let starter = Box::new(move |cfg| {
+    let starter = Arc::new(move |cfg| {
         let (rm, edges) = (rm.clone(), edges2.clone());
         crate::gate::runtime::spawn(cfg, move |tx| {
             *edges.lock().unwrap() = Some(tx);
@@ -438,6 +438,40 @@ pub(crate) fn fake_starter(rm: &Arc<FakeRm>, panic: bool) -> (gate::GateStarter,
         })
     });
     (starter, edges)
+}
+
+/// A gate starter whose gate thread stops in the middle of its start (where the real one
+/// attaches its BPF programs) until the test sends on `release`; `entered` says it got there.
+pub(crate) struct HeldStarter {
+    pub(crate) starter: gate::GateStarter,
+    pub(crate) entered: std::sync::mpsc::Receiver<()>,
+    pub(crate) release: std::sync::mpsc::Sender<()>,
+}
+
+pub(crate) fn held_starter(rm: &Arc<FakeRm>) -> HeldStarter {
+    let rm = rm.clone();
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
+    let starter = Arc::new(move |cfg| {
+        let (rm, entered_tx, release_rx) = (rm.clone(), entered_tx.clone(), release_rx.clone());
+        crate::gate::runtime::spawn(cfg, move |_tx| {
+            let _ = entered_tx.send(());
+            // A dropped `release` lets it go on too, and so does a test that forgot it (or a
+            // loop stuck in this start) after a while: a failure, not a hang.
+            let _ = release_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(45));
+            let ctl = Controller::with_driver(rm).map_err(|e| e.to_string())?;
+            Ok((ctl, QuietLaunches { panic: false }))
+        })
+    });
+    HeldStarter {
+        starter,
+        entered,
+        release,
+    }
 }
 
 pub(crate) fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -877,3 +911,5 @@ fn a_reclaim_preempt_of_a_gated_process_writes_no_state_file_and_the_next_turn_t
     c.expire(Instant::now());
     assert!(file.load().unwrap().is_empty());
 }
+
+mod gate_start;

@@ -7,6 +7,8 @@
 //! is undone by its restart. If the gate thread dies, the daemon re-enables [`ActiveGate::records`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -27,8 +29,12 @@ use valve::IssueMode;
 use valve_ebpf::{ArrivalEdge, WatchedPort};
 
 /// Starts a gate thread with the given tuning (the real one attaches uprobes and opens the
-/// driver; tests use the fake RM).
-pub type GateStarter = Box<dyn Fn(GateConfig) -> Result<GateHandle, String> + Send>;
+/// driver, which takes a quarter of a second; tests use the fake RM). It runs on a helper
+/// thread, never on the daemon's loop (`core/gate_start.rs`).
+pub type GateStarter = Arc<dyn Fn(GateConfig) -> Result<GateHandle, String> + Send + Sync>;
+
+/// The longest the daemon waits for the gate thread to acknowledge its inputs.
+pub const SYNC_WITHIN: Duration = Duration::from_secs(2);
 
 /// How often labels are looked up again in `/proc`.
 const LABEL_RESCAN: Duration = Duration::from_secs(1);
@@ -281,24 +287,27 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
 }
 
 impl ActiveGate {
-    /// Checks `spec` and starts a gate thread for it. `not_discoverable` names the reason an
-    /// offline pid can never be gated (it started before the daemon), if it is one.
-    pub fn start(
-        spec: GateSpec,
-        starter: Option<&GateStarter>,
+    /// Checks `spec` (the processes it names, its tuning); the error is the reply to `gate
+    /// start`. `not_discoverable` names the reason an offline pid can never be gated (it started
+    /// before the daemon), if it is one. Cheap: the daemon's loop calls it.
+    pub fn check(
+        spec: &GateSpec,
         not_discoverable: impl Fn(u32) -> Option<String>,
-    ) -> Result<ActiveGate, Reply> {
-        check_spec(&spec)?;
+    ) -> Result<GateConfig, Reply> {
+        check_spec(spec)?;
         if let Some(reason) = spec.offline.iter().find_map(|&p| not_discoverable(p)) {
             return Err(Reply::err(EXIT_PROCESS, reason));
         }
-        let cfg = config_of(&spec).map_err(|e| Reply::err(2, e))?;
-        let Some(starter) = starter else {
-            return Err(Reply::err(1, "this daemon cannot run a gate"));
-        };
+        config_of(spec).map_err(|e| Reply::err(2, e))
+    }
+
+    /// Starts a gate thread for a checked `spec` and looks its labels and ports up in /proc
+    /// once. Slow (the starter attaches BPF programs): run it off the daemon's loop. The gate
+    /// holds nothing until the daemon records and applies its first offline set.
+    pub fn launch(spec: GateSpec, cfg: GateConfig, starter: &GateStarter) -> Result<Self, Reply> {
         let handle =
             starter(cfg).map_err(|e| Reply::err(EXIT_BPF, format!("starting the gate: {e}")))?;
-        Ok(ActiveGate {
+        let mut gate = ActiveGate {
             handle,
             spec,
             records: Vec::new(),
@@ -308,7 +317,9 @@ impl ActiveGate {
             port_owners: BTreeSet::new(),
             ports: BTreeSet::new(),
             ports_scanned: None,
-        })
+        };
+        gate.rescan_labels(Instant::now(), Rescan::Now);
+        Ok(gate)
     }
 
     /// The decision trace after sequence number `after`: `{"head": N, "records": [...]}`.
@@ -452,11 +463,17 @@ impl ActiveGate {
         self.handle.send(GateInput::Offline(update.0));
     }
 
-    /// Waits (up to 2 s) until the gate thread has applied every input sent so far.
+    /// Waits (up to [`SYNC_WITHIN`]) until the gate thread has applied every input sent so far.
     pub fn sync(&self) {
+        let _ = self.sync_later().recv_timeout(SYNC_WITHIN);
+    }
+
+    /// Asks the gate thread to say when it has applied every input sent so far, without waiting:
+    /// the receiver gets a message then (or is disconnected if the thread has ended).
+    pub fn sync_later(&self) -> Receiver<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.handle.send(GateInput::Sync(tx));
-        let _ = rx.recv_timeout(Duration::from_secs(2));
+        rx
     }
 
     fn rescan_labels(&mut self, now: Instant, rescan: Rescan) {

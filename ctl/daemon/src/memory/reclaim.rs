@@ -1,9 +1,11 @@
 //! Taking memory back from offline processes: freeze them, ask each for k handles on its callback
 //! connection, wait until a deadline, kill those that do not answer, thaw the rest.
 //!
-//! Freezing goes through a [`Freezer`]; the daemon's is [`DaemonSocketFreezer`], which asks the
-//! daemon's own control socket, so the preemption is recorded in the state file before it happens
-//! and is undone by a restarted daemon, exactly like `valvectl preempt --pid`.
+//! Freezing goes through a [`Freezer`]; the daemon's is [`DaemonLaneFreezer`], which asks the
+//! daemon's loop over its fast lane (never queued behind the control socket or a slow request),
+//! so the preemption is recorded in the state file before it happens and is undone by a
+//! restarted daemon, exactly like `valvectl preempt --pid`. [`DaemonSocketFreezer`] asks the
+//! control socket instead, for a pool outside the daemon's process.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
@@ -16,6 +18,7 @@ use serde_json::{json, Value};
 use valve_vmm::wire;
 
 use super::ledger::{ClientId, HandleId};
+use crate::server::lane::{LaneClient, LaneOp};
 
 /// Where a freeze's time went, as the daemon reports it (zeros where a freezer cannot tell).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,8 +41,8 @@ pub struct FreezeReport {
 }
 
 impl FreezeReport {
-    /// The part of the round trip the daemon's own timings do not cover: waiting to be accepted
-    /// (the control loop busy with another request) and the reply's way back. On the H100 three
+    /// The part of the round trip the daemon's own timings do not cover: waiting for the loop
+    /// to pick the call up (busy with another piece of work) and the reply's way back. On the H100 three
     /// reclaims spent 6-9 ms of their freeze there, untimed until this was logged.
     pub fn outside_daemon_us(&self) -> u64 {
         let inside =
@@ -63,7 +66,41 @@ pub trait Freezer: Send {
     }
 }
 
-/// Freezes through the daemon's control socket (preempt/resume by pid).
+/// How long a freeze or thaw waits for the daemon's answer.
+const DAEMON_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// Freezes through the daemon's loop directly: preempt and resume by pid over its fast lane,
+/// served between any two of the loop's other pieces of work.
+pub struct DaemonLaneFreezer {
+    /// The loop's lane.
+    pub lane: LaneClient,
+    /// The daemon resumes by itself after this long, should the pool thread die mid-reclaim.
+    pub max_hold: Duration,
+}
+
+impl DaemonLaneFreezer {
+    fn call(&self, op: LaneOp) -> Result<Value, String> {
+        let reply = self.lane.call(op, DAEMON_ANSWER_WITHIN)?;
+        match reply.error {
+            Some(e) => Err(e.message),
+            None => serde_json::to_value(&reply).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+impl Freezer for DaemonLaneFreezer {
+    fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
+        let max_hold_ms = self.max_hold.as_millis() as u64;
+        let reply = self.call(LaneOp::Freeze { pid, max_hold_ms })?;
+        Ok(freeze_report(&reply))
+    }
+    fn thaw(&mut self, pid: u32) -> Result<(), String> {
+        self.call(LaneOp::Thaw { pid }).map(|_| ())
+    }
+}
+
+/// Freezes through the daemon's control socket (preempt/resume by pid): for a pool outside the
+/// daemon's process. Its requests queue with every other client's.
 pub struct DaemonSocketFreezer {
     /// The daemon's socket.
     pub socket: PathBuf,
@@ -75,7 +112,7 @@ impl DaemonSocketFreezer {
     fn call(&self, req: Value) -> Result<Value, String> {
         let stream = UnixStream::connect(&self.socket)
             .map_err(|e| format!("daemon socket {}: {e}", self.socket.display()))?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = stream.set_read_timeout(Some(DAEMON_ANSWER_WITHIN));
         (&stream)
             .write_all(format!("{req}\n").as_bytes())
             .map_err(|e| e.to_string())?;
@@ -356,6 +393,49 @@ mod tests {
         );
         let old = json!({"data": {"pid": 7, "channels": 4}, "error": null});
         assert_eq!(freeze_report(&old), FreezeReport::default());
+    }
+
+    #[test]
+    fn the_lane_freezer_asks_the_loop_and_reads_its_reply() {
+        let (client, lane) = crate::server::lane::lane().unwrap();
+        let loop_side = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while seen.len() < 3 {
+                let Some(call) = lane.next() else {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                seen.push(call.op.request());
+                let reply = match seen.len() {
+                    1 => crate::protocol::Reply::ok(json!({"from_gate": true,
+                        "timing_us": {"record": 3, "gate": 40, "disable": 0, "queued": 9}})),
+                    2 => crate::protocol::Reply::ok(Value::Null),
+                    _ => crate::protocol::Reply::err(8, "no such process: 9"),
+                };
+                call.reply.send(reply).unwrap();
+            }
+            seen
+        });
+        let mut f = DaemonLaneFreezer {
+            lane: client,
+            max_hold: Duration::from_secs(2),
+        };
+        let r = f.freeze(7).unwrap();
+        assert_eq!((r.from_gate, r.gate_us, r.queued_us), (true, 40, 9));
+        f.thaw(7).unwrap();
+        assert_eq!(f.freeze(9).unwrap_err(), "no such process: 9");
+        let seen = loop_side.join().unwrap();
+        assert_eq!(
+            seen[..2],
+            [
+                crate::protocol::Request::Preempt {
+                    pid: 7,
+                    gpu: None,
+                    max_hold_ms: Some(2_000)
+                },
+                crate::protocol::Request::Resume { pid: 7 },
+            ]
+        );
     }
 
     /// Freezes in 5 ms, reporting 1 ms of it as the daemon's; thaws and kills do nothing.

@@ -222,3 +222,6 @@ fn the_metrics_op_is_answered_by_the_loop_and_says_how_to_get_metrics() {
     assert!(e.message.contains("bad request"), "{}", e.message);
     assert!(causes.borrow().contains(&ErrorCause::Malformed));
 }
+
+pub(crate) mod pool;
+mod queueing;

@@ -1,0 +1,240 @@
+//! `gate start` without holding the daemon's loop: the request is checked on the loop, the gate
+//! thread starts (BPF programs, libcuda uprobes, its RM client: 0.25 s on the H100) on a helper
+//! thread, and the loop finishes the start when it is ready, so preempts in between are served.
+//!
+//! Until [`DaemonCore::poll_gate_start`] installs the started gate, nothing is recorded or
+//! disabled for it: the first offline set is recorded in the state file and then handed to the
+//! gate thread on the loop, as for every later set. A second start or a stop meanwhile is
+//! refused; busy/idle signals are kept and passed on once the gate runs.
+
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::time::Instant;
+
+use serde_json::json;
+use valve::driver::RmDriver;
+
+use super::DaemonCore;
+use crate::gate::supervisor::{ActiveGate, Rescan, SYNC_WITHIN};
+use crate::protocol::{GateSpec, Reply, EXIT_BPF};
+
+/// A `gate start` under way.
+pub(crate) enum PendingGate {
+    /// The gate thread starts on a helper thread, which sends the gate here.
+    Starting {
+        rx: Receiver<Result<ActiveGate, Reply>>,
+        offline_label: Option<String>,
+        /// The last busy (`true`) or idle signal that came meanwhile.
+        signal: Option<bool>,
+    },
+    /// Installed, its first sets sent; waiting for the gate thread to have applied them, so that
+    /// the reply shows the sets it works with.
+    Syncing { rx: Receiver<()>, until: Instant },
+}
+
+impl<D: RmDriver> DaemonCore<D> {
+    /// `gate start` answered in one call (the daemon's tests; the loop uses
+    /// [`Self::begin_gate_start`]): waits for the helper thread.
+    pub(super) fn gate_start(&mut self, spec: GateSpec) -> Reply {
+        if let Err(reply) = self.begin_gate_start(spec, || {}) {
+            return reply;
+        }
+        loop {
+            if let Some(reply) = self.advance_gate_start(true) {
+                return reply;
+            }
+        }
+    }
+
+    /// Checks a `gate start` (the error is its reply) and starts the gate thread on a helper
+    /// thread, which calls `done` once it has finished (to wake the loop); then
+    /// [`Self::poll_gate_start`] completes it.
+    pub fn begin_gate_start(
+        &mut self,
+        mut spec: GateSpec,
+        done: impl FnOnce() + Send + 'static,
+    ) -> Result<(), Reply> {
+        self.fill_gate_defaults(&mut spec);
+        if self.gate.is_some() {
+            return Err(Reply::err(
+                1,
+                "a gate is already running (see `valvectl gate status`); stop it first with \
+                 `valvectl gate stop`",
+            ));
+        }
+        if self.gate_pending.is_some() {
+            return Err(Reply::err(
+                1,
+                "a gate is starting (see `valvectl gate status`); stop it once it has started",
+            ));
+        }
+        let not_discoverable = |pid: u32| {
+            self.pre_existing
+                .contains(&pid)
+                .then(|| self.no_channels_reason(pid))
+        };
+        let cfg = ActiveGate::check(&spec, not_discoverable)?;
+        let Some(starter) = self.gate_starter.clone() else {
+            return Err(Reply::err(1, "this daemon cannot run a gate"));
+        };
+        let offline_label = spec.offline_label.clone();
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("valve-gate-start".into())
+            .spawn(move || {
+                // If the core is gone, the gate goes with the message (its handle's drop stops it).
+                let _ = tx.send(ActiveGate::launch(spec, cfg, &starter));
+                done();
+            })
+            .map_err(|e| Reply::err(1, format!("starting the gate: {e}")))?;
+        self.gate_pending = Some(PendingGate::Starting {
+            rx,
+            offline_label,
+            signal: None,
+        });
+        Ok(())
+    }
+
+    /// Moves a begun `gate start` on without waiting; its reply once it is finished.
+    pub fn poll_gate_start(&mut self) -> Option<Reply> {
+        self.advance_gate_start(false)
+    }
+
+    /// Whether a `gate start` is under way.
+    pub fn gate_starting(&self) -> bool {
+        self.gate_pending.is_some()
+    }
+
+    /// Waits for a `gate start` under way to finish (at shutdown, before the gate is stopped).
+    pub(super) fn finish_gate_start(&mut self) {
+        while self.gate_pending.is_some() {
+            let _ = self.advance_gate_start(true);
+        }
+    }
+
+    /// A busy/idle signal while the gate starts: kept for it (its reply), else `None`.
+    pub(super) fn queue_signal(&mut self, busy: bool) -> Option<Reply> {
+        match &mut self.gate_pending {
+            Some(PendingGate::Starting { signal, .. }) => {
+                *signal = Some(busy);
+                let which = if busy { "busy" } else { "idle" };
+                Some(Reply::ok(json!({"signal": which, "queued": true})))
+            }
+            _ => None,
+        }
+    }
+
+    /// One step of a `gate start` under way (`wait`: block until it can move); the reply once
+    /// it is finished.
+    fn advance_gate_start(&mut self, wait: bool) -> Option<Reply> {
+        match self.gate_pending.take()? {
+            PendingGate::Starting {
+                rx,
+                offline_label,
+                signal,
+            } => {
+                let started = if wait {
+                    rx.recv().map_err(|_| TryRecvError::Disconnected)
+                } else {
+                    rx.try_recv()
+                };
+                let gate = match started {
+                    Err(TryRecvError::Empty) => {
+                        self.gate_pending = Some(PendingGate::Starting {
+                            rx,
+                            offline_label,
+                            signal,
+                        });
+                        return None;
+                    }
+                    Err(TryRecvError::Disconnected) => {
+                        return Some(Reply::err(
+                            EXIT_BPF,
+                            "starting the gate: its helper thread died",
+                        ))
+                    }
+                    Ok(Err(reply)) => return Some(reply),
+                    Ok(Ok(gate)) => gate,
+                };
+                let rx = self.install_gate(gate, offline_label.as_deref(), signal);
+                self.gate_pending = Some(PendingGate::Syncing {
+                    rx,
+                    until: Instant::now() + SYNC_WITHIN,
+                });
+                self.advance_gate_start(wait)
+            }
+            PendingGate::Syncing { rx, until } => {
+                let left = until.saturating_duration_since(Instant::now());
+                let synced = if wait {
+                    rx.recv_timeout(left).is_ok()
+                } else {
+                    !matches!(rx.try_recv(), Err(TryRecvError::Empty))
+                };
+                if !synced && !left.is_zero() && !wait {
+                    self.gate_pending = Some(PendingGate::Syncing { rx, until });
+                    return None;
+                }
+                Some(self.gate_start_reply())
+            }
+        }
+    }
+
+    /// Makes a started gate the daemon's: its first sets are recorded in the state file and sent
+    /// to its thread, then a signal that came while it started. Returns the receiver that says
+    /// when the gate thread has applied them.
+    fn install_gate(
+        &mut self,
+        gate: ActiveGate,
+        offline_label: Option<&str>,
+        signal: Option<bool>,
+    ) -> Receiver<()> {
+        self.gate = Some(gate);
+        if let Some(m) = &self.metrics {
+            m.gate_started(&m.workload_label(offline_label));
+        }
+        // Labels and ports were looked up on the helper thread just now.
+        self.refresh_gate(Instant::now(), Rescan::IfDue);
+        if let (Some(g), Some(busy)) = (&self.gate, signal) {
+            g.signal(busy);
+        }
+        self.harvest_gate_changed();
+        match &self.gate {
+            Some(g) => g.sync_later(),
+            // Its thread died at once (the refresh noticed): nothing to wait for.
+            None => mpsc::sync_channel(1).1,
+        }
+    }
+
+    /// The reply to a finished `gate start`: the status with the sets the gate thread works with.
+    fn gate_start_reply(&self) -> Reply {
+        let status = self.gate_status();
+        let waiting = self
+            .gate
+            .as_ref()
+            .map(ActiveGate::waiting)
+            .unwrap_or_default();
+        let mut data = status.data;
+        if !waiting.is_empty() {
+            data["note"] = json!(format!(
+                "offline pid(s) {waiting:?} have no GPU channels yet; they are gated as soon as \
+                 they create them"
+            ));
+        }
+        Reply::ok(data)
+    }
+
+    /// Fills the fields a `gate start` leaves out from the config's `[gate]`.
+    fn fill_gate_defaults(&self, spec: &mut GateSpec) {
+        let d = &self.gate_defaults;
+        spec.cooldown_floor_us = spec.cooldown_floor_us.or(d.cooldown_floor_us);
+        spec.cooldown_ceiling_us = spec.cooldown_ceiling_us.or(d.cooldown_ceiling_us);
+        spec.gap_factor = spec.gap_factor.or(d.gap_factor);
+        spec.gap_memory_ms = spec.gap_memory_ms.or(d.gap_memory_ms);
+        spec.fixed_cooldown_us = spec.fixed_cooldown_us.or(d.fixed_cooldown_us);
+        if spec.online.is_empty() && spec.online_label.is_none() {
+            spec.online_label = d.online_label.clone();
+        }
+        if spec.offline.is_empty() && spec.offline_label.is_none() {
+            spec.offline_label = d.offline_label.clone();
+        }
+    }
+}
