@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-__all__ = ["install", "uninstall", "installed", "caches", "stats", "TESTED_TRANSFORMERS"]
+__all__ = ["install", "uninstall", "installed", "caches", "stats", "set_policy", "TESTED_TRANSFORMERS"]
 
 logger = logging.getLogger("valve_transformers")
 
@@ -62,7 +62,9 @@ def install(role: str, kv_space: Callable[..., Any] | None = None, **policy: Any
     policy: initial_handles (offline default: all it can get; online default 0),
         capacity_bytes_per_region (0: the whole pool), grow_handles, grow_below_free_fraction,
         usage_interval_s, memory_wait_s, refusal_backoff_s, reservation (online, default True: hold
-        what the daemon's MIAD reservation asks; False: hold only the slots in use).
+        what the daemon's MIAD reservation asks; False: hold only the slots in use), selection
+        (offline: which handles a reclaim takes, "alg1" (default), "fifo" or "random", with
+        selection_seed; see `_kv.SELECTIONS`; needs the client's Algorithm 1, i.e. not fifo=True).
     """
     if role not in ("online", "offline"):
         raise ValueError(f"role must be 'online' or 'offline', not {role!r}")
@@ -70,6 +72,12 @@ def install(role: str, kv_space: Callable[..., Any] | None = None, **policy: Any
     _state["role"] = role
     _state["kv_space"] = kv_space if kv_space is not None else _valve_client_factory(role)
     _state["policy"] = dict(policy)
+
+
+def set_policy(**policy: Any) -> None:
+    """Changes policy entries of the caches built since `install` (and of later ones), from their next
+    step on: e.g. `set_policy(selection="random", selection_seed=3)` between measurements."""
+    _state["policy"].update(policy)
 
 
 def uninstall() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections import deque
 from typing import Any
@@ -21,6 +22,13 @@ from typing import Any
 logger = logging.getLogger("valve_transformers")
 
 DEFAULT_MAX_BATCH_TOKENS = 2048
+# How an offline reclaim picks handles (policy `selection`), all through the client's Algorithm 1
+# (`fifo=False`), by what the shim reports as block owners: `alg1` the real owners and their tokens;
+# `fifo` none, so every handle costs 0 and Algorithm 1's tie-break (oldest grant first) is exactly the
+# client's FIFO; `random` one made-up request per held handle with a random cost, redrawn every turn.
+# The sweep (hwtests/membench) switches between them in one process.
+SELECTIONS = ("alg1", "fifo", "random")
+RANDOM_OWNER_BASE = 1 << 40  # request ids of the made-up owners: above any real request's index
 
 
 class ValveKV:
@@ -52,6 +60,10 @@ class ValveKV:
         self._pending_blocks: set[int] = set()
         self._pending_shrink: list[int] = []
         self._async = False  # the cache's batching mode, as last seen at a step boundary
+        self._selection = "alg1"  # what the owners reported so far are for
+        self._random_blocks: list[int] = []  # blocks holding the random selection's made-up owners
+        self._seed_used = policy.get("selection_seed", 0)
+        self._rng = random.Random(self._seed_used)
         self.stats = {"requeued": 0, "invalidated_blocks": 0, "grown_handles": 0, "shrunk_handles": 0,
                       "refusals": 0, "memory_waits": 0, "turns": 0}
 
@@ -375,6 +387,24 @@ class ValveKV:
         request's blocks change."""
         if not hasattr(self.space, "set_owners"):
             return
+        sel = self.policy.get("selection", "alg1")
+        if sel not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, not {sel!r}")
+        if sel != self._selection or (sel == "random" and self.policy.get("selection_seed", 0) != self._seed_used):
+            self._forget_owners()
+            self._selection = sel
+            self._seed_used = self.policy.get("selection_seed", 0)
+            self._rng = random.Random(self._seed_used)
+        if sel == "fifo":
+            return
+        if sel == "random":
+            if self._random_blocks:
+                self.space.clear_owners(self._random_blocks)
+            owners = random_owners(self.held, self.bps, self._rng)
+            for block, request, tokens in owners:
+                self.space.set_owners([block], request, tokens)
+            self._random_blocks = [b for b, _, _ in owners]
+            return
         current: dict[str, tuple[int, ...]] = {}
         for rid in scheduler.active_requests:
             current[rid] = tuple(b for cm in cache.group_cache_managers for b in cm.block_table.get(rid, ()))
@@ -392,6 +422,16 @@ class ValveKV:
                 tokens = scheduler.active_requests[rid].position_offset
                 self.space.set_owners(list(blocks), idx, tokens)
                 self._reported[rid] = blocks
+
+    def _forget_owners(self) -> None:
+        """The selection changed: every owner reported for the old one is cleared."""
+        for blocks in self._reported.values():
+            self.space.clear_owners(list(blocks))
+        self._reported.clear()
+        self._rid.clear()
+        if self._random_blocks:
+            self.space.clear_owners(self._random_blocks)
+            self._random_blocks = []
 
     def _online_usage(self, bm: Any) -> None:
         """MIAD reservation: report usage; hold the number of handles the daemon asks for (grow ahead of
@@ -429,3 +469,10 @@ class ValveKV:
             self.space.shrink(slots)
         self.stats["shrunk_handles"] += len(slots)
         return slots
+
+
+def random_owners(slots, blocks_per_slot: int, rng: random.Random) -> list[tuple[int, int, int]]:
+    """The `random` selection's owners: (block, request, tokens) with one made-up request per slot,
+    owning the slot's first block, at a random cost. No two slots share a request, so Algorithm 1's
+    marginal costs are these costs and its choice (cheapest first) is a uniformly random set of slots."""
+    return [(s * blocks_per_slot, RANDOM_OWNER_BASE + s, rng.randrange(1, 1 << 40)) for s in sorted(slots)]
