@@ -2,7 +2,7 @@
 batching over a backlog that never runs dry, measuring useful throughput.
 
     VALVE_LABEL=batch python3 offline.py --model DIR --mode static|valve --out out.json \
-        [--num-blocks N] [--fifo] [--ready FILE] [--stop FILE]
+        [--num-blocks N] [--fifo] [--selection-file FILE] [--ready FILE] [--stop FILE]
 
 `static` is plain transformers with a KV cache of `--num-blocks` blocks (a static split); `valve`
 backs the cache with the pool through `valve_transformers` (offline role: free memory only, and
@@ -63,6 +63,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--num-blocks", type=int)
     ap.add_argument("--fifo", action="store_true", help="valve: FIFO handle choice instead of Algorithm 1")
+    ap.add_argument("--selection-file",
+                    help="valve: a file of `SELECTION SEED` (alg1|fifo|random) read whenever it changes; the shim "
+                         "switches its handle choice from the next step on, and the shim's counters at each "
+                         "switch are kept (`switches` in --out)")
     ap.add_argument("--prompt", type=int, nargs=2, default=(512, 1024), help="prompt length range (tokens)")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--max-batch-tokens", type=int, default=256)
@@ -127,6 +131,27 @@ def main() -> int:
             if not out.error:
                 progress.add(len(out.generated_tokens))
             top_up(1)
+    switches: list = []
+    sel_seen = [None]
+
+    def follow_selection() -> None:
+        """--selection-file changed: set the shim's selection, note the time and the counters."""
+        try:
+            st = os.stat(a.selection_file)
+        except OSError:
+            return
+        if st.st_mtime_ns == sel_seen[0]:
+            return
+        sel_seen[0] = st.st_mtime_ns
+        with open(a.selection_file) as f:
+            words = f.read().split()
+        if not words:
+            return
+        seed = int(words[1]) if len(words) > 1 else 0
+        vt.set_policy(selection=words[0], selection_seed=seed)
+        v = getattr(manager.batch_processor.cache, "_valve", None)
+        switches.append(dict(t=now(), selection=words[0], seed=seed, shim=dict(v.stats) if v else None))
+
     t0, done, errors = now(), [], []
     steps_before = len(steps)
     solo_steps = steps[solo_from:steps_before]
@@ -135,6 +160,8 @@ def main() -> int:
         if not manager.is_running():
             errors.append("the generation loop stopped")
             break
+        if a.selection_file and a.mode == "valve":
+            follow_selection()
         out = manager.get_result(timeout=0.05)
         if out is None:
             continue
@@ -147,7 +174,8 @@ def main() -> int:
     t1 = now()
     result = dict(mode=a.mode, fifo=a.fifo, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
-                  steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name())
+                  steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name(),
+                  finishes=done if a.selection_file else None, switches=switches)
     cache = manager.batch_processor.cache
     v = getattr(cache, "_valve", None)
     result["num_blocks"] = cache.num_blocks

@@ -8,6 +8,11 @@ offline batch generation, with a static split and with Valve's pool; and the cor
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
         --configs alone,static,valve-miad,valve-miad-warm --seconds 90 [--warm-prime-seconds 450]
 
+    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR sweep \
+        [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] [--policies alg1,fifo,random]
+        (issue 30, offline only: `valvectl pool reclaim` takes a share of offline's memory at a rate
+        for each handle choice; sweep.py says how the cells fit ~7.5 minutes; report.md/report.json)
+
 Compare online latency with `--online-cuda-graphs`: without CUDA graphs the online decode step is
 bound by the host's Python (20-40 ms whatever its GPU work, +-30% between bursts), and two alone
 runs differ by more than the targets; with them, by under 1% (2026-11-24-h100-membench-4.md,
@@ -53,6 +58,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import report  # noqa: E402
+import sweep  # noqa: E402
 
 
 class Run:
@@ -346,6 +352,104 @@ def prime_warm_start(r: Run, sizes: dict) -> str:
     return state
 
 
+# ------------------------------------------------------------------------------ sweep
+
+
+def offline_handles(r: Run) -> int:
+    """Handles the offline client holds now (pool status)."""
+    st = pool_status(r) or {}
+    return sum(c.get("handles", 0) for c in st.get("clients", []) if c.get("role") == "offline")
+
+
+def sweep_run(r: Run) -> int:
+    """Issue 30's eviction sweep (sweep.py): one daemon with a pool and one offline process through the
+    shim; per window, the shim's handle choice is set, then `valvectl pool reclaim` takes the window's
+    share of offline's handles at its times. No online model: only the eviction policy differs."""
+    a = r.a
+    windows = sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed)
+    est = sweep.plan_seconds(windows, a.gap)
+    print(f"sweep: {len(windows)} windows of {a.cell_seconds:g} s, about {est / 60:.1f} min", flush=True)
+    common.build_model(r.model)
+    files = {k: os.path.join(r.work, f"sweep.{k}") for k in ("off-ready", "go", "stop", "selection")}
+    for f in files.values():
+        if os.path.exists(f):
+            os.remove(f)
+    off_out = os.path.join(r.out, "sweep-offline.json")
+    rep: dict = dict(args=dict(vars(a), policies=list(a.policies)), windows=[], gpu_used_mib_before=common.gpu_used_mib())
+    try:
+        r.start_daemon("sweep", a.pool_gib, a.target_per_min)
+        with open(files["selection"], "w") as f:
+            f.write("alg1 0\n")
+        off_args = ["--model", r.model, "--mode", "valve", "--out", off_out, "--ready", files["off-ready"],
+                    "--go", files["go"], "--stop", files["stop"], "--selection-file", files["selection"],
+                    "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
+                    "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
+                    "--attention", a.attention]
+        off = r.spawn("sweep-offline", python("offline.py", *off_args),
+                      dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER"))
+        wait_files([files["off-ready"]], [off], 300)
+        time.sleep(a.settle)  # the cache fills and the batch reaches its steady size
+        open(files["go"], "w").close()
+        rep["pool_before"] = pool_status(r)
+        for i, w in enumerate(windows):
+            if off.poll() is not None:
+                raise RuntimeError(f"offline exited ({off.returncode}) before window {i}: see sweep-offline.log")
+            with open(files["selection"], "w") as f:
+                f.write(f"{w.policy} {w.seed}\n")
+            time.sleep(a.gap)
+            t0 = common.now()
+            made, sizes_mib, held = 0, [], []
+            for at in w.reclaims_at:
+                time.sleep(max(0.0, t0 + at - common.now()))
+                h = offline_handles(r)
+                n = max(1, round(w.size_pct / 100 * h))
+                r.valvectl("pool", "reclaim", "--gpu", "0", "--mib", str(n * common.HANDLE_BYTES >> 20))
+                made, sizes_mib, held = made + 1, sizes_mib + [n * common.HANDLE_BYTES >> 20], held + [h]
+            time.sleep(max(0.0, t0 + w.seconds - common.now()))
+            rec = dict(vars(w), t0=t0, t1=common.now(), reclaims=made, reclaimed_mib=sizes_mib, offline_handles=held)
+            rep["windows"].append(rec)
+            print(f"sweep: window {i + 1}/{len(windows)} {w.kind} {w.policy} size {w.size_pct} rates {w.rates} "
+                  f"reclaims {made} offline handles {held}", flush=True)
+        with open(files["selection"], "w") as f:  # a last switch: it closes the last window's counters
+            f.write("alg1 0\n")
+        time.sleep(1.0)
+        rep["pool_after"] = pool_status(r)
+        open(files["stop"], "w").close()
+        rep["offline_exit"] = off.wait(timeout=120)
+    except Exception as e:  # noqa: BLE001 - the report says what went wrong, with what was measured
+        rep["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        r.stop_all()
+        time.sleep(2)
+        rep["gpu_used_mib_after"] = common.gpu_used_mib()
+    off_res = common.read_json(off_out) if os.path.exists(off_out) else {}
+    rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes")}
+    rep["device"] = off_res.get("device")
+    attach_requeues(rep["windows"], off_res.get("switches", []))
+    rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [])
+    if rep.get("error"):
+        rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
+    rep["target"] = sweep.target_check(rep["analysis"]["cells"])
+    common.write_json(os.path.join(r.out, "report.json"), rep)
+    with open(os.path.join(r.out, "report.md"), "w") as f:
+        f.write(sweep.markdown(rep))
+    print(sweep.markdown(rep))
+    return 0 if not rep.get("error") else 1
+
+
+def attach_requeues(windows: list[dict], switches: list[dict]) -> None:
+    """Requests requeued during each window: the shim's counter between the switch made for it (just
+    before it) and the next one (offline notes one per window, in order)."""
+    marks = [s["shim"]["requeued"] for s in switches if s.get("shim")]
+    # One switch per window and a last one after them; before them, the initial `alg1 0` if offline saw it.
+    if len(marks) < len(windows) + 1:
+        return  # a switch was missed: the windows cannot be told apart
+    marks = marks[-(len(windows) + 1):]
+    for i, w in enumerate(windows):
+        if i + 1 < len(marks):
+            w["requeued"] = marks[i + 1] - marks[i]
+
+
 # ------------------------------------------------------------------------------ correctness
 
 
@@ -394,6 +498,11 @@ def correctness(r: Run) -> int:
     return 0 if ok else 1
 
 
+def floats(text: str) -> list[float]:
+    """A comma-separated list of numbers (`5,10,25`)."""
+    return [float(x) for x in text.split(",") if x]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -402,6 +511,24 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/membench", help="model and scratch files")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("correctness")
+    sw = sub.add_parser("sweep", help="issue 30: reclaimed size x reclamation rate x handle choice, offline only")
+    sw.add_argument("--sizes", type=floats, default=list(sweep.SIZES), help="%% of offline's memory per reclaim")
+    sw.add_argument("--rates", type=floats, default=list(sweep.RATES), help="reclaims per minute")
+    sw.add_argument("--policies", type=lambda x: [p for p in x.split(",") if p], default=list(sweep.POLICIES),
+                    help="comma-separated: " + ", ".join(sweep.POLICIES))
+    sw.add_argument("--cell-seconds", type=float, default=10.0, help="measured seconds per window")
+    sw.add_argument("--gap", type=float, default=2.0, help="seconds before each window (the policy switch settles)")
+    sw.add_argument("--lead", type=float, default=1.0, help="seconds into a window before its first reclaim")
+    sw.add_argument("--settle", type=float, default=20.0, help="seconds offline runs before the first window")
+    sw.add_argument("--baseline-every", type=int, default=6, help="a no-reclaim window after this many others")
+    sw.add_argument("--seed", type=int, default=30, help="the random policy's seeds start here")
+    sw.add_argument("--pool-gib", type=int, default=12)
+    sw.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
+    sw.add_argument("--offline-batch-tokens", type=int, default=512)
+    sw.add_argument("--offline-max-requests", type=int, default=96)
+    sw.add_argument("--offline-new-tokens", type=int, default=128)
+    sw.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
+    sw.add_argument("--attention", choices=("varlen", "sdpa"), default="varlen")
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2",
                    help="comma-separated, run in this order: " + ", ".join(CONFIGS)
@@ -447,11 +574,16 @@ def main() -> int:
         if problem:
             ap.error(problem)
         a.configs = ",".join(names)
+    if a.cmd == "sweep":
+        try:
+            sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed)
+        except ValueError as e:
+            ap.error(str(e))
     if os.geteuid() != 0:
         raise SystemExit("run as root: the benchmark starts the Valve daemon")
     r = Run(a)
     try:
-        return correctness(r) if a.cmd == "correctness" else bench(r)
+        return {"correctness": correctness, "bench": bench, "sweep": sweep_run}[a.cmd](r)
     finally:
         r.stop_all()
         subprocess.run([a.valvectl, "resume", "--all"], capture_output=True)

@@ -6,13 +6,17 @@
 #   hwtests/membench/run.sh OUTDIR bench [--configs ...] [--seconds 90]
 #   hwtests/membench/run.sh OUTDIR bench --configs alone,static,valve-miad,valve-miad-warm --seconds 90
 #     (valve-miad-warm: MIAD's first 90 s after a daemon restart, from a warm start)
+#   hwtests/membench/run.sh OUTDIR sweep [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] \
+#       [--policies alg1,fifo,random]
+#     (issue 30: offline's throughput loss per reclaimed size x rate x handle choice, no online model;
+#      about 7.5 minutes with the defaults: 29 windows of 10 s + 2 s, after ~90 s of start)
 #
 # VALVECTL (default: .carry/valvectl, else target/release/valvectl) and VALVE_WHEEL (default:
 # .carry/valve_client-*.whl; build it with scripts/build-python-wheel.sh) say what to use.
 # Results, logs and report.md land in OUTDIR. Needs root, one NVIDIA GPU, PyTorch, transformers >= 5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: $0 OUTDIR correctness|bench [options]}
+out=${1:?usage: $0 OUTDIR correctness|bench|sweep [options]}
 shift
 valvectl=${VALVECTL:-}
 [ -n "$valvectl" ] || for c in .carry/valvectl target/release/valvectl; do [ -x "$c" ] && valvectl=$c && break; done

@@ -1,0 +1,200 @@
+"""The eviction sweep (issue 30): offline generating through the shim while `valvectl pool reclaim`
+takes a share of its memory at a rate, for each handle choice (Algorithm 1, FIFO, random), and
+what each cell costs offline against no reclaims. Pure functions over JSON: tested in test_sweep.py.
+
+How the time fits one command (under ~9 minutes on an H100). One daemon and one offline process
+serve the whole sweep; the shim switches its handle choice between windows (`selection` in its
+policy), so the three policies share the model, the backlog and the drift of the run, and the
+windows of one cell's policies run back to back. A window is `cell_seconds` of measurement:
+
+- `base`: no reclaim. Repeated through the run (first, every `baseline_every` cell windows, last):
+  their mean is the throughput without reclaims, their range the run-to-run spread.
+- `iso` (one per size and policy): one reclaim, `lead` seconds in. It answers every rate whose
+  spacing (60/rate s) is at least the window: at those rates a reclaim's recovery is over before the
+  next, so the loss is the rate times one reclaim's lost tokens (measured here).
+- `direct` (one per faster rate, size and policy): reclaims at that rate's own spacing, so
+  overlapping recoveries count; its loss per reclaim is scaled to the exact rate the same way.
+
+Loss of a cell = rate/60 x (tokens lost per reclaim) / (tokens per second without reclaims), where
+tokens lost per reclaim = (base tok/s x window - tokens finished in the window) / reclaims in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("alg1", "fifo", "random")
+SIZES = (5.0, 10.0, 25.0, 50.0)  # % of offline's memory (its handles when the reclaim comes)
+RATES = (2.0, 6.0, 20.0)  # reclaims per minute
+TARGET = dict(small_size_pct=25.0, alg1_below_fifo=0.20)
+
+
+@dataclass
+class Window:
+    """One measured stretch of the sweep."""
+
+    kind: str  # "base", "iso" or "direct"
+    policy: str  # the shim's selection during the window ("alg1" for base windows)
+    seconds: float
+    size_pct: float | None = None
+    rates: list[float] = field(default_factory=list)  # the cells' rates this window answers
+    reclaims_at: list[float] = field(default_factory=list)  # seconds after the window starts
+    seed: int = 0  # the random policy's seed (the same for a cell in every repetition)
+
+
+def plan(sizes=SIZES, rates=RATES, policies=POLICIES, cell_seconds: float = 10.0, lead: float = 1.0,
+         baseline_every: int = 6, seed: int = 30) -> list[Window]:
+    """The windows in the order they run. Every cell's reclaim times are the same for each policy;
+    the policies' order rotates from one group to the next so none always runs first."""
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}: choose from {', '.join(POLICIES)}")
+    if not (sizes and rates and policies) or cell_seconds <= lead:
+        raise ValueError("a sweep needs sizes, rates, policies and --cell-seconds above the lead")
+    slow = sorted(r for r in rates if 60.0 / r >= cell_seconds)
+    fast = sorted(r for r in rates if 60.0 / r < cell_seconds)
+    groups: list[list[Window]] = []
+    for i, size in enumerate(sizes):
+        kinds = [("iso", slow, [lead])] if slow else []
+        for r in fast:
+            gap = 60.0 / r
+            kinds.append(("direct", [r], [lead + k * gap for k in range(int((cell_seconds - lead) / gap) + 1)
+                                          if lead + k * gap < cell_seconds]))
+        for j, (kind, rs, at) in enumerate(kinds):
+            turn = (i + j) % len(policies)
+            order = list(policies[turn:]) + list(policies[:turn])
+            groups.append([Window(kind, p, cell_seconds, size, list(rs), list(at), seed + 100 * i + j)
+                           for p in order])
+    out = [Window("base", "alg1", cell_seconds)]
+    since = 0
+    for g in groups:
+        if since >= baseline_every:
+            out.append(Window("base", "alg1", cell_seconds))
+            since = 0
+        out += g
+        since += len(g)
+    out.append(Window("base", "alg1", cell_seconds))
+    if sum(w.kind == "base" for w in out) < 3:  # the spread needs a few
+        out.insert(len(out) // 2, Window("base", "alg1", cell_seconds))
+    return out
+
+
+def plan_seconds(windows: list[Window], gap: float, startup: float = 90.0) -> float:
+    """How long the sweep takes: the windows, the settling gap before each, and the start."""
+    return startup + sum(w.seconds + gap for w in windows)
+
+
+def window_tokens(finishes: list, start: float, end: float) -> int:
+    """Tokens of the requests that finished in [start, end) (finishes: [time, tokens] pairs)."""
+    return sum(n for t, n in finishes if start <= t < end)
+
+
+def analyse(windows: list[dict], finishes: list) -> dict:
+    """Per cell and policy, the throughput loss against the base windows, and the spread.
+
+    `windows`: the plan's windows as run, each with `t0`, `t1` (CLOCK_MONOTONIC) and `reclaims`
+    (how many were made); `finishes`: offline's [time, tokens] of every finished request."""
+    base = []
+    for w in windows:
+        w["tokens"] = window_tokens(finishes, w["t0"], w["t1"])
+        w["tok_s"] = w["tokens"] / (w["t1"] - w["t0"]) if w["t1"] > w["t0"] else 0.0
+        if w["kind"] == "base":
+            base.append(w["tok_s"])
+    if not base or min(base) <= 0:
+        return dict(base_tok_s=None, spread=None, cells={}, error="no base window finished any request")
+    mean = sum(base) / len(base)
+    spread = (max(base) - min(base)) / mean if len(base) >= 2 else None
+    cells: dict = {}
+    for w in windows:
+        if w["kind"] == "base":
+            continue
+        n = w.get("reclaims", len(w["reclaims_at"]))
+        secs = w["t1"] - w["t0"]
+        lost = (mean * secs - w["tokens"]) / n if n else None
+        for r in w["rates"]:
+            key = cell_key(w["size_pct"], r)
+            c = cells.setdefault(key, dict(size_pct=w["size_pct"], rate=r, policies={}))
+            loss = r / 60.0 * lost / mean if lost is not None else None
+            # The spread of one window's throughput, carried through the same scaling.
+            noise = spread * (r / 60.0 * secs) / n if spread is not None and n else None
+            c["policies"][w["policy"]] = dict(loss=loss, lost_tokens_per_reclaim=lost, reclaims=n,
+                                              tok_s=w["tok_s"], kind=w["kind"], requeued=w.get("requeued"))
+            c["spread"] = noise
+    return dict(base_tok_s=mean, base_windows=len(base), spread=spread, cells=cells)
+
+
+def cell_key(size_pct: float, rate: float) -> str:
+    return f"{size_pct:g}%@{rate:g}/min"
+
+
+def target_check(cells: dict, small: float = TARGET["small_size_pct"], better: float = TARGET["alg1_below_fifo"]) -> dict:
+    """The issue's target per cell: where one reclaim takes at most `small`% of offline's memory,
+    Algorithm 1's loss at least `better` below FIFO's; elsewhere, never worse than FIFO by more than
+    the spread. A cell is `undecided` where a number is missing, or (small cells) where FIFO's loss
+    is within the spread, so no 20% difference can be told from noise."""
+    out = {}
+    for key, c in cells.items():
+        p = c["policies"]
+        a, f = (p.get(k, {}).get("loss") for k in ("alg1", "fifo"))
+        spread = c.get("spread")
+        if a is None or f is None:
+            verdict, why = "undecided", "Algorithm 1 or FIFO not measured"
+        elif c["size_pct"] <= small:
+            if spread is not None and f <= spread:
+                verdict, why = "undecided", f"FIFO's loss {f:.4f} is within the spread {spread:.4f}"
+            else:
+                ok = a <= (1 - better) * f
+                verdict = "pass" if ok else "fail"
+                why = f"Algorithm 1 {a:.4f} vs FIFO {f:.4f}: needs <= {(1 - better) * f:.4f}"
+        elif spread is None:
+            verdict, why = "undecided", "no spread measured (fewer than two base windows)"
+        else:
+            verdict = "pass" if a - f <= spread else "fail"
+            why = f"Algorithm 1 {a:.4f} vs FIFO {f:.4f}, spread {spread:.4f}"
+        out[key] = dict(verdict=verdict, why=why)
+    verdicts = [v["verdict"] for v in out.values()]
+    overall = "fail" if "fail" in verdicts else "undecided" if "undecided" in verdicts or not verdicts else "pass"
+    return dict(cells=out, overall=overall)
+
+
+def markdown(rep: dict) -> str:
+    """report.md: a table per policy (loss per size x rate), the spread, the target per cell."""
+    a = rep["analysis"]
+    lines = ["# Eviction sweep (issue 30)", "", f"Device: {rep.get('device')}. Offline without reclaims: "
+             f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; run-to-run spread "
+             f"(range / mean of those windows) {pct_s(a.get('spread'))}. Windows of {rep['args'].get('cell_seconds')} s; "
+             "loss = rate x tokens lost per reclaim / tokens per second without reclaims (sweep.py).", ""]
+    if a.get("error"):
+        lines += [f"**No result: {a['error']}**", ""]
+    sizes = sorted({c["size_pct"] for c in a["cells"].values()})
+    rates = sorted({c["rate"] for c in a["cells"].values()})
+    for pol in rep["args"].get("policies", POLICIES):
+        lines += [f"## {pol}: offline throughput loss", "", "| size \\ rate | " + " | ".join(f"{r:g}/min" for r in rates)
+                  + " |", "|---|" + "---|" * len(rates)]
+        for s in sizes:
+            row = [pct_s(a["cells"].get(cell_key(s, r), {}).get("policies", {}).get(pol, {}).get("loss")) for r in rates]
+            lines.append(f"| {s:g}% | " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["## Requeued requests per reclaim", "", "| cell | " + " | ".join(rep["args"].get("policies", POLICIES))
+              + " |", "|---|" + "---|" * len(rep["args"].get("policies", POLICIES))]
+    for key, c in a["cells"].items():
+        row = []
+        for pol in rep["args"].get("policies", POLICIES):
+            q = c["policies"].get(pol, {})
+            row.append(fmt(q["requeued"] / q["reclaims"], 1) if q.get("requeued") is not None and q.get("reclaims") else "-")
+        lines.append(f"| {key} | " + " | ".join(row) + " |")
+    t = rep["target"]
+    lines += ["", f"## Target: {t['overall']}", "",
+              f"Where one reclaim takes <= {TARGET['small_size_pct']:g}% of offline's memory, Algorithm 1's loss at "
+              f"least {TARGET['alg1_below_fifo']:.0%} below FIFO's; elsewhere never worse than FIFO by more than the spread.",
+              "", "| cell | verdict | why |", "|---|---|---|"]
+    lines += [f"| {k} | {v['verdict']} | {v['why']} |" for k, v in t["cells"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def fmt(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def pct_s(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"

@@ -1,0 +1,115 @@
+"""Tests of the eviction sweep's plan, loss and target check (sweep.py): no GPU, standard library only."""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep  # noqa: E402
+
+
+class Plan(unittest.TestCase):
+    def test_default_plan_covers_every_cell_for_every_policy_and_fits_nine_minutes(self):
+        w = sweep.plan()
+        cells = {(x.size_pct, r, x.policy) for x in w if x.kind != "base" for r in x.rates}
+        self.assertEqual(len(cells), 4 * 3 * 3)
+        self.assertGreaterEqual(sum(x.kind == "base" for x in w), 3)
+        self.assertEqual((w[0].kind, w[-1].kind), ("base", "base"))
+        self.assertLess(sweep.plan_seconds(w, gap=2.0), 9 * 60)
+
+    def test_slow_rates_share_one_isolated_reclaim_and_fast_ones_run_at_their_spacing(self):
+        w = [x for x in sweep.plan(sizes=[10], rates=[2, 6, 20], policies=["alg1"], cell_seconds=10, lead=1)
+             if x.kind != "base"]
+        self.assertEqual([(x.kind, x.rates, x.reclaims_at) for x in w],
+                         [("iso", [2, 6], [1]), ("direct", [20], [1, 4, 7])])
+
+    def test_every_policy_of_a_cell_gets_the_same_reclaim_times_and_seed_and_the_order_rotates(self):
+        w = [x for x in sweep.plan(sizes=[5, 50]) if x.kind != "base"]
+        groups = [w[i:i + 3] for i in range(0, len(w), 3)]
+        for g in groups:
+            self.assertEqual(len({(tuple(x.reclaims_at), x.seed, x.size_pct) for x in g}), 1)
+            self.assertEqual(sorted(x.policy for x in g), sorted(sweep.POLICIES))
+        self.assertNotEqual(groups[0][0].policy, groups[1][0].policy)
+
+    def test_a_misspelt_policy_is_refused(self):
+        with self.assertRaises(ValueError):
+            sweep.plan(policies=["alg1", "lru"])
+
+
+def run_window(kind, policy, t0, secs, size=None, rates=(), n=0, requeued=None):
+    return dict(kind=kind, policy=policy, t0=t0, t1=t0 + secs, size_pct=size, rates=list(rates),
+                reclaims_at=[1.0] * n, reclaims=n, requeued=requeued)
+
+
+class Loss(unittest.TestCase):
+    def finishes(self, per_s):
+        # One finish of `tokens` every second: (t, tokens) for each window's seconds.
+        return [(t + 0.5, n) for t, n in per_s]
+
+    def test_loss_is_rate_times_tokens_lost_per_reclaim_over_base_throughput(self):
+        wins = [run_window("base", "alg1", 0, 10), run_window("base", "alg1", 10, 10),
+                run_window("iso", "alg1", 20, 10, 10, [2, 6], 1, requeued=4),
+                run_window("direct", "fifo", 30, 10, 10, [20], 3)]
+        fin = [(t + 0.5, 100) for t in range(20)]  # base: 100 tok/s
+        fin += [(t + 0.5, 100) for t in range(20, 30) if t != 25]  # iso: 100 tokens lost to one reclaim
+        fin += [(t + 0.5, 100) for t in range(30, 40) if t not in (31, 34, 37)]  # direct: 300 lost to 3
+        a = sweep.analyse(wins, fin)
+        self.assertAlmostEqual(a["base_tok_s"], 100.0)
+        self.assertEqual(a["spread"], 0.0)
+        c = a["cells"]
+        self.assertAlmostEqual(c["10%@2/min"]["policies"]["alg1"]["loss"], 2 / 60 * 100 / 100)
+        self.assertAlmostEqual(c["10%@6/min"]["policies"]["alg1"]["loss"], 6 / 60 * 100 / 100)
+        self.assertAlmostEqual(c["10%@20/min"]["policies"]["fifo"]["loss"], 20 / 60 * 100 / 100)
+        self.assertEqual(c["10%@2/min"]["policies"]["alg1"]["requeued"], 4)
+
+    def test_spread_is_the_range_of_base_windows_scaled_like_the_loss(self):
+        wins = [run_window("base", "alg1", 0, 10), run_window("base", "alg1", 10, 10),
+                run_window("iso", "alg1", 20, 10, 5, [6], 1)]
+        fin = [(t + 0.5, 90 if t < 10 else 110) for t in range(20)] + [(t + 0.5, 100) for t in range(20, 30)]
+        a = sweep.analyse(wins, fin)
+        self.assertAlmostEqual(a["spread"], 0.2)
+        self.assertAlmostEqual(a["cells"]["5%@6/min"]["spread"], 0.2 * 6 / 60 * 10)
+        self.assertAlmostEqual(a["cells"]["5%@6/min"]["policies"]["alg1"]["loss"], 0.0)
+
+    def test_no_finished_request_in_base_windows_is_an_error_not_a_division(self):
+        a = sweep.analyse([run_window("base", "alg1", 0, 10)], [])
+        self.assertIn("error", a)
+
+
+def cell(size, a, f, spread):
+    return dict(size_pct=size, rate=6, spread=spread, policies=dict(alg1=dict(loss=a), fifo=dict(loss=f)))
+
+
+class Target(unittest.TestCase):
+    def test_small_cells_need_alg1_twenty_percent_below_fifo(self):
+        t = sweep.target_check({"a": cell(10, 0.08, 0.10, 0.01), "b": cell(25, 0.085, 0.10, 0.01)})
+        self.assertEqual(t["cells"]["a"]["verdict"], "pass")
+        self.assertEqual(t["cells"]["b"]["verdict"], "fail")
+        self.assertEqual(t["overall"], "fail")
+
+    def test_small_cell_where_fifo_loses_within_the_spread_is_undecided(self):
+        t = sweep.target_check({"a": cell(5, 0.0, 0.005, 0.01)})
+        self.assertEqual(t["cells"]["a"]["verdict"], "undecided")
+        self.assertEqual(t["overall"], "undecided")
+
+    def test_large_cells_may_lose_to_fifo_by_the_spread_only(self):
+        t = sweep.target_check({"a": cell(50, 0.30, 0.28, 0.03), "b": cell(50, 0.30, 0.25, 0.03)})
+        self.assertEqual(t["cells"]["a"]["verdict"], "pass")
+        self.assertEqual(t["cells"]["b"]["verdict"], "fail")
+
+    def test_markdown_has_a_table_per_policy_and_the_verdicts(self):
+        wins = [run_window("base", "alg1", 0, 10), run_window("base", "alg1", 10, 10)]
+        wins += [run_window("iso", p, 20 + 10 * i, 10, 5, [6], 1, requeued=2) for i, p in enumerate(sweep.POLICIES)]
+        fin = [(t + 0.5, 100) for t in range(50)]
+        a = sweep.analyse(wins, fin)
+        rep = dict(device="cpu", args=dict(cell_seconds=10, policies=list(sweep.POLICIES)), analysis=a,
+                   target=sweep.target_check(a["cells"]))
+        md = sweep.markdown(rep)
+        for p in sweep.POLICIES:
+            self.assertIn(f"## {p}: offline throughput loss", md)
+        self.assertIn("| 5% | 0.00% |", md)
+        self.assertIn("5%@6/min | undecided", md)
+
+
+if __name__ == "__main__":
+    unittest.main()
