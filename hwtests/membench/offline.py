@@ -20,6 +20,7 @@ import faulthandler
 import os
 import random
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +28,40 @@ import common  # noqa: E402
 from common import now  # noqa: E402
 
 
-def log_steps(steps: list) -> None:
-    """Appends the end time of every continuous-batching step (after the shim's own wrapper)."""
+class Generated:
+    """Tokens generated so far, counted at every step: each request's generated tokens, counted once
+    (a requeued request keeps its generated tokens, and they are not counted again when recomputed),
+    so a window's tokens are the work offline did in it, whenever the requests finish. Finished
+    requests are settled from their outputs (their last token comes after the last step saw them)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.total = 0
+        self.timeline: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+
+    def step(self, scheduler) -> None:
+        with self.lock:
+            for rid, st in list(scheduler.active_requests.items()):
+                self._add(rid, len(getattr(st, "generated_tokens", ()) or ()))
+            self.timeline.append((now(), self.total))
+
+    def finished(self, rid: str, tokens: int) -> None:
+        with self.lock:
+            self._add(rid, tokens)
+            self.seen.pop(rid, None)
+            self.timeline.append((now(), self.total))
+
+    def _add(self, rid: str, n: int) -> None:
+        d = n - self.seen.get(rid, 0)
+        if d > 0:
+            self.seen[rid] = n
+            self.total += d
+
+
+def log_steps(steps: list, generated: Generated | None = None) -> None:
+    """Appends the end time of every continuous-batching step (after the shim's own wrapper), and
+    counts the tokens generated so far into `generated`."""
     from transformers.generation.continuous_batching import continuous_api
 
     cbp = continuous_api.ContinuousBatchProcessor
@@ -37,6 +70,8 @@ def log_steps(steps: list) -> None:
     def update_batch(self):
         inner(self)
         steps.append(now())
+        if generated is not None:
+            generated.step(self.scheduler)
 
     cbp.update_batch = update_batch
 
@@ -99,7 +134,8 @@ def main() -> int:
 
         vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo))
     steps: list[float] = []
-    log_steps(steps)
+    generated = Generated() if a.selection_file else None
+    log_steps(steps, generated)
     model, tok = common.load_model(a.model, a.attention)
     gen = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
@@ -169,13 +205,16 @@ def main() -> int:
             errors.append(str(out.error))
         else:
             done.append((now(), len(out.generated_tokens)))
+            if generated is not None and getattr(out, "request_id", None) is not None:
+                generated.finished(out.request_id, len(out.generated_tokens))
             progress.add(len(out.generated_tokens))
         top_up(1)
     t1 = now()
     result = dict(mode=a.mode, fifo=a.fifo, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
                   steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name(),
-                  finishes=done if a.selection_file else None, switches=switches)
+                  finishes=done if a.selection_file else None, switches=switches,
+                  generated=generated.timeline if generated is not None else None)
     cache = manager.batch_processor.cache
     v = getattr(cache, "_valve", None)
     result["num_blocks"] = cache.num_blocks

@@ -423,10 +423,10 @@ def sweep_run(r: Run) -> int:
         time.sleep(2)
         rep["gpu_used_mib_after"] = common.gpu_used_mib()
     off_res = common.read_json(off_out) if os.path.exists(off_out) else {}
-    rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes")}
+    rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes", "generated")}
     rep["device"] = off_res.get("device")
     attach_requeues(rep["windows"], off_res.get("switches", []))
-    rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [])
+    rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [], off_res.get("generated"))
     if rep.get("error"):
         rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
     rep["target"] = sweep.target_check(rep["analysis"]["cells"])

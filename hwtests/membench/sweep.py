@@ -16,11 +16,17 @@ windows of one cell's policies run back to back. A window is `cell_seconds` of m
   overlapping recoveries count; its loss per reclaim is scaled to the exact rate the same way.
 
 Loss of a cell = rate/60 x (tokens lost per reclaim) / (tokens per second without reclaims), where
-tokens lost per reclaim = (base tok/s x window - tokens finished in the window) / reclaims in it.
+tokens lost per reclaim = (base tok/s x window - tokens generated in the window) / reclaims in it.
+
+Tokens generated, not tokens of requests finished: a requeued request goes to the back of a waiting
+queue of hundreds, so its finish (and all its tokens) would move minutes later, into another
+window; offline counts each request's generated tokens at every step instead, once each (a requeued
+request keeps them), so a window holds the work done in it. Finishes are the fallback.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 POLICIES = ("alg1", "fifo", "random")
@@ -89,19 +95,33 @@ def window_tokens(finishes: list, start: float, end: float) -> int:
     return sum(n for t, n in finishes if start <= t < end)
 
 
-def analyse(windows: list[dict], finishes: list) -> dict:
+def generated_between(timeline: list, start: float, end: float) -> int:
+    """Tokens generated in [start, end): the cumulative count (timeline: [time, total] pairs in time
+    order) last seen by `end` minus the one last seen by `start`."""
+    times = [t for t, _ in timeline]
+
+    def at(t: float) -> int:
+        i = bisect.bisect_left(times, t)
+        return timeline[i - 1][1] if i else 0
+
+    return at(end) - at(start)
+
+
+def analyse(windows: list[dict], finishes: list, generated: list | None = None) -> dict:
     """Per cell and policy, the throughput loss against the base windows, and the spread.
 
     `windows`: the plan's windows as run, each with `t0`, `t1` (CLOCK_MONOTONIC) and `reclaims`
-    (how many were made); `finishes`: offline's [time, tokens] of every finished request."""
+    (how many were made); `generated`: offline's [time, tokens generated so far] at every step;
+    without it, `finishes` (offline's [time, tokens] of every finished request) are counted."""
     base = []
     for w in windows:
-        w["tokens"] = window_tokens(finishes, w["t0"], w["t1"])
+        w["tokens"] = (generated_between(generated, w["t0"], w["t1"]) if generated
+                       else window_tokens(finishes, w["t0"], w["t1"]))
         w["tok_s"] = w["tokens"] / (w["t1"] - w["t0"]) if w["t1"] > w["t0"] else 0.0
         if w["kind"] == "base":
             base.append(w["tok_s"])
     if not base or min(base) <= 0:
-        return dict(base_tok_s=None, spread=None, cells={}, error="no base window finished any request")
+        return dict(base_tok_s=None, spread=None, cells={}, error="no tokens in a base window")
     mean = sum(base) / len(base)
     spread = (max(base) - min(base)) / mean if len(base) >= 2 else None
     cells: dict = {}
@@ -120,7 +140,8 @@ def analyse(windows: list[dict], finishes: list) -> dict:
             c["policies"][w["policy"]] = dict(loss=loss, lost_tokens_per_reclaim=lost, reclaims=n,
                                               tok_s=w["tok_s"], kind=w["kind"], requeued=w.get("requeued"))
             c["spread"] = noise
-    return dict(base_tok_s=mean, base_windows=len(base), spread=spread, cells=cells)
+    return dict(base_tok_s=mean, base_windows=len(base), spread=spread, cells=cells,
+                counted="tokens generated" if generated else "tokens of finished requests")
 
 
 def cell_key(size_pct: float, rate: float) -> str:
@@ -162,7 +183,7 @@ def markdown(rep: dict) -> str:
     a = rep["analysis"]
     lines = ["# Eviction sweep (issue 30)", "", f"Device: {rep.get('device')}. Offline without reclaims: "
              f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; run-to-run spread "
-             f"(range / mean of those windows) {pct_s(a.get('spread'))}. Windows of {rep['args'].get('cell_seconds')} s; "
+             f"(range / mean of those windows) {pct_s(a.get('spread'))}; counted: {a.get('counted')}. Windows of {rep['args'].get('cell_seconds')} s; "
              "loss = rate x tokens lost per reclaim / tokens per second without reclaims (sweep.py).", ""]
     if a.get("error"):
         lines += [f"**No result: {a['error']}**", ""]

@@ -71,6 +71,16 @@ class Loss(unittest.TestCase):
         self.assertAlmostEqual(a["cells"]["5%@6/min"]["spread"], 0.2 * 6 / 60 * 10)
         self.assertAlmostEqual(a["cells"]["5%@6/min"]["policies"]["alg1"]["loss"], 0.0)
 
+    def test_generated_tokens_count_the_work_in_a_window_whenever_requests_finish(self):
+        timeline = [(0.0, 0), (1.0, 100), (9.5, 950), (10.5, 1050), (19.9, 1990)]
+        self.assertEqual(sweep.generated_between(timeline, 0.5, 10.0), 950)
+        self.assertEqual(sweep.generated_between(timeline, 1.5, 10.0), 850)
+        self.assertEqual(sweep.generated_between(timeline, -1.0, 0.0), 0)
+        wins = [run_window("base", "alg1", 0, 10), run_window("iso", "alg1", 10, 10, 5, [6], 1)]
+        a = sweep.analyse(wins, [], [(t / 10, 10 * t) for t in range(200)] + [(20.0, 1900)])
+        self.assertEqual(a["counted"], "tokens generated")
+        self.assertAlmostEqual(a["base_tok_s"], 99.0)  # the last count before t=10 is at 9.9 s
+
     def test_no_finished_request_in_base_windows_is_an_error_not_a_division(self):
         a = sweep.analyse([run_window("base", "alg1", 0, 10)], [])
         self.assertIn("error", a)
