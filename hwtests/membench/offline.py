@@ -102,6 +102,8 @@ def main() -> int:
                     help="valve: a file of `SELECTION SEED` (alg1|fifo|random) read whenever it changes; the shim "
                          "switches its handle choice from the next step on, and the shim's counters at each "
                          "switch are kept (`switches` in --out)")
+    ap.add_argument("--placement", choices=("default", "compact"), default="default",
+                    help="valve: the shim's block placement (compact: wholly free handles' blocks first, at each turn)")
     ap.add_argument("--prompt", type=int, nargs=2, default=(512, 1024), help="prompt length range (tokens)")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--max-batch-tokens", type=int, default=256)
@@ -132,7 +134,8 @@ def main() -> int:
         import valve_transformers as vt
         from valve_transformers._real_valve import kv_space_factory
 
-        vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo))
+        policy = dict(placement="compact") if a.placement == "compact" else {}
+        vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo), **policy)
     steps: list[float] = []
     generated = Generated() if a.selection_file else None
     log_steps(steps, generated)
@@ -210,7 +213,7 @@ def main() -> int:
             progress.add(len(out.generated_tokens))
         top_up(1)
     t1 = now()
-    result = dict(mode=a.mode, fifo=a.fifo, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
+    result = dict(mode=a.mode, fifo=a.fifo, placement=a.placement, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
                   steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name(),
                   finishes=done if a.selection_file else None, switches=switches,

@@ -9,7 +9,8 @@ offline batch generation, with a static split and with Valve's pool; and the cor
         --configs alone,static,valve-miad,valve-miad-warm --seconds 90 [--warm-prime-seconds 450]
 
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR sweep \
-        [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] [--policies alg1,fifo,random]
+        [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] [--policies alg1,fifo,random] \
+        [--placement default|compact]
         (issue 30, offline only: `valvectl pool reclaim` takes a share of offline's memory at a rate
         for each handle choice; sweep.py says how the cells fit ~7.5 minutes; report.md/report.json)
 
@@ -384,7 +385,7 @@ def sweep_run(r: Run) -> int:
                     "--go", files["go"], "--stop", files["stop"], "--selection-file", files["selection"],
                     "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
                     "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
-                    "--attention", a.attention]
+                    "--attention", a.attention, "--placement", a.placement]
         off = r.spawn("sweep-offline", python("offline.py", *off_args),
                       dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER"))
         wait_files([files["off-ready"]], [off], 300)
@@ -529,6 +530,9 @@ def main() -> int:
     sw.add_argument("--offline-new-tokens", type=int, default=128)
     sw.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
     sw.add_argument("--attention", choices=("varlen", "sdpa"), default="varlen")
+    sw.add_argument("--placement", choices=("default", "compact"), default="default",
+                    help="the shim's block placement (compact: a request's blocks on as few handles as possible; "
+                         "docs/memory.md); run the sweep once per placement to compare")
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2",
                    help="comma-separated, run in this order: " + ", ".join(CONFIGS)

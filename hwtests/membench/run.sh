@@ -7,7 +7,7 @@
 #   hwtests/membench/run.sh OUTDIR bench --configs alone,static,valve-miad,valve-miad-warm --seconds 90
 #     (valve-miad-warm: MIAD's first 90 s after a daemon restart, from a warm start)
 #   hwtests/membench/run.sh OUTDIR sweep [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] \
-#       [--policies alg1,fifo,random]
+#       [--policies alg1,fifo,random] [--placement default|compact]
 #     (issue 30: offline's throughput loss per reclaimed size x rate x handle choice, no online model;
 #      about 7.5 minutes with the defaults: 29 windows of 10 s + 2 s, after ~90 s of start)
 #

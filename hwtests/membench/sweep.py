@@ -181,7 +181,8 @@ def target_check(cells: dict, small: float = TARGET["small_size_pct"], better: f
 def markdown(rep: dict) -> str:
     """report.md: a table per policy (loss per size x rate), the spread, the target per cell."""
     a = rep["analysis"]
-    lines = ["# Eviction sweep (issue 30)", "", f"Device: {rep.get('device')}. Offline without reclaims: "
+    lines = ["# Eviction sweep (issue 30)", "", f"Device: {rep.get('device')}. Block placement: "
+             f"{rep['args'].get('placement', 'default')}. Offline without reclaims: "
              f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; run-to-run spread "
              f"(range / mean of those windows) {pct_s(a.get('spread'))}; counted: {a.get('counted')}. Windows of {rep['args'].get('cell_seconds')} s; "
              "loss = rate x tokens lost per reclaim / tokens per second without reclaims (sweep.py).", ""]

@@ -1,6 +1,6 @@
 """The offline handle choice the shim selects by what it reports as block owners (policy `selection`:
-alg1, fifo, random), checked against a copy of the client's Algorithm 1 on a fake layout. Needs neither
-torch nor transformers:
+alg1, fifo, random), checked against a copy of the client's Algorithm 1 on a fake layout, and the
+compact placement's order of free blocks (policy `placement`). Needs neither torch nor transformers:
 
     cd integrations/transformers && python3 -m unittest tests.test_selection
 """
@@ -12,7 +12,9 @@ import unittest
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from valve_transformers._kv import RANDOM_OWNER_BASE, ValveKV, random_owners  # noqa: E402
+from collections import deque  # noqa: E402
+
+from valve_transformers._kv import RANDOM_OWNER_BASE, ValveKV, compact_order, random_owners  # noqa: E402
 
 
 def algorithm1(held_in_grant_order, bps, owners, tokens, count):
@@ -105,6 +107,26 @@ class Selection(unittest.TestCase):
         for c in counts:  # each slot in 2 of 8 picks: 1000 expected, sd ~27
             self.assertLess(abs(c - trials * 2 / 8), 120, counts)
 
+
+class Placement(unittest.TestCase):
+    def test_wholly_free_handles_come_first_pair_by_pair_and_nothing_is_lost(self):
+        # bps 2; slot 1 (2, 3) and slot 4 (8, 9) wholly free; 5 and 11 free with their siblings in use.
+        blocks = [5, 9, 2, 11, 3, 8]
+        got = compact_order(blocks, set(blocks), held={0, 1, 2, 4, 5}, blocks_per_slot=2)
+        self.assertEqual(got, [2, 3, 8, 9, 5, 11])
+
+    def test_a_free_slot_not_held_is_not_put_first(self):
+        got = compact_order([7, 6, 1], {7, 6, 1}, held={0}, blocks_per_slot=2)
+        self.assertEqual(got, [7, 6, 1])
+
+    def test_order_free_blocks_rearranges_the_allocators_free_list_in_place(self):
+        v, space, cache, sched = kv({"placement": "compact"})
+        v.held = {0, 1, 2, 4, 5}
+        bm = SimpleNamespace(_uninit_block_ids=deque([5, 9, 2, 11, 3, 8]), _init_block_ids={}, _hash_to_id={},
+                             _id_to_block={})
+        v.order_free_blocks(bm)
+        self.assertIsInstance(bm._uninit_block_ids, deque)
+        self.assertEqual(list(bm._uninit_block_ids), [2, 3, 8, 9, 5, 11])
 
 if __name__ == "__main__":
     unittest.main()

@@ -176,11 +176,13 @@ class ValveKV:
         self.held.update(slots)
         bm._uninit_block_ids.extend(b for s in sorted(slots) for b in self.slot_blocks(s))  # [FW]
 
-    def drop_blocks(self, bm: Any, blocks) -> None:
+    def drop_blocks(self, bm: Any, blocks, order: Any = None) -> None:
         """Blocks leave transformers' allocator (reclaimed, given back, or never granted): out of the free
-        lists, and out of the prefix-sharing tables (their content is gone)."""
+        lists, and out of the prefix-sharing tables (their content is gone). `order`, if given, rearranges
+        the free blocks that stay (the compact placement, `order_free_blocks`)."""
         gone = set(blocks)
-        bm._uninit_block_ids = deque(b for b in bm._uninit_block_ids if b not in gone)  # [FW]
+        kept = [b for b in bm._uninit_block_ids if b not in gone]
+        bm._uninit_block_ids = deque(order(kept) if order else kept)  # [FW]
         for b in gone.intersection(bm._init_block_ids):
             bm._init_block_ids.pop(b)  # [FW]
             bm._hash_to_id.pop(bm._id_to_block.pop(b).hash, None)  # [FW]
@@ -374,6 +376,8 @@ class ValveKV:
             self.requeue_outside_step(cache, scheduler)
             self._release_quarantine()
             self._report_owners(cache, scheduler)
+            if self.policy.get("placement") == "compact":
+                self.order_free_blocks(bm)
             free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
             low = self.policy.get("grow_below_free_fraction", 0.1) * len(self.held) * self.bps
             if scheduler.waiting_requests and free <= low:
@@ -422,6 +426,16 @@ class ValveKV:
                 tokens = scheduler.active_requests[rid].position_offset
                 self.space.set_owners(list(blocks), idx, tokens)
                 self._reported[rid] = blocks
+
+    def order_free_blocks(self, bm: Any) -> None:
+        """Placement `compact` (policy, default off): before the scheduler allocates, the uninitialised free
+        blocks of wholly free held handles come first, both blocks of a handle together, so a request's
+        blocks share handles with as few other requests as possible (docs/memory.md, "Why Algorithm 1 has
+        not beaten FIFO")."""
+        free = set(bm._uninit_block_ids)
+        if len(free) < 2:
+            return
+        self.drop_blocks(bm, (), order=lambda kept: compact_order(kept, free, self.held, self.bps))
 
     def _forget_owners(self) -> None:
         """The selection changed: every owner reported for the old one is cleared."""
@@ -476,3 +490,13 @@ def random_owners(slots, blocks_per_slot: int, rng: random.Random) -> list[tuple
     owning the slot's first block, at a random cost. No two slots share a request, so Algorithm 1's
     marginal costs are these costs and its choice (cheapest first) is a uniformly random set of slots."""
     return [(s * blocks_per_slot, RANDOM_OWNER_BASE + s, rng.randrange(1, 1 << 40)) for s in sorted(slots)]
+
+
+def compact_order(blocks: list[int], free, held, blocks_per_slot: int) -> list[int]:
+    """The free blocks in compact-placement order: first the blocks of held slots all of whose blocks are
+    free (uninitialised), slot by slot in slot order, then the others in the order they had. Only the
+    order changes: the same blocks come back."""
+    whole = sorted(s for s in held if all(b in free for b in range(s * blocks_per_slot, (s + 1) * blocks_per_slot)))
+    first = [b for s in whole for b in range(s * blocks_per_slot, (s + 1) * blocks_per_slot)]
+    taken = set(first)
+    return first + [b for b in blocks if b not in taken]
