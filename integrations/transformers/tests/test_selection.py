@@ -88,6 +88,16 @@ class Selection(unittest.TestCase):
         self.assertEqual(sorted(space.owners), [0, 1, 2, 3, 4, 8])
         self.assertTrue(all(r < RANDOM_OWNER_BASE for r in space.owners.values()))
 
+    def test_random_draws_again_when_the_held_handles_change_not_at_every_turn(self):
+        v, space, cache, sched = kv({"selection": "random", "selection_seed": 5, "random_redraw_s": 60})
+        v._report_owners(cache, sched)
+        first = dict(space.tokens)
+        v._report_owners(cache, sched)
+        self.assertEqual(space.tokens, first)
+        v.held = v.held | {6}
+        v._report_owners(cache, sched)
+        self.assertIn(12, space.owners)  # the new slot's first block has its made-up owner
+
     def test_the_same_seed_draws_the_same_choice(self):
         picks = []
         for _ in range(2):

@@ -25,7 +25,8 @@ DEFAULT_MAX_BATCH_TOKENS = 2048
 # How an offline reclaim picks handles (policy `selection`), all through the client's Algorithm 1
 # (`fifo=False`), by what the shim reports as block owners: `alg1` the real owners and their tokens;
 # `fifo` none, so every handle costs 0 and Algorithm 1's tie-break (oldest grant first) is exactly the
-# client's FIFO; `random` one made-up request per held handle with a random cost, redrawn every turn.
+# client's FIFO; `random` one made-up request per held handle with a random cost, redrawn when the
+# held handles change and every `random_redraw_s`.
 # The sweep (hwtests/membench) switches between them in one process.
 SELECTIONS = ("alg1", "fifo", "random")
 RANDOM_OWNER_BASE = 1 << 40  # request ids of the made-up owners: above any real request's index
@@ -62,6 +63,8 @@ class ValveKV:
         self._async = False  # the cache's batching mode, as last seen at a step boundary
         self._selection = "alg1"  # what the owners reported so far are for
         self._random_blocks: list[int] = []  # blocks holding the random selection's made-up owners
+        self._random_held: set[int] = set()  # the held slots at the last draw, and its time
+        self._random_at = float("-inf")
         self._seed_used = policy.get("selection_seed", 0)
         self._rng = random.Random(self._seed_used)
         self.stats = {"requeued": 0, "invalidated_blocks": 0, "grown_handles": 0, "shrunk_handles": 0,
@@ -402,6 +405,13 @@ class ValveKV:
         if sel == "fifo":
             return
         if sel == "random":
+            # Redrawn when the held slots change and every `random_redraw_s` (0.5 s): a draw is a client call
+            # per held slot, too many for every turn.
+            now = time.monotonic()
+            if (self._random_blocks and set(self.held) == self._random_held
+                    and now - self._random_at < self.policy.get("random_redraw_s", 0.5)):
+                return
+            self._random_held, self._random_at = set(self.held), now
             if self._random_blocks:
                 self.space.clear_owners(self._random_blocks)
             owners = random_owners(self.held, self.bps, self._rng)
