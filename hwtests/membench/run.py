@@ -404,8 +404,12 @@ def sweep_run(r: Run) -> int:
                 time.sleep(max(0.0, t0 + at - common.now()))
                 h = offline_handles(r)
                 n = max(1, round(w.size_pct / 100 * h))
-                r.valvectl("pool", "reclaim", "--gpu", "0", "--mib", str(n * common.HANDLE_BYTES >> 20))
-                made, sizes_mib, held = made + 1, sizes_mib + [n * common.HANDLE_BYTES >> 20], held + [h]
+                out = r.valvectl("pool", "reclaim", "--gpu", "0", "--mib", str(n * common.HANDLE_BYTES >> 20), "--json")
+                try:
+                    got = json.loads(out).get("reclaimed_mib")
+                except ValueError:
+                    got = None
+                made, sizes_mib, held = made + 1, sizes_mib + [got], held + [h]
             time.sleep(max(0.0, t0 + w.seconds - common.now()))
             rec = dict(vars(w), t0=t0, t1=common.now(), reclaims=made, reclaimed_mib=sizes_mib, offline_handles=held)
             rep["windows"].append(rec)
