@@ -385,19 +385,19 @@ def sweep_run(r: Run) -> int:
                     "--go", files["go"], "--stop", files["stop"], "--selection-file", files["selection"],
                     "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
                     "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
-                    "--attention", a.attention, "--placement", a.placement]
+                    "--attention", a.attention, "--placement", a.placement, "--backlog", str(a.offline_backlog)]
         off = r.spawn("sweep-offline", python("offline.py", *off_args),
                       dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER"))
         wait_files([files["off-ready"]], [off], 300)
         time.sleep(a.settle)  # the cache fills and the batch reaches its steady size
         open(files["go"], "w").close()
         rep["pool_before"] = pool_status(r)
+        with open(files["selection"], "w") as f:
+            f.write(f"{windows[0].policy} {windows[0].seed}\n")
+        time.sleep(a.gap)
         for i, w in enumerate(windows):
             if off.poll() is not None:
                 raise RuntimeError(f"offline exited ({off.returncode}) before window {i}: see sweep-offline.log")
-            with open(files["selection"], "w") as f:
-                f.write(f"{w.policy} {w.seed}\n")
-            time.sleep(a.gap)
             t0 = common.now()
             made, sizes_mib, held = 0, [], []
             for at in w.reclaims_at:
@@ -411,13 +411,16 @@ def sweep_run(r: Run) -> int:
                     got = None
                 made, sizes_mib, held = made + 1, sizes_mib + [got], held + [h]
             time.sleep(max(0.0, t0 + w.seconds - common.now()))
+            # The next window's choice is set now, `gap` before it starts: no reclaim comes in between, so
+            # the gap still counts as this window's (the tail of its recomputations).
+            nxt = windows[i + 1] if i + 1 < len(windows) else None
+            with open(files["selection"], "w") as f:  # after the last window: closes its counters
+                f.write(f"{nxt.policy} {nxt.seed}\n" if nxt else "alg1 0\n")
+            time.sleep(a.gap)
             rec = dict(vars(w), t0=t0, t1=common.now(), reclaims=made, reclaimed_mib=sizes_mib, offline_handles=held)
             rep["windows"].append(rec)
             print(f"sweep: window {i + 1}/{len(windows)} {w.kind} {w.policy} size {w.size_pct} rates {w.rates} "
                   f"reclaims {made} offline handles {held}", flush=True)
-        with open(files["selection"], "w") as f:  # a last switch: it closes the last window's counters
-            f.write("alg1 0\n")
-        time.sleep(1.0)
         rep["pool_after"] = pool_status(r)
         open(files["stop"], "w").close()
         rep["offline_exit"] = off.wait(timeout=120)
@@ -443,8 +446,8 @@ def sweep_run(r: Run) -> int:
 
 
 def attach_requeues(windows: list[dict], switches: list[dict]) -> None:
-    """Requests requeued during each window: the shim's counter between the switch made for it (just
-    before it) and the next one (offline notes one per window, in order)."""
+    """Requests requeued during each window: the shim's counter between the switch made for it (a gap
+    before it) and the next one (offline notes one per window, in order, and one after the last)."""
     marks = [s["shim"]["requeued"] for s in switches if s.get("shim")]
     # One switch per window and a last one after them; before them, the initial `alg1 0` if offline saw it.
     if len(marks) < len(windows) + 1:
@@ -522,7 +525,12 @@ def main() -> int:
     sw.add_argument("--policies", type=lambda x: [p for p in x.split(",") if p], default=list(sweep.POLICIES),
                     help="comma-separated: " + ", ".join(sweep.POLICIES))
     sw.add_argument("--cell-seconds", type=float, default=10.0, help="measured seconds per window")
-    sw.add_argument("--gap", type=float, default=2.0, help="seconds before each window (the policy switch settles)")
+    sw.add_argument("--gap", type=float, default=2.0,
+                    help="seconds after each window's measured part: the next policy is set, no reclaim comes, and "
+                         "the tokens still count to the window (its recomputations' tail)")
+    sw.add_argument("--offline-backlog", type=int, default=80,
+                    help="offline's requests in the system (active + waiting): small, so a requeued request, which "
+                         "goes to the back of the waiting queue, is recomputed within seconds, in its own window")
     sw.add_argument("--lead", type=float, default=1.0, help="seconds into a window before its first reclaim")
     sw.add_argument("--settle", type=float, default=20.0, help="seconds offline runs before the first window")
     sw.add_argument("--baseline-every", type=int, default=6, help="a no-reclaim window after this many others")

@@ -7,6 +7,12 @@ serve the whole sweep; the shim switches its handle choice between windows (`sel
 policy), so the three policies share the model, the backlog and the drift of the run, and the
 windows of one cell's policies run back to back. A window is `cell_seconds` of measurement:
 
+A window's tokens are counted from its start to the next one's (its `cell_seconds` and the gap after
+it, in which the next policy is set and no reclaim comes), so the tail of its recomputations counts
+to it. Offline keeps a short waiting queue (run.py's --offline-backlog) so that a requeued request,
+which goes to the back of it, is recomputed within seconds, inside its window; a reclaim whose
+recomputation lasts longer than the window (the largest sizes) still spills into the next one.
+
 - `base`: no reclaim. Repeated through the run (first, every `baseline_every` cell windows, last):
   their mean is the throughput without reclaims, their range the run-to-run spread.
 - `iso` (one per size and policy): one reclaim, `lead` seconds in. It answers every rate whose
@@ -18,9 +24,9 @@ windows of one cell's policies run back to back. A window is `cell_seconds` of m
 Loss of a cell = rate/60 x (tokens lost per reclaim) / (tokens per second without reclaims), where
 tokens lost per reclaim = (base tok/s x window - tokens generated in the window) / reclaims in it.
 
-Tokens generated, not tokens of requests finished: a requeued request goes to the back of a waiting
-queue of hundreds, so its finish (and all its tokens) would move minutes later, into another
-window; offline counts each request's generated tokens at every step instead, once each (a requeued
+Tokens generated, not tokens of requests finished: a requeued request goes to the back of the
+waiting queue, so its finish (and all its tokens) would move seconds to minutes later, often into
+another window; offline counts each request's generated tokens at every step instead, once each (a requeued
 request keeps them), so a window holds the work done in it. Finishes are the fallback.
 """
 
