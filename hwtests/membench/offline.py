@@ -43,7 +43,7 @@ class Generated:
     def step(self, scheduler) -> None:
         with self.lock:
             for rid, st in list(scheduler.active_requests.items()):
-                self._add(rid, len(getattr(st, "generated_tokens", ()) or ()))
+                self._add(rid, generated_len(st))
             self.timeline.append((now(), self.total))
 
     def finished(self, rid: str, tokens: int) -> None:
@@ -57,6 +57,17 @@ class Generated:
         if d > 0:
             self.seen[rid] = n
             self.total += d
+
+
+def generated_len(state) -> int:
+    """Tokens a request has generated, requeues included: a requeued state (transformers'
+    `create_equivalent_initial_request`) starts with no generated tokens, the earlier ones folded into
+    its prompt, whose original length `_true_initial_tokens` keeps."""
+    n = len(getattr(state, "generated_tokens", ()) or ())
+    true = getattr(state, "_true_initial_tokens", None)
+    if true:
+        n += len(getattr(state, "initial_tokens", ()) or ()) - true
+    return n
 
 
 def log_steps(steps: list, generated: Generated | None = None) -> None:

@@ -49,5 +49,23 @@ class Sweep(unittest.TestCase):
         self.assertIn("lru", err.getvalue())
 
 
+class Generated(unittest.TestCase):
+    def test_a_requeued_request_counts_its_earlier_tokens_once(self):
+        from types import SimpleNamespace
+
+        import offline  # standard library at import time; torch only in main()
+
+        g = offline.Generated()
+        st = SimpleNamespace(generated_tokens=[1] * 30, initial_tokens=[0] * 100, _true_initial_tokens=None)
+        g.step(SimpleNamespace(active_requests={"r": st}))
+        # Requeued: 30 generated tokens folded into the prompt, 5 generated since.
+        again = SimpleNamespace(generated_tokens=[1] * 5, initial_tokens=[0] * 130, _true_initial_tokens=100)
+        g.step(SimpleNamespace(active_requests={"r": again}))
+        self.assertEqual(g.total, 35)
+        g.finished("r", 40)  # the output has the original split: all 40 generated tokens
+        self.assertEqual(g.total, 40)
+        self.assertEqual([n for _, n in g.timeline], [30, 35, 40])
+
+
 if __name__ == "__main__":
     unittest.main()
