@@ -2,8 +2,8 @@
 //! held it frozen, on every GPU) and when each online process was busy (on its GPUs).
 //!
 //! Fields used ([`crate::gate::trace::TraceKind`]): a successful `Disable` (`b` = 0) starts a
-//! blocked interval at its return (`a`) and counts as a preemption, and the next `Enable` of all offline (`id` = 0) ends it
-//! at its issue (`t_ns`). A `Launch`/`LaunchAfterResume` edge of pid `id` at `t_ns` after an
+//! blocked interval at its return (`a`), and counts as a preemption when it disables all offline
+//! (`id` = 0); the next `Enable` of all offline (`id` = 0) ends it at its issue (`t_ns`). A `Launch`/`LaunchAfterResume` edge of pid `id` at `t_ns` after an
 //! idle gap `b` ends that pid's busy interval at `t_ns - b` and opens the next at `t_ns`; a
 //! `Cooldown` ends every open one at the online processes' last activity (`a`). Records lost to
 //! overwriting are counted; the time they covered is left out, unless the records after them
@@ -114,9 +114,12 @@ impl TraceFolder {
             self.last_seq = r.seq;
             match r.kind {
                 TraceKind::Disable if r.b == 0 => {
+                    // A disable of all offline (`id` 0) is a preemption; one process's (a
+                    // process joining the set while it is held) is part of the same hold.
+                    let preemption = u64::from(r.id == 0);
                     for g in 0..gpus {
                         rec.blocked.start(g, r.a);
-                        rec.preemptions.add(g, r.a, 1);
+                        rec.preemptions.add(g, r.a, preemption);
                     }
                     self.unsure_since = None;
                 }

@@ -69,8 +69,10 @@ fn a_successful_disable_and_the_next_enable_of_all_offline_block_every_gpu() {
     let mut f = TraceFolder::default();
     // Disable issued at 10 s, returned 1 ms later; enable of all offline issued at 12 s.
     ring.push(TraceKind::Disable, 10 * S, 0, 10 * S + MS, 0, 0);
-    // A failed disable, and one process's enable (it left the offline set): the hold goes on.
+    // A failed disable, one process's disable (it joined the set while held) and one process's
+    // enable (it left the offline set): the hold goes on.
     ring.push(TraceKind::Disable, 11 * S, 0, 11 * S + MS, 1, 0);
+    ring.push(TraceKind::Disable, 11 * S + MS, 78, 11 * S + MS, 0, 0);
     ring.push(
         TraceKind::Enable,
         11 * S + 2 * MS,
@@ -90,7 +92,7 @@ fn a_successful_disable_and_the_next_enable_of_all_offline_block_every_gpu() {
         assert_eq!(
             rec.preemptions.sum(g, 100 * S, 100 * S),
             1,
-            "the failed disable is no preemption"
+            "the failed disable and one process's disable are no preemptions"
         );
     }
     // A second hold, still going on: it counts up to now.
