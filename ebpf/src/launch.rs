@@ -309,32 +309,50 @@ impl Targets {
     ) -> Result<Vec<libbpf_rs::Link>, libbpf_rs::Error> {
         let mut links = Vec::new();
         for &(sym, cookie) in &self.launches {
+            links.push(self.attach_launch(skel, pid, sym, cookie)?);
+        }
+        for &sym in &self.waits {
+            links.extend(self.attach_wait(skel, pid, sym)?);
+        }
+        Ok(links)
+    }
+
+    /// The launch program on `sym`, with the entry point's kind as its cookie.
+    fn attach_launch(
+        &self,
+        skel: &skel::LaunchWatchSkel<'_>,
+        pid: i32,
+        sym: &str,
+        cookie: u64,
+    ) -> Result<libbpf_rs::Link, libbpf_rs::Error> {
+        let opts = UprobeOpts {
+            cookie,
+            func_name: Some(sym.to_string()),
+            ..Default::default()
+        };
+        let prog = &skel.progs.cuda_launch;
+        prog.attach_uprobe_with_opts(pid, &self.library, 0, opts)
+    }
+
+    /// The wait programs on `sym`: a uprobe at entry and a uretprobe at return.
+    fn attach_wait(
+        &self,
+        skel: &skel::LaunchWatchSkel<'_>,
+        pid: i32,
+        sym: &str,
+    ) -> Result<[libbpf_rs::Link; 2], libbpf_rs::Error> {
+        let wait = |retprobe, prog: &libbpf_rs::ProgramMut<'_>| {
             let opts = UprobeOpts {
-                cookie,
+                retprobe,
                 func_name: Some(sym.to_string()),
                 ..Default::default()
             };
-            links.push(skel.progs.cuda_launch.attach_uprobe_with_opts(
-                pid,
-                &self.library,
-                0,
-                opts,
-            )?);
-        }
-        for &sym in &self.waits {
-            for (retprobe, prog) in [
-                (false, &skel.progs.cuda_sync_enter),
-                (true, &skel.progs.cuda_sync_exit),
-            ] {
-                let opts = UprobeOpts {
-                    retprobe,
-                    func_name: Some(sym.to_string()),
-                    ..Default::default()
-                };
-                links.push(prog.attach_uprobe_with_opts(pid, &self.library, 0, opts)?);
-            }
-        }
-        Ok(links)
+            prog.attach_uprobe_with_opts(pid, &self.library, 0, opts)
+        };
+        Ok([
+            wait(false, &skel.progs.cuda_sync_enter)?,
+            wait(true, &skel.progs.cuda_sync_exit)?,
+        ])
     }
 
     /// The symbols probed, launches first.
@@ -365,14 +383,9 @@ fn resolve(
         .into_iter()
         .filter(|s| names_symbol(&image, s.0))
     {
-        let one = Targets {
-            launches: vec![(sym, cookie)],
-            waits: Vec::new(),
-            library: cfg.library.clone(),
-        };
-        match one.attach(skel, probe_pid) {
+        match t.attach_launch(skel, probe_pid, sym, cookie) {
             Ok(l) => {
-                links.extend(l);
+                links.push(l);
                 t.launches.push((sym, cookie));
             }
             Err(e) => last_err = Some(e),
@@ -390,12 +403,7 @@ fn resolve(
     // The waits: optional (a library without them still reports launches).
     let waits = SYNC_SYMBOLS.into_iter().filter(|s| names_symbol(&image, s));
     for sym in waits.filter(|_| cfg.track_waits) {
-        let one = Targets {
-            launches: Vec::new(),
-            waits: vec![sym],
-            library: cfg.library.clone(),
-        };
-        match one.attach(skel, probe_pid) {
+        match t.attach_wait(skel, probe_pid, sym) {
             Ok(l) => {
                 links.extend(l);
                 t.waits.push(sym);
