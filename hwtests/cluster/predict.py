@@ -30,6 +30,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,6 +88,48 @@ def trace_for(plan: list[tuple[float, str]], phase_s: float, lead_s: float, seed
     return out
 
 
+class GpuClocks:
+    """Samples the GPU's SM clock and power once a second (`nvidia-smi -lms`, read-only) with the
+    time each line arrived, so that each comparison can say what clock the GPU ran at: a job
+    measured alone at full power may run at a lower clock than beside an online server."""
+
+    FIELDS = "clocks.sm,power.draw,temperature.gpu"
+
+    def __init__(self, path: str) -> None:
+        self.samples: list[tuple[float, float, float, float]] = []
+        self.f = open(path, "w")
+        self.f.write("unix_s,sm_mhz,power_w,temp_c\n")
+        try:
+            self.p = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+                                       "-i", "0", "-lms", "1000"], stdout=subprocess.PIPE, text=True)
+        except OSError:
+            self.p = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            try:
+                sm, pw, tc = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            t = time.time()
+            self.samples.append((t, sm, pw, tc))
+            self.f.write(f"{t:.3f},{sm:.0f},{pw:.1f},{tc:.0f}\n")
+            self.f.flush()
+
+    def mean(self, since: float, until: float) -> dict:
+        xs = [x for x in self.samples if since <= x[0] <= until]
+        if not xs:
+            return {}
+        return dict(sm_mhz=sum(x[1] for x in xs) / len(xs), power_w=sum(x[2] for x in xs) / len(xs))
+
+    def stop(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.terminate()
+            self.p.wait(timeout=10)
+
+
 def error(pred: float, meas: float) -> float | None:
     return abs(pred - meas) / meas if meas > 0 else None
 
@@ -94,6 +137,7 @@ def error(pred: float, meas: float) -> float | None:
 class Bench:
     def __init__(self, a) -> None:
         self.a, self.r = a, Run(a)
+        self.clocks = GpuClocks(os.path.join(self.r.out, "gpu-clocks.csv"))
         self.progress = os.path.join(self.r.out, "progress")
         os.makedirs(self.progress, mode=0o1777, exist_ok=True)
 
@@ -132,8 +176,8 @@ class Bench:
         a, path = self.a, os.path.join(self.r.out, f"profile-{kind}.json")
         caps = a.caps if kind == "cb" else ""
         args = ["profile-job", "--name", f"bench-{kind}", "--units", "tokens", "--valvectl", a.valvectl,
-                "--warmup", f"{a.profile_warmup}s", "--settle", "5s", "--seconds", f"{a.profile_seconds}s",
-                "--out", path]
+                "--warmup", f"{a.profile_warmup}s", "--settle", f"{a.profile_settle}s", "--seconds", f"{a.profile_seconds}s",
+                "--alone-seconds", f"{a.profile_alone_seconds or 2 * a.profile_seconds}s", "--out", path]
         if caps:
             args += ["--caps", caps]
         if a.preempt_every:
@@ -147,6 +191,8 @@ class Bench:
         self.sched(*args, "--", *self.offline_argv(kind, os.path.join(self.r.out, f"profile-{kind}-run.json")),
                    env=env)
         print(f"profile {kind}: {time.monotonic() - t:.0f} s: {open(path).read()}", flush=True)
+        common.write_json(os.path.join(self.r.out, f"profile-{kind}-clocks.json"),
+                          self.clocks.mean(time.time() - (time.monotonic() - t), time.time()))
         return path
 
     def document_after(self, unix_ms: float, timeout: float = 30.0) -> dict:
@@ -205,11 +251,15 @@ class Bench:
         rate = next((x for x in (job or {}).get("rates", []) if x["window_s"] == w), None)
         gw = next(x for x in doc["gpus"][0]["windows"] if x["window_s"] == w)
         meas = rate["per_s"] if rate else 0.0
-        return dict(offline=kind, load_rps=load, pattern=pattern, window_s=w, covered_s=gw["covered_s"],
+        made = doc["generated_unix_ms"] / 1000
+        return dict(**{f"gpu_{k}": v for k, v in self.clocks.mean(made - w, made).items()},
+                    offline=kind, load_rps=load, pattern=pattern, window_s=w, covered_s=gw["covered_s"],
                     busy=gw["busy_fraction"], memory_mean_gib=gw["offline_memory"]["mean_bytes"] / 2**30,
                     memory_p5_gib=gw["offline_memory"]["quantiles_bytes"][1] / 2**30,
                     preemptions_per_s=gw.get("preemptions", 0) / max(gw["covered_s"], 1.0),
                     reclaimed_gib_per_s=gw.get("reclaimed_bytes", 0) / 2**30 / max(gw["covered_s"], 1.0),
+                    reclaim_episodes_per_s=gw.get("reclaim_episodes", 0) / max(gw["covered_s"], 1.0),
+                    episode_gib=gw.get("reclaimed_bytes", 0) / 2**30 / max(gw.get("reclaim_episodes", 0), 1),
                     idle=pred["idle"], interrupted=pred.get("interrupted", 0.0), memory_factor=pred["memory"],
                     predicted=pred["per_s"], measured=meas,
                     rate_covered_s=rate["covered_s"] if rate else 0.0, error=error(pred["per_s"], meas))
@@ -219,16 +269,16 @@ def markdown(rep: dict) -> str:
     lines = [f"# Cluster scheduler: predicted against measured offline throughput ({rep['device']})", "",
              f"Date {rep['date']}; window {rep['window_s']} s per phase; target |predicted - measured| / measured "
              f"<= {TARGET_ERROR:.0%} in every run.", "",
-             "| offline | load (req/s) | memory | online busy | preemptions/s | reclaimed GiB/s "
-             "| offline memory mean / p5 (GiB) | (idle - interrupted) x memory | predicted | measured | error |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| offline | load (req/s) | memory | online busy | preemptions/s | reclaimed GiB/s (GiB per episode) "
+             "| offline memory mean / p5 (GiB) | (idle - interrupted) x memory | predicted | measured | error | SM MHz |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rep["rows"]:
         err = "n/a" if x["error"] is None else f"{x['error']:.1%}"
         lines.append(f"| {x['offline']} | {x['load_rps']} | {x['pattern']} | {x['busy']:.3f} | "
-                     f"{x['preemptions_per_s']:.2f} | {x['reclaimed_gib_per_s']:.3f} | "
+                     f"{x['preemptions_per_s']:.2f} | {x['reclaimed_gib_per_s']:.3f} ({x.get('episode_gib', 0):.1f}) | "
                      f"{x['memory_mean_gib']:.1f} / {x['memory_p5_gib']:.1f} | "
                      f"({x['idle']:.3f} - {x['interrupted']:.3f}) x {x['memory_factor']:.3f} | "
-                     f"{x['predicted']:.0f} | {x['measured']:.0f} | {err} |")
+                     f"{x['predicted']:.0f} | {x['measured']:.0f} | {err} | {x.get('gpu_sm_mhz', 0):.0f} |")
     worst = max((x["error"] for x in rep["rows"] if x["error"] is not None), default=None)
     lines += ["", f"Worst error {worst:.1%}: target {'met' if rep['met'] else 'MISSED'}." if worst is not None
               else "No run measured throughput: target MISSED."]
@@ -253,14 +303,20 @@ def main() -> int:
     ap.add_argument("--caps", default="1GiB,2GiB,4GiB,8GiB")
     ap.add_argument("--profile-warmup", type=int, default=15)
     ap.add_argument("--profile-seconds", type=int, default=15)
+    ap.add_argument("--profile-settle", type=int, default=15,
+                    help="profile-job --settle: longer than one offline request takes, so that a step measures the "
+                         "new memory's rate, not the ramp to it (5 s read continuous batching 10%% low)")
+    ap.add_argument("--profile-alone-seconds", type=int, help="profile-job --alone-seconds (default: twice --profile-seconds)")
     ap.add_argument("--offline-batch-tokens", type=int, default=512)
     ap.add_argument("--train-size", default="1b")
     ap.add_argument("--attention", default="varlen")
     ap.add_argument("--profiles", help="reuse profile-<kind>.json files from this folder")
     ap.add_argument("--preempt-every", default="1s", help="profile-job --preempt-every ('' skips the step)")
     ap.add_argument("--preempt-for", default="100ms")
-    ap.add_argument("--reclaim-every", default="5s", help="profile-job --reclaim-every, cb only ('' skips)")
-    ap.add_argument("--reclaim-mib", type=int, default=1024)
+    ap.add_argument("--reclaim-every", default="10s", help="profile-job --reclaim-every, cb only ('' skips)")
+    ap.add_argument("--reclaim-mib", default="1024,6144",
+                    help="profile-job --reclaim-mib: the sizes of the profiling reclaims (the loss per reclaim grows "
+                         "faster than its size once it takes more than the job's cache slack)")
     a = ap.parse_args()
     if a.phase_s < a.window + 8:
         ap.error("--phase-s must exceed --window by at least 8 s (the document is rebuilt every 5 s)")
@@ -282,6 +338,7 @@ def main() -> int:
                 b.r.procs = [p for p in b.r.procs if p.poll() is None]
     finally:
         b.r.stop_all()
+        b.clocks.stop()
     errs = [x["error"] for x in rows]
     rep = dict(device=common.device_name(), date=time.strftime("%Y-%m-%d"), window_s=a.window, rows=rows,
                args=vars(a), met=bool(rows) and all(e is not None and e <= TARGET_ERROR for e in errs))

@@ -65,6 +65,12 @@ pub struct GpuWindow {
     /// redone: the job profile's `reclaim_cost_s_per_gib`). 0 where unknown.
     #[serde(default)]
     pub reclaimed_bytes: u64,
+    /// Reclaim episodes in the window: runs of reclaims one second apart or closer, each one
+    /// online burst. `reclaimed_bytes` over this is the size of a typical episode, which sets
+    /// how much in-flight offline work one episode throws away (the job profile's
+    /// `costs.reclaim_episodes`). 0 where unknown.
+    #[serde(default)]
+    pub reclaim_episodes: u64,
     /// Memory left to offline on this GPU over the window.
     pub offline_memory: MemoryStats,
 }
@@ -291,6 +297,7 @@ mod tests {
             busy_fraction: busy,
             preemptions: 0,
             reclaimed_bytes: 0,
+            reclaim_episodes: 0,
             offline_memory: MemoryStats {
                 samples: 3,
                 mean_bytes: 10,

@@ -3,7 +3,7 @@
 //!
 //! - [`busy`]: busy intervals per GPU; busy fractions and cross-GPU alignment over windows.
 //! - [`memory`]: memory left to offline per GPU; time-weighted mean and quantiles.
-//! - [`events`]: preemptions and reclaimed bytes per GPU over windows.
+//! - [`events`]: preemptions, reclaimed bytes and reclaim episodes per GPU over windows.
 //! - [`progress`]: offline jobs' own progress reports, as rates.
 //! - [`doc`]: the document ([`NodeHarvest`], version 1) and its validation.
 //! - [`Recorder`]: the trackers of one node, turned into a document on request.
@@ -54,6 +54,8 @@ pub struct Recorder {
     pub preemptions: EventTracker,
     /// Bytes the pool took back from offline, per GPU.
     pub reclaimed: EventTracker,
+    /// Reclaim episodes (runs of reclaims in consecutive seconds), per GPU.
+    pub reclaim_episodes: EventTracker,
 }
 
 impl Recorder {
@@ -74,6 +76,7 @@ impl Recorder {
             memory: MemoryTracker::new(n, horizon),
             preemptions: EventTracker::new(n, horizon),
             reclaimed: EventTracker::new(n, horizon),
+            reclaim_episodes: EventTracker::new(n, horizon),
         }
     }
 
@@ -141,6 +144,7 @@ impl Recorder {
             busy_fraction: self.blocked.busy_fraction(gpu, now_ns, w),
             preemptions: self.preemptions.sum(gpu, now_ns, w),
             reclaimed_bytes: self.reclaimed.sum(gpu, now_ns, w),
+            reclaim_episodes: self.reclaim_episodes.sum(gpu, now_ns, w),
             offline_memory: self.memory.stats(gpu, now_ns, w).unwrap_or(MemoryStats {
                 samples: 0,
                 mean_bytes: memory_total,
@@ -174,6 +178,7 @@ mod tests {
         }
         r.preemptions.add(0, 59 * NS, 3);
         r.reclaimed.add(1, 10 * NS, 1 << 30);
+        r.reclaim_episodes.add(1, 10 * NS, 1);
         r.memory.sample(1, 0, 40 << 30);
         r.memory.sample(1, 30 * NS, 20 << 30);
         let doc = r.document(60 * NS, 123, vec![]);
@@ -187,6 +192,7 @@ mod tests {
             back.gpu(1).unwrap().window(60).unwrap().reclaimed_bytes,
             1 << 30
         );
+        assert_eq!(back.gpu(1).unwrap().window(60).unwrap().reclaim_episodes, 1);
         assert_eq!(back.pair(0, 1, 60).unwrap().score, 1.0);
         assert_eq!(back.pair(0, 2, 600).unwrap().score, 0.0);
         assert_eq!(back.pairs.len(), 6, "3 pairs x 2 windows");

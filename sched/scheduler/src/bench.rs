@@ -47,6 +47,7 @@ pub fn steady_gpu(index: u32, busy: f64, quantiles: Vec<u64>) -> GpuHarvest {
                 busy_fraction: busy,
                 preemptions: 0,
                 reclaimed_bytes: 0,
+                reclaim_episodes: 0,
                 offline_memory: MemoryStats {
                     samples: 60,
                     mean_bytes: quantiles[quantiles.len() / 2],

@@ -43,8 +43,12 @@ pub struct JobProfile {
 
 /// Work an offline job loses to interruptions, in seconds of its running time: a harvested GPU
 /// that preempts it P times and reclaims G GiB from it per second leaves it
-/// `P x preemption_s + G x reclaim_s_per_gib` less of each second than its idle share.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `P x preemption_s + G x reclaim_s_per_gib` less of each second than its idle share. Where
+/// the profile measured reclaim episodes of several sizes and the node counts its episodes,
+/// the reclaim term is E x lost(G / E) instead: E episodes per second, each losing what an
+/// episode of that size lost when profiled (a small reclaim may only take cache slack, a large
+/// one requeues most requests in flight).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct InterruptCosts {
     /// Per preemption by the gate: the pipeline refill and the work redone after a resume.
     #[serde(default)]
@@ -52,19 +56,66 @@ pub struct InterruptCosts {
     /// Per GiB the pool takes back: the requests requeued and recomputed.
     #[serde(default)]
     pub reclaim_s_per_gib: f64,
+    /// Per reclaim episode, by its size, ascending (empty: the per-GiB cost applies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reclaim_episodes: Vec<EpisodeCost>,
+}
+
+/// What one reclaim episode of a given size cost the job when profiled.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeCost {
+    /// Bytes the episode took back.
+    pub reclaimed_bytes: u64,
+    /// Seconds of the job's work it lost.
+    pub lost_s: f64,
 }
 
 impl InterruptCosts {
     /// Nothing measured.
     pub fn is_zero(&self) -> bool {
-        self.preemption_s == 0.0 && self.reclaim_s_per_gib == 0.0
+        self.preemption_s == 0.0
+            && self.reclaim_s_per_gib == 0.0
+            && self.reclaim_episodes.is_empty()
     }
 
-    /// The share of each second lost at `preemptions_per_s` and `reclaimed_gib_per_s`.
-    pub fn lost_share(&self, preemptions_per_s: f64, reclaimed_gib_per_s: f64) -> f64 {
-        self.preemption_s * preemptions_per_s + self.reclaim_s_per_gib * reclaimed_gib_per_s
+    /// The share of each second lost at `preemptions_per_s`, `reclaimed_gib_per_s` and
+    /// `episodes_per_s` reclaim episodes (0: not counted; the per-GiB cost applies).
+    pub fn lost_share(
+        &self,
+        preemptions_per_s: f64,
+        reclaimed_gib_per_s: f64,
+        episodes_per_s: f64,
+    ) -> f64 {
+        let reclaims = if self.reclaim_episodes.is_empty() || episodes_per_s <= 0.0 {
+            self.reclaim_s_per_gib * reclaimed_gib_per_s
+        } else {
+            let bytes = reclaimed_gib_per_s / episodes_per_s * GIB_F;
+            episodes_per_s * self.episode_lost_s(bytes)
+        };
+        self.preemption_s * preemptions_per_s + reclaims
+    }
+
+    /// Seconds lost to one episode of `bytes`: linear between the measured sizes (and from 0 at
+    /// 0 bytes); beyond the largest, in proportion to its cost per byte.
+    pub fn episode_lost_s(&self, bytes: f64) -> f64 {
+        let mut prev = (0.0, 0.0);
+        for p in &self.reclaim_episodes {
+            let x = p.reclaimed_bytes as f64;
+            if bytes <= x {
+                let t = (bytes - prev.0) / (x - prev.0);
+                return prev.1 + (p.lost_s - prev.1) * t;
+            }
+            prev = (x, p.lost_s);
+        }
+        if prev.0 > 0.0 {
+            prev.1 * bytes / prev.0
+        } else {
+            0.0
+        }
     }
 }
+
+const GIB_F: f64 = (1u64 << 30) as f64;
 
 /// One point of T(m).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -84,6 +135,10 @@ pub struct Measured {
     pub unix_ms: u64,
     /// Seconds of running per memory size.
     pub seconds_per_point: f64,
+    /// How far the alone step's two halves differed, |first - second| / their mean: the noise
+    /// of a rate measured over half of it (absent in profiles made before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone_spread: Option<f64>,
 }
 
 /// Why a profile or request was refused.
@@ -162,10 +217,34 @@ impl JobProfile {
                 )));
             }
         }
+        if self
+            .costs
+            .reclaim_episodes
+            .windows(2)
+            .any(|p| p[0].reclaimed_bytes >= p[1].reclaimed_bytes)
+            || self
+                .costs
+                .reclaim_episodes
+                .first()
+                .is_some_and(|p| p.reclaimed_bytes == 0)
+        {
+            return Err(bad(
+                "costs.reclaim_episodes reclaimed_bytes must be positive and strictly ascending"
+                    .into(),
+            ));
+        }
+        let episodes = self
+            .costs
+            .reclaim_episodes
+            .iter()
+            .map(|p| ("costs.reclaim_episodes lost_s", p.lost_s));
         for (name, v) in [
             ("costs.preemption_s", self.costs.preemption_s),
             ("costs.reclaim_s_per_gib", self.costs.reclaim_s_per_gib),
-        ] {
+        ]
+        .into_iter()
+        .chain(episodes)
+        {
             if !(v.is_finite() && (0.0..=600.0).contains(&v)) {
                 return Err(bad(format!("{name} = {v} must be in [0, 600] seconds")));
             }
@@ -243,6 +322,63 @@ pub(crate) mod tests {
     use super::*;
 
     pub(crate) const GIB: u64 = 1 << 30;
+
+    fn episodes(points: &[(u64, f64)]) -> InterruptCosts {
+        InterruptCosts {
+            reclaim_s_per_gib: 0.5,
+            reclaim_episodes: points
+                .iter()
+                .map(|&(gib, lost_s)| EpisodeCost {
+                    reclaimed_bytes: gib * GIB,
+                    lost_s,
+                })
+                .collect(),
+            ..InterruptCosts::default()
+        }
+    }
+
+    #[test]
+    fn a_reclaim_episode_costs_what_one_of_its_size_cost_when_profiled() {
+        // Profiled: 1 GiB took only cache slack (0 s), 6 GiB requeued most requests (2 s).
+        let c = episodes(&[(1, 0.0), (6, 2.0)]);
+        assert_eq!(c.episode_lost_s(0.5 * GIB as f64), 0.0);
+        assert!((c.episode_lost_s(3.5 * GIB as f64) - 1.0).abs() < 1e-12);
+        assert!(
+            (c.episode_lost_s(12.0 * GIB as f64) - 4.0).abs() < 1e-12,
+            "beyond: in proportion"
+        );
+        // One 6 GiB episode every 20 s: 0.1 of each second; the per-GiB cost would say 0.15.
+        let share = c.lost_share(0.0, 0.3, 0.05);
+        assert!((share - 0.1).abs() < 1e-12, "{share}");
+        // Episodes not counted (an older document): the per-GiB cost.
+        assert!((c.lost_share(0.0, 0.3, 0.0) - 0.15).abs() < 1e-12);
+        // No episode costs profiled (an older profile): the per-GiB cost too.
+        assert!((episodes(&[]).lost_share(0.0, 0.3, 0.05) - 0.15).abs() < 1e-12);
+    }
+
+    #[test]
+    fn episode_costs_must_ascend_by_size_and_stay_in_range() {
+        let mut p = profile(1);
+        p.costs = episodes(&[(1, 0.0), (6, 2.0)]);
+        p.validate().unwrap();
+        p.costs = episodes(&[(6, 2.0), (1, 0.0)]);
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("strictly ascending"));
+        p.costs = episodes(&[(0, 0.0)]);
+        assert!(p.validate().is_err());
+        p.costs = episodes(&[(1, 1000.0)]);
+        assert!(p.validate().unwrap_err().to_string().contains("[0, 600]"));
+        let json = serde_json::to_string(&episodes(&[(1, 0.25)])).unwrap();
+        assert!(
+            json.contains(
+                "\"reclaim_episodes\":[{\"reclaimed_bytes\":1073741824,\"lost_s\":0.25}]"
+            ),
+            "{json}"
+        );
+    }
 
     /// 100 units/s alone; needs 4 GiB to run, full speed at 16 GiB.
     pub(crate) fn profile(gpus: u32) -> JobProfile {

@@ -75,6 +75,8 @@ pub struct GpuModel {
     pub preemptions_per_s: f64,
     /// GiB the pool took back from offline per second.
     pub reclaimed_gib_per_s: f64,
+    /// Reclaim episodes per second (0 where the document does not count them).
+    pub reclaim_episodes_per_s: f64,
 }
 
 /// A node's harvest as the model reads it.
@@ -107,6 +109,8 @@ pub struct Prediction {
     pub preemptions_per_s: f64,
     /// GiB reclaimed per second on the set's most reclaimed GPU.
     pub reclaimed_gib_per_s: f64,
+    /// Reclaim episodes per second on the set's most reclaimed GPU (0: not counted).
+    pub reclaim_episodes_per_s: f64,
     /// Memory factor of the GPU set (its worst GPU's).
     pub memory: f64,
     /// The lowest pairwise alignment score in the set (`None` for one GPU).
@@ -133,6 +137,7 @@ impl NodeModel {
                     busy: w.map_or(1.0, |w| w.busy_fraction),
                     preemptions_per_s: per_s(w.map_or(0.0, |w| w.preemptions as f64)),
                     reclaimed_gib_per_s: per_s(w.map_or(0.0, |w| w.reclaimed_bytes as f64 / GIB_F)),
+                    reclaim_episodes_per_s: per_s(w.map_or(0.0, |w| w.reclaim_episodes as f64)),
                     memory_quantiles: w
                         .map(|w| w.offline_memory.quantiles_bytes.clone())
                         .filter(|q| q.len() == QUANTILES)
@@ -272,14 +277,23 @@ pub fn predict_with(
 ) -> Prediction {
     let mut idle: f64 = 1.0;
     let mut mem: f64 = 1.0;
-    let (mut preemptions, mut reclaimed) = (0.0f64, 0.0f64);
+    let (mut preemptions, mut reclaimed, mut episodes) = (0.0f64, 0.0f64, 0.0f64);
+    let mut lost: f64 = 0.0;
     let mut min_alignment: Option<f64> = None;
     for (k, &a) in positions.iter().enumerate() {
         let g = &node.gpus[a];
         idle = idle.min(1.0 - g.busy);
         mem = mem.min(memory[k]);
         preemptions = preemptions.max(g.preemptions_per_s);
-        reclaimed = reclaimed.max(g.reclaimed_gib_per_s);
+        if g.reclaimed_gib_per_s > reclaimed {
+            (reclaimed, episodes) = (g.reclaimed_gib_per_s, g.reclaim_episodes_per_s);
+        }
+        // A job in lockstep waits for its slowest GPU: the most interrupted one sets its loss.
+        lost = lost.max(job.costs.lost_share(
+            g.preemptions_per_s,
+            g.reclaimed_gib_per_s,
+            g.reclaim_episodes_per_s,
+        ));
         if !params.alignment {
             continue;
         }
@@ -291,9 +305,7 @@ pub fn predict_with(
     }
     let idle = idle.clamp(0.0, 1.0);
     let interrupted = if params.interruptions {
-        job.costs
-            .lost_share(preemptions, reclaimed)
-            .clamp(0.0, idle)
+        lost.clamp(0.0, idle)
     } else {
         0.0
     };
@@ -310,6 +322,7 @@ pub fn predict_with(
         interrupted,
         preemptions_per_s: preemptions,
         reclaimed_gib_per_s: reclaimed,
+        reclaim_episodes_per_s: episodes,
         memory: mem,
         min_alignment,
         aligned,
@@ -337,9 +350,13 @@ impl std::fmt::Display for Prediction {
         if self.interrupted > 0.0 {
             write!(
                 f,
-                " - interruptions {:.2} ({:.2} preemptions/s, {:.3} GiB/s reclaimed)",
+                " - interruptions {:.2} ({:.2} preemptions/s, {:.3} GiB/s reclaimed",
                 self.interrupted, self.preemptions_per_s, self.reclaimed_gib_per_s
             )?;
+            if self.reclaim_episodes_per_s > 0.0 {
+                write!(f, " in {:.3} episodes/s", self.reclaim_episodes_per_s)?;
+            }
+            write!(f, ")")?;
         }
         write!(f, " x memory {:.2}", self.memory)?;
         match self.min_alignment {
@@ -363,6 +380,7 @@ pub(crate) mod tests {
             memory_quantiles: vec![memory; QUANTILES],
             preemptions_per_s: 0.0,
             reclaimed_gib_per_s: 0.0,
+            reclaim_episodes_per_s: 0.0,
         }
     }
 
@@ -382,6 +400,7 @@ pub(crate) mod tests {
         job.costs = crate::job::InterruptCosts {
             preemption_s: 0.2,
             reclaim_s_per_gib: 1.0,
+            reclaim_episodes: vec![],
         };
         let p = predict(&job, &node, &[0], &ModelParams::default());
         // 0.5/s x 0.2 s + 0.1 GiB/s x 1 s/GiB = 0.2 of each second.
@@ -529,6 +548,7 @@ pub(crate) mod tests {
                         busy_fraction: busy,
                         preemptions: 0,
                         reclaimed_bytes: 0,
+                        reclaim_episodes: 0,
                         offline_memory: valve_harvest::MemoryStats {
                             samples: 1,
                             mean_bytes: 40 * GIB,

@@ -97,7 +97,7 @@ pub fn build(about: &About, steps: &[Step]) -> Result<JobProfile, String> {
         curve,
         required_bytes: None,
         deficit_penalty: about.deficit_penalty,
-        costs: about.costs,
+        costs: about.costs.clone(),
         measured: Some(about.measured.clone()),
     };
     profile.validate().map_err(|e| e.to_string())?;
@@ -119,6 +119,7 @@ mod tests {
                 device: "test".into(),
                 unix_ms: 0,
                 seconds_per_point: 20.0,
+                alone_spread: None,
             },
             deficit_penalty: 0.2,
             costs: InterruptCosts::default(),

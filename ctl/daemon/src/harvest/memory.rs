@@ -6,7 +6,7 @@
 //! ([`UsageSnapshot`]), so sampling never waits for a reclaim. A GPU whose memory cannot be read
 //! (no pool on it, no NVML) gets no sample, and the document then reports all of its memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -91,6 +91,9 @@ pub struct MemorySampler {
     labelled: BTreeMap<u32, bool>,
     /// The pool's count of handles reclaimed from offline, per pool GPU, at the last sample.
     reclaimed_seen: BTreeMap<usize, u64>,
+    /// Pool GPUs whose last sample saw a reclaim: the next one that does continues the same
+    /// episode (one online burst often takes memory in several grows).
+    reclaiming: BTreeSet<usize>,
 }
 
 impl MemorySampler {
@@ -117,6 +120,7 @@ impl MemorySampler {
             offline_label,
             labelled: BTreeMap::new(),
             reclaimed_seen: BTreeMap::new(),
+            reclaiming: BTreeSet::new(),
         }
     }
 
@@ -143,6 +147,13 @@ impl MemorySampler {
                     });
                     rec.reclaimed
                         .add(position, now_ns, new * u.handle_bytes as u64);
+                    let episode_goes_on = self.reclaiming.contains(&index);
+                    if new > 0 && !episode_goes_on {
+                        rec.reclaim_episodes.add(position, now_ns, 1);
+                        self.reclaiming.insert(index);
+                    } else if new == 0 && episode_goes_on {
+                        self.reclaiming.remove(&index);
+                    }
                     Some(u.offline_available_bytes())
                 }
                 None => self.device_bytes(i, view, &mut seen),

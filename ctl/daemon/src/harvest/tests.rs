@@ -365,6 +365,28 @@ fn pool_memory_is_free_creatable_and_offline_held_handles_from_the_ledger() {
         0,
         "it happened at 60 s"
     );
+    assert_eq!(rec.reclaim_episodes.sum(0, 100 * S, 100 * S), 1);
+    // The same burst takes one more handle in the next second: still one episode. After a
+    // quiet second, the next reclaim starts a second episode.
+    let one = l
+        .client(off)
+        .unwrap()
+        .held
+        .iter()
+        .take(1)
+        .copied()
+        .collect::<Vec<_>>();
+    l.transfer(off, &one, on).unwrap();
+    l.note_reclaimed(0, 1);
+    snapshot.publish(l.usage());
+    m.sample(&mut rec, 61 * S, &ProcessView::default());
+    m.sample(&mut rec, 62 * S, &ProcessView::default());
+    assert_eq!(rec.reclaim_episodes.sum(0, 100 * S, 100 * S), 1);
+    assert_eq!(rec.reclaimed.sum(0, 100 * S, 100 * S), 3 * 64 * MIB);
+    l.note_reclaimed(0, 1);
+    snapshot.publish(l.usage());
+    m.sample(&mut rec, 63 * S, &ProcessView::default());
+    assert_eq!(rec.reclaim_episodes.sum(0, 100 * S, 100 * S), 2);
 }
 
 #[test]

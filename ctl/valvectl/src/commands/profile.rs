@@ -233,6 +233,7 @@ mod tests {
             busy_fraction: busy,
             preemptions: u64::from(window_s) / 2,
             reclaimed_bytes: u64::from(window_s) * GIB / 120,
+            reclaim_episodes: u64::from(window_s) / 60,
             offline_memory: MemoryStats {
                 samples: 7,
                 mean_bytes: mean_gib * GIB,

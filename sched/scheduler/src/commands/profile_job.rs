@@ -16,8 +16,8 @@ use super::common::duration;
 use super::stop::{install_signals, nap, stopped};
 use crate::error::usage;
 use valve_harvest::progress;
-use valve_scheduler::job::InterruptCosts;
 use valve_scheduler::job::Measured;
+use valve_scheduler::job::{EpisodeCost, InterruptCosts};
 use valve_scheduler::profiling::{build, interrupt_cost_s, About, Step};
 use valve_scheduler::replay::unix_ms;
 
@@ -66,6 +66,11 @@ pub struct ProfileJobArgs {
     /// Measuring time per step.
     #[arg(long, default_value = "20s", value_parser = duration)]
     seconds: Duration,
+    /// Measuring time of the uncapped step, T_alone (default: twice --seconds). Every prediction
+    /// scales with T_alone: measure it longest. Its two halves' difference is recorded as
+    /// `measured.alone_spread`, the noise of the job's rate over half of it.
+    #[arg(long, value_parser = duration)]
+    alone_seconds: Option<Duration>,
     /// The deficit penalty to record (throughput lost per unit of relative memory deficit).
     #[arg(long, default_value_t = 0.0)]
     deficit_penalty: f64,
@@ -78,14 +83,17 @@ pub struct ProfileJobArgs {
     /// How long each profiling preemption holds the job.
     #[arg(long, default_value = "100ms", value_parser = duration)]
     preempt_for: Duration,
-    /// Measure what a reclaim costs the job (a pool client): one more step in which
-    /// --reclaim-mib is taken back from it this often (`valvectl pool reclaim`), as online
-    /// bursts would. The work lost per GiB becomes `costs.reclaim_s_per_gib`. E.g. 5s.
+    /// Measure what a reclaim costs the job (a pool client): one more step per --reclaim-mib
+    /// size in which that much is taken back from it this often (`valvectl pool reclaim`), as
+    /// online bursts would. The work lost per GiB over all of them becomes
+    /// `costs.reclaim_s_per_gib`, and the work lost per reclaim at each size
+    /// `costs.reclaim_episodes`. E.g. 10s: long enough for the job to grow back in between.
     #[arg(long, value_parser = duration)]
     reclaim_every: Option<Duration>,
-    /// How much each profiling reclaim takes back, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    reclaim_mib: u64,
+    /// How much each profiling reclaim takes back, in MiB; several sizes (e.g. 1024,6144)
+    /// measure how the loss grows with the size of a burst.
+    #[arg(long, default_value = "1024", value_delimiter = ',')]
+    reclaim_mib: Vec<u64>,
     /// The valvectl binary.
     #[arg(long, default_value = "valvectl")]
     valvectl: PathBuf,
@@ -207,10 +215,10 @@ impl Session<'_> {
         }
     }
 
-    /// Takes --reclaim-mib back from offline; returns the GiB actually taken.
-    fn reclaim_once(&self) -> Result<f64, String> {
+    /// Takes `mib` back from offline; returns the GiB actually taken.
+    fn reclaim_once(&self, mib: u64) -> Result<f64, String> {
         let gpu = self.a.gpu.to_string();
-        let mib = self.a.reclaim_mib.to_string();
+        let mib = mib.to_string();
         let v = self.pool(&["reclaim", "--gpu", &gpu, "--mib", &mib])?;
         Ok(v["reclaimed_mib"].as_f64().unwrap_or(0.0) / 1024.0)
     }
@@ -266,14 +274,22 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
         nap(Duration::from_millis(500));
     }
     nap(a.warmup);
+    let alone_for = a.alone_seconds.unwrap_or(2 * a.seconds);
     let mut steps = Vec::new();
+    let mut alone_spread = None;
     for cap in caps.iter().map(|&c| Some(c)).chain([None]) {
         if !caps.is_empty() {
             s.cap(cap).map_err(anyhow::Error::msg)?;
         }
-        nap(a.settle + a.seconds);
-        s.alive().map_err(anyhow::Error::msg)?;
-        let per_s = rate(&dir, a.seconds).unwrap_or(0.0);
+        let per_s = if cap.is_none() {
+            let (per_s, spread) = alone_step(&mut s, &dir, alone_for)?;
+            alone_spread = spread;
+            per_s
+        } else {
+            nap(a.settle + a.seconds);
+            s.alive().map_err(anyhow::Error::msg)?;
+            rate(&dir, a.seconds).unwrap_or(0.0)
+        };
         let held_bytes = if caps.is_empty() {
             0
         } else {
@@ -302,6 +318,7 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
             device: device_name(),
             unix_ms: unix_ms(),
             seconds_per_point: a.seconds.as_secs_f64(),
+            alone_spread,
         },
         deficit_penalty: a.deficit_penalty,
         costs,
@@ -321,16 +338,40 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The uncapped step: settle, then `seconds` measured in two halves. Returns the rate over all
+/// of it and the halves' relative difference (None where a half measured nothing).
+fn alone_step(
+    s: &mut Session<'_>,
+    dir: &Path,
+    seconds: Duration,
+) -> anyhow::Result<(f64, Option<f64>)> {
+    let half = seconds / 2;
+    nap(s.a.settle + half);
+    s.alive().map_err(anyhow::Error::msg)?;
+    let first = rate(dir, half);
+    nap(seconds - half);
+    s.alive().map_err(anyhow::Error::msg)?;
+    let second = rate(dir, half);
+    let all = rate(dir, seconds).unwrap_or(0.0);
+    Ok((all, first.zip(second).and_then(|(x, y)| spread(x, y))))
+}
+
+/// |x - y| over their mean; None where both are 0.
+fn spread(x: f64, y: f64) -> Option<f64> {
+    let mean = (x + y) / 2.0;
+    (mean > 0.0).then(|| (x - y).abs() / mean)
+}
+
 /// The interruption steps (after the uncapped one, whose rate is `alone`): what a preemption
 /// and a GiB reclaimed cost the job, where asked for.
 fn interruptions(s: &mut Session<'_>, dir: &Path, alone: f64) -> Result<InterruptCosts, String> {
     let a = s.a;
+    let seconds = a.seconds.as_secs_f64();
     let mut costs = InterruptCosts::default();
     if let Some(every) = a.preempt_every {
         let held = a.preempt_for.as_secs_f64();
-        let (n, per_s) = interrupted_step(s, dir, every, |s| s.preempt_once().map(|()| 1.0))?;
-        costs.preemption_s =
-            interrupt_cost_s(alone, per_s, a.seconds.as_secs_f64(), n * held, n).unwrap_or(0.0);
+        let (n, _, per_s) = interrupted_step(s, dir, every, |s| s.preempt_once().map(|()| 1.0))?;
+        costs.preemption_s = interrupt_cost_s(alone, per_s, seconds, n * held, n).unwrap_or(0.0);
         eprintln!(
             "preempted {n:.0} times for {} ms: {per_s:.1} {}/s, {:.3} s lost per preemption",
             a.preempt_for.as_millis(),
@@ -339,43 +380,62 @@ fn interruptions(s: &mut Session<'_>, dir: &Path, alone: f64) -> Result<Interrup
         );
     }
     if let Some(every) = a.reclaim_every {
-        let (gib, per_s) = interrupted_step(s, dir, every, |s| s.reclaim_once())?;
-        costs.reclaim_s_per_gib =
-            interrupt_cost_s(alone, per_s, a.seconds.as_secs_f64(), 0.0, gib).unwrap_or(0.0);
-        eprintln!(
-            "reclaimed {gib:.2} GiB: {per_s:.1} {}/s, {:.3} s lost per GiB",
-            a.units, costs.reclaim_s_per_gib
-        );
+        let mut sizes = a.reclaim_mib.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let (mut lost_s, mut gib_all) = (0.0, 0.0);
+        for mib in sizes {
+            let (n, gib, per_s) = interrupted_step(s, dir, every, |s| s.reclaim_once(mib))?;
+            let lost = interrupt_cost_s(alone, per_s, seconds, 0.0, 1.0).unwrap_or(0.0);
+            let per_episode = if n > 0.0 { lost / n } else { 0.0 };
+            eprintln!(
+                "reclaimed {gib:.2} GiB in {n:.0} reclaims of {mib} MiB: {per_s:.1} {}/s, {per_episode:.3} s lost per reclaim",
+                a.units
+            );
+            (lost_s, gib_all) = (lost_s + lost, gib_all + gib);
+            if n > 0.0 && gib > 0.0 {
+                let bytes = (gib / n * f64::from(1u32 << 30)) as u64;
+                costs.reclaim_episodes.push(EpisodeCost {
+                    reclaimed_bytes: bytes,
+                    lost_s: per_episode,
+                });
+            }
+        }
+        costs.reclaim_s_per_gib = if gib_all > 0.0 { lost_s / gib_all } else { 0.0 };
+        costs.reclaim_episodes.sort_by_key(|p| p.reclaimed_bytes);
+        costs.reclaim_episodes.dedup_by_key(|p| p.reclaimed_bytes);
+        eprintln!("{:.3} s lost per GiB reclaimed", costs.reclaim_s_per_gib);
     }
     Ok(costs)
 }
 
-/// Runs `interrupt` every `every` through --settle and --seconds; returns the sum of what it
-/// returned inside the measured --seconds and the job's rate over them.
+/// Runs `interrupt` every `every` through --settle and --seconds; returns how often it ran
+/// inside the measured --seconds, the sum of what it returned there, and the job's rate over
+/// them.
 fn interrupted_step<'a>(
     s: &mut Session<'a>,
     dir: &Path,
     every: Duration,
     mut interrupt: impl FnMut(&Session<'a>) -> Result<f64, String>,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64, f64), String> {
     let (settle, seconds) = (s.a.settle, s.a.seconds);
     let start = Instant::now();
     let mut next = start + every / 2;
-    let mut counted = 0.0;
+    let (mut times, mut counted) = (0.0, 0.0);
     while start.elapsed() < settle + seconds {
         s.alive()?;
         let now = Instant::now();
         if now >= next {
             let amount = interrupt(s)?;
             if now >= start + settle {
-                counted += amount;
+                (times, counted) = (times + 1.0, counted + amount);
             }
             next += every;
         } else {
             nap((next - now).min(Duration::from_millis(200)));
         }
     }
-    Ok((counted, rate(dir, seconds).unwrap_or(0.0)))
+    Ok((times, counted, rate(dir, seconds).unwrap_or(0.0)))
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {
@@ -397,7 +457,14 @@ fn device_name() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::bytes;
+    use super::{bytes, spread};
+
+    #[test]
+    fn the_alone_spread_is_the_halves_difference_over_their_mean() {
+        assert_eq!(spread(90.0, 110.0), Some(0.2));
+        assert_eq!(spread(110.0, 90.0), Some(0.2));
+        assert_eq!(spread(0.0, 0.0), None);
+    }
 
     #[test]
     fn sizes_take_binary_suffixes() {

@@ -156,6 +156,7 @@ impl Templates {
                     busy_fraction: 0.0,
                     preemptions: 0,
                     reclaimed_bytes: 0,
+                    reclaim_episodes: 0,
                     offline_memory: MemoryStats {
                         samples: w as u64,
                         mean_bytes: 0,
