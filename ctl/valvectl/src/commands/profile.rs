@@ -25,6 +25,9 @@ Per GPU and window:
            the time it is held is its profile's costs.preemption_s)
   RECLAIM  GiB per minute the memory pool took back from offline (reclaimed work is redone: the
            job profile's costs.reclaim_s_per_gib)
+  BURSTS   reclaim episodes per minute: runs of reclaims in consecutive seconds, one online burst
+           each; RECLAIM over BURSTS is a burst's size, which sets what one costs a job (the
+           profile's costs.reclaim_episodes)
   MEMORY   memory left to offline (GiB, time-weighted over the window): MEAN; P5, the level it
            was below 5% of the time (its dips); P50, the median. With the daemon's memory pool:
            free + still creatable + offline-held pool handles; without: NVML's free memory plus
@@ -127,8 +130,17 @@ fn gpu_table(out: &mut dyn Write, g: &GpuHarvest) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
-        "  {:<7} {:>8} {:>7} {:>9} {:>9}  {:>10} {:>8} {:>8} {:>8}",
-        "WINDOW", "COVERED", "BUSY", "PREEMPT/s", "RECLAIM", "MEMORY GiB", "P5", "P50", "READINGS"
+        "  {:<7} {:>8} {:>7} {:>9} {:>9} {:>8}  {:>10} {:>8} {:>8} {:>8}",
+        "WINDOW",
+        "COVERED",
+        "BUSY",
+        "PREEMPT/s",
+        "RECLAIM",
+        "BURSTS",
+        "MEMORY GiB",
+        "P5",
+        "P50",
+        "READINGS"
     )?;
     for w in &g.windows {
         let m = &w.offline_memory;
@@ -136,12 +148,13 @@ fn gpu_table(out: &mut dyn Write, g: &GpuHarvest) -> std::io::Result<()> {
         let per_s = |n: f64| n / w.covered_s.max(1.0);
         writeln!(
             out,
-            "  {:<7} {:>7.0}s {:>6.1}% {:>9.2} {:>5.2}G/m  {:>10.1} {:>8.1} {:>8.1} {:>8}",
+            "  {:<7} {:>7.0}s {:>6.1}% {:>9.2} {:>5.2}G/m {:>6.1}/m  {:>10.1} {:>8.1} {:>8.1} {:>8}",
             window_name(w.window_s),
             w.covered_s,
             w.busy_fraction * 100.0,
             per_s(w.preemptions as f64),
             per_s(gib(w.reclaimed_bytes)) * 60.0,
+            per_s(w.reclaim_episodes as f64) * 60.0,
             gib(m.mean_bytes),
             q(1),
             q(10),
@@ -294,8 +307,8 @@ mod tests {
             text.contains("GPU 1 NVIDIA H100 80GB HBM3, 80.0 GiB"),
             "{text}"
         );
-        // 1m: busy 30%, 0.5 preemptions/s, 0.5 GiB reclaimed/min, mean 40 GiB, p5 1 GiB, p50
-        // 10 GiB, 7 readings.
+        // 1m: busy 30%, 0.5 preemptions/s, 0.5 GiB reclaimed/min in 1 burst/min, mean 40 GiB,
+        // p5 1 GiB, p50 10 GiB, 7 readings.
         let row = lines
             .iter()
             .find(|l| l.trim_start().starts_with("1m"))
@@ -303,7 +316,7 @@ mod tests {
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
             cells,
-            ["1m", "60s", "30.0%", "0.50", "0.50G/m", "40.0", "1.0", "10.0", "7"],
+            ["1m", "60s", "30.0%", "0.50", "0.50G/m", "1.0/m", "40.0", "1.0", "10.0", "7"],
             "{row}"
         );
         assert!(lines
