@@ -107,6 +107,11 @@ pub struct ModelArgs {
     /// a conservative one: a low throughput alone and a steep memory curve.
     #[arg(long)]
     pub default_profile: Option<PathBuf>,
+    /// Do not learn each node's speed factor from its running jobs: every node is predicted at
+    /// its jobs' profiled T_alone (by default a node's factor is the median of measured over
+    /// predicted throughput of its last judged windows, after 3 of them, within [0.5, 1.5]).
+    #[arg(long)]
+    pub no_calibration: bool,
 }
 
 impl ModelArgs {
@@ -153,6 +158,8 @@ impl ModelArgs {
             },
             node_timeout_ms: self.node_timeout.as_millis() as u64,
             default_profile,
+            calibration: !self.no_calibration,
+            ..Params::default()
         })
     }
 }

@@ -135,6 +135,8 @@ pub struct ConfigSummary {
     pub seeds: (u64, u64),
     /// Worker threads.
     pub threads: usize,
+    /// Log-sd of the nodes' true speeds (0: all 1.0).
+    pub node_speed_sd: f64,
 }
 
 /// One profile class, for the results.
