@@ -143,7 +143,12 @@ pub fn plan(
 ) -> Plan {
     let mut out = Plan::default();
     let open = open_nodes(now_unix_ms, snap, reports, params, &mut out.excluded);
-    let mut slots = slots(&open, snap, params, &monitor.calibration);
+    let factors = if params.calibration {
+        monitor.calibration.factors()
+    } else {
+        HashMap::new()
+    };
+    let mut slots = slots(&open, snap, params, &factors);
     out.speeds = slots
         .iter()
         .filter(|s| s.model.speed != 1.0)
@@ -159,14 +164,15 @@ pub fn plan(
     out
 }
 
-/// The speed factor placement uses on `node`: a known one, else the learned one (1.0 with
-/// calibration off).
-fn speed_of(node: &str, params: &Params, calibration: &Calibration) -> f64 {
-    match params.known_speeds.get(node) {
-        Some(&s) => s,
-        None if params.calibration => calibration.factor(node),
-        None => 1.0,
-    }
+/// The speed factor placement uses on `node`: a known one, else the learned one (`factors`,
+/// empty with calibration off), else 1.0.
+fn speed_of(node: &str, params: &Params, factors: &HashMap<String, f64>) -> f64 {
+    params
+        .known_speeds
+        .get(node)
+        .or_else(|| factors.get(node))
+        .copied()
+        .unwrap_or(1.0)
 }
 
 /// Nodes open to placement with their documents; the others go to `excluded` with a reason.
@@ -209,7 +215,7 @@ fn slots(
     open: &[&Report],
     snap: &Snapshot,
     params: &Params,
-    calibration: &Calibration,
+    factors: &HashMap<String, f64>,
 ) -> Vec<NodeSlot> {
     let mut taken: HashMap<&str, BTreeSet<u32>> = HashMap::new();
     for j in &snap.jobs {
@@ -224,7 +230,7 @@ fn slots(
             let model = NodeModel::from_doc(&r.doc, &params.place.model).with_speed(speed_of(
                 &r.doc.node,
                 params,
-                calibration,
+                factors,
             ));
             let held = taken.get(r.doc.node.as_str());
             let free = model

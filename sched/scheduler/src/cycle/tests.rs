@@ -200,35 +200,53 @@ fn a_job_on_a_silent_node_is_kept_and_not_judged() {
     assert_eq!(p.excluded.len(), 1);
 }
 
-/// A job running on GPU 0 of `slow` at 60 of its 100 units/s alone (the model says 80), and a
-/// held job with SLA 0.7 that must avoid `fast`; the documents arrive at `now`.
-fn slow_node_snapshot(held: bool, now: u64) -> (Snapshot, HashMap<String, Report>) {
-    let mut jobs = vec![job(
-        "7",
-        Phase::Running(NOW - 3_600_000),
-        meta(0.3, Some(("slow", &[0]))),
-    )];
-    if held {
-        let mut m = meta(0.7, None);
-        m.avoid = vec!["fast".into()];
-        jobs.push(job("8", Phase::Held, m));
-    }
-    let mut slow = doc("slow", 2, 0.2, 32 * GIB);
-    slow.jobs.push(JobProgress {
-        job: "7".into(),
+/// A document of 2 GPUs on which job `id` runs on GPU 0 at `per_s`.
+fn running_doc(node: &str, id: &str, per_s: f64) -> NodeHarvest {
+    let mut d = doc(node, 2, 0.2, 32 * GIB);
+    d.jobs.push(JobProgress {
+        job: id.into(),
         units_total: 1e6,
         last_report_unix_ms: NOW,
         rates: vec![Rate {
             window_s: 60,
-            per_s: 60.0,
+            per_s,
             covered_s: 60.0,
         }],
     });
+    d
+}
+
+/// A job running on GPU 0 of `slow` at 60 of its 100 units/s alone (the model says 80), jobs
+/// on `fast` and `ref` running as predicted, and (with `held`) a held job with SLA 0.7 that
+/// must avoid `fast` and `ref`; the documents arrive at `now`.
+fn slow_node_snapshot(held: bool, now: u64) -> (Snapshot, HashMap<String, Report>) {
+    let running = |id: &str, node: &str| {
+        job(
+            id,
+            Phase::Running(NOW - 3_600_000),
+            meta(0.3, Some((node, &[0]))),
+        )
+    };
+    let mut jobs = vec![
+        running("7", "slow"),
+        running("5", "fast"),
+        running("6", "ref"),
+    ];
+    if held {
+        let mut m = meta(0.7, None);
+        m.avoid = vec!["fast".into(), "ref".into()];
+        jobs.push(job("8", Phase::Held, m));
+    }
     let snap = Snapshot {
-        nodes: vec![open("slow"), open("fast")],
+        nodes: vec![open("slow"), open("fast"), open("ref")],
         jobs,
     };
-    let mut r = reports(vec![slow, doc("fast", 2, 0.2, 32 * GIB)], 0);
+    let docs = vec![
+        running_doc("slow", "7", 60.0),
+        running_doc("fast", "5", 80.0),
+        running_doc("ref", "6", 80.0),
+    ];
+    let mut r = reports(docs, 0);
     for rep in r.values_mut() {
         rep.received_unix_ms = now;
     }
@@ -252,7 +270,12 @@ fn a_node_whose_jobs_run_slower_than_predicted_gets_a_speed_factor_after_three_w
         assert!(p.speeds.is_empty(), "not used before 3 windows: {k}");
     }
     assert!((mon.calibration.factor("slow") - 0.75).abs() < 1e-12);
-    assert_eq!(mon.calibration.factor("fast"), 1.0, "no jobs ran there");
+    assert_eq!(mon.calibration.factor("fast"), 1.0, "as predicted");
+    assert_eq!(
+        mon.calibration.factor("elsewhere"),
+        1.0,
+        "no jobs ran there"
+    );
     let (snap, r) = slow_node_snapshot(true, NOW + 180_000);
     let mut held = mon.clone();
     let p = plan(NOW + 180_000, &snap, &r, &mut held, &params);

@@ -16,6 +16,11 @@ pub struct SpeedCheck {
     pub mean_abs_err: f64,
     /// Mean |1 - true speed|: the error without calibration.
     pub mean_abs_err_uncalibrated: f64,
+    /// Mean learned factor over the calibrated nodes.
+    pub mean_factor: Option<f64>,
+    /// Pearson correlation of learned factor and true speed over the calibrated nodes (`None`
+    /// where either does not vary).
+    pub correlation: Option<f64>,
 }
 
 /// Raw counts of one policy's run.

@@ -1022,7 +1022,7 @@ impl<'w> PolicySim<'w> {
     fn close(mut self) -> Metrics {
         self.m.pending_end = self.pending.len() as u64;
         self.m.running_end = self.running.len() as u64;
-        if self.policy.params.calibration && self.w.node_speed.iter().any(|&s| s != 1.0) {
+        if self.policy.params.calibration {
             self.m.speeds = Some(self.speed_check());
         }
         self.m
@@ -1031,21 +1031,48 @@ impl<'w> PolicySim<'w> {
     /// The learned speed factors against the true ones.
     fn speed_check(&self) -> SpeedCheck {
         let cal = &self.monitor.calibration;
+        let factors = cal.factors();
         let nodes = &self.w.cluster.nodes;
         let n = nodes.len().max(1) as f64;
-        let (mut calibrated, mut err, mut err0) = (0, 0.0, 0.0);
+        let (mut pairs, mut err, mut err0) = (Vec::new(), 0.0, 0.0);
         for (node, &truth) in nodes.iter().zip(&self.w.node_speed) {
-            calibrated += usize::from(cal.samples(&node.name) >= crate::calibrate::MIN_SAMPLES);
-            err += (cal.factor(&node.name) - truth).abs();
+            let factor = factors.get(&node.name).copied().unwrap_or(1.0);
+            if cal.samples(&node.name) >= crate::calibrate::MIN_SAMPLES {
+                pairs.push((factor, truth));
+            }
+            err += (factor - truth).abs();
             err0 += (1.0 - truth).abs();
         }
+        let k = pairs.len() as f64;
+        let mean_factor = (k > 0.0).then(|| pairs.iter().map(|p| p.0).sum::<f64>() / k);
         SpeedCheck {
             nodes: nodes.len(),
-            calibrated,
+            calibrated: pairs.len(),
             mean_abs_err: err / n,
             mean_abs_err_uncalibrated: err0 / n,
+            mean_factor,
+            correlation: correlation(&pairs),
         }
     }
+}
+
+/// Pearson correlation of the pairs (`None` with fewer than 2 or where a side does not vary).
+fn correlation(pairs: &[(f64, f64)]) -> Option<f64> {
+    let n = pairs.len() as f64;
+    if pairs.len() < 2 {
+        return None;
+    }
+    let (sx, sy) = pairs
+        .iter()
+        .fold((0.0, 0.0), |(a, b), &(x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for &(x, y) in pairs {
+        sxy += (x - mx) * (y - my);
+        sxx += (x - mx) * (x - mx);
+        syy += (y - my) * (y - my);
+    }
+    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
 }
 
 fn a_id(arrival: u32) -> String {
