@@ -108,8 +108,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub default_profile: Option<PathBuf>,
     /// Do not learn each node's speed factor from its running jobs: every node is predicted at
-    /// its jobs' profiled T_alone (by default a node's factor is the median of measured over
-    /// predicted throughput of its last judged windows, after 3 of them, within [0.5, 1.5]).
+    /// its jobs' profiled T_alone. By default a node's factor is the median of measured over
+    /// predicted throughput of its last 45 judged windows, over the median node's, used after 3
+    /// windows, within [0.5, 1.5] (docs/cluster.md, "The model").
     #[arg(long)]
     pub no_calibration: bool,
 }

@@ -25,7 +25,7 @@ pub struct ExplainArgs {
     engine: EngineArgs,
     #[command(flatten)]
     model: ModelArgs,
-    /// The running scheduler's state (its miss streaks).
+    /// The running scheduler's state (its miss streaks and nodes' speed factors).
     #[arg(long, default_value = "/var/lib/valve-scheduler/state.json")]
     state: std::path::PathBuf,
 }
