@@ -9,10 +9,12 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 use valve_harvest::NodeHarvest;
 
+use crate::calibrate::{Calibration, NodeSpeed};
+use crate::job::JobProfile;
 use crate::meta::{ClassedProfile, JobMeta, MetaError, PlacedOn};
 use crate::monitor::{Check, Measured, Monitor, MonitorParams, RunningJob};
 use crate::place::{place, Decision, NodeSlot, PendingJob, PlaceParams};
-use crate::predict::NodeModel;
+use crate::predict::{predict, ModelParams, NodeModel};
 
 /// The scheduler's settings.
 #[derive(Clone, Debug)]
@@ -25,6 +27,12 @@ pub struct Params {
     pub node_timeout_ms: u64,
     /// The profile assumed for jobs submitted without one (`None`: such jobs are refused).
     pub default_profile: Option<ClassedProfile>,
+    /// Whether each node's speed factor is learned from its running jobs (the monitor's
+    /// windows) and scales its predictions (`--no-calibration` turns it off).
+    pub calibration: bool,
+    /// Speed factors known beforehand, by node; they take the place of learned ones (the
+    /// simulator's oracle knows the true speeds).
+    pub known_speeds: HashMap<String, f64>,
 }
 
 impl Default for Params {
@@ -34,6 +42,8 @@ impl Default for Params {
             monitor: MonitorParams::default(),
             node_timeout_ms: 60_000,
             default_profile: None,
+            calibration: true,
+            known_speeds: HashMap::new(),
         }
     }
 }
@@ -118,6 +128,9 @@ pub struct Plan {
     pub checks: Vec<Check>,
     /// Nodes left out.
     pub excluded: Vec<Excluded>,
+    /// Open nodes whose speed factor this pass was not 1, with the samples it was learned from.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub speeds: Vec<NodeSpeed>,
 }
 
 /// Decides one pass at `now_unix_ms`.
@@ -130,11 +143,36 @@ pub fn plan(
 ) -> Plan {
     let mut out = Plan::default();
     let open = open_nodes(now_unix_ms, snap, reports, params, &mut out.excluded);
-    let mut slots = slots(&open, snap, params);
+    let factors = if params.calibration {
+        monitor.calibration.factors()
+    } else {
+        HashMap::new()
+    };
+    let mut slots = slots(&open, snap, params, &factors);
+    out.speeds = slots
+        .iter()
+        .filter(|s| s.model.speed != 1.0)
+        .map(|s| NodeSpeed {
+            node: s.model.name.clone(),
+            factor: s.model.speed,
+            samples: monitor.calibration.samples(&s.model.name),
+        })
+        .collect();
     let pending = pending_jobs(snap, params, &mut out.refused);
     out.decisions = place(&pending, &mut slots, &params.place);
-    out.checks = check_running(now_unix_ms, snap, reports, &open, monitor, params);
+    out.checks = check_running(now_unix_ms, snap, reports, &slots, monitor, params);
     out
+}
+
+/// The speed factor placement uses on `node`: a known one, else the learned one (`factors`,
+/// empty with calibration off), else 1.0.
+fn speed_of(node: &str, params: &Params, factors: &HashMap<String, f64>) -> f64 {
+    params
+        .known_speeds
+        .get(node)
+        .or_else(|| factors.get(node))
+        .copied()
+        .unwrap_or(1.0)
 }
 
 /// Nodes open to placement with their documents; the others go to `excluded` with a reason.
@@ -173,7 +211,12 @@ fn open_nodes<'a>(
 }
 
 /// Each open node with its GPUs that no released or running job of ours holds.
-fn slots(open: &[&Report], snap: &Snapshot, params: &Params) -> Vec<NodeSlot> {
+fn slots(
+    open: &[&Report],
+    snap: &Snapshot,
+    params: &Params,
+    factors: &HashMap<String, f64>,
+) -> Vec<NodeSlot> {
     let mut taken: HashMap<&str, BTreeSet<u32>> = HashMap::new();
     for j in &snap.jobs {
         if let (Phase::Released | Phase::Running(_), Ok(m)) = (j.phase, &j.meta) {
@@ -184,7 +227,11 @@ fn slots(open: &[&Report], snap: &Snapshot, params: &Params) -> Vec<NodeSlot> {
     }
     open.iter()
         .map(|r| {
-            let model = NodeModel::from_doc(&r.doc, &params.place.model);
+            let model = NodeModel::from_doc(&r.doc, &params.place.model).with_speed(speed_of(
+                &r.doc.node,
+                params,
+                factors,
+            ));
             let held = taken.get(r.doc.node.as_str());
             let free = model
                 .gpus
@@ -240,41 +287,62 @@ fn pending_jobs(snap: &Snapshot, params: &Params, refused: &mut Vec<Refusal>) ->
     pending
 }
 
-/// The monitor's checks of running jobs, measured from their nodes' documents.
-fn check_running(
-    now: u64,
-    snap: &Snapshot,
-    reports: &HashMap<String, Report>,
-    open: &[&Report],
-    monitor: &mut Monitor,
-    params: &Params,
-) -> Vec<Check> {
-    let running: Vec<RunningJob> = snap
-        .jobs
+/// A running job with what its calibration sample needs: its profile and GPUs.
+struct Runner<'a> {
+    job: RunningJob,
+    profile: &'a JobProfile,
+    gpus: &'a [u32],
+}
+
+/// The scheduler's running jobs.
+fn runners<'a>(snap: &'a Snapshot, params: &'a Params) -> Vec<Runner<'a>> {
+    snap.jobs
         .iter()
         .filter_map(|j| {
             let Phase::Running(started) = j.phase else {
                 return None;
             };
             let m = j.meta.as_ref().ok()?;
-            let node = m.placed.as_ref()?.node.clone();
-            let alone = m.profile.as_ref().map(|p| p.alone_per_s).or(params
-                .default_profile
-                .as_ref()
-                .map(|d| d.profile.alone_per_s))?;
-            Some(RunningJob {
-                id: j.id.clone(),
-                node,
-                sla: m.sla,
-                alone_per_s: alone,
-                started_unix_ms: started,
+            let placed = m.placed.as_ref()?;
+            let profile: &JobProfile = match (&m.profile, &params.default_profile) {
+                (Some(p), _) => p,
+                (None, Some(d)) => &d.profile,
+                (None, None) => return None,
+            };
+            Some(Runner {
+                job: RunningJob {
+                    id: j.id.clone(),
+                    node: placed.node.clone(),
+                    sla: m.sla,
+                    alone_per_s: profile.alone_per_s,
+                    started_unix_ms: started,
+                },
+                profile,
+                gpus: &placed.gpus,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The monitor's checks of running jobs, measured from their nodes' documents; each judged
+/// window also calibrates its node's speed (with calibration on).
+fn check_running(
+    now: u64,
+    snap: &Snapshot,
+    reports: &HashMap<String, Report>,
+    open: &[NodeSlot],
+    monitor: &mut Monitor,
+    params: &Params,
+) -> Vec<Check> {
+    let runners = runners(snap, params);
+    let running: Vec<RunningJob> = runners.iter().map(|r| r.job.clone()).collect();
     let window = params.monitor.window_s;
-    let open: std::collections::HashSet<&str> = open.iter().map(|r| r.doc.node.as_str()).collect();
+    let models: HashMap<&str, &NodeModel> = open
+        .iter()
+        .map(|s| (s.model.name.as_str(), &s.model))
+        .collect();
     let measured = |r: &RunningJob| {
-        if !open.contains(r.node.as_str()) {
+        if !models.contains_key(r.node.as_str()) {
             return None; // its node is excluded: nothing fresh to judge by
         }
         let rep = reports.get(&r.node)?;
@@ -286,7 +354,43 @@ fn check_running(
             covered_s: rate.covered_s.min(since_start),
         })
     };
-    monitor.tick(now, &running, measured, &params.monitor)
+    let checks = monitor.tick(now, &running, measured, &params.monitor);
+    if params.calibration {
+        for (c, r) in checks.iter().zip(&runners) {
+            if let (Some(share), Some(model)) = (c.share, models.get(r.job.node.as_str())) {
+                calibrate(
+                    &mut monitor.calibration,
+                    r,
+                    share,
+                    model,
+                    &params.place.model,
+                );
+            }
+        }
+    }
+    checks
+}
+
+/// Feeds one judged window of `r` (measured `share` of alone) to the calibration, against the
+/// model's prediction for its GPUs on its node's current document, without the speed factor.
+fn calibrate(
+    calibration: &mut Calibration,
+    r: &Runner,
+    share: f64,
+    model: &NodeModel,
+    params: &ModelParams,
+) {
+    let positions: Option<Vec<usize>> = r
+        .gpus
+        .iter()
+        .map(|&g| model.gpus.iter().position(|m| m.index == g))
+        .collect();
+    let Some(positions) = positions.filter(|p| !p.is_empty()) else {
+        return; // its GPUs are not in the node's document
+    };
+    let predicted = predict(r.profile, model, &positions, params).unscaled_share();
+    let alone = r.job.alone_per_s;
+    calibration.record(&model.name, share * alone, predicted * alone, alone);
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //!
 //! - [`job`]: job profiles (T_alone and T(m)) and SLAs.
 //! - [`predict`]: the throughput model over a node's harvest document.
+//! - [`calibrate`]: each node's speed factor, learned from its running jobs.
 //! - [`profiling`]: a job's profile from runs at several memory caps.
 //! - [`place`]: the placement pass.
 //! - [`monitor`]: the SLA monitor and its evictions.
@@ -17,6 +18,7 @@
 
 pub mod agents;
 pub mod bench;
+pub mod calibrate;
 pub mod cycle;
 pub mod driver;
 pub mod job;

@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::calibrate::Calibration;
+
 /// Monitor settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MonitorParams {
@@ -105,6 +107,10 @@ struct Watch {
 pub struct Monitor {
     jobs: BTreeMap<String, Watch>,
     evictions_unix_ms: VecDeque<u64>,
+    /// Each node's speed, learned from the windows the monitor judged (state files written
+    /// before it existed start it afresh).
+    #[serde(default)]
+    pub calibration: Calibration,
 }
 
 impl Monitor {

@@ -247,6 +247,7 @@ impl<'a> Pass<'a> {
                     .iter()
                     .map(|g| 1.0 - g.busy)
                     .fold(0.0, f64::max)
+                    * n.model.speed
             })
             .collect();
         let mut by_bound: Vec<usize> = (0..nodes.len()).collect();
@@ -336,12 +337,13 @@ impl<'a> Pass<'a> {
 /// curve gives with the GPU's largest memory. The node's idlest GPU with its largest memory
 /// bounds that in one curve lookup, tried first.
 fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64) -> f64 {
+    let speed = slot.model.speed;
     if params.model.memory != MemoryModel::Ignore {
         let (idle, memory) = slot.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
             let top = g.memory_quantiles.last().copied().unwrap_or(0);
             (i.max(1.0 - g.busy), m.max(top))
         });
-        let coarse = idle * job.profile.share_at_most(memory);
+        let coarse = idle * job.profile.share_at_most(memory) * speed;
         if coarse <= bar {
             return coarse;
         }
@@ -358,7 +360,7 @@ fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64
             bound = bound.max((1.0 - g.busy) * memory);
         }
     }
-    bound
+    bound * speed
 }
 
 /// Sets whose every GPU alone scores no more than `floor` are not looked at (`None`).
@@ -379,7 +381,7 @@ fn best_set(
         factor(memory, p, job, &slot.model, mm);
     }
     let memory: &[f64] = memory;
-    let solo = |p: usize| (1.0 - slot.model.gpus[p].busy) * memory[p];
+    let solo = |p: usize| (1.0 - slot.model.gpus[p].busy) * memory[p] * slot.model.speed;
     free.sort_by(|&a, &b| solo(b).total_cmp(&solo(a)));
     // No set beats its worst GPU alone, and the k-th best GPU is the best any set can do.
     if free.len() < k || solo(free[k - 1]) <= floor {
@@ -438,7 +440,7 @@ fn best_gpu(
                     .profile
                     .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
             };
-            ((1.0 - g.busy) * top, p)
+            ((1.0 - g.busy) * top * slot.model.speed, p)
         })
         .collect();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -448,7 +450,9 @@ fn best_gpu(
         if bound <= bar && best.is_some() {
             break;
         }
-        let share = (1.0 - slot.model.gpus[p].busy) * factor(memory, p, job, &slot.model, mm);
+        let share = (1.0 - slot.model.gpus[p].busy)
+            * factor(memory, p, job, &slot.model, mm)
+            * slot.model.speed;
         if best.is_none_or(|(_, s)| share > s) {
             best = Some((p, share));
         }

@@ -92,6 +92,10 @@ pub struct NodeModel {
     scores: Vec<Option<f64>>,
     /// Union busy fraction per pair of GPU positions.
     unions: Vec<Option<f64>>,
+    /// The node's speed: its jobs' throughput over what their profiles' T_alone predicts
+    /// (1.0: as profiled). Learned from running jobs ([`crate::calibrate`]); every prediction on
+    /// the node is multiplied by it.
+    pub speed: f64,
 }
 
 /// A prediction with its factors.
@@ -119,6 +123,8 @@ pub struct Prediction {
     pub aligned: bool,
     /// The window the node's figures come from.
     pub window_s: u32,
+    /// The node's speed factor the share was multiplied by (1.0: none).
+    pub speed: f64,
 }
 
 impl NodeModel {
@@ -160,7 +166,14 @@ impl NodeModel {
             gpus,
             scores,
             unions,
+            speed: 1.0,
         }
+    }
+
+    /// The same node with speed factor `speed` (see [`NodeModel::speed`]).
+    pub fn with_speed(mut self, speed: f64) -> NodeModel {
+        self.speed = speed;
+        self
     }
 
     /// A node with `gpus` identical GPUs, all pairs scoring `score` (for tests and simulation).
@@ -175,6 +188,7 @@ impl NodeModel {
             gpus,
             scores: vec![Some(score); n * n],
             unions,
+            speed: 1.0,
         }
     }
 
@@ -310,8 +324,11 @@ pub fn predict_with(
         0.0
     };
     let aligned = min_alignment.is_none_or(|s| s >= params.align_threshold);
+    // The node's speed scales the whole share: in [0, speed], so that a fast node may predict
+    // more than alone and `share / speed` gives back the share before it.
+    let speed = node.speed.max(0.0);
     let share = if aligned {
-        ((idle - interrupted) * mem).clamp(0.0, 1.0)
+        ((idle - interrupted) * mem).clamp(0.0, 1.0) * speed
     } else {
         0.0
     };
@@ -327,6 +344,7 @@ pub fn predict_with(
         min_alignment,
         aligned,
         window_s: node.window_s,
+        speed,
     }
 }
 
@@ -342,6 +360,18 @@ pub fn predict(
         .map(|&p| memory_factor(job, &node.gpus[p].memory_quantiles, params.memory))
         .collect();
     predict_with(job, node, positions, &memory, params)
+}
+
+impl Prediction {
+    /// The predicted share before the node's speed factor (what a calibration compares the
+    /// measured share with).
+    pub fn unscaled_share(&self) -> f64 {
+        if self.speed > 0.0 {
+            self.share / self.speed
+        } else {
+            0.0
+        }
+    }
 }
 
 impl std::fmt::Display for Prediction {
@@ -364,6 +394,9 @@ impl std::fmt::Display for Prediction {
             Some(s) if self.aligned => write!(f, " x aligned (worst pair {s:.2})"),
             Some(s) => write!(f, " x not aligned (worst pair {s:.2})"),
         }?;
+        if self.speed != 1.0 {
+            write!(f, " x speed {:.2}", self.speed)?;
+        }
         write!(f, " over {} s", self.window_s)
     }
 }
@@ -426,6 +459,32 @@ pub(crate) mod tests {
             0.0,
             "never below 0"
         );
+    }
+
+    #[test]
+    fn the_nodes_speed_scales_the_share_within_zero_and_the_speed() {
+        let node = NodeModel::uniform("n", vec![gpu(0, 0.3, 8 * GIB)], 1.0, 600);
+        let job = profile(1);
+        let params = ModelParams::default();
+        let base = predict(&job, &node, &[0], &params);
+        assert_eq!(base.speed, 1.0);
+        assert!(!base.to_string().contains("speed"), "{base}");
+        let slow = predict(&job, &node.clone().with_speed(0.78), &[0], &params);
+        assert!((slow.share - base.share * 0.78).abs() < 1e-12, "{slow:?}");
+        assert!((slow.per_s - base.per_s * 0.78).abs() < 1e-9);
+        assert!((slow.unscaled_share() - base.share).abs() < 1e-12);
+        assert!(
+            slow.to_string().contains(" x speed 0.78 over 600 s"),
+            "{slow}"
+        );
+        let quiet = NodeModel::uniform("q", vec![gpu(0, 0.0, 32 * GIB)], 1.0, 600);
+        let fast = predict(&job, &quiet.with_speed(1.3), &[0], &params);
+        assert!(
+            (fast.share - 1.3).abs() < 1e-12,
+            "above alone on a fast node: {fast:?}"
+        );
+        let broken = predict(&job, &node.with_speed(-1.0), &[0], &params);
+        assert_eq!(broken.share, 0.0, "never below 0");
     }
 
     #[test]

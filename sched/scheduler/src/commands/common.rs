@@ -107,6 +107,12 @@ pub struct ModelArgs {
     /// a conservative one: a low throughput alone and a steep memory curve.
     #[arg(long)]
     pub default_profile: Option<PathBuf>,
+    /// Do not learn each node's speed factor from its running jobs: every node is predicted at
+    /// its jobs' profiled T_alone. By default a node's factor is the median of measured over
+    /// predicted throughput of its last 45 judged windows, over the median node's, used after 3
+    /// windows, within [0.5, 1.5] (docs/cluster.md, "The model").
+    #[arg(long)]
+    pub no_calibration: bool,
 }
 
 impl ModelArgs {
@@ -153,6 +159,8 @@ impl ModelArgs {
             },
             node_timeout_ms: self.node_timeout.as_millis() as u64,
             default_profile,
+            calibration: !self.no_calibration,
+            ..Params::default()
         })
     }
 }

@@ -14,8 +14,9 @@ use valve_scheduler::replay::unix_ms;
 /// Shows what the scheduler would decide now, and why, without changing anything.
 ///
 /// Pending jobs show the best place the model found and its factors (idle x memory x
-/// alignment); running jobs show their measured share of alone against their SLA and their miss
-/// streak (from --state, which is read, not written).
+/// alignment x the node's speed factor where it is not 1); running jobs show their measured
+/// share of alone against their SLA and their miss streak; nodes whose learned speed factor is
+/// not 1 are listed (streaks and speeds from --state, which is read, not written).
 #[derive(Args, Debug)]
 pub struct ExplainArgs {
     /// Only these jobs (default: all of the scheduler's jobs).
@@ -24,7 +25,7 @@ pub struct ExplainArgs {
     engine: EngineArgs,
     #[command(flatten)]
     model: ModelArgs,
-    /// The running scheduler's state (its miss streaks).
+    /// The running scheduler's state (its miss streaks and nodes' speed factors).
     #[arg(long, default_value = "/var/lib/valve-scheduler/state.json")]
     state: std::path::PathBuf,
 }

@@ -88,4 +88,10 @@ pub fn print_plan(plan: &Plan) {
     for e in &plan.excluded {
         println!("node {}: excluded: {}", e.node, e.why);
     }
+    for s in &plan.speeds {
+        println!(
+            "node {}: speed factor {:.2} (measured over predicted, median of its last {} judged windows): every prediction there is multiplied by it",
+            s.node, s.factor, s.samples
+        );
+    }
 }

@@ -19,7 +19,8 @@ use valve_scheduler::replay::unix_ms;
 /// `valve:`, as `valve-scheduler submit` writes it), fetches every open node's harvest document
 /// from its agent, decides, and acts: `scontrol update nodelist=NODE comment=...` + `release` to
 /// place, `scontrol requeuehold` to evict. Slurm holds all job state, so the scheduler can be
-/// stopped and restarted at any time; only the SLA monitor's miss streaks live in --state.
+/// stopped and restarted at any time; only the SLA monitor's miss streaks and the nodes' learned
+/// speed factors live in --state (without it they are learned again from scratch).
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -29,7 +30,7 @@ pub struct RunArgs {
     /// Time between passes.
     #[arg(long, default_value = "10s", value_parser = duration)]
     interval: Duration,
-    /// The SLA monitor's state (miss streaks, recent evictions).
+    /// The SLA monitor's state (miss streaks, recent evictions, nodes' speed factors).
     #[arg(long, default_value = "/var/lib/valve-scheduler/state.json")]
     state: std::path::PathBuf,
     /// One pass, printed, then exit.

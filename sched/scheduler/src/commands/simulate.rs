@@ -105,6 +105,15 @@ pub struct SimulateArgs {
     /// were limited to online processes, nothing after).
     #[arg(long, default_value_t = 0.0)]
     pub gate_overhead: f64,
+    /// Log-sd of the nodes' true speeds: each node runs every job at a speed drawn once
+    /// (lognormal, clamped to [0.5, 1.5], from --seed); 0 keeps every node at 1.0. H100s of one
+    /// model ran the same job 26-30% apart (docs/results/2026-11-25-h100-cluster-predict-3.md).
+    #[arg(long, default_value_t = 0.0)]
+    pub node_speed_sd: f64,
+    /// Valve does not learn the nodes' speed factors from its running jobs (the oracle still
+    /// knows them).
+    #[arg(long)]
+    pub no_calibration: bool,
     /// Exit 4 if a target is missed.
     #[arg(long)]
     pub check: bool,
@@ -124,36 +133,18 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
             }
         },
     };
-    for (name, v) in [
-        ("--out-of-step-share", a.out_of_step_share),
-        ("--offline-multi-gpu-share", a.offline_multi_gpu_share),
-    ] {
-        if !(0.0..=1.0).contains(&v) {
-            return Err(usage(format!("{name} {v}: give a share in [0, 1]")));
-        }
-    }
-    if a.nodes == 0 || !(a.days > 0.0 && a.days <= 60.0) {
-        return Err(usage("--nodes must be at least 1 and --days in (0, 60]"));
-    }
-    if !(a.offered_load >= 0.0 && a.offered_load <= 10.0) {
-        return Err(usage("--offered-load must be in [0, 10]"));
-    }
-    if !(a.online_busy > 0.0 && a.online_busy < 1.0) {
-        return Err(usage("--online-busy must be in (0, 1)"));
-    }
-    let costs_ok =
-        (0.0..60_000.0).contains(&a.preempt_cost_ms) && (0.0..1.0).contains(&a.gate_overhead);
-    if !costs_ok {
-        return Err(usage(
-            "--preempt-cost-ms must be in [0, 60000) and --gate-overhead in [0, 1)",
-        ));
-    }
-    let policies = a
+    check_ranges(a)?;
+    let mut policies = a
         .policies
         .iter()
         .map(|p| Policy::parse(p, a.nodes))
         .collect::<Result<Vec<_>, _>>()
         .map_err(usage)?;
+    if a.no_calibration {
+        for p in &mut policies {
+            p.params.calibration = false;
+        }
+    }
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -178,6 +169,7 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
             gate_overhead: a.gate_overhead,
             profiled: a.profiled_costs,
         },
+        node_speed_sd: a.node_speed_sd,
     };
     let command = std::env::args()
         .map(|s| if s.contains(' ') { format!("'{s}'") } else { s })
@@ -200,4 +192,39 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Refuses flag values out of range, each with a named error.
+fn check_ranges(a: &SimulateArgs) -> anyhow::Result<()> {
+    for (name, v) in [
+        ("--out-of-step-share", a.out_of_step_share),
+        ("--offline-multi-gpu-share", a.offline_multi_gpu_share),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(usage(format!("{name} {v}: give a share in [0, 1]")));
+        }
+    }
+    if a.nodes == 0 || !(a.days > 0.0 && a.days <= 60.0) {
+        return Err(usage("--nodes must be at least 1 and --days in (0, 60]"));
+    }
+    if !(a.offered_load >= 0.0 && a.offered_load <= 10.0) {
+        return Err(usage("--offered-load must be in [0, 10]"));
+    }
+    if !(a.online_busy > 0.0 && a.online_busy < 1.0) {
+        return Err(usage("--online-busy must be in (0, 1)"));
+    }
+    let costs_ok =
+        (0.0..60_000.0).contains(&a.preempt_cost_ms) && (0.0..1.0).contains(&a.gate_overhead);
+    if !costs_ok {
+        return Err(usage(
+            "--preempt-cost-ms must be in [0, 60000) and --gate-overhead in [0, 1)",
+        ));
+    }
+    if !(0.0..=1.0).contains(&a.node_speed_sd) {
+        return Err(usage(format!(
+            "--node-speed-sd {}: give a log-sd in [0, 1] (0: every node at speed 1.0)",
+            a.node_speed_sd
+        )));
+    }
+    Ok(())
 }

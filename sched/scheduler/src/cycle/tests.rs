@@ -199,3 +199,127 @@ fn a_job_on_a_silent_node_is_kept_and_not_judged() {
     assert!(p.checks[0].note.contains("no progress reports"));
     assert_eq!(p.excluded.len(), 1);
 }
+
+/// A document of 2 GPUs on which job `id` runs on GPU 0 at `per_s`.
+fn running_doc(node: &str, id: &str, per_s: f64) -> NodeHarvest {
+    let mut d = doc(node, 2, 0.2, 32 * GIB);
+    d.jobs.push(JobProgress {
+        job: id.into(),
+        units_total: 1e6,
+        last_report_unix_ms: NOW,
+        rates: vec![Rate {
+            window_s: 60,
+            per_s,
+            covered_s: 60.0,
+        }],
+    });
+    d
+}
+
+/// A job running on GPU 0 of `slow` at 60 of its 100 units/s alone (the model says 80), jobs
+/// on `fast` and `ref` running as predicted, and (with `held`) a held job with SLA 0.7 that
+/// must avoid `fast` and `ref`; the documents arrive at `now`.
+fn slow_node_snapshot(held: bool, now: u64) -> (Snapshot, HashMap<String, Report>) {
+    let running = |id: &str, node: &str| {
+        job(
+            id,
+            Phase::Running(NOW - 3_600_000),
+            meta(0.3, Some((node, &[0]))),
+        )
+    };
+    let mut jobs = vec![
+        running("7", "slow"),
+        running("5", "fast"),
+        running("6", "ref"),
+    ];
+    if held {
+        let mut m = meta(0.7, None);
+        m.avoid = vec!["fast".into(), "ref".into()];
+        jobs.push(job("8", Phase::Held, m));
+    }
+    let snap = Snapshot {
+        nodes: vec![open("slow"), open("fast"), open("ref")],
+        jobs,
+    };
+    let docs = vec![
+        running_doc("slow", "7", 60.0),
+        running_doc("fast", "5", 80.0),
+        running_doc("ref", "6", 80.0),
+    ];
+    let mut r = reports(docs, 0);
+    for rep in r.values_mut() {
+        rep.received_unix_ms = now;
+    }
+    (snap, r)
+}
+
+#[test]
+fn a_node_whose_jobs_run_slower_than_predicted_gets_a_speed_factor_after_three_windows() {
+    let params = Params {
+        monitor: MonitorParams {
+            window_s: 60,
+            ..MonitorParams::default()
+        },
+        ..Params::default()
+    };
+    let mut mon = Monitor::default();
+    for k in 0..3 {
+        let (snap, r) = slow_node_snapshot(false, NOW + k * 60_000);
+        let p = plan(NOW + k * 60_000, &snap, &r, &mut mon, &params);
+        assert_eq!(p.checks[0].share, Some(0.6));
+        assert!(p.speeds.is_empty(), "not used before 3 windows: {k}");
+    }
+    assert!((mon.calibration.factor("slow") - 0.75).abs() < 1e-12);
+    assert_eq!(mon.calibration.factor("fast"), 1.0, "as predicted");
+    assert_eq!(
+        mon.calibration.factor("elsewhere"),
+        1.0,
+        "no jobs ran there"
+    );
+    let (snap, r) = slow_node_snapshot(true, NOW + 180_000);
+    let mut held = mon.clone();
+    let p = plan(NOW + 180_000, &snap, &r, &mut held, &params);
+    assert_eq!(p.speeds.len(), 1);
+    assert_eq!(
+        (p.speeds[0].node.as_str(), p.speeds[0].samples),
+        ("slow", 3)
+    );
+    // 0.8 x 0.75 = 0.6 on slow falls short of 0.7 + 0.05.
+    let d = p.decisions[0].to_string();
+    assert!(
+        matches!(p.decisions[0].outcome, Outcome::Pending(_)) && d.contains("x speed 0.75"),
+        "{d}"
+    );
+    // The window judged this pass calibrates against the prediction without the factor.
+    assert!((held.calibration.factor("slow") - 0.75).abs() < 1e-9);
+
+    let off = Params {
+        calibration: false,
+        ..params
+    };
+    let p = plan(NOW + 180_000, &snap, &r, &mut mon.clone(), &off);
+    assert!(p.speeds.is_empty());
+    assert!(
+        matches!(&p.decisions[0].outcome, Outcome::Placed(pl) if pl.node == "slow" && pl.prediction.speed == 1.0),
+        "without calibration the model still says 0.8: {}",
+        p.decisions[0]
+    );
+}
+
+#[test]
+fn known_speeds_take_the_place_of_learned_ones() {
+    let (snap, r) = slow_node_snapshot(true, NOW);
+    let params = Params {
+        known_speeds: [("slow".to_string(), 1.25)].into_iter().collect(),
+        ..Params::default()
+    };
+    let mut mon = Monitor::default();
+    for _ in 0..3 {
+        mon.calibration.record("slow", 10.0, 100.0, 100.0);
+    }
+    let p = plan(NOW, &snap, &r, &mut mon, &params);
+    match &p.decisions[0].outcome {
+        Outcome::Placed(pl) => assert!((pl.prediction.share - 1.0).abs() < 1e-12, "{pl:?}"),
+        o => panic!("{o:?}"),
+    }
+}

@@ -244,6 +244,26 @@ fn kind_index(kind: Kind) -> usize {
     }
 }
 
+/// Node speeds clamped to this range (what the scheduler's calibration may learn).
+pub const SPEED_BOUNDS: [f64; 2] = [0.5, 1.5];
+
+/// Each of `nodes` nodes' true speed: how fast every job runs there relative to its profile (on
+/// H100s of one model the same job ran 26-30% apart). Lognormal with log-sd `sd`, clamped to
+/// [`SPEED_BOUNDS`], drawn from `seed`; all exactly 1.0 when `sd` is 0.
+pub fn node_speeds(nodes: usize, sd: f64, seed: u64) -> Vec<f64> {
+    if sd == 0.0 {
+        return vec![1.0; nodes];
+    }
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5BEE_D5EE_u64);
+    (0..nodes)
+        .map(|_| {
+            (sd * super::jobs::normal(&mut rng))
+                .exp()
+                .clamp(SPEED_BOUNDS[0], SPEED_BOUNDS[1])
+        })
+        .collect()
+}
+
 impl Cluster {
     /// A random cluster of `cfg`, its load calibrated to `cfg.target_busy`.
     pub fn build(cfg: &OnlineConfig) -> Cluster {

@@ -5,6 +5,24 @@ use serde::Serialize;
 
 use super::jobs::{Arrival, SLAS};
 
+/// The speed factors a policy learned against the nodes' true speeds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SpeedCheck {
+    /// Nodes.
+    pub nodes: usize,
+    /// Nodes whose factor was in use (enough samples).
+    pub calibrated: usize,
+    /// Mean |factor - true speed| over all nodes (1.0 where none was learned).
+    pub mean_abs_err: f64,
+    /// Mean |1 - true speed|: the error without calibration.
+    pub mean_abs_err_uncalibrated: f64,
+    /// Mean learned factor over the calibrated nodes.
+    pub mean_factor: Option<f64>,
+    /// Pearson correlation of learned factor and true speed over the calibrated nodes (`None`
+    /// where either does not vary).
+    pub correlation: Option<f64>,
+}
+
 /// Raw counts of one policy's run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Metrics {
@@ -92,6 +110,10 @@ pub struct Metrics {
     /// How far each SLA-violating job-hour fell short (SLA - mean share).
     #[serde(skip)]
     pub shortfalls: Vec<f32>,
+    /// How well the calibration learned the nodes' true speeds, at the end (policies that learn
+    /// them, on worlds whose nodes differ).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speeds: Option<SpeedCheck>,
 }
 
 impl Metrics {

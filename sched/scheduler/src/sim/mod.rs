@@ -27,7 +27,7 @@ use run::{SimConfig, World};
 
 /// The assumptions the simulation makes beyond its traces (printed with the results).
 pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
-    vec![
+    let mut out = vec![
         "Online load replays the Azure LLM inference trace 2023 (code and conversation, 50/50 per service); only its one-hour version could be obtained, so each series tiles that hour from its own random offset.".into(),
         format!(
             "The week is built with an assumed daily cycle (the week-long trace was not obtainable): a sine peaking at 14:00, amplitude {} for code and {} for conversation, weekends at {} of weekdays, each service shifted by up to +-{} h.",
@@ -64,7 +64,17 @@ pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
         "Offline busy time counts a job's GPUs x the share of the minute all of them are idle, in minutes where its memory lets it run at all.".into(),
         "Monitor (all policies): 600 s window, 2 misses in a row to evict, 0.05 hysteresis, at most one eviction per 10 nodes a minute; jobs report progress every pass.".into(),
         "The oracle is Valve's placement fed with documents of the hour after each pass (what will happen on each GPU), not the per-job ground truth.".into(),
-    ]
+    ];
+    if cfg.node_speed_sd > 0.0 {
+        out.push(format!(
+            "Each node runs every job at a true speed drawn once, lognormal with log-sd {} clamped to [{}, {}] (H100s of one model ran the same job 26-30% apart); the oracle knows it, Valve learns it from its running jobs (calibration: {}), the other policies do not see it.",
+            cfg.node_speed_sd,
+            cluster::SPEED_BOUNDS[0],
+            cluster::SPEED_BOUNDS[1],
+            if cfg.policies.iter().any(|p| p.params.calibration) { "on" } else { "off" }
+        ));
+    }
+    out
 }
 
 /// Builds the world of `cfg` and runs every policy; `command` and `multi_source` (how the online
@@ -118,7 +128,8 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
         cfg.minutes,
         cfg.max_pending_per_stream,
     )
-    .with_costs(cfg.costs);
+    .with_costs(cfg.costs)
+    .with_node_speeds(cfg.node_speed_sd, cfg.online.seed);
     let out = run::run_world(&world, cfg);
     let online = out.online_busy_gpu_min / out.gpu_minutes.max(1.0);
     let mut lo = 0.0;
@@ -154,6 +165,7 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
             max_pending_per_stream: cfg.max_pending_per_stream,
             seeds: (cfg.online.seed, cfg.seed),
             threads: cfg.threads,
+            node_speed_sd: cfg.node_speed_sd,
         },
         assumptions: assumptions(cfg),
         cluster: cluster_summary,

@@ -135,6 +135,8 @@ pub struct ConfigSummary {
     pub seeds: (u64, u64),
     /// Worker threads.
     pub threads: usize,
+    /// Log-sd of the nodes' true speeds (0: all 1.0).
+    pub node_speed_sd: f64,
 }
 
 /// One profile class, for the results.
@@ -325,6 +327,7 @@ pub fn render(r: &Results) -> String {
         s += &render_violations(r, &cycle_ones);
         s += &render_when(&cycle_ones);
     }
+    s += &render_speeds(r);
     s += &render_targets(r);
     s += &format!(
         "\nWall time {:.1} s ({} threads).\n",
@@ -509,6 +512,26 @@ fn render_when(cycle_ones: &[&PolicyReport]) -> String {
 }
 
 /// The issue's targets, PASS or FAIL.
+/// The speed factors each calibrating policy learned, against the nodes' true speeds.
+fn render_speeds(r: &Results) -> String {
+    let mut s = String::new();
+    for p in &r.policies {
+        let Some(c) = &p.counts.speeds else { continue };
+        let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+        s += &format!(
+            "\nNode speeds learned by {}: {} of {} nodes calibrated, mean factor {}; mean |factor - true speed| {:.3} ({:.3} without calibration), correlation {}.\n",
+            p.name,
+            c.calibrated,
+            c.nodes,
+            opt(c.mean_factor),
+            c.mean_abs_err,
+            c.mean_abs_err_uncalibrated,
+            opt(c.correlation)
+        );
+    }
+    s
+}
+
 fn render_targets(r: &Results) -> String {
     let mut s = String::new();
     s += "\nTargets (issue 28):\n\n";

@@ -17,7 +17,7 @@ use serde::Serialize;
 use valve_harvest::{JobProgress, NodeHarvest, Rate};
 
 use super::cluster::{Cell, Cluster, OnlineConfig};
-use super::counts::Metrics;
+use super::counts::{Metrics, SpeedCheck};
 use super::docs::{Dir, Ring, Templates};
 use super::jobs::{self, Arrival, Class};
 use crate::cycle::{self, JobInfo, NodeInfo, Params, Phase, Report, Snapshot};
@@ -125,11 +125,14 @@ pub struct PolicySettings {
     pub model_window_s: u32,
     /// The monitor's settings.
     pub monitor: MonitorParams,
+    /// Whether nodes' speed factors are learned (Valve's calibration).
+    pub calibration: bool,
 }
 
 impl Policy {
     /// Parses `kind[:key=value...]` (keys: `margin`, `monitor` (window s), `misses`, `align`,
-    /// `window` (model window s), `hysteresis`) for a cluster of `nodes` nodes.
+    /// `window` (model window s), `hysteresis`, `calibrate` (0: off)) for a cluster of `nodes`
+    /// nodes.
     pub fn parse(spec: &str, nodes: usize) -> Result<Policy, String> {
         let mut parts = spec.split(':');
         let kind_name = parts.next().unwrap_or_default().trim();
@@ -157,9 +160,10 @@ impl Policy {
                 "align" => params.place.model.align_threshold = num,
                 "window" => params.place.model.window_s = num as u32,
                 "hysteresis" => params.monitor.hysteresis = num,
+                "calibrate" => params.calibration = num != 0.0,
                 _ => {
                     return Err(format!(
-                    "policy option {k:?}: use margin, monitor, misses, align, window or hysteresis"
+                    "policy option {k:?}: use margin, monitor, misses, align, window, hysteresis or calibrate"
                 ))
                 }
             }
@@ -186,18 +190,22 @@ impl Policy {
             align_threshold: p.place.model.align_threshold,
             model_window_s: p.place.model.window_s,
             monitor: p.monitor,
+            calibration: p.calibration,
         }
     }
 }
 
 /// The scheduler settings of each kind: Valve's defaults, with the monitor every policy shares
 /// (the default 600 s window and 2 misses to evict, at most one eviction per 10 nodes a minute).
+/// Only Valve learns nodes' speeds; the oracle is told them ([`PolicySim`]), the baselines
+/// neither.
 pub fn base_params(kind: PolicyKind, nodes: usize) -> Params {
     let mut p = Params {
         monitor: MonitorParams {
             max_evictions_per_min: (nodes / 10).max(1) as u32,
             ..MonitorParams::default()
         },
+        calibration: kind == PolicyKind::Valve,
         ..Params::default()
     };
     match kind {
@@ -236,6 +244,8 @@ pub struct SimConfig {
     pub seed: u64,
     /// What preemption costs offline in the ground truth (the model does not know it).
     pub costs: Costs,
+    /// Log-sd of the nodes' true speeds (0: every node at speed 1.0).
+    pub node_speed_sd: f64,
 }
 
 impl SimConfig {
@@ -257,6 +267,7 @@ impl SimConfig {
             threads: 2,
             seed: 1,
             costs: Costs::default(),
+            node_speed_sd: 0.0,
         }
     }
 }
@@ -275,6 +286,8 @@ pub struct World {
     max_pending_per_stream: usize,
     /// The ground truth's preemption costs.
     pub costs: Costs,
+    /// Each node's true speed (see [`super::cluster::node_speeds`]); all 1.0 by default.
+    pub node_speed: Vec<f64>,
 }
 
 impl World {
@@ -286,6 +299,7 @@ impl World {
         minutes: u32,
         max_pending_per_stream: usize,
     ) -> World {
+        let cluster_nodes = cluster.nodes.len();
         let node_index = cluster
             .nodes
             .iter()
@@ -300,7 +314,14 @@ impl World {
             node_index,
             max_pending_per_stream,
             costs: Costs::default(),
+            node_speed: vec![1.0; cluster_nodes],
         }
+    }
+
+    /// The same world with each node's true speed drawn with log-sd `sd` from `seed`.
+    pub fn with_node_speeds(mut self, sd: f64, seed: u64) -> World {
+        self.node_speed = super::cluster::node_speeds(self.cluster.nodes.len(), sd, seed);
+        self
     }
 
     /// The same world with the ground truth's preemption costs `costs` (and, if they were
@@ -353,6 +374,7 @@ struct Run {
 
 /// One minute of a running job, as it truly went.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[must_use]
 pub struct Minute {
     /// Throughput as a share of alone.
     pub share: f64,
@@ -364,9 +386,21 @@ pub struct Minute {
     pub killed: bool,
 }
 
+impl Minute {
+    /// The same minute on a node of true speed `speed` (its jobs run that much faster than their
+    /// profiles say; 1.0 leaves the minute exactly as it was).
+    pub fn at_speed(self, speed: f64) -> Minute {
+        Minute {
+            share: self.share * speed,
+            ..self
+        }
+    }
+}
+
 /// The ground truth of one minute for a job of `class` on GPUs whose distinct series have
 /// `cells`; `held` is the memory it held per series the minute before (NaN at its start) and is
-/// updated; `alloc` is a static split's fixed memory per series.
+/// updated; `alloc` is a static split's fixed memory per series. The node's speed multiplies it
+/// ([`Minute::at_speed`]).
 pub fn truth(
     class: &Class,
     cells: &[Cell],
@@ -446,7 +480,17 @@ struct PolicySim<'w> {
 const NONE: u32 = u32::MAX;
 
 impl<'w> PolicySim<'w> {
-    fn new(w: &'w World, policy: Policy, seed: u64) -> Self {
+    fn new(w: &'w World, mut policy: Policy, seed: u64) -> Self {
+        if policy.kind == PolicyKind::Oracle && w.node_speed.iter().any(|&s| s != 1.0) {
+            // The oracle knows each node's true speed, as it knows the next hour.
+            policy.params.known_speeds = w
+                .cluster
+                .nodes
+                .iter()
+                .zip(&w.node_speed)
+                .map(|(n, &s)| (n.name.clone(), s))
+                .collect();
+        }
         let snap = Snapshot {
             nodes: w
                 .cluster
@@ -929,7 +973,8 @@ impl<'w> PolicySim<'w> {
                 run.alloc.as_deref(),
                 a.error,
                 &self.w.costs,
-            );
+            )
+            .at_speed(self.w.node_speed[run.node as usize]);
             if mt.killed {
                 killed.push(slot);
                 continue;
@@ -977,8 +1022,57 @@ impl<'w> PolicySim<'w> {
     fn close(mut self) -> Metrics {
         self.m.pending_end = self.pending.len() as u64;
         self.m.running_end = self.running.len() as u64;
+        if self.policy.params.calibration {
+            self.m.speeds = Some(self.speed_check());
+        }
         self.m
     }
+
+    /// The learned speed factors against the true ones.
+    fn speed_check(&self) -> SpeedCheck {
+        let cal = &self.monitor.calibration;
+        let factors = cal.factors();
+        let nodes = &self.w.cluster.nodes;
+        let n = nodes.len().max(1) as f64;
+        let (mut pairs, mut err, mut err0) = (Vec::new(), 0.0, 0.0);
+        for (node, &truth) in nodes.iter().zip(&self.w.node_speed) {
+            let factor = factors.get(&node.name).copied().unwrap_or(1.0);
+            if cal.samples(&node.name) >= crate::calibrate::MIN_SAMPLES {
+                pairs.push((factor, truth));
+            }
+            err += (factor - truth).abs();
+            err0 += (1.0 - truth).abs();
+        }
+        let k = pairs.len() as f64;
+        let mean_factor = (k > 0.0).then(|| pairs.iter().map(|p| p.0).sum::<f64>() / k);
+        SpeedCheck {
+            nodes: nodes.len(),
+            calibrated: pairs.len(),
+            mean_abs_err: err / n,
+            mean_abs_err_uncalibrated: err0 / n,
+            mean_factor,
+            correlation: correlation(&pairs),
+        }
+    }
+}
+
+/// Pearson correlation of the pairs (`None` with fewer than 2 or where a side does not vary).
+fn correlation(pairs: &[(f64, f64)]) -> Option<f64> {
+    let n = pairs.len() as f64;
+    if pairs.len() < 2 {
+        return None;
+    }
+    let (sx, sy) = pairs
+        .iter()
+        .fold((0.0, 0.0), |(a, b), &(x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for &(x, y) in pairs {
+        sxy += (x - mx) * (y - my);
+        sxx += (x - mx) * (x - mx);
+        syy += (y - my) * (y - my);
+    }
+    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
 }
 
 fn a_id(arrival: u32) -> String {

@@ -347,3 +347,61 @@ fn the_oracle_places_by_the_hour_to_come() {
     assert_eq!(r[0].1.placements, 1, "the past hour looked fine");
     assert_eq!(r[1].1.placements, 0, "the next hour will not be");
 }
+
+#[test]
+fn valve_learns_a_slow_nodes_speed_and_the_oracle_knows_it() {
+    let mut rng = fastrand::Rng::with_seed(4);
+    let mut cluster = Cluster::assemble(
+        &[vec![(1, true)], vec![(1, true)], vec![(1, true)]],
+        0.3,
+        &mut rng,
+    );
+    cluster.custom = Some(Arc::new(|_s: usize, _m: i64| cell(0.0, 40.0)));
+    let job = Arrival {
+        minute: 0,
+        class: 0,
+        sla: 0,
+        work_s: 100.0 * 3600.0,
+        error: 0.0,
+    };
+    let minutes = 120;
+    let mut world = World::new(cluster, classes(), vec![job; 3], minutes, 10);
+    world.node_speed = vec![0.6, 1.0, 1.0];
+    let mut cfg = SimConfig::small(3, minutes, &["valve", "valve:calibrate=0", "oracle"]);
+    cfg.threads = 1;
+    let r = run_world(&world, &cfg).policies;
+    let learned = r[0].1.speeds.as_ref().expect("valve learns speeds");
+    assert_eq!((learned.nodes, learned.calibrated), (3, 3), "{learned:?}");
+    assert!(learned.mean_abs_err < 0.01, "{learned:?}");
+    assert!((learned.mean_abs_err_uncalibrated - 0.4 / 3.0).abs() < 1e-12);
+    assert!(r[1].1.speeds.is_none(), "calibration off");
+    // The first hour of the job on the slow node: the oracle knew it runs at 0.6, Valve did
+    // not yet.
+    let on_slow = |m: &Metrics| {
+        m.pred
+            .iter()
+            .find(|&&(_, t)| (t - 0.6).abs() < 1e-6)
+            .map(|&(p, _)| p)
+    };
+    assert_eq!(on_slow(&r[1].1), Some(1.0));
+    assert!(
+        (on_slow(&r[2].1).unwrap() - 0.6).abs() < 1e-6,
+        "{:?}",
+        r[2].1.pred
+    );
+}
+
+#[test]
+fn node_speeds_are_one_without_spread_and_clamped_and_repeatable_with_it() {
+    assert!(crate::sim::cluster::node_speeds(50, 0.0, 7)
+        .iter()
+        .all(|&s| s == 1.0));
+    let a = crate::sim::cluster::node_speeds(500, 0.5, 7);
+    assert_eq!(a, crate::sim::cluster::node_speeds(500, 0.5, 7));
+    assert!(a.iter().all(|&s| (0.5..=1.5).contains(&s)));
+    assert!(
+        a.contains(&0.5) && a.contains(&1.5),
+        "a wide spread is clamped"
+    );
+    assert_ne!(a, crate::sim::cluster::node_speeds(500, 0.5, 8));
+}
