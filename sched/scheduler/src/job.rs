@@ -115,7 +115,8 @@ impl InterruptCosts {
     }
 }
 
-const GIB_F: f64 = (1u64 << 30) as f64;
+/// Bytes in a GiB, for rates in GiB per second.
+pub(crate) const GIB_F: f64 = (1u64 << 30) as f64;
 
 /// One point of T(m).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

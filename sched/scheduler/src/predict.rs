@@ -7,9 +7,7 @@
 use serde::{Deserialize, Serialize};
 use valve_harvest::{NodeHarvest, QUANTILES};
 
-use crate::job::JobProfile;
-
-const GIB_F: f64 = (1u64 << 30) as f64;
+use crate::job::{JobProfile, GIB_F};
 
 /// The model's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
