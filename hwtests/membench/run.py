@@ -7,6 +7,9 @@ offline batch generation, with a static split and with Valve's pool; and the cor
         [--online-cuda-graphs]
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
         --configs alone,static,valve-miad,valve-miad-warm --seconds 90 [--warm-prime-seconds 450]
+    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR bench \
+        --configs valve-churn --seconds 90 --seed 12 --online-cuda-graphs \
+        [--churn-gate-every 2] [--churn-flooders 2]
 
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR sweep \
         [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] [--policies alg1,fifo,random] \
@@ -37,6 +40,13 @@ the measured numbers, the device name and the targets. Configurations:
   runs valve-miad and saves MIAD's state in DIR/reservations.json at the daemon's shutdown; the
   daemon, online and offline then start again, the daemon on that file, and the measured pass
   plays the trace (docs/memory.md, "Warm start"). Its wall_s includes the first pass.
+- valve-churn: valve-noreserve while admin work churns (issue 29; docs/memory.md, "How a reclaim
+  reaches the daemon's loop"): a thread restarts the gate every --churn-gate-every s (`gate stop`,
+  `gate start`), ending 5 s before online's last arrival, and --churn-flooders threads flood the
+  daemon's control socket with bad input until online exits (churn.py). Its result has a `churn`
+  object (restarts, command times, failures, flood counts, the daemon log's slow requests); the
+  report judges its reclaims of up to 1 GiB while the churn ran. Each gate stop lets offline run
+  ungated, so its online latency and offline throughput are not compared with alone or static.
 
 Compute is shared the same way in every configuration with offline: Valve's gate, told by the
 online server when requests are in flight (online_busy/online_idle), with launch edges as fallback.
@@ -57,6 +67,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+import churn  # noqa: E402
 import common  # noqa: E402
 import report  # noqa: E402
 import sweep  # noqa: E402
@@ -193,15 +204,20 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict, warm_state: str 
         on = r.spawn(f"{name}-online", python("online.py", *on_args))
         wait_files([files["on-ready"]], [on], 300)
         if with_offline:
-            r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", "batch")
+            r.valvectl(*gate_start_args(on.pid))
             result["pool_before"] = pool_status(r) if mode == "valve" else None
         open(files["go"], "w").close()
         miad = MiadSampler(r) if name.startswith("valve-miad") else None
+        admin = new_churn(r, name, on, trace_path, common.now()) if name == "valve-churn" else None
         try:
+            if admin:
+                admin.start()
             result["online_exit"] = on.wait(timeout=(seconds or a.seconds) + 240)
         finally:
             if miad:
                 result["miad"] = miad.finish()
+            if admin:  # stopped and joined, the gate left started: the end below is the same for all
+                result["churn"] = admin.finish()
         if with_offline:
             dump_stacks(r, name, off)
             # The gate stops first: offline must not be frozen while it winds down.
@@ -220,6 +236,21 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict, warm_state: str 
         if os.path.exists(path):
             result[side] = common.read_json(path)
     return result
+
+
+def gate_start_args(online_pid: int) -> list[str]:
+    """`valvectl gate start` as every configuration with offline runs it (valve-churn again and again)."""
+    return ["gate", "start", "--online", str(online_pid), "--offline-label", "batch"]
+
+
+def new_churn(r: Run, name: str, on: subprocess.Popen, trace_path: str, go_t: float) -> churn.Churn:
+    """valve-churn's gate cycler and socket flooders (churn.py), not started yet. Gate restarts end
+    churn.CYCLE_MARGIN_S before online's last arrival (`go_t` + its `at`): online may exit any time
+    after it, and a gate cannot start for an online pid that has gone. The flooders go on until
+    online has exited."""
+    last = max((q["at"] for q in common.read_json(trace_path)), default=0.0)
+    return churn.Churn(r.a.valvectl, gate_start_args(on.pid), r.a.churn_gate_every, r.a.churn_flooders,
+                       go_t + last, lambda: on.poll() is None, os.path.join(r.out, f"{name}-daemon.log"))
 
 
 def dump_stacks(r: Run, name: str, off: subprocess.Popen) -> None:
@@ -272,7 +303,8 @@ def pool_status(r: Run) -> dict | None:
         return {"error": str(e)}
 
 
-CONFIGS = ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "valve-miad-warm", "alone-2")
+CONFIGS = ("alone", "static", "valve-noreserve", "valve-noreserve-fifo", "valve-miad", "valve-miad-warm", "valve-churn",
+           "alone-2")
 
 
 def config_problem(names: list[str], have_sizes: bool) -> str | None:
@@ -566,6 +598,10 @@ def main() -> int:
     b.add_argument("--warm-prime-seconds", type=float, default=0,
                    help="valve-miad-warm: length of the first pass's trace, whose MIAD state the measured pass "
                         "starts from after a daemon restart (0: --seconds)")
+    b.add_argument("--churn-gate-every", type=float, default=2.0,
+                   help="valve-churn: seconds between two gate restarts (`gate stop`, then `gate start`)")
+    b.add_argument("--churn-flooders", type=int, default=2,
+                   help="valve-churn: threads flooding the daemon's control socket with bad input")
     # Offline is long-context batch generation, decode-heavy: its batch (and so its throughput) is
     # bounded by KV memory, the regime the pool is for. With short prompts (128-384 tokens, 64
     # new) offline was bounded by its token budget and compute share instead: 1.09x static
@@ -587,6 +623,8 @@ def main() -> int:
         except (OSError, ValueError, TypeError) as e:
             ap.error(f"{sizes} is not a readable sizes file ({e}): delete it and run alone again")
         problem = config_problem(names, have_sizes)
+        if a.churn_gate_every <= 0 or a.churn_flooders < 0:
+            problem = "--churn-gate-every must be above 0 and --churn-flooders at least 0"
         if problem:
             ap.error(problem)
         a.configs = ",".join(names)

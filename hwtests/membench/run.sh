@@ -6,6 +6,9 @@
 #   hwtests/membench/run.sh OUTDIR bench [--configs ...] [--seconds 90]
 #   hwtests/membench/run.sh OUTDIR bench --configs alone,static,valve-miad,valve-miad-warm --seconds 90
 #     (valve-miad-warm: MIAD's first 90 s after a daemon restart, from a warm start)
+#   hwtests/membench/run.sh OUTDIR bench --configs valve-churn --seconds 90 --seed 12 --online-cuda-graphs \
+#       [--churn-gate-every 2] [--churn-flooders 2]
+#     (issue 29: reclaims of up to 1 GiB while the gate restarts and the control socket is flooded)
 #   hwtests/membench/run.sh OUTDIR sweep [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] \
 #       [--policies alg1,fifo,random] [--placement default|compact]
 #     (issue 30: offline's throughput loss per reclaimed size x rate x handle choice, no online model;

@@ -1,5 +1,7 @@
 """Unit tests of run.py's checks made before a benchmark starts (standard library only)."""
 
+import os
+import sys
 import unittest
 
 import run
@@ -47,6 +49,42 @@ class Sweep(unittest.TestCase):
             sys.argv = argv
         self.assertEqual(e.exception.code, 2)
         self.assertIn("lru", err.getvalue())
+
+
+class Churn(unittest.TestCase):
+    def test_valve_churn_restarts_the_gate_as_run_config_starts_it_until_online_s_last_arrival(self):
+        import tempfile
+        from types import SimpleNamespace
+
+        import common
+
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "trace.json")
+            common.write_json(trace, [dict(at=3.0, prompt=10, new_tokens=1, burst=False),
+                                      dict(at=67.5, prompt=10, new_tokens=1, burst=True)])
+            r = SimpleNamespace(a=SimpleNamespace(valvectl="/x/valvectl", churn_gate_every=2.0, churn_flooders=3), out=d)
+            on = SimpleNamespace(pid=4242, poll=lambda: None)
+            c = run.new_churn(r, "valve-churn", on, trace, go_t=100.0)
+        self.assertEqual(c.cycler.start_args, ["gate", "start", "--online", "4242", "--offline-label", "batch"])
+        self.assertEqual(c.cycler.start_args, run.gate_start_args(4242))
+        self.assertEqual(c.cycler.deadline, 167.5)
+        self.assertEqual((c.every, len(c.flooders)), (2.0, 3))
+        self.assertTrue(c.cycler.alive())
+        self.assertEqual(c.log_path, os.path.join(d, "valve-churn-daemon.log"))
+
+    def test_a_gate_restart_interval_of_zero_is_refused_before_anything_starts(self):
+        import contextlib
+        import io
+
+        argv, sys.argv = sys.argv, ["run.py", "--valvectl", "x", "--out", "/tmp/x", "bench", "--configs",
+                                    "valve-churn", "--churn-gate-every", "0"]
+        try:
+            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
+                run.main()
+        finally:
+            sys.argv = argv
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("--churn-gate-every", err.getvalue())
 
 
 class Generated(unittest.TestCase):
