@@ -134,6 +134,93 @@ class Targets(unittest.TestCase):
         self.assertFalse(warm["valve-miad-warm: offline throughput >= 1.5x static"])
 
 
+class Churn(unittest.TestCase):
+    """valve-churn (issue 29): reclaims while the churn ran, its target, and its exclusion."""
+
+    @staticmethod
+    def churn(restarts=5, messages=1000):
+        # The cycler ran from t=10 to t=100; one `gate start` from 50.0 to 50.3.
+        return dict(gate_every_s=2.0, flooders=2, t_start=10.0, t_cycler_end=100.0, t_end=120.0, restarts=restarts,
+                    stop=dict(n=5, ok=5, p50_ms=3.0, max_ms=9.0), start=dict(n=5, ok=5, p50_ms=260.0, max_ms=300.0),
+                    failures=0, first_errors=[], commands=[["start", 50.0, 50.3, True]],
+                    flood=dict(messages=messages, connections=1100, replies=900, held=50, errors=0, first_errors=[]),
+                    threads_left_running=[], final_gate=dict(ok=True, action="kept", error=None),
+                    daemon_log=dict(slow_requests=2, slow_handled_ms_max=30.0, slow_waited_ms_max=1.0, reclaims=12))
+
+    @staticmethod
+    def grows(n_inside, ms=2.0, slow_ms=None):
+        """(t, latency s, handles, reclaimed): `n_inside` reclaims of 4 handles while the churn ran, one
+        during the gate start (`slow_ms` if given), and some that do not count."""
+        g = [(20.0 + i, ms / 1e3, 4, 4) for i in range(n_inside)]
+        g.append((50.1, (slow_ms or ms) / 1e3, 16, 16))  # during the gate start
+        g += [(5.0, 0.5, 4, 4), (110.0, 0.5, 4, 4)]  # before and after the churn: 500 ms, not judged
+        g += [(30.5, 0.5, 4, 0), (31.5, 0.5, 40, 40)]  # no reclaim; over 1 GiB
+        return g
+
+    def result(self, grows, **churn):
+        on = dict(t0=0.0, t_end=130.0, requests=[request(1.0, [1.1, 1.2])], grows=grows)
+        return dict(config="valve-churn", online=on, offline=dict(tokens_per_s=500.0, finished=3), offline_exit=0,
+                    churn=self.churn(**churn))
+
+    def test_reclaims_while_the_churn_ran_and_during_gate_commands_are_counted_apart(self):
+        c = report.config_numbers(self.result(self.grows(12, slow_ms=8.0)))["churn"]
+        self.assertEqual(c["reclaim_ms_while_churning"]["n"], 13)
+        self.assertAlmostEqual(c["reclaim_ms_while_churning"]["max"], 8.0)
+        self.assertEqual(c["reclaim_ms_during_gate_commands"]["n"], 1)
+        self.assertNotIn("commands", c, "the raw command list stays in the config's own JSON")
+        whole = report.config_numbers(self.result(self.grows(12)))["reclaim_ms"]["<=1GiB"]
+        self.assertEqual((whole["n"], whole["max"]), (15, 500.0), "the whole trace: the 500 ms ones too")
+
+    def target(self, grows, **churn):
+        return report.churn_target(report.config_numbers(self.result(grows, **churn)))
+
+    def test_the_target_is_met_missed_or_not_judged_on_too_few_reclaims_or_no_churn(self):
+        met = self.target(self.grows(12))
+        self.assertTrue(met["ok"])
+        self.assertAlmostEqual(met["value"], 2.0)
+        missed = self.target(self.grows(12, slow_ms=40.0))
+        self.assertFalse(missed["ok"], "one 40 ms reclaim in 13 is the p99")
+        few = self.target(self.grows(5))
+        self.assertIsNone(few["ok"])
+        self.assertEqual(few["note"], "not enough reclaims (6)")
+        self.assertIsNone(self.target(self.grows(12), restarts=0)["ok"])
+        self.assertIn("did not run", self.target(self.grows(12), messages=0)["note"])
+        self.assertEqual(report.churn_target(dict(churn=dict(error="boom")))["note"], "no churn recorded: boom")
+
+    def test_it_is_left_out_of_online_latency_offline_throughput_and_the_general_reclaim_target(self):
+        def online(gap):
+            return dict(t0=0.0, t_end=10.0, requests=[request(0.0, [0.1, 0.1 + gap, 0.1 + 2 * gap])],
+                        grows=[(1.0, 0.004, 4, 4)])
+
+        results = {"alone": dict(config="alone", online=online(0.1)),
+                   "static": dict(config="static", online=online(0.1), offline=dict(tokens_per_s=100.0, finished=1),
+                                  offline_exit=0),
+                   "valve-churn": self.result(self.grows(12, slow_ms=40.0))}
+        results["valve-churn"]["online"]["requests"] = online(0.5)["requests"]  # 5x alone's TPOT
+        rep = report.build(results, {}, dict(target_per_min=6.0))
+        n = rep["configs"]["valve-churn"]
+        for k in ("ttft_p99_vs_alone_pct", "tpot_p99_vs_alone_pct", "offline_vs_static", "decode_step_vs_alone"):
+            self.assertIsNone(n[k], k)
+        checks = {c["check"]: c for c in rep["checks"]}
+        general = checks["reclaim of up to 1 GiB p99 <= 10 ms (online's grow, preemption included)"]
+        self.assertEqual((general["ok"], general["detail"]), (True, "worst configuration (static)"))
+        self.assertFalse(checks[report.CHURN_TARGET]["ok"])
+        md = report.markdown(rep)
+        self.assertIn("| not compared | 500.0 | not compared |", md)
+        self.assertIn("not compared with alone or static", md)
+        self.assertIn("**missed**", md)
+        self.assertIn("Churn: 5 gate restarts", md)
+        self.assertIn("2 slow-request lines", md)
+        results["valve-churn"] = self.result(self.grows(3))
+        md = report.markdown(report.build(results, {}, dict(target_per_min=6.0)))
+        self.assertIn("| not enough reclaims (4) |", md, "the checks table says why instead of PASS")
+        self.assertIn("**not enough reclaims (4)**", md)
+
+    def test_one_line_names_the_churn(self):
+        self.assertIn("churn: error=None restarts=5", report.one_line("valve-churn", self.result(self.grows(12))))
+        self.assertNotIn("churn", report.one_line("static", dict(config="static")))
+
+
 class WarmStart(unittest.TestCase):
     def test_the_miad_line_says_whether_the_reservation_started_warm(self):
         warm = dict(warm=True, **{"from": "/o/reservations.json"}, saved_s_ago=4, adjusted=["target 300 clamped to 192"])
