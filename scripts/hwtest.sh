@@ -4,6 +4,8 @@
 # channel subsets, multi-GPU).
 #
 # Usage: scripts/hwtest.sh [valve-hwtest options...]
+#   e.g. --only-floor: only the floor experiment (the disable's fixed cost, schedule-only, split
+#   calls, where online's first kernel starts; about 30 s after the CUDA build; docs/gate.md)
 #   VALVE_BIN=DIR   directory with prebuilt valvectl and valve-hwtest (default: .carry/bin, else
 #                   target/release, else cargo build --release)
 #   OUT=DIR         where report.md / report.json go (the device tool sets it; default: a temp dir)

@@ -107,22 +107,41 @@ impl RawPreempter {
         {
             bail!("the raw baseline takes up to 64 channels on one GPU");
         }
-        let mut params = Nv2080FifoDisableChannelsParams::default();
+        let mut p = Self::empty(ctl, first.gpu)?;
         for (i, t) in targets.iter().enumerate() {
-            params.client_list[i] = t.client;
-            params.channel_list[i] = t.channel;
+            p.params.client_list[i] = t.client;
+            p.params.channel_list[i] = t.channel;
         }
-        params.num_channels = targets.len() as u32;
+        p.params.num_channels = targets.len() as u32;
+        Ok(p)
+    }
+
+    /// A control with an empty channel list (`numChannels` 0) on GPU `gpu`. Only the floor
+    /// experiment sends one (docs/gate.md, candidate 1); Valve itself never does.
+    pub fn empty(ctl: &Controller, gpu: usize) -> Result<Self> {
+        let Some(subdevice) = ctl.subdevice(gpu) else {
+            bail!("no GPU {gpu}")
+        };
         Ok(RawPreempter {
             fd: ctl.driver().control_fd().as_raw_fd(),
             client: ctl.client(),
-            subdevice: ctl.subdevice(first.gpu).expect("target GPU exists"),
-            params,
+            subdevice,
+            params: Nv2080FifoDisableChannelsParams::default(),
             disabled: false,
         })
     }
 
-    fn issue(&mut self, disable: bool) -> Result<IssueTiming> {
+    /// The same control with `bOnlyDisableScheduling` set: a running channel keeps running until
+    /// its timeslice ends (docs/gate.md, candidate 4).
+    pub fn schedule_only(mut self) -> Self {
+        self.params.only_disable_scheduling = 1;
+        self
+    }
+
+    /// One bare control: RM's status and the ioctl's time (us). An error only if `ioctl(2)`
+    /// itself fails; a status RM refuses with is returned, not raised. After any disable that
+    /// reached RM the channels count as disabled, so that `Drop` enables them again.
+    pub fn control(&mut self, disable: bool) -> Result<(b::RmStatus, f64)> {
         let mut p = self.params;
         p.disable = u8::from(disable);
         let mut args = Nvos54Control {
@@ -142,10 +161,18 @@ impl RawPreempter {
         if ret != 0 {
             bail!("raw ioctl failed: {}", std::io::Error::last_os_error());
         }
-        if args.status != 0 {
-            bail!("raw control failed: {}", b::RmStatus(args.status));
+        let status = b::RmStatus(args.status);
+        if self.params.num_channels > 0 && (disable || status == b::NV_OK) {
+            self.disabled = disable;
         }
-        self.disabled = disable;
+        Ok((status, us))
+    }
+
+    fn issue(&mut self, disable: bool) -> Result<IssueTiming> {
+        let (status, us) = self.control(disable)?;
+        if status != b::NV_OK {
+            bail!("raw control failed: {status}");
+        }
         Ok(IssueTiming {
             call_us: us,
             ioctl_us: us,

@@ -4,13 +4,17 @@
 //! Run through `scripts/hwtest.sh`, which builds the CUDA workloads first. Without an NVIDIA
 //! driver it prints a skip message and exits 0.
 
+mod clock;
 mod discovery;
 mod experiments;
+mod floor;
+mod floor_report;
 mod gate;
 mod heartbeat;
 mod hog;
 mod ioctl_log;
 mod launch;
+mod trigger;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -27,7 +31,7 @@ use experiments::{cycle, plan, stats, Cycle, CycleStats, LibPreempter, Preempter
 use hog::{run_online, Bins, ChannelSet, Hog, Poller};
 
 /// Valve hardware test: preemption latency, frozen checks, online interference, the gate
-/// benchmark, channel subsets, multi-GPU serial vs parallel.
+/// benchmark, channel subsets, multi-GPU serial vs parallel, and (alone) the disable's floor.
 #[derive(Parser, Debug)]
 struct Args {
     /// Directory with hog, online, serving and libvalve_ioctl_log.so (from hwtests/cuda/build.sh).
@@ -75,6 +79,14 @@ struct Args {
     /// Run only the gate benchmark.
     #[arg(long)]
     only_gate: bool,
+    /// Run only the floor experiment: the disable's fixed cost, schedule-only, split calls, and
+    /// where an online process's first kernel starts against the disable (docs/gate.md,
+    /// candidates 1-4). Not part of the default run.
+    #[arg(long)]
+    only_floor: bool,
+    /// Cycles per row in the floor experiment.
+    #[arg(long, default_value_t = 100)]
+    floor_cycles: usize,
 }
 
 impl Args {
@@ -157,10 +169,26 @@ fn run_cycles(
     Ok(v)
 }
 
+/// Why the test cannot run here (no driver device file), naming what was asked for.
+fn skip_reason(args: &Args, nvidiactl: &std::path::Path) -> Option<String> {
+    if nvidiactl.exists() {
+        return None;
+    }
+    let what = if args.only_floor {
+        "the floor experiment (--only-floor) needs a GPU host"
+    } else {
+        "the hardware test needs a GPU host"
+    };
+    Some(format!(
+        "SKIP: no NVIDIA driver on this machine ({} missing); {what}",
+        nvidiactl.display()
+    ))
+}
+
 fn main() {
     let args = Args::parse();
-    if !std::path::Path::new("/dev/nvidiactl").exists() {
-        println!("SKIP: no NVIDIA driver on this machine (/dev/nvidiactl missing); the hardware test needs a GPU host");
+    if let Some(why) = skip_reason(&args, std::path::Path::new("/dev/nvidiactl")) {
+        println!("{why}");
         return;
     }
     match run(&args) {
@@ -209,6 +237,10 @@ fn run(args: &Args) -> Result<bool> {
     r.json.insert("gpus".into(), json!(gpus));
     let g0 = &gpus[0];
 
+    if args.only_floor {
+        floor::run(&ctl, &bins, g0, args.floor_cycles, &mut r);
+        return finish(args, r, t_start);
+    }
     let only = args.only_discovery || args.only_launch || args.only_gate;
     if !only {
         main_experiment(args, &ctl, &bins, g0, &device, &mut r)?;
@@ -954,4 +986,37 @@ fn multi(
     r.check("multi-GPU hogs' checksums correct", ok, String::new());
     r.json.insert("multi_gpu".into(), json!(rows));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Args {
+        let base = ["valve-hwtest", "--bins", "/b", "--out", "/o"];
+        Args::try_parse_from(base.iter().chain(extra)).expect("parses")
+    }
+
+    #[test]
+    fn only_floor_flag_and_cycles() {
+        let a = parse(&[]);
+        assert!(!a.only_floor);
+        assert_eq!(a.floor_cycles, 100);
+        let a = parse(&["--only-floor", "--floor-cycles", "20"]);
+        assert!(a.only_floor && !a.only_gate && !a.only_launch);
+        assert_eq!(a.floor_cycles, 20);
+        assert!(Args::try_parse_from(["valve-hwtest", "--only-floor"]).is_err());
+    }
+
+    #[test]
+    fn skips_cleanly_without_the_driver() {
+        let missing = std::path::Path::new("/nonexistent/nvidiactl");
+        let why = skip_reason(&parse(&["--only-floor"]), missing).expect("skips");
+        assert!(why.starts_with("SKIP: no NVIDIA driver"), "{why}");
+        assert!(why.contains("--only-floor") && why.contains("/nonexistent/nvidiactl"));
+        let why = skip_reason(&parse(&[]), missing).expect("skips");
+        assert!(!why.contains("--only-floor"));
+        // A file that exists stands for a present driver.
+        assert!(skip_reason(&parse(&[]), std::path::Path::new("/")).is_none());
+    }
 }

@@ -1,0 +1,521 @@
+//! The floor experiment's numbers: per-cycle samples, their summaries, the markdown tables and the
+//! verdict on what online's first kernel waits for. Pure functions, tested without a GPU.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use valve::bindings::RmStatus;
+use valve::stats::{summarize_us, Summary};
+
+/// One cycle of one row. Times are microseconds after the issue (the first ioctl's start, or the
+/// trigger's flag), on the runner's clock; a field the row does not measure stays `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Sample {
+    /// The (first) control's ioctl.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ioctl_us: Option<f64>,
+    /// Split: the second call's ioctl.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub second_ioctl_us: Option<f64>,
+    /// RM's status (the floor's controls, which may be refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u32>,
+    /// The (last) disable ioctl's return.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub return_us: Option<f64>,
+    /// The hog's last heartbeat (host poller): the GPU stop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_us: Option<f64>,
+    /// The enable ioctl(s) that ended the hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enable_us: Option<f64>,
+    /// Nothing of the hog advanced during the hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<bool>,
+    /// The hog's heartbeat came back within 2 s of the enable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<bool>,
+    /// Online's kernel started (its `%globaltimer`, mapped to the host clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_start_us: Option<f64>,
+    /// Online's host thread saw the flag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_seen_us: Option<f64>,
+    /// Online's launch call returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_launched_us: Option<f64>,
+    /// Online's stream synchronisation returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_synced_us: Option<f64>,
+    /// Online's kernel start minus the hog's last heartbeat, both `%globaltimer` (no mapping).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_minus_stop_gpu_us: Option<f64>,
+    /// The trigger fired but online's kernel had not finished within the shot timeout.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub online_timeout: bool,
+}
+
+/// A named timing of a sample.
+pub type Field = (&'static str, fn(&Sample) -> Option<f64>);
+
+/// Every timing a sample can carry, by the name the JSON summaries use.
+pub const FIELDS: [Field; 11] = [
+    ("ioctl_us", |s| s.ioctl_us),
+    ("second_ioctl_us", |s| s.second_ioctl_us),
+    ("return_us", |s| s.return_us),
+    ("stop_us", |s| s.stop_us),
+    ("enable_us", |s| s.enable_us),
+    ("online_start_us", |s| s.online_start_us),
+    ("online_seen_us", |s| s.online_seen_us),
+    ("online_launched_us", |s| s.online_launched_us),
+    ("online_synced_us", |s| s.online_synced_us),
+    ("start_minus_stop_gpu_us", |s| s.start_minus_stop_gpu_us),
+    ("start_minus_return_us", start_minus_return),
+];
+
+/// Online's start minus the ioctl's return.
+pub fn start_minus_return(s: &Sample) -> Option<f64> {
+    Some(s.online_start_us? - s.return_us?)
+}
+
+/// Online's start minus the GPU stop (host clock).
+pub fn start_minus_stop(s: &Sample) -> Option<f64> {
+    Some(s.online_start_us? - s.stop_us?)
+}
+
+/// The values of one timing.
+pub fn values(samples: &[Sample], f: fn(&Sample) -> Option<f64>) -> Vec<f64> {
+    samples.iter().filter_map(f).collect()
+}
+
+/// Summaries of every timing that has at least one value.
+pub fn summaries(samples: &[Sample]) -> BTreeMap<&'static str, Summary> {
+    FIELDS
+        .iter()
+        .filter_map(|(name, f)| {
+            let v = values(samples, *f);
+            (!v.is_empty()).then(|| (*name, summarize_us(&v)))
+        })
+        .collect()
+}
+
+/// "p50 / p99" of one timing, whole microseconds; "-" without values.
+pub fn p50_p99(samples: &[Sample], f: fn(&Sample) -> Option<f64>) -> String {
+    let v = values(samples, f);
+    if v.is_empty() {
+        return "-".into();
+    }
+    let s = summarize_us(&v);
+    format!("{:.0} / {:.0}", s.p50_us, s.p99_us)
+}
+
+/// The p50 of one timing; "-" without values.
+pub fn p50(samples: &[Sample], f: fn(&Sample) -> Option<f64>) -> String {
+    let v = values(samples, f);
+    if v.is_empty() {
+        return "-".into();
+    }
+    format!("{:.0}", summarize_us(&v).p50_us)
+}
+
+/// "yes" if every known value holds, "NO (k of n)" if k do not, "-" if none is known.
+pub fn all_hold(samples: &[Sample], f: fn(&Sample) -> Option<bool>) -> String {
+    let known: Vec<bool> = samples.iter().filter_map(f).collect();
+    let bad = known.iter().filter(|b| !**b).count();
+    match (known.len(), bad) {
+        (0, _) => "-".into(),
+        (_, 0) => "yes".into(),
+        (n, k) => format!("NO ({k} of {n})"),
+    }
+}
+
+/// RM's statuses and how often each came, e.g. "NV_OK (0x0) x100".
+pub fn statuses(samples: &[Sample]) -> String {
+    let mut counts = BTreeMap::<u32, usize>::new();
+    for s in samples.iter().filter_map(|s| s.status) {
+        *counts.entry(s).or_default() += 1;
+    }
+    if counts.is_empty() {
+        return "-".into();
+    }
+    counts
+        .iter()
+        .map(|(s, n)| format!("{} x{n}", RmStatus(*s)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One table row: a label, its samples and the errors that cost it cycles.
+pub struct Row<'a> {
+    /// What the row measures.
+    pub label: String,
+    /// Its cycles.
+    pub samples: &'a [Sample],
+    /// Cycles that failed, with why.
+    pub errors: &'a [String],
+}
+
+/// "0", or the number of failed cycles and the first reason (markdown-safe, at most 120 chars).
+pub fn errors_cell(r: &Row) -> String {
+    match r.errors.first() {
+        None => "0".into(),
+        Some(e) => {
+            let short: String = e
+                .replace('|', "/")
+                .replace('\n', " ")
+                .chars()
+                .take(120)
+                .collect();
+            format!("{}: {short}", r.errors.len())
+        }
+    }
+}
+
+/// A column: its header and how a row fills it.
+pub type Column = (&'static str, fn(&Row) -> String);
+
+/// A markdown table of `rows` under `cols` (a first "row" column holds the labels).
+pub fn table(cols: &[Column], rows: &[Row]) -> String {
+    let head: Vec<&str> = std::iter::once("row")
+        .chain(cols.iter().map(|c| c.0))
+        .collect();
+    let mut out = format!("| {} |\n|{}", head.join(" | "), "---|".repeat(head.len()));
+    for r in rows {
+        let cells: Vec<String> = std::iter::once(r.label.replace('|', "/"))
+            .chain(cols.iter().map(|c| (c.1)(r)))
+            .collect();
+        out.push_str(&format!("\n| {} |", cells.join(" | ")));
+    }
+    out
+}
+
+/// (a) and (c): disable, hold, enable.
+pub const CYCLE_COLS: &[Column] = &[
+    ("cycles", |r| r.samples.len().to_string()),
+    ("disable ioctl p50 / p99 (us)", |r| {
+        p50_p99(r.samples, |s| s.ioctl_us)
+    }),
+    ("GPU stop after issue p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.stop_us)
+    }),
+    ("enable ioctl p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.enable_us)
+    }),
+    ("frozen every hold", |r| all_hold(r.samples, |s| s.frozen)),
+    ("resumed every time", |r| all_hold(r.samples, |s| s.resumed)),
+    ("failed cycles", errors_cell),
+];
+
+/// (b): one control that preempts nothing.
+pub const FLOOR_COLS: &[Column] = &[
+    ("calls", |r| r.samples.len().to_string()),
+    ("ioctl p50 / p99 (us)", |r| {
+        p50_p99(r.samples, |s| s.ioctl_us)
+    }),
+    ("ioctl max", |r| {
+        let v = values(r.samples, |s| s.ioctl_us);
+        if v.is_empty() {
+            "-".into()
+        } else {
+            format!("{:.0}", summarize_us(&v).max_us)
+        }
+    }),
+    ("RM status", |r| statuses(r.samples)),
+    ("hog kept running", |r| {
+        all_hold(r.samples, |s| s.frozen.map(|f| !f))
+    }),
+    ("failed calls", errors_cell),
+];
+
+/// (d): the compute TSG, then the rest, back to back.
+pub const SPLIT_COLS: &[Column] = &[
+    ("cycles", |r| r.samples.len().to_string()),
+    ("first ioctl p50 / p99 (us)", |r| {
+        p50_p99(r.samples, |s| s.ioctl_us)
+    }),
+    ("second ioctl p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.second_ioctl_us)
+    }),
+    ("last return after first issue p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.return_us)
+    }),
+    ("GPU stop after first issue p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.stop_us)
+    }),
+    ("enable p50", |r| p50(r.samples, |s| s.enable_us)),
+    ("frozen every hold", |r| all_hold(r.samples, |s| s.frozen)),
+    ("resumed every time", |r| all_hold(r.samples, |s| s.resumed)),
+    ("failed cycles", errors_cell),
+];
+
+/// (e): online's first kernel against the disable.
+pub const TRIGGER_COLS: &[Column] = &[
+    ("shots", |r| r.samples.len().to_string()),
+    ("online kernel start - issue p50 / p99 (us)", |r| {
+        p50_p99(r.samples, |s| s.online_start_us)
+    }),
+    ("GPU stop - issue p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.stop_us)
+    }),
+    ("ioctl return - issue p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.return_us)
+    }),
+    ("online start - GPU stop p50 / p99", |r| {
+        p50_p99(r.samples, start_minus_stop)
+    }),
+    ("the same, GPU clock only", |r| {
+        p50_p99(r.samples, |s| s.start_minus_stop_gpu_us)
+    }),
+    ("online start - ioctl return p50 / p99", |r| {
+        p50_p99(r.samples, start_minus_return)
+    }),
+    (
+        "online saw flag / launch returned / sync returned - issue p50",
+        |r| {
+            format!(
+                "{} / {} / {}",
+                p50(r.samples, |s| s.online_seen_us),
+                p50(r.samples, |s| s.online_launched_us),
+                p50(r.samples, |s| s.online_synced_us)
+            )
+        },
+    ),
+    ("no kernel within 500 ms", |r| {
+        r.samples
+            .iter()
+            .filter(|s| s.online_timeout)
+            .count()
+            .to_string()
+    }),
+    ("hog frozen / resumed", |r| {
+        format!(
+            "{} / {}",
+            all_hold(r.samples, |s| s.frozen),
+            all_hold(r.samples, |s| s.resumed)
+        )
+    }),
+    ("failed cycles", errors_cell),
+];
+
+/// Where online's first kernel started against the disable, over the cycles of the "disable all
+/// channels right after the trigger" row that have all three times and a frozen hold.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Cycles with online's start, the GPU stop and the ioctl's return.
+    pub cycles: usize,
+    /// Of those, online started nearer the stop than the return.
+    pub nearer_stop: usize,
+    /// Online started nearer the return.
+    pub nearer_return: usize,
+    /// Online started before the ioctl returned.
+    pub before_return: usize,
+    /// Return minus stop.
+    pub return_minus_stop: Summary,
+    /// Online's start minus the stop.
+    pub start_minus_stop: Summary,
+    /// Online's start minus the return.
+    pub start_minus_return: Summary,
+    /// The sentence the report prints.
+    pub text: String,
+}
+
+/// Share of cycles one explanation must win for a verdict.
+pub const VERDICT_SHARE: f64 = 0.8;
+/// Below this p50 gap between the stop and the return (us), the two cannot be told apart.
+pub const MIN_GAP_US: f64 = 50.0;
+
+/// Decides whether online's first kernel starts at the GPU stop or at the ioctl's return.
+pub fn verdict(samples: &[Sample]) -> Verdict {
+    let usable: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.frozen == Some(true) && start_minus_stop(s).is_some())
+        .filter(|s| s.return_us.is_some())
+        .collect();
+    let col = |f: fn(&Sample) -> Option<f64>| {
+        summarize_us(&usable.iter().filter_map(|s| f(s)).collect::<Vec<_>>())
+    };
+    let rs = |s: &Sample| Some(s.return_us? - s.stop_us?);
+    let n = usable.len();
+    let nearer_stop = usable
+        .iter()
+        .filter(|s| start_minus_stop(s).map(f64::abs) < start_minus_return(s).map(f64::abs))
+        .count();
+    let before_return = usable
+        .iter()
+        .filter(|s| start_minus_return(s).is_some_and(|d| d < 0.0))
+        .count();
+    let mut v = Verdict {
+        cycles: n,
+        nearer_stop,
+        nearer_return: n - nearer_stop,
+        before_return,
+        return_minus_stop: col(rs),
+        start_minus_stop: col(start_minus_stop),
+        start_minus_return: col(start_minus_return),
+        text: String::new(),
+    };
+    v.text = verdict_text(&v);
+    v
+}
+
+fn verdict_text(v: &Verdict) -> String {
+    let n = v.cycles;
+    if n == 0 {
+        return "No cycle had online's start, the GPU stop and the ioctl's return with the hog frozen: no verdict.".into();
+    }
+    let nums = format!(
+        "online's kernel started p50 {:+.0} us (p99 {:+.0}) from the GPU stop and {:+.0} us (p99 {:+.0}) from the ioctl's return; it started before the return in {} of {n} cycles; the return came p50 {:.0} us after the stop",
+        v.start_minus_stop.p50_us, v.start_minus_stop.p99_us, v.start_minus_return.p50_us,
+        v.start_minus_return.p99_us, v.before_return, v.return_minus_stop.p50_us
+    );
+    let share = |k: usize| k as f64 >= VERDICT_SHARE * n as f64;
+    if v.return_minus_stop.p50_us < MIN_GAP_US {
+        format!("Undecided: the GPU stop and the ioctl's return are too close to tell apart (under {MIN_GAP_US:.0} us at p50); {nums}.")
+    } else if share(v.nearer_stop) {
+        format!("Online's first kernel starts at the GPU stop, not at the ioctl's return: nearer the stop in {} of {n} cycles; {nums}.", v.nearer_stop)
+    } else if share(v.nearer_return) {
+        format!("Online's first kernel starts at the ioctl's return, not at the GPU stop: nearer the return in {} of {n} cycles, so online waits on RM (look for an RM call on its launch path with the ioctl logger); {nums}.", v.nearer_return)
+    } else {
+        format!(
+            "Mixed: nearer the stop in {} and nearer the return in {} of {n} cycles; {nums}.",
+            v.nearer_stop, v.nearer_return
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shot(start: f64, stop: f64, ret: f64) -> Sample {
+        Sample {
+            online_start_us: Some(start),
+            stop_us: Some(stop),
+            return_us: Some(ret),
+            frozen: Some(true),
+            resumed: Some(true),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn summaries_cover_the_measured_fields_only() {
+        let s: Vec<Sample> = (1..=100).map(|i| shot(i as f64, 0.0, 200.0)).collect();
+        let m = summaries(&s);
+        assert_eq!(m["online_start_us"].p50_us, 50.0);
+        assert_eq!(m["online_start_us"].p99_us, 99.0);
+        assert_eq!(m["start_minus_return_us"].p50_us, -150.0);
+        assert!(!m.contains_key("ioctl_us"));
+        assert_eq!(p50_p99(&s, |s| s.online_start_us), "50 / 99");
+        assert_eq!(p50_p99(&s, |s| s.ioctl_us), "-");
+        assert_eq!(p50(&s, |s| s.stop_us), "0");
+    }
+
+    #[test]
+    fn holds_and_statuses() {
+        let mut s = vec![shot(1.0, 0.0, 2.0); 4];
+        assert_eq!(all_hold(&s, |s| s.frozen), "yes");
+        s[1].frozen = Some(false);
+        s[2].frozen = None;
+        assert_eq!(all_hold(&s, |s| s.frozen), "NO (1 of 3)");
+        assert_eq!(all_hold(&s, |s| s.status.map(|_| true)), "-");
+        let st: Vec<Sample> = [0u32, 0, 0x1f]
+            .iter()
+            .map(|c| Sample {
+                status: Some(*c),
+                ..Default::default()
+            })
+            .collect();
+        let text = statuses(&st);
+        assert!(text.starts_with("NV_OK"), "{text}");
+        assert!(text.contains("x2") && text.contains("x1"), "{text}");
+        assert_eq!(statuses(&[]), "-");
+    }
+
+    #[test]
+    fn table_layout() {
+        let s = vec![
+            Sample {
+                ioctl_us: Some(300.0),
+                status: Some(0),
+                frozen: Some(false),
+                ..Default::default()
+            };
+            3
+        ];
+        let errs = vec!["raw ioctl failed: a | b\nc".to_string()];
+        let rows = [
+            Row {
+                label: "empty disable".into(),
+                samples: &s,
+                errors: &[],
+            },
+            Row {
+                label: "refused".into(),
+                samples: &[],
+                errors: &errs,
+            },
+        ];
+        let t = table(FLOOR_COLS, &rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(
+            lines[0],
+            "| row | calls | ioctl p50 / p99 (us) | ioctl max | RM status | hog kept running | failed calls |"
+        );
+        assert_eq!(lines[1], "|---|---|---|---|---|---|---|");
+        assert_eq!(
+            lines[2],
+            "| empty disable | 3 | 300 / 300 | 300 | NV_OK (0x0) x3 | yes | 0 |"
+        );
+        assert_eq!(
+            lines[3],
+            "| refused | 0 | - | - | - | - | 1: raw ioctl failed: a / b c |"
+        );
+        for cols in [CYCLE_COLS, SPLIT_COLS, TRIGGER_COLS] {
+            let t = table(cols, &rows);
+            let bars = |l: &str| l.matches('|').count();
+            assert!(t.lines().all(|l| bars(l) == cols.len() + 2), "{t}");
+        }
+    }
+
+    #[test]
+    fn verdict_at_the_stop() {
+        // Stop at 500 us, return at 750 us, online starts 5-15 us after the stop.
+        let s: Vec<Sample> = (0..100)
+            .map(|i| shot(505.0 + (i % 10) as f64, 500.0, 750.0))
+            .collect();
+        let v = verdict(&s);
+        assert_eq!((v.cycles, v.nearer_stop, v.before_return), (100, 100, 100));
+        assert!(v
+            .text
+            .starts_with("Online's first kernel starts at the GPU stop"));
+        assert_eq!(v.return_minus_stop.p50_us, 250.0);
+    }
+
+    #[test]
+    fn verdict_at_the_return_and_mixed() {
+        let s: Vec<Sample> = (0..10).map(|_| shot(760.0, 500.0, 750.0)).collect();
+        let v = verdict(&s);
+        assert_eq!(v.nearer_return, 10);
+        assert!(v
+            .text
+            .starts_with("Online's first kernel starts at the ioctl's return"));
+        let mut m = s.clone();
+        m.extend((0..10).map(|_| shot(510.0, 500.0, 750.0)));
+        assert!(verdict(&m).text.starts_with("Mixed"));
+    }
+
+    #[test]
+    fn verdict_needs_frozen_complete_cycles_and_a_gap() {
+        let mut s = vec![shot(505.0, 500.0, 520.0); 10];
+        assert!(verdict(&s).text.starts_with("Undecided"));
+        for x in &mut s {
+            x.frozen = Some(false);
+        }
+        s.push(Sample::default());
+        let v = verdict(&s);
+        assert_eq!(v.cycles, 0);
+        assert!(v.text.starts_with("No cycle"));
+    }
+}
