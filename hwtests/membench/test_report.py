@@ -124,7 +124,7 @@ class Targets(unittest.TestCase):
         ok = {c["check"]: c["ok"] for c in report.targets(self.nums(11.0, 3.0), dict(target_per_min=10.0))}
         self.assertTrue(all(v for k, v in ok.items() if "noreserve" not in k), ok)
         bad = {c["check"]: c["ok"] for c in report.targets(self.nums(13.0, 6.0, True), dict(target_per_min=10.0))}
-        self.assertFalse(bad["MIAD reclaims/min within 25% of the target (10.0/min)"])
+        self.assertFalse(bad["valve-miad: MIAD reclaims/min within 25% of the target (10.0/min)"])
         self.assertFalse(bad["valve-miad: TTFT p99 <= +5% vs alone"])
         self.assertFalse(bad["no offline crash"])
         self.assertIsNone(bad["valve-noreserve: offline throughput >= 1.5x static"], "not run is not a pass")
@@ -132,6 +132,21 @@ class Targets(unittest.TestCase):
         nums = dict(self.nums(6.0, 1.0), **{"valve-miad-warm": dict(offline_vs_static=1.4)})
         warm = {c["check"]: c["ok"] for c in report.targets(nums, dict(target_per_min=6.0))}
         self.assertFalse(warm["valve-miad-warm: offline throughput >= 1.5x static"])
+        self.assertIsNone(warm["valve-miad-warm: MIAD reclaims/min within 25% of the target (6.0/min)"],
+                          "the warm run has a rate check of its own; here it has no rate")
+
+    def test_the_warm_run_is_held_to_the_rate_and_latency_targets_beside_static(self):
+        nums = dict(self.nums(6.0, 1.0),
+                    **{"valve-miad-warm": dict(reclaims_per_min=8.0, reclaims=9, trace_minutes=1.1,
+                                               ttft_p99_vs_alone_pct=9.8, tpot_p99_vs_alone_pct=1.0),
+                       "static": dict(ttft_p99_vs_alone_pct=2.4, tpot_p99_vs_alone_pct=11.7)})
+        checks = {c["check"]: c for c in report.targets(nums, dict(target_per_min=6.0))}
+        self.assertFalse(checks["valve-miad-warm: MIAD reclaims/min within 25% of the target (6.0/min)"]["ok"])
+        self.assertTrue(checks["valve-miad: MIAD reclaims/min within 25% of the target (6.0/min)"]["ok"])
+        ttft = checks["valve-miad-warm: TTFT p99 <= +5% vs alone"]
+        self.assertFalse(ttft["ok"])
+        self.assertIn("static (no reclaims): +2.4%", ttft["detail"])
+        self.assertTrue(checks["valve-miad-warm: TPOT p99 <= +2% vs alone"]["ok"])
 
 
 class Churn(unittest.TestCase):
