@@ -25,6 +25,8 @@ pub(crate) enum PendingGate {
         offline_label: Option<String>,
         /// The last busy (`true`) or idle signal that came meanwhile.
         signal: Option<bool>,
+        /// When the helper thread was started.
+        began: Instant,
     },
     /// Installed, its first sets sent; waiting for the gate thread to have applied them, so that
     /// the reply shows the sets it works with.
@@ -90,6 +92,7 @@ impl<D: RmDriver> DaemonCore<D> {
             rx,
             offline_label,
             signal: None,
+            began: Instant::now(),
         });
         Ok(())
     }
@@ -131,6 +134,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 rx,
                 offline_label,
                 signal,
+                began,
             } => {
                 let started = if wait {
                     rx.recv().map_err(|_| TryRecvError::Disconnected)
@@ -143,6 +147,7 @@ impl<D: RmDriver> DaemonCore<D> {
                             rx,
                             offline_label,
                             signal,
+                            began,
                         });
                         return None;
                     }
@@ -155,6 +160,10 @@ impl<D: RmDriver> DaemonCore<D> {
                     Ok(Err(reply)) => return Some(reply),
                     Ok(Ok(gate)) => gate,
                 };
+                tracing::info!(
+                    took_us = began.elapsed().as_micros() as u64,
+                    "gate start: the gate thread is up, installing it"
+                );
                 let rx = self.install_gate(gate, offline_label.as_deref(), signal);
                 self.gate_pending = Some(PendingGate::Syncing {
                     rx,

@@ -235,10 +235,44 @@ impl LaunchSource for GateWatchers {
     }
 }
 
+/// Where a gate's start spent its time, logged once it has started (a start under load took
+/// seconds on the H100, and only this says which step).
+struct StartSteps {
+    last: Instant,
+    took: Vec<(&'static str, u64)>,
+}
+
+impl StartSteps {
+    fn new() -> Self {
+        StartSteps {
+            last: Instant::now(),
+            took: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.took
+            .push((step, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+
+    fn log(&self) {
+        let get = |k: &str| self.took.iter().find(|(s, _)| *s == k).map_or(0, |t| t.1);
+        tracing::info!(
+            arrival_us = get("arrival_us"),
+            uprobes_us = get("uprobes_us"),
+            rm_client_us = get("rm_client_us"),
+            "gate thread's start"
+        );
+    }
+}
+
 /// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and
 /// the arrival program.
 pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
     runtime::spawn(cfg, move |tx| {
+        let mut steps = StartSteps::new();
         let arrival = if cfg.arrivals {
             let tx = tx.clone();
             let w = valve_ebpf::ArrivalWatcher::start_with(
@@ -257,6 +291,7 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
         } else {
             None
         };
+        steps.done("arrival_us");
         let library = valve_ebpf::find_libcuda().ok_or(
             "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
              the gate watches online launches with uprobes on it",
@@ -275,7 +310,10 @@ pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
             },
         )
         .map_err(|e| format!("attaching uprobes to libcuda: {e}"))?;
+        steps.done("uprobes_us");
         let ctl = Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
+        steps.done("rm_client_us");
+        steps.log();
         Ok((
             ctl,
             GateWatchers {
@@ -318,7 +356,12 @@ impl ActiveGate {
             ports: BTreeSet::new(),
             ports_scanned: None,
         };
-        gate.rescan_labels(Instant::now(), Rescan::Now);
+        let t = Instant::now();
+        gate.rescan_labels(t, Rescan::Now);
+        tracing::info!(
+            took_us = t.elapsed().as_micros() as u64,
+            "gate start: labels and ports looked up"
+        );
         Ok(gate)
     }
 
