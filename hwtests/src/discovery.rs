@@ -12,7 +12,7 @@ use serde_json::Value;
 use valve::GpuInfo;
 
 use crate::heartbeat::Heartbeat;
-use crate::hog::{run_online, Bins, Hog};
+use crate::hog::{Bins, Hog};
 use crate::Report;
 
 /// (RM device instance, client, channels) as a comparable set.
@@ -108,6 +108,72 @@ impl Daemon {
         }
     }
 
+    /// Starts it with the extra daemon flags `extra` (stderr appended to `log`) and waits until
+    /// it answers a status request on its socket, asked from this process (no `valvectl`
+    /// process is started or exits near the caller's next measurement). Returns the daemon
+    /// and that status; a daemon that exits or does not answer within `timeout` is an error,
+    /// and one that does not answer is stopped.
+    pub(crate) fn start_answering(
+        vc: &Path,
+        sock: &Path,
+        state: &Path,
+        log: &Path,
+        extra: &[&str],
+        timeout: Duration,
+    ) -> Result<(Daemon, Value)> {
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let _ = std::fs::remove_file(sock);
+        let child = Command::new(vc)
+            .arg("--socket")
+            .arg(sock)
+            .args(["daemon", "--max-hold", "120s", "--state-dir"])
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .context("starting valvectl daemon")?;
+        let mut d = Daemon { child };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(status) = status_of(sock) {
+                return Ok((d, status));
+            }
+            if let Some(exit) = d.child.try_wait()? {
+                bail!(
+                    "the daemon exited ({exit}) before answering; see {}",
+                    log.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon did not answer within {timeout:?}; see {}",
+                    log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGTERM, then waits up to `timeout` for it to exit; past that, SIGKILL (an error).
+    pub(crate) fn stop_within(mut self, timeout: Duration) -> Result<()> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        let deadline = Instant::now() + timeout;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                self.child.kill()?;
+                self.child.wait()?;
+                bail!("the daemon did not exit within {timeout:?} of SIGTERM and was killed");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
     /// SIGTERM, then waits for it to exit.
     pub(crate) fn stop(mut self) -> Result<()> {
         nix::sys::signal::kill(
@@ -146,6 +212,22 @@ pub(crate) fn vc_json(vc: &Path, sock: &Path, args: &[&str]) -> Result<(i32, Val
         v,
         String::from_utf8_lossy(&out.stderr).to_string(),
     ))
+}
+
+/// The daemon's `status` data, asked on its socket from this process (1 s timeouts).
+pub(crate) fn status_of(sock: &Path) -> Result<Value> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock)?;
+    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+    s.set_write_timeout(Some(Duration::from_secs(1)))?;
+    s.write_all(b"{\"op\":\"status\"}\n")?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line)?;
+    let reply: Value = serde_json::from_str(line.trim()).context("status reply")?;
+    if !reply["error"].is_null() {
+        bail!("status failed: {}", reply["error"]);
+    }
+    Ok(reply["data"].clone())
 }
 
 fn frozen_for(hb: &Heartbeat, d: Duration) -> bool {
@@ -244,8 +326,7 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
         state: dir.join("state"),
         log: out.join("daemon.log"),
     };
-    let g0 = &gpus[0];
-    context_creation_cost(bins, g0, vc, &f, r)?;
+    crate::ctx::run(bins, &gpus[0], vc, out, &crate::ctx::Plan::IN_FULL_RUN, r);
     let t0 = Instant::now();
     let daemon = Daemon::start(vc, &f.sock, &f.state, &f.log)?;
     r.line(&format!(
@@ -269,51 +350,6 @@ pub fn run(bins: &Bins, gpus: &[GpuInfo], vc: &Path, out: &Path, r: &mut Report)
     }
     r.check("discovery hogs' checksums correct", ok, String::new());
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
-}
-
-/// What the daemon costs a CUDA process: context creation without and with it.
-fn context_creation_cost(
-    bins: &Bins,
-    g0: &GpuInfo,
-    vc: &Path,
-    f: &DaemonFiles,
-    r: &mut Report,
-) -> Result<()> {
-    // CUDA context creation without and with the daemon watching, interleaved (the daemon is
-    // started and stopped between samples) so that drift hits both alike.
-    let init = || -> Result<f64> {
-        let v = run_online(bins, g0, &["--count", "1", "--think-us", "0"])?;
-        v["context_init_us"]
-            .as_f64()
-            .context("online printed no context_init_us")
-    };
-    let (mut without, mut with) = (Vec::new(), Vec::new());
-    for _ in 0..30 {
-        without.push(init()?);
-        let d = Daemon::start(vc, &f.sock, &f.state, &f.log)?;
-        with.push(init()?);
-        d.stop()?;
-    }
-    let (without, with) = (
-        valve::stats::summarize_us(&without),
-        valve::stats::summarize_us(&with),
-    );
-    let slower = with.p50_us / without.p50_us - 1.0;
-    r.line(&format!(
-        "CUDA context creation (cudaSetDevice + cudaFree(0)), 30 interleaved pairs: p50 {:.1} ms without the daemon, {:.1} ms with it ({:+.1}%).",
-        without.p50_us / 1e3, with.p50_us / 1e3, slower * 100.0
-    ));
-    r.check(
-        "CUDA context creation with the daemon running is at most 2% slower",
-        slower <= 0.02,
-        format!(
-            "{:+.2}% (p50 {:.0} vs {:.0} us)",
-            slower * 100.0,
-            with.p50_us,
-            without.p50_us
-        ),
-    );
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! driver it prints a skip message and exits 0.
 
 mod clock;
+mod ctx;
 mod discovery;
 mod experiments;
 mod floor;
@@ -87,6 +88,11 @@ struct Args {
     /// Cycles per row in the floor experiment.
     #[arg(long, default_value_t = 100)]
     floor_cycles: usize,
+    /// Run only what the daemon costs a new CUDA process's context creation: no daemon, just
+    /// started, settled, settled without eBPF probes, interleaved; 40 samples each, under
+    /// 2 minutes (needs --valvectl and root).
+    #[arg(long, conflicts_with_all = ["only_floor", "only_gate", "only_launch", "only_discovery"])]
+    only_ctx: bool,
 }
 
 impl Args {
@@ -176,6 +182,8 @@ fn skip_reason(args: &Args, nvidiactl: &std::path::Path) -> Option<String> {
     }
     let what = if args.only_floor {
         "the floor experiment (--only-floor) needs a GPU host"
+    } else if args.only_ctx {
+        "the context-creation experiment (--only-ctx) needs a GPU host"
     } else {
         "the hardware test needs a GPU host"
     };
@@ -239,6 +247,17 @@ fn run(args: &Args) -> Result<bool> {
 
     if args.only_floor {
         floor::run(&ctl, &bins, g0, args.floor_cycles, &mut r);
+        return finish(args, r, t_start);
+    }
+    if args.only_ctx {
+        match &args.valvectl {
+            Some(vc) => ctx::run(&bins, g0, vc, &args.out, &ctx::Plan::ONLY, &mut r),
+            None => r.check(
+                "context-creation experiment ran",
+                false,
+                "no --valvectl".into(),
+            ),
+        }
         return finish(args, r, t_start);
     }
     let only = args.only_discovery || args.only_launch || args.only_gate;
@@ -1006,6 +1025,19 @@ mod tests {
         assert!(a.only_floor && !a.only_gate && !a.only_launch);
         assert_eq!(a.floor_cycles, 20);
         assert!(Args::try_parse_from(["valve-hwtest", "--only-floor"]).is_err());
+    }
+
+    #[test]
+    fn only_ctx_flag_stands_alone() {
+        assert!(!parse(&[]).only_ctx);
+        let a = parse(&["--only-ctx", "--valvectl", "/v"]);
+        assert!(a.only_ctx && !a.only_floor && !a.only_discovery);
+        let base = ["valve-hwtest", "--bins", "/b", "--out", "/o", "--only-ctx"];
+        assert!(Args::try_parse_from(base.iter().chain(&["--only-floor"])).is_err());
+        assert!(Args::try_parse_from(base.iter().chain(&["--only-gate"])).is_err());
+        let missing = std::path::Path::new("/nonexistent/nvidiactl");
+        let why = skip_reason(&parse(&["--only-ctx"]), missing).expect("skips");
+        assert!(why.contains("--only-ctx"), "{why}");
     }
 
     #[test]

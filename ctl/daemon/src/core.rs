@@ -70,6 +70,8 @@ pub struct DaemonCore<D: RmDriver> {
     max_hold: Option<Duration>,
     started: Instant,
     events: u64,
+    /// Whether the eBPF watcher feeds [`Self::on_event`] (off: `valvectl daemon --no-discovery`).
+    discovery: bool,
     /// Channels re-enabled from a previous run's state file at start.
     pub recovered: usize,
     /// Records of the previous run that could not be re-enabled.
@@ -151,6 +153,7 @@ impl<D: RmDriver> DaemonCore<D> {
             max_hold,
             started: Instant::now(),
             events: 0,
+            discovery: true,
             recovered,
             recovery_failures,
             restored,
@@ -165,6 +168,12 @@ impl<D: RmDriver> DaemonCore<D> {
             harvest: None,
             harvest_view_at: None,
         })
+    }
+
+    /// Records that no eBPF watcher feeds this core (`--no-discovery`): `status` says so, and a
+    /// preempt by pid says why it finds no channels.
+    pub fn set_discovery_off(&mut self) {
+        self.discovery = false;
     }
 
     /// Writes the journal now (at shutdown).
@@ -282,6 +291,7 @@ impl<D: RmDriver> DaemonCore<D> {
             Request::Status => Reply::ok(json!({
                 "uptime_s": self.started.elapsed().as_secs_f64(),
                 "events": self.events,
+                "discovery": self.discovery,
                 "processes": self.registry.processes().len(),
                 "preempted": self.preempted.keys().collect::<Vec<_>>(),
                 "max_hold_ms": self.max_hold.map(|d| d.as_millis() as u64),
@@ -375,6 +385,12 @@ impl<D: RmDriver> DaemonCore<D> {
     fn no_channels_reason(&self, pid: u32) -> String {
         if !alive(pid) {
             format!("no such process: {pid}")
+        } else if !self.discovery {
+            format!(
+                "process {pid} ({}) has no known GPU channels: this daemon runs with \
+                 --no-discovery, so it watches no process's RM calls",
+                comm(pid)
+            )
         } else if self.pre_existing.contains(&pid) {
             format!(
                 "process {pid} ({}) is not discoverable: it started before the daemon, so its GPU \

@@ -185,7 +185,10 @@ impl Drop for HarvestHandle {
     }
 }
 
-/// Starts the harvest thread for node `node`.
+/// Starts the harvest thread for node `node`. Its first turn (NVML's first memory sample of
+/// every GPU, the first document) runs here, on the caller's thread: the daemon calls this
+/// before it serves its socket, so a CUDA process started once the socket answers never meets
+/// that start-up work on RM's locks, and a profile is served from the first request on.
 pub fn start(
     settings: &HarvestSettings,
     node: &str,
@@ -194,14 +197,18 @@ pub fn start(
     let shared = Arc::new(HarvestShared::default());
     let stop = Arc::new(AtomicBool::new(false));
     let mut harvester = Harvester::new(settings, node, sources, shared.clone(), monotonic_ns());
+    harvester.tick(Instant::now(), monotonic_ns());
     let stop2 = stop.clone();
     shared.set_running(true);
     let thread = std::thread::Builder::new()
         .name("valve-harvest".into())
         .spawn(move || {
-            while !stop2.load(Ordering::Acquire) {
-                harvester.tick(Instant::now(), monotonic_ns());
+            loop {
                 std::thread::park_timeout(TRACE_EVERY);
+                if stop2.load(Ordering::Acquire) {
+                    break;
+                }
+                harvester.tick(Instant::now(), monotonic_ns());
             }
             harvester.shared.set_running(false);
         })

@@ -52,6 +52,9 @@ pub struct DaemonConfig {
     pub config_file: Option<PathBuf>,
     /// The node harvest profile: node name, progress directory, windows.
     pub harvest: HarvestSettings,
+    /// Watch every process's RM calls with eBPF (off only with `--no-discovery`, to measure
+    /// what the probes cost a CUDA process: such a daemon knows no process's channels).
+    pub discovery: bool,
 }
 
 /// Audits the settings the daemon starts with (its config file, with a digest of its text).
@@ -142,7 +145,12 @@ pub fn run_with_pool(
     let harvest = start_harvest(cfg, &node, &core, pool.as_ref())?;
     core.set_harvest(harvest.shared());
     eprintln!(
-        "valvectl daemon: watching RM ioctls, {} GPU(s), {} process(es) started before the daemon, socket {}",
+        "valvectl daemon: {}, {} GPU(s), {} process(es) started before the daemon, socket {}",
+        if watcher.is_some() {
+            "watching RM ioctls"
+        } else {
+            "NOT watching RM ioctls (--no-discovery)"
+        },
         core.controller().gpus().len(),
         core.pre_existing.len(),
         cfg.socket.display()
@@ -330,9 +338,9 @@ fn check_start(cfg: &DaemonConfig) -> Result<Option<u32>, DaemonError> {
     Ok(gid)
 }
 
-/// Opens the driver, starts the eBPF watcher and sets up the core, which re-enables what a
-/// previous run left disabled and restores the registry from the journal.
-fn start(cfg: &DaemonConfig) -> Result<(DaemonCore<NvDriver>, Watcher), DaemonError> {
+/// Opens the driver, starts the eBPF watcher (unless `--no-discovery`) and sets up the core,
+/// which re-enables what a previous run left disabled and restores the registry from the journal.
+fn start(cfg: &DaemonConfig) -> Result<(DaemonCore<NvDriver>, Option<Watcher>), DaemonError> {
     let ctl = Controller::<NvDriver>::open().map_err(|e| {
         let message = format!("opening the driver: {e}");
         derr(e.exit_code(), message)
@@ -340,21 +348,20 @@ fn start(cfg: &DaemonConfig) -> Result<(DaemonCore<NvDriver>, Watcher), DaemonEr
     std::fs::create_dir_all(&cfg.state_dir)
         .map_err(|e| derr(1, format!("creating {}: {e}", cfg.state_dir.display())))?;
     let pre_existing = nvidia_users();
-    // Batched delivery keeps the consumer wake-up (~2 us) off every RM call of every CUDA
-    // process; the registry then lags the ioctls by at most 2 ms.
-    let watcher = Watcher::start(WatchConfig {
-        batched_delivery: true,
-        poll_interval: Duration::from_millis(2),
-        ..WatchConfig::default()
-    })
-    .map_err(|e| derr(EXIT_BPF, format!("starting the eBPF watcher: {e}")))?;
-    let core = DaemonCore::new(
+    let watcher = match cfg.discovery {
+        true => Some(start_watcher()?),
+        false => None,
+    };
+    let mut core = DaemonCore::new(
         ctl,
         StateFile::in_dir(&cfg.state_dir),
         cfg.max_hold,
         pre_existing,
     )
     .map_err(|e| derr(1, format!("recovering state: {e}")))?;
+    if watcher.is_none() {
+        core.set_discovery_off();
+    }
     if !core.restored.is_empty() {
         tracing::warn!(
             "restored {} running process(es) from the registry journal",
@@ -369,4 +376,16 @@ fn start(cfg: &DaemonConfig) -> Result<(DaemonCore<NvDriver>, Watcher), DaemonEr
         );
     }
     Ok((core, watcher))
+}
+
+/// The eBPF watcher of every process's RM objects. Batched delivery keeps the consumer wake-up
+/// (~2 us) off every RM call of every CUDA process; the registry then lags the ioctls by at most
+/// 2 ms.
+fn start_watcher() -> Result<Watcher, DaemonError> {
+    Watcher::start(WatchConfig {
+        batched_delivery: true,
+        poll_interval: Duration::from_millis(2),
+        ..WatchConfig::default()
+    })
+    .map_err(|e| derr(EXIT_BPF, format!("starting the eBPF watcher: {e}")))
 }

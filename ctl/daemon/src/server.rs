@@ -159,6 +159,16 @@ impl EventSource for Watcher {
     }
 }
 
+/// No source at all (`valvectl daemon --no-discovery`): nothing is delivered and it never dies.
+impl<E: EventSource> EventSource for Option<E> {
+    fn next_event(&self) -> Option<RmEvent> {
+        self.as_ref().and_then(EventSource::next_event)
+    }
+    fn alive(&self) -> bool {
+        self.as_ref().is_none_or(EventSource::alive)
+    }
+}
+
 /// Folds every event the source has delivered into the registry.
 fn drain<D: RmDriver>(core: &mut DaemonCore<D>, events: &impl EventSource) {
     while let Some(ev) = events.next_event() {

@@ -912,4 +912,23 @@ fn a_reclaim_preempt_of_a_gated_process_writes_no_state_file_and_the_next_turn_t
     assert!(file.load().unwrap().is_empty());
 }
 
+#[test]
+fn without_discovery_status_says_so_and_a_preempt_by_pid_names_the_switch() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = core(&rm, dir.path(), None);
+    assert_eq!(c.handle(Request::Status).data["discovery"], true);
+    c.set_discovery_off();
+    assert_eq!(c.handle(Request::Status).data["discovery"], false);
+    let r = c.handle(Request::Preempt {
+        pid: std::process::id(),
+        gpu: None,
+        max_hold_ms: None,
+    });
+    let e = r.error.unwrap();
+    assert_eq!(e.code, EXIT_PROCESS);
+    assert!(e.message.contains("--no-discovery"), "{}", e.message);
+    assert!(rm.disabled().is_empty());
+}
+
 mod gate_start;

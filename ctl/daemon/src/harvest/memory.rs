@@ -28,8 +28,9 @@ pub struct DeviceUsage {
 pub trait DeviceMemory: Send {
     /// The GPU's memory in all.
     fn total_bytes(&self, pci_bus_id: &str) -> Option<u64>;
-    /// Its free memory and compute processes now.
-    fn usage(&self, pci_bus_id: &str) -> Option<DeviceUsage>;
+    /// Its free memory now, and with `processes` its compute processes (NVML asks RM for every
+    /// process's memory for that, on RM's locks, so it is asked only when it matters).
+    fn usage(&self, pci_bus_id: &str, processes: bool) -> Option<DeviceUsage>;
 }
 
 /// [`DeviceMemory`] through NVML.
@@ -50,9 +51,15 @@ impl DeviceMemory for NvmlMemory {
         dev.memory_info().ok().map(|m| m.total)
     }
 
-    fn usage(&self, pci_bus_id: &str) -> Option<DeviceUsage> {
+    fn usage(&self, pci_bus_id: &str, processes: bool) -> Option<DeviceUsage> {
         let dev = self.0.device_by_pci_bus_id(pci_bus_id).ok()?;
         let free_bytes = dev.memory_info().ok()?.free;
+        if !processes {
+            return Some(DeviceUsage {
+                free_bytes,
+                processes: Vec::new(),
+            });
+        }
         let processes = dev
             .running_compute_processes()
             .unwrap_or_default()
@@ -168,9 +175,13 @@ impl MemorySampler {
     }
 
     /// NVML's free memory on GPU `i` plus what offline processes use there; `seen` collects the
-    /// pids NVML lists.
+    /// pids NVML lists. The process list is asked for only if some process may be offline.
     fn device_bytes(&mut self, i: usize, view: &ProcessView, seen: &mut Vec<u32>) -> Option<u64> {
-        let usage = self.devices.as_ref()?.usage(&self.gpus[i].pci_bus_id)?;
+        let list = self.may_have_offline(view);
+        let usage = self
+            .devices
+            .as_ref()?
+            .usage(&self.gpus[i].pci_bus_id, list)?;
         let mut bytes = usage.free_bytes;
         for (pid, used) in usage.processes {
             seen.push(pid);
@@ -179,6 +190,15 @@ impl MemorySampler {
             }
         }
         Some(bytes)
+    }
+
+    /// Whether any process can count as offline now: the running gate freezes some, or, with no
+    /// gate, an offline label is configured.
+    fn may_have_offline(&self, view: &ProcessView) -> bool {
+        match view.gate_running {
+            true => !view.offline.is_empty(),
+            false => self.offline_label.is_some(),
+        }
     }
 
     /// Offline: frozen by the running gate, or, with no gate, labelled as the gate's offline.

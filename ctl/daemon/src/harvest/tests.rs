@@ -307,15 +307,38 @@ fn a_gate_that_ends_without_its_enable_in_the_trace_is_held_until_noticed() {
     assert!((blocked - 0.2).abs() < 1e-12, "10..30: {blocked}");
 }
 
-/// NVML's view of each GPU by PCI address.
-struct FakeDevices(BTreeMap<String, DeviceUsage>);
+/// NVML's view of each GPU by PCI address; counts the process lists asked for, and takes
+/// `delay` to answer a sample.
+#[derive(Default)]
+struct FakeDevices {
+    gpus: BTreeMap<String, DeviceUsage>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
+    delay: Duration,
+}
+
+impl FakeDevices {
+    fn new(gpus: BTreeMap<String, DeviceUsage>) -> FakeDevices {
+        FakeDevices {
+            gpus,
+            ..FakeDevices::default()
+        }
+    }
+}
 
 impl DeviceMemory for FakeDevices {
     fn total_bytes(&self, pci: &str) -> Option<u64> {
-        self.0.contains_key(pci).then_some(80 << 30)
+        self.gpus.contains_key(pci).then_some(80 << 30)
     }
-    fn usage(&self, pci: &str) -> Option<DeviceUsage> {
-        self.0.get(pci).cloned()
+    fn usage(&self, pci: &str, processes: bool) -> Option<DeviceUsage> {
+        std::thread::sleep(self.delay);
+        let mut u = self.gpus.get(pci).cloned()?;
+        if processes {
+            self.lists
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            u.processes.clear();
+        }
+        Some(u)
     }
 }
 
@@ -392,7 +415,7 @@ fn pool_memory_is_free_creatable_and_offline_held_handles_from_the_ledger() {
 #[test]
 fn without_the_pool_memory_is_nvmls_free_plus_what_offline_uses() {
     let gpus = valve_gpus(2);
-    let devices = FakeDevices(
+    let devices = FakeDevices::new(
         [(
             gpus[0].pci_bus_id.clone(),
             DeviceUsage {
@@ -431,7 +454,7 @@ fn without_the_pool_memory_is_nvmls_free_plus_what_offline_uses() {
     wait_for("the child's environment", || {
         crate::gate::process_label(child.id()).is_some()
     });
-    let devices = FakeDevices(
+    let devices = FakeDevices::new(
         [(
             gpus[0].pci_bus_id.clone(),
             DeviceUsage {
@@ -451,6 +474,64 @@ fn without_the_pool_memory_is_nvmls_free_plus_what_offline_uses() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(rec.memory.stats(0, S, S).unwrap().mean_bytes, 5 << 30);
+}
+
+#[test]
+fn the_process_list_is_asked_for_only_when_a_process_may_be_offline() {
+    let gpus = valve_gpus(1);
+    let usage = DeviceUsage {
+        free_bytes: 10 << 30,
+        processes: vec![(42, Some(20 << 30))],
+    };
+    let sampler = |label: Option<&str>| {
+        let devices = FakeDevices::new([(gpus[0].pci_bus_id.clone(), usage.clone())].into());
+        let lists = devices.lists.clone();
+        let m = MemorySampler::new(&gpus, None, label.map(String::from))
+            .with_devices(Some(Box::new(devices)));
+        (m, lists)
+    };
+    let lists_after = |label: Option<&str>, view: &ProcessView| {
+        let (mut m, lists) = sampler(label);
+        m.sample(&mut recorder(1), 0, view);
+        lists.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let gate = |offline: &[u32]| ProcessView {
+        gate_running: true,
+        offline: offline.iter().copied().collect(),
+        ..ProcessView::default()
+    };
+    // No gate and no offline label, or a gate that freezes nobody: free memory only.
+    assert_eq!(lists_after(None, &ProcessView::default()), 0);
+    assert_eq!(lists_after(Some("batch"), &gate(&[])), 0);
+    // Someone may be offline: the list is needed to add what offline holds.
+    assert_eq!(lists_after(None, &gate(&[42])), 1);
+    assert_eq!(lists_after(Some("batch"), &ProcessView::default()), 1);
+    let (mut m, _) = sampler(None);
+    let mut rec = recorder(1);
+    m.sample(&mut rec, 0, &gate(&[42]));
+    assert_eq!(rec.memory.stats(0, S, S).unwrap().mean_bytes, 30 << 30);
+}
+
+#[test]
+fn start_returns_once_the_first_memory_sample_and_document_are_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = valve_gpus(1);
+    let usage = DeviceUsage {
+        free_bytes: 10 << 30,
+        processes: Vec::new(),
+    };
+    // A slow NVML: a first turn left to the thread would still be running below.
+    let devices = FakeDevices {
+        delay: Duration::from_millis(200),
+        ..FakeDevices::new([(gpus[0].pci_bus_id.clone(), usage)].into())
+    };
+    let sources = HarvestSources {
+        devices: Some(Box::new(devices)),
+        ..bare_sources(1)
+    };
+    let h = start(&settings(dir.path()), "gpu001", sources).unwrap();
+    let doc = h.shared().profile().expect("built before start returned");
+    assert_eq!(doc.doc.gpus.len(), 1);
 }
 
 #[test]

@@ -223,5 +223,40 @@ fn the_metrics_op_is_answered_by_the_loop_and_says_how_to_get_metrics() {
     assert!(causes.borrow().contains(&ErrorCause::Malformed));
 }
 
+#[test]
+fn without_a_watcher_the_loop_gets_no_events_and_keeps_turning() {
+    let (_rm, _dir, mut core, socket, listener) = bound_core();
+    let audit = Audit::log_only();
+    let mut server = Server::new(&listener, own_group(), &audit);
+    let none: Option<QueuedEvents> = None;
+    assert!(none.alive() && none.next_event().is_none());
+    let client = std::thread::spawn(move || request(&socket, "{\"op\":\"status\"}\n"));
+    let (reply, _) = serve_until(&mut server, &mut core, &none, client);
+    assert!(reply.error.is_none(), "{reply:?}");
+    // A source that is there is read through the Option, and its death still stops the loop.
+    let queued = Some(QueuedEvents::default());
+    queued.as_ref().unwrap().0.borrow_mut().push_back(RmEvent {
+        ts_ns: 0,
+        pid: 7,
+        tid: 7,
+        kind: valve_ebpf::RmEventKind::Exit,
+    });
+    assert!(queued.next_event().is_some() && queued.next_event().is_none());
+    struct Dead;
+    impl EventSource for Dead {
+        fn next_event(&self) -> Option<RmEvent> {
+            None
+        }
+        fn alive(&self) -> bool {
+            false
+        }
+    }
+    assert!(!Some(Dead).alive());
+    let err = server
+        .step(&mut core, &Some(Dead), Duration::ZERO)
+        .unwrap_err();
+    assert_eq!(err.code, EXIT_BPF);
+}
+
 pub(crate) mod pool;
 mod queueing;

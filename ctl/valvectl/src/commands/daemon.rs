@@ -58,6 +58,10 @@ pub struct DaemonArgs {
     /// the level (default info).
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormatArg>,
+    /// Diagnostic: load no eBPF probes, so the daemon learns no process's channels (`ps` lists
+    /// none, `preempt --pid` finds nothing). For measuring what the probes cost a CUDA process.
+    #[arg(long)]
+    pub no_discovery: bool,
     #[command(flatten)]
     pub harvest: HarvestArgs,
     #[command(flatten)]
@@ -235,6 +239,7 @@ pub fn settings(args: &DaemonArgs, socket: &Path) -> Result<(DaemonConfig, LogFo
         pod_labels: file.pod_labels,
         config_file: args.config.clone(),
         harvest,
+        discovery: !args.no_discovery,
     };
     Ok((cfg, log))
 }
@@ -412,10 +417,12 @@ mod tests {
         );
         assert_eq!(cfg.metrics_addr, Some("0.0.0.0:9500".parse().unwrap()));
         assert_eq!(log, LogFormat::Text);
-        // No file: the defaults, metrics off.
+        // No file: the defaults, metrics off, discovery on.
         let (cfg, _) = settings_of(&[]).unwrap();
         assert_eq!(cfg.metrics_addr, None);
         assert!(cfg.group.is_none());
+        assert!(cfg.discovery);
+        assert!(!settings_of(&["--no-discovery"]).unwrap().0.discovery);
         std::fs::write(&file, "max_hold = \"forever\"\n").unwrap();
         let e = settings_of(&["--config", path]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
