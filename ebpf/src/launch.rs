@@ -251,6 +251,15 @@ impl LaunchWatcher {
             .map_err(|_| WatchError::Thread("the launch-watch thread has ended".into()))
     }
 
+    /// Removes a process from the filter (and its counters) but keeps its probes, so that a
+    /// later [`LaunchWatcher::watch`] of it is a map update, not another probe registration
+    /// (each takes the write lock of every process mapping libcuda: seconds beside busy jobs).
+    /// Until then its launches trap into a program that ignores them.
+    pub fn mute(&self, pid: u32) {
+        let _ = self.watched.delete(&pid.to_ne_bytes());
+        let _ = self.stats.delete(&pid.to_ne_bytes());
+    }
+
     /// Removes a process from the filter (and its counters) and its probes.
     pub fn unwatch(&self, pid: u32) {
         let _ = self.watched.delete(&pid.to_ne_bytes());

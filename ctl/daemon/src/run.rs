@@ -16,7 +16,7 @@ use crate::audit::{Audit, Caller};
 use crate::config::OfflinePolicy;
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
-use crate::gate::supervisor::real_gate_starter;
+use crate::gate::watchers::real_gate_starter;
 use crate::harvest::{HarvestHandle, HarvestSettings, HarvestSources, NvmlMemory};
 use crate::metrics::Metrics;
 use crate::procfs::nvidia_users;
@@ -155,7 +155,7 @@ pub fn run_with_pool(
         core.pre_existing.len(),
         cfg.socket.display()
     );
-    core.set_gate_starter(Arc::new(real_gate_starter));
+    core.set_gate_starter(real_gate_starter());
     core.set_policy(cfg.offline.clone(), cfg.gate_defaults.clone());
     if let Some(p) = &cfg.pod_labels {
         crate::workload::use_pod_labels(p.clone());

@@ -17,6 +17,7 @@ pub mod ports;
 pub mod runtime;
 pub mod supervisor;
 pub mod trace;
+pub mod watchers;
 
 pub use policy::{Action, GateConfig, GatePolicy};
 pub use runtime::{GateInput, GateRuntime, GateShared, GateStatus, LaunchSource};

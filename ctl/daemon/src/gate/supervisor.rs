@@ -13,20 +13,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use valve::controller::Controller;
-use valve::driver::{NvDriver, RmDriver};
+use valve::driver::RmDriver;
 use valve::state::{reenable, DisabledRecord};
 use valve_ebpf::Registry;
 
 use super::policy::GateConfig;
 use super::ports::{listening_ports, port_owners};
-use super::runtime::{
-    self, ChannelSet, GateHandle, GateInput, GateShared, LaunchSource, ProbeHits,
-};
+use super::runtime::{ChannelSet, GateHandle, GateInput, GateShared};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
 use crate::workload::label_of;
 use valve::IssueMode;
-use valve_ebpf::{ArrivalEdge, WatchedPort};
+use valve_ebpf::WatchedPort;
 
 /// Starts a gate thread with the given tuning (the real one attaches uprobes and opens the
 /// driver, which takes a quarter of a second; tests use the fake RM). It runs on a helper
@@ -179,149 +177,6 @@ fn check_spec(spec: &GateSpec) -> Result<(), Reply> {
         }
     }
     Ok(())
-}
-
-/// The real watchers: uprobes on libcuda for launches, and (unless arrivals are off) the
-/// `sk_data_ready` program for request arrivals on the online ports.
-pub struct GateWatchers {
-    launch: valve_ebpf::LaunchWatcher,
-    arrival: Option<valve_ebpf::ArrivalWatcher>,
-}
-
-impl LaunchSource for GateWatchers {
-    fn watch(&mut self, pid: u32) -> Result<(), String> {
-        self.launch.watch(pid).map_err(|e| e.to_string())
-    }
-    fn unwatch(&mut self, pid: u32) {
-        self.launch.unwatch(pid);
-    }
-    fn last_launch_ns(&self, pid: u32) -> u64 {
-        self.launch.counts(pid).last_ns
-    }
-    fn in_sync(&self, pid: u32) -> bool {
-        self.launch.counts(pid).in_sync > 0
-    }
-    fn last_wait_end_ns(&self, pid: u32) -> u64 {
-        self.launch.counts(pid).sync_end_ns
-    }
-    fn probe_hits(&self, pid: u32) -> ProbeHits {
-        ProbeHits::from(&self.launch.counts(pid))
-    }
-    fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
-        match &self.arrival {
-            Some(a) => a.watch_port(port).map_err(|e| e.to_string()),
-            None => Err("arrivals are off (--no-arrivals)".into()),
-        }
-    }
-    fn unwatch_port(&mut self, port: u16) {
-        if let Some(a) = &self.arrival {
-            a.unwatch_port(port);
-        }
-    }
-    fn arrival_counts(&self, port: u16) -> valve_ebpf::ArrivalCounts {
-        self.arrival
-            .as_ref()
-            .map_or_else(Default::default, |a| a.counts(port))
-    }
-    fn arm_resume(&self, now_ns: u64) {
-        LaunchSource::arm_resume(&self.launch, now_ns);
-    }
-    fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
-        let mut v = vec![("launch-watch", self.launch.scheduling().clone())];
-        if let Some(a) = &self.arrival {
-            v.push(("arrival-watch", a.scheduling().clone()));
-        }
-        v
-    }
-}
-
-/// Where a gate's start spent its time, logged once it has started (a start under load took
-/// seconds on the H100, and only this says which step).
-struct StartSteps {
-    last: Instant,
-    took: Vec<(&'static str, u64)>,
-}
-
-impl StartSteps {
-    fn new() -> Self {
-        StartSteps {
-            last: Instant::now(),
-            took: Vec::new(),
-        }
-    }
-
-    fn done(&mut self, step: &'static str) {
-        let now = Instant::now();
-        self.took
-            .push((step, now.duration_since(self.last).as_micros() as u64));
-        self.last = now;
-    }
-
-    fn log(&self) {
-        let get = |k: &str| self.took.iter().find(|(s, _)| *s == k).map_or(0, |t| t.1);
-        tracing::info!(
-            arrival_us = get("arrival_us"),
-            uprobes_us = get("uprobes_us"),
-            rm_client_us = get("rm_client_us"),
-            "gate thread's start"
-        );
-    }
-}
-
-/// Starts the real gate thread: its own RM client, uprobes on libcuda's launch entry points, and
-/// the arrival program.
-pub fn real_gate_starter(cfg: GateConfig) -> Result<GateHandle, String> {
-    runtime::spawn(cfg, move |tx| {
-        let mut steps = StartSteps::new();
-        let arrival = if cfg.arrivals {
-            let tx = tx.clone();
-            let w = valve_ebpf::ArrivalWatcher::start_with(
-                valve_ebpf::ArrivalConfig {
-                    ports: Vec::new(),
-                    edge_gap: GATE_EDGE_GAP,
-                    realtime: cfg.realtime,
-                },
-                move |e| {
-                    let read_ns = runtime::monotonic_ns();
-                    let _ = tx.send(GateInput::Arrival(ArrivalEdge { read_ns, ..e }));
-                },
-            )
-            .map_err(|e| format!("attaching the arrival program (tp_btf/sk_data_ready): {e}"))?;
-            Some(w)
-        } else {
-            None
-        };
-        steps.done("arrival_us");
-        let library = valve_ebpf::find_libcuda().ok_or(
-            "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
-             the gate watches online launches with uprobes on it",
-        )?;
-        let watcher = valve_ebpf::LaunchWatcher::start_with(
-            valve_ebpf::LaunchConfig {
-                library,
-                pids: Vec::new(),
-                filter: true,
-                edge_gap: GATE_EDGE_GAP,
-                track_waits: cfg.waits,
-                realtime: cfg.realtime,
-            },
-            move |e| {
-                let _ = tx.send(GateInput::Edge(e));
-            },
-        )
-        .map_err(|e| format!("attaching uprobes to libcuda: {e}"))?;
-        steps.done("uprobes_us");
-        let ctl = Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
-        steps.done("rm_client_us");
-        steps.log();
-        Ok((
-            ctl,
-            GateWatchers {
-                launch: watcher,
-                arrival,
-            },
-        ))
-    })
 }
 
 impl ActiveGate {
