@@ -47,6 +47,8 @@ the measured numbers, the device name and the targets. Configurations:
   object (restarts, command times, failures, flood counts, the daemon log's slow requests); the
   report judges its reclaims of up to 1 GiB while the churn ran. Each gate stop lets offline run
   ungated, so its online latency and offline throughput are not compared with alone or static.
+  Its daemon keeps a stopped gate's uprobes for the next start (--churn-keep-watchers, default
+  600 s; 0 measures fresh probes for every start).
 
 Compute is shared the same way in every configuration with offline: Valve's gate, told by the
 online server when requests are in flight (online_busy/online_idle), with launch edges as fallback.
@@ -107,11 +109,7 @@ class Run:
                      warm_state: str | None = None) -> subprocess.Popen:
         """The daemon, with a pool of `pool_gib` if given; its MIAD reservations start cold unless
         `warm_state` names the saved reservations file to start from and save to."""
-        argv = [self.a.valvectl, "daemon"]
-        if pool_gib:
-            argv += ["--pool", "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
-                     "--pool-target-reclaims-per-min", str(target_per_min)]
-            argv += ["--pool-reservation-state", warm_state] if warm_state else ["--pool-no-warm-start"]
+        argv = daemon_argv(self.a, name, pool_gib, target_per_min, warm_state)
         d = self.spawn(f"{name}-daemon", argv)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -138,6 +136,18 @@ class Run:
                     p.kill()
                     p.wait()
         self.procs.clear()
+
+
+def daemon_argv(a, name: str, pool_gib: int | None, target_per_min: float, warm_state: str | None) -> list[str]:
+    """The daemon's command line for configuration `name` (see Run.start_daemon)."""
+    argv = [a.valvectl, "daemon"]
+    if pool_gib:
+        argv += ["--pool", "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
+                 "--pool-target-reclaims-per-min", str(target_per_min)]
+        argv += ["--pool-reservation-state", warm_state] if warm_state else ["--pool-no-warm-start"]
+    if name == "valve-churn" and getattr(a, "churn_keep_watchers", 0) > 0:
+        argv += ["--gate-keep-watchers", str(a.churn_keep_watchers)]
+    return argv
 
 
 def wait_files(paths: list[str], procs: list[subprocess.Popen], timeout: float) -> None:
@@ -602,6 +612,9 @@ def main() -> int:
                    help="valve-churn: seconds between two gate restarts (`gate stop`, then `gate start`)")
     b.add_argument("--churn-flooders", type=int, default=2,
                    help="valve-churn: threads flooding the daemon's control socket with bad input")
+    b.add_argument("--churn-keep-watchers", type=int, default=600,
+                   help="valve-churn: the daemon's --gate-keep-watchers (seconds; 0: fresh uprobes for every "
+                        "gate start, which took 6-12 s each beside these jobs on the H100)")
     # Offline is long-context batch generation, decode-heavy: its batch (and so its throughput) is
     # bounded by KV memory, the regime the pool is for. With short prompts (128-384 tokens, 64
     # new) offline was bounded by its token budget and compute share instead: 1.09x static

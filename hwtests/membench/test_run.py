@@ -105,5 +105,19 @@ class Generated(unittest.TestCase):
         self.assertEqual([n for _, n in g.timeline], [30, 35, 40])
 
 
+class DaemonArgv(unittest.TestCase):
+    def test_only_valve_churn_keeps_the_gate_watchers_and_zero_turns_it_off(self):
+        from types import SimpleNamespace
+        a = SimpleNamespace(valvectl="/x/valvectl", churn_keep_watchers=600)
+        churn = run.daemon_argv(a, "valve-churn", 12, 6.0, None)
+        self.assertEqual(churn[churn.index("--gate-keep-watchers") + 1], "600")
+        self.assertNotIn("--gate-keep-watchers", run.daemon_argv(a, "valve-miad", 12, 6.0, None))
+        a.churn_keep_watchers = 0
+        self.assertNotIn("--gate-keep-watchers", run.daemon_argv(a, "valve-churn", 12, 6.0, None))
+        plain = run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None)
+        self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; sweep's args have no churn options")
+
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -55,6 +55,8 @@ pub struct DaemonConfig {
     /// Watch every process's RM calls with eBPF (off only with `--no-discovery`, to measure
     /// what the probes cost a CUDA process: such a daemon knows no process's channels).
     pub discovery: bool,
+    /// How long a stopped gate's BPF watchers are kept for the next gate (zero: not kept).
+    pub gate_keep_watchers: std::time::Duration,
 }
 
 /// Audits the settings the daemon starts with (its config file, with a digest of its text).
@@ -155,7 +157,7 @@ pub fn run_with_pool(
         core.pre_existing.len(),
         cfg.socket.display()
     );
-    core.set_gate_starter(real_gate_starter());
+    core.set_gate_starter(real_gate_starter(cfg.gate_keep_watchers));
     core.set_policy(cfg.offline.clone(), cfg.gate_defaults.clone());
     if let Some(p) = &cfg.pod_labels {
         crate::workload::use_pod_labels(p.clone());

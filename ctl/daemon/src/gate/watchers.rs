@@ -20,9 +20,6 @@ use super::policy::GateConfig;
 use super::runtime::{self, GateHandle, GateInput, LaunchSource, ProbeHits};
 use super::supervisor::{GateStarter, GATE_EDGE_GAP};
 
-/// How long stopped gates' watchers are kept for the next gate; then their probes go.
-pub const KEEP_WATCHERS: Duration = Duration::from_secs(600);
-
 /// Where the watchers' edges go: the running gate thread's inputs, or nowhere between gates.
 #[derive(Clone, Default)]
 pub struct Route(Arc<Mutex<Option<Sender<GateInput>>>>);
@@ -116,7 +113,8 @@ type WatcherKeeper = Keeper<WatcherKey, Watchers>;
 pub struct GateWatchers {
     inner: Option<Watchers>,
     key: WatcherKey,
-    keeper: Arc<WatcherKeeper>,
+    /// Where the watchers go when the gate ends (`None`: not kept, their probes go).
+    keeper: Option<Arc<WatcherKeeper>>,
     pids: BTreeSet<u32>,
     ports: BTreeSet<u16>,
 }
@@ -131,7 +129,9 @@ impl GateWatchers {
 
 impl Drop for GateWatchers {
     fn drop(&mut self) {
-        let Some(w) = self.inner.take() else { return };
+        let (Some(w), Some(keeper)) = (self.inner.take(), self.keeper.take()) else {
+            return;
+        };
         w.route.set(None);
         for &pid in &self.pids {
             w.launch.mute(pid);
@@ -142,16 +142,17 @@ impl Drop for GateWatchers {
             }
         }
         let _ = w.launch.arm_resume(0);
-        self.keeper.put(self.key, w);
-        let keeper = Arc::downgrade(&self.keeper);
-        // Probes nobody needs go after KEEP_WATCHERS; a newer stop's thread does it for its own.
+        let keep = keeper.keep;
+        keeper.put(self.key, w);
+        let keeper = Arc::downgrade(&keeper);
+        // Probes nobody took go after `keep`; each stop's thread checks for its own watchers.
         let _ = std::thread::Builder::new()
             .name("valve-watch-keep".into())
             .spawn(move || {
-                std::thread::sleep(KEEP_WATCHERS + Duration::from_secs(1));
+                std::thread::sleep(keep + Duration::from_secs(1));
                 if let Some(k) = keeper.upgrade() {
                     if k.expire() {
-                        tracing::info!("the stopped gate's uprobes are removed (kept 10 min)");
+                        tracing::info!("a stopped gate's uprobes are removed (kept {keep:?})");
                     }
                 }
             });
@@ -289,15 +290,16 @@ fn start_watchers(cfg: &GateConfig, route: Route) -> Result<Watchers, String> {
 }
 
 /// The daemon's gate starter: each gate thread gets its own RM client, and the watchers the last
-/// gate left within [`KEEP_WATCHERS`] if they were started with the same settings, else new ones.
-pub fn real_gate_starter() -> GateStarter {
-    let keeper: Arc<WatcherKeeper> = Arc::new(Keeper::new(KEEP_WATCHERS));
+/// gate left within `keep` if they were started with the same settings, else new ones (`keep`
+/// zero: always new ones, dropped with their gate).
+pub fn real_gate_starter(keep: Duration) -> GateStarter {
+    let keeper: Option<Arc<WatcherKeeper>> = (!keep.is_zero()).then(|| Arc::new(Keeper::new(keep)));
     Arc::new(move |cfg: GateConfig| -> Result<GateHandle, String> {
         let keeper = keeper.clone();
         runtime::spawn(cfg, move |tx| {
             let mut steps = StartSteps::new();
             let key = WatcherKey::of(&cfg);
-            let kept = keeper.take(&key);
+            let kept = keeper.as_ref().and_then(|k| k.take(&key));
             let was_kept = kept.is_some();
             let inner = match kept {
                 Some(w) => w,

@@ -62,6 +62,13 @@ pub struct DaemonArgs {
     /// none, `preempt --pid` finds nothing). For measuring what the probes cost a CUDA process.
     #[arg(long)]
     pub no_discovery: bool,
+    /// Keep a stopped gate's libcuda uprobes and arrival program this long for the next `gate
+    /// start` with the same probe settings, so a restart is map updates instead of seconds of
+    /// probing (each uprobe registration write-locks every process that maps libcuda). 0 (the
+    /// default) starts fresh probes for every gate. Known limit: a new online process under
+    /// reused probes went unprobed for seconds on an H200 (docs/gate.md, "Restarting a gate").
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub gate_keep_watchers: u64,
     #[command(flatten)]
     pub harvest: HarvestArgs,
     #[command(flatten)]
@@ -240,6 +247,7 @@ pub fn settings(args: &DaemonArgs, socket: &Path) -> Result<(DaemonConfig, LogFo
         config_file: args.config.clone(),
         harvest,
         discovery: !args.no_discovery,
+        gate_keep_watchers: std::time::Duration::from_secs(args.gate_keep_watchers),
     };
     Ok((cfg, log))
 }
