@@ -341,7 +341,6 @@ def targets(nums: dict, args: dict) -> list[dict]:
     def check(name, value, ok, detail=""):
         out.append(dict(check=name, value=value, ok=None if value is None else bool(ok), detail=detail))
 
-    miad = nums.get("valve-miad", {})
     # valve-churn has its own row below (its conditions are the point of it).
     r1 = [(nums[k]["reclaim_ms"]["<=1GiB"]["p99"], k) for k in nums if nums[k].get("reclaim_ms")
           and nums[k]["reclaim_ms"]["<=1GiB"]["p99"] is not None and k not in NOT_COMPARED]

@@ -12,7 +12,9 @@
 #   hwtests/membench/run.sh OUTDIR sweep [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] \
 #       [--policies alg1,fifo,random] [--placement default|compact]
 #     (issue 30: offline's throughput loss per reclaimed size x rate x handle choice, no online model;
-#      about 7.5 minutes with the defaults: 29 windows of 10 s + 2 s, after ~90 s of start)
+#      about 7.5 minutes with the defaults: 29 windows of 10 s + 2 s, after ~90 s of start;
+#      several runs, one per device call, merge into one report with narrower spreads:
+#      python3 hwtests/membench/sweep.py merge OUT1/report.json OUT2/report.json --out DIR)
 #
 # VALVECTL (default: .carry/valvectl, else target/release/valvectl) and VALVE_WHEEL (default:
 # .carry/valve_client-*.whl; build it with scripts/build-python-wheel.sh) say what to use.

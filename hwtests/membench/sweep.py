@@ -150,6 +150,43 @@ def analyse(windows: list[dict], finishes: list, generated: list | None = None) 
                 counted="tokens generated" if generated else "tokens of finished requests")
 
 
+def merge(analyses: list[dict]) -> dict:
+    """Several sweeps' analyses (each against its own base windows) as one: per cell and policy the
+    mean loss and the summed reclaims and requeues; the cell's spread is the runs' mean spread over
+    sqrt(runs), as a mean of independent windows narrows. One 10-minute device call holds one
+    sweep; the cells undecided within one run's spread (2026-11-25-h100-membench-12) need several."""
+    runs = [a for a in analyses if a.get("cells")]
+    if not runs:
+        return dict(base_tok_s=None, spread=None, cells={}, runs=0, error="no sweep with cells to merge")
+    cells: dict = {}
+    for a in runs:
+        for key, c in a["cells"].items():
+            m = cells.setdefault(key, dict(size_pct=c["size_pct"], rate=c["rate"], policies={}, spreads=[]))
+            if c.get("spread") is not None:
+                m["spreads"].append(c["spread"])
+            for pol, q in c["policies"].items():
+                m["policies"].setdefault(pol, []).append(q)
+    for c in cells.values():
+        spreads = c.pop("spreads")
+        c["spread"] = sum(spreads) / len(spreads) / len(spreads) ** 0.5 if spreads else None
+        c["policies"] = {pol: pooled(qs) for pol, qs in c["policies"].items()}
+    bases = [a["base_tok_s"] for a in runs if a.get("base_tok_s")]
+    spreads = [a["spread"] for a in runs if a.get("spread") is not None]
+    return dict(base_tok_s=sum(bases) / len(bases) if bases else None,
+                base_windows=sum(a.get("base_windows") or 0 for a in runs),
+                spread=sum(spreads) / len(spreads) if spreads else None, cells=cells, runs=len(runs),
+                counted=runs[0].get("counted"))
+
+
+def pooled(qs: list[dict]) -> dict:
+    """One policy's result in one cell over several runs."""
+    losses = [q["loss"] for q in qs if q.get("loss") is not None]
+    requeued = [q["requeued"] for q in qs if q.get("requeued") is not None]
+    return dict(loss=sum(losses) / len(losses) if losses else None, losses=losses,
+                reclaims=sum(q.get("reclaims") or 0 for q in qs),
+                requeued=sum(requeued) if len(requeued) == len(qs) else None, kind=qs[0].get("kind"))
+
+
 def cell_key(size_pct: float, rate: float) -> str:
     return f"{size_pct:g}%@{rate:g}/min"
 
@@ -187,7 +224,9 @@ def target_check(cells: dict, small: float = TARGET["small_size_pct"], better: f
 def markdown(rep: dict) -> str:
     """report.md: a table per policy (loss per size x rate), the spread, the target per cell."""
     a = rep["analysis"]
-    lines = ["# Eviction sweep (issue 30)", "", f"Device: {rep.get('device')}. Block placement: "
+    runs = a.get("runs")
+    lines = ["# Eviction sweep (issue 30)" + (f", {runs} runs merged" if runs else ""), "",
+             f"Device: {rep.get('device')}. Block placement: "
              f"{rep['args'].get('placement', 'default')}. Offline without reclaims: "
              f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; run-to-run spread "
              f"(range / mean of those windows) {pct_s(a.get('spread'))}; counted: {a.get('counted')}. Windows of {rep['args'].get('cell_seconds')} s; "
@@ -226,3 +265,42 @@ def fmt(x, digits: int = 2) -> str:
 
 def pct_s(x) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 sweep.py merge OUT1/report.json OUT2/report.json ... --out DIR`: one report over
+    several sweep runs (report.json and report.md in DIR)."""
+    import argparse
+    import json
+    import os
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge", help="merge the report.json of several sweep runs")
+    m.add_argument("reports", nargs="+")
+    m.add_argument("--out", required=True, help="folder for the merged report.json and report.md")
+    a = ap.parse_args(argv)
+    reps = []
+    for path in a.reports:
+        try:
+            with open(path) as f:
+                reps.append(json.load(f))
+        except (OSError, ValueError) as e:
+            ap.error(f"{path}: not a readable sweep report ({e})")
+    if any("analysis" not in r for r in reps):
+        ap.error("every file must be a sweep's report.json (it has an 'analysis' key)")
+    devices = sorted({str(r.get("device")) for r in reps})
+    rep = dict(device=", ".join(devices), args=reps[0].get("args", {}), sources=a.reports,
+               analysis=merge([r["analysis"] for r in reps]))
+    rep["target"] = target_check(rep["analysis"]["cells"])
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "report.json"), "w") as f:
+        json.dump(rep, f, indent=1)
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write(markdown(rep))
+    print(markdown(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

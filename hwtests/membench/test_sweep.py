@@ -120,6 +120,48 @@ class Target(unittest.TestCase):
         self.assertIn("| 5% | 0.00% |", md)
         self.assertIn("5%@6/min | undecided", md)
 
+class Merge(unittest.TestCase):
+    @staticmethod
+    def run_analysis(alg1, fifo, spread, requeued=(0, 4)):
+        c = cell(5, alg1, fifo, spread)
+        c["policies"]["alg1"].update(reclaims=1, requeued=requeued[0])
+        c["policies"]["fifo"].update(reclaims=1, requeued=requeued[1])
+        return dict(base_tok_s=1000.0, base_windows=5, spread=0.06, cells={"5%@2/min": c}, counted="tokens generated")
+
+    def test_merged_runs_average_the_loss_and_narrow_the_spread_by_sqrt_runs(self):
+        runs = [self.run_analysis(0.00, 0.02, 0.025), self.run_analysis(0.01, 0.03, 0.025),
+                self.run_analysis(-0.01, 0.025, 0.025), self.run_analysis(0.0, 0.025, 0.025)]
+        one = sweep.target_check(runs[0]["cells"])["cells"]["5%@2/min"]
+        self.assertEqual(one["verdict"], "undecided", "one run: FIFO's 2% is inside the 2.5% spread")
+        m = sweep.merge(runs)
+        c = m["cells"]["5%@2/min"]
+        self.assertAlmostEqual(c["spread"], 0.0125, msg="2.5% / sqrt(4)")
+        self.assertAlmostEqual(c["policies"]["fifo"]["loss"], 0.025)
+        self.assertAlmostEqual(c["policies"]["alg1"]["loss"], 0.0)
+        self.assertEqual((c["policies"]["alg1"]["requeued"], c["policies"]["fifo"]["requeued"]), (0, 16))
+        self.assertEqual(m["runs"], 4)
+        self.assertEqual(sweep.target_check(m["cells"])["cells"]["5%@2/min"]["verdict"], "pass",
+                         "four runs decide what one could not")
+
+    def test_merge_of_nothing_is_an_error_and_the_cli_refuses_a_file_that_is_not_a_sweep(self):
+        self.assertIn("error", sweep.merge([]))
+        import json
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            bad = os.path.join(d, "bad.json")
+            with open(bad, "w") as f:
+                json.dump({"configs": {}}, f)
+            with self.assertRaises(SystemExit) as e:
+                sweep.main(["merge", bad, "--out", d])
+            self.assertNotEqual(e.exception.code, 0)
+            good = os.path.join(d, "good.json")
+            with open(good, "w") as f:
+                json.dump(dict(device="cpu", args=dict(policies=["alg1", "fifo"], cell_seconds=10),
+                               analysis=self.run_analysis(0.0, 0.05, 0.01)), f)
+            self.assertEqual(sweep.main(["merge", good, good, "--out", os.path.join(d, "m")]), 0)
+            with open(os.path.join(d, "m", "report.md")) as f:
+                self.assertIn("2 runs merged", f.read())
+
 
 if __name__ == "__main__":
     unittest.main()
