@@ -243,12 +243,22 @@ impl LaunchWatcher {
     /// Adds a process to the filter and, when filtering, probes it (within [`REQUEST_POLL`]:
     /// this does not wait for the probes, so it never holds up the caller's loop).
     pub fn watch(&self, pid: u32) -> Result<(), WatchError> {
+        self.watch_acked(pid).map(drop)
+    }
+
+    /// [`LaunchWatcher::watch`], and a receiver that answers once the poll thread has applied
+    /// this watch: `Ok` when the process's probes are in (already, for a process probed before
+    /// and muted since, without registering anything), the error if attaching failed. Until
+    /// then the process's launches are not seen. A disconnected receiver: the thread ended.
+    pub fn watch_acked(&self, pid: u32) -> Result<ProbeAck, WatchError> {
         self.watched
             .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
             .map_err(|e| WatchError::bpf("adding a pid to the filter", e))?;
+        let (tx, rx) = mpsc::channel();
         self.probes
-            .send(ProbeRequest::Attach(pid))
-            .map_err(|_| WatchError::Thread("the launch-watch thread has ended".into()))
+            .send(ProbeRequest::Attach(pid, Some(tx)))
+            .map_err(|_| WatchError::Thread("the launch-watch thread has ended".into()))?;
+        Ok(rx)
     }
 
     /// Removes a process from the filter (and its counters) but keeps its probes, so that a
@@ -295,9 +305,14 @@ impl LaunchWatcher {
 
 type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>), WatchError>;
 
-/// Asks the poll thread (which owns the programs) to probe a process or to stop probing it.
+/// The answer to one [`LaunchWatcher::watch_acked`]: whether the process's probes are in.
+pub type ProbeAck = Receiver<Result<(), String>>;
+
+/// Asks the poll thread (which owns the programs) to probe a process (and to say when it has,
+/// on the sender) or to stop probing it. Requests are applied in the order sent, so an answer
+/// is about the probes in force after every earlier request, a detach of the same pid included.
 enum ProbeRequest {
-    Attach(u32),
+    Attach(u32, Option<Sender<Result<(), String>>>),
     Detach(u32),
 }
 
@@ -448,35 +463,42 @@ impl Probes {
             per_pid: HashMap::new(),
         };
         for &pid in &cfg.pids {
-            probes.apply(skel, ProbeRequest::Attach(pid))?;
+            probes.attach(skel, pid)?;
         }
         Ok(probes)
     }
 
-    fn apply(
-        &mut self,
-        skel: &skel::LaunchWatchSkel<'_>,
-        req: ProbeRequest,
-    ) -> Result<(), WatchError> {
+    /// Applies one request; an attach's outcome goes to its sender (logged if it failed).
+    fn apply(&mut self, skel: &skel::LaunchWatchSkel<'_>, req: ProbeRequest) {
         match req {
-            ProbeRequest::Attach(pid) if self.everyone.is_empty() => {
-                if self.per_pid.contains_key(&pid) {
-                    return Ok(());
+            ProbeRequest::Attach(pid, ack) => {
+                let done = self.attach(skel, pid);
+                if let Err(e) = &done {
+                    tracing::warn!("launch watch: {e}");
                 }
-                let target = i32::try_from(pid).map_err(|_| {
-                    WatchError::Thread(format!("pid {pid} is out of range for a uprobe"))
-                })?;
-                let links = self
-                    .targets
-                    .attach(skel, target)
-                    .map_err(|e| WatchError::bpf("attaching uprobes to a watched process", e))?;
-                self.per_pid.insert(pid, links);
+                if let Some(ack) = ack {
+                    // The caller may have stopped asking: nothing to tell then.
+                    let _ = ack.send(done.map_err(|e| e.to_string()));
+                }
             }
-            ProbeRequest::Attach(_) => {}
             ProbeRequest::Detach(pid) => {
                 self.per_pid.remove(&pid);
             }
         }
+    }
+
+    /// Probes `pid`, unless it is probed already (or every process is).
+    fn attach(&mut self, skel: &skel::LaunchWatchSkel<'_>, pid: u32) -> Result<(), WatchError> {
+        if !self.everyone.is_empty() || self.per_pid.contains_key(&pid) {
+            return Ok(());
+        }
+        let target = i32::try_from(pid)
+            .map_err(|_| WatchError::Thread(format!("pid {pid} is out of range for a uprobe")))?;
+        let links = self
+            .targets
+            .attach(skel, target)
+            .map_err(|e| WatchError::bpf("attaching uprobes to a watched process", e))?;
+        self.per_pid.insert(pid, links);
         Ok(())
     }
 }
@@ -578,9 +600,7 @@ fn run(
     while !stop.load(Ordering::Relaxed) {
         let _ = rb.poll(REQUEST_POLL);
         for req in requests.try_iter() {
-            if let Err(e) = probes.apply(&skel, req) {
-                tracing::warn!("launch watch: {e}");
-            }
+            probes.apply(&skel, req);
         }
     }
     let _ = rb.consume();

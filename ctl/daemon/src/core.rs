@@ -20,7 +20,7 @@ use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::config::OfflinePolicy;
-use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan};
+use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan, PROBES_WITHIN};
 use crate::harvest::{HarvestShared, ProcessView};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
@@ -84,6 +84,8 @@ pub struct DaemonCore<D: RmDriver> {
     /// A `gate start` whose gate thread is starting off the loop, or not yet synced.
     gate_pending: Option<PendingGate>,
     gate_starter: Option<GateStarter>,
+    /// How long a `gate start` waits for its online processes' probes ([`PROBES_WITHIN`]).
+    probes_within: Duration,
     metrics: Option<Arc<Metrics>>,
     offline_policy: OfflinePolicy,
     /// Whether a pid may be frozen under `offline_policy`, looked up once per process.
@@ -161,6 +163,7 @@ impl<D: RmDriver> DaemonCore<D> {
             gate: None,
             gate_pending: None,
             gate_starter: None,
+            probes_within: PROBES_WITHIN,
             metrics: None,
             offline_policy: OfflinePolicy::default(),
             permit_cache: RefCell::new(BTreeMap::new()),
@@ -700,6 +703,12 @@ impl<D: RmDriver> DaemonCore<D> {
     /// Sets how gate threads are started (without one, `gate start` is refused).
     pub fn set_gate_starter(&mut self, starter: GateStarter) {
         self.gate_starter = Some(starter);
+    }
+
+    /// Sets how long a `gate start` waits for its online processes' probes (tests shorten it).
+    #[cfg(test)]
+    pub(crate) fn set_probes_within(&mut self, within: Duration) {
+        self.probes_within = within;
     }
 
     fn gate_status(&self) -> Reply {

@@ -1,6 +1,9 @@
 //! `gate start` without holding the daemon's loop: the request is checked on the loop, the gate
 //! thread starts (BPF programs, libcuda uprobes, its RM client: 0.25 s on the H100) on a helper
 //! thread, and the loop finishes the start when it is ready, so preempts in between are served.
+//! It answers once the gate thread has applied its first sets and the probes of the online
+//! processes it starts with are in (up to [`PROBES_WITHIN`](crate::gate::PROBES_WITHIN)): a
+//! gate that answered earlier would claim to run while it cannot see online's launches.
 //!
 //! Until [`DaemonCore::poll_gate_start`] installs the started gate, nothing is recorded or
 //! disabled for it: the first offline set is recorded in the state file and then handed to the
@@ -8,13 +11,14 @@
 //! refused; busy/idle signals are kept and passed on once the gate runs.
 
 use std::sync::mpsc::{self, Receiver, TryRecvError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use valve::driver::RmDriver;
 
 use super::DaemonCore;
 use crate::gate::supervisor::{ActiveGate, Rescan, SYNC_WITHIN};
+use crate::gate::ProbeState;
 use crate::protocol::{GateSpec, Reply, EXIT_BPF};
 
 /// A `gate start` under way.
@@ -31,7 +35,19 @@ pub(crate) enum PendingGate {
     /// Installed, its first sets sent; waiting for the gate thread to have applied them, so that
     /// the reply shows the sets it works with.
     Syncing { rx: Receiver<()>, until: Instant },
+    /// Synced; waiting until the probes of the online processes it started with are in, so that
+    /// the reply never claims a gate that cannot see online's launches. Polled from the gate's
+    /// status (the loop serves other requests meanwhile); answers anyway at `until`, with a note.
+    Probing {
+        pids: Vec<u32>,
+        since: Instant,
+        until: Instant,
+    },
 }
+
+/// How often a blocking caller ([`DaemonCore::gate_start`], the shutdown) looks at the probes
+/// again; the loop looks on each of its turns instead.
+const PROBE_POLL: Duration = Duration::from_millis(2);
 
 impl<D: RmDriver> DaemonCore<D> {
     /// `gate start` answered in one call (the daemon's tests; the loop uses
@@ -109,7 +125,12 @@ impl<D: RmDriver> DaemonCore<D> {
 
     /// Waits for a `gate start` under way to finish (at shutdown, before the gate is stopped).
     pub(super) fn finish_gate_start(&mut self) {
-        while self.gate_pending.is_some() {
+        while let Some(p) = &self.gate_pending {
+            if matches!(p, PendingGate::Probing { .. }) {
+                // The gate runs and is stopped next: its probes are not worth waiting for.
+                self.gate_pending = None;
+                return;
+            }
             let _ = self.advance_gate_start(true);
         }
     }
@@ -135,42 +156,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 offline_label,
                 signal,
                 began,
-            } => {
-                let started = if wait {
-                    rx.recv().map_err(|_| TryRecvError::Disconnected)
-                } else {
-                    rx.try_recv()
-                };
-                let gate = match started {
-                    Err(TryRecvError::Empty) => {
-                        self.gate_pending = Some(PendingGate::Starting {
-                            rx,
-                            offline_label,
-                            signal,
-                            began,
-                        });
-                        return None;
-                    }
-                    Err(TryRecvError::Disconnected) => {
-                        return Some(Reply::err(
-                            EXIT_BPF,
-                            "starting the gate: its helper thread died",
-                        ))
-                    }
-                    Ok(Err(reply)) => return Some(reply),
-                    Ok(Ok(gate)) => gate,
-                };
-                tracing::info!(
-                    took_us = began.elapsed().as_micros() as u64,
-                    "gate start: the gate thread is up, installing it"
-                );
-                let rx = self.install_gate(gate, offline_label.as_deref(), signal);
-                self.gate_pending = Some(PendingGate::Syncing {
-                    rx,
-                    until: Instant::now() + SYNC_WITHIN,
-                });
-                self.advance_gate_start(wait)
-            }
+            } => self.advance_starting(rx, offline_label, signal, began, wait),
             PendingGate::Syncing { rx, until } => {
                 let left = until.saturating_duration_since(Instant::now());
                 let synced = if wait {
@@ -182,9 +168,87 @@ impl<D: RmDriver> DaemonCore<D> {
                     self.gate_pending = Some(PendingGate::Syncing { rx, until });
                     return None;
                 }
-                Some(self.gate_start_reply())
+                let pids = self.gate.as_ref().map(|g| g.online().iter().copied());
+                let now = Instant::now();
+                self.gate_pending = Some(PendingGate::Probing {
+                    pids: pids.into_iter().flatten().collect(),
+                    since: now,
+                    until: now + self.probes_within,
+                });
+                self.advance_gate_start(wait)
+            }
+            PendingGate::Probing { pids, since, until } => {
+                while !self.probes_in(&pids, ProbeState::Attaching).is_empty() {
+                    if Instant::now() >= until {
+                        return Some(self.gate_start_reply(&pids));
+                    }
+                    if !wait {
+                        self.gate_pending = Some(PendingGate::Probing { pids, since, until });
+                        return None;
+                    }
+                    // Only where the caller blocks anyway (tests, shutdown), never on the loop.
+                    std::thread::sleep(PROBE_POLL);
+                }
+                tracing::info!(
+                    took_us = since.elapsed().as_micros() as u64,
+                    "gate start: the online processes' probes are in"
+                );
+                Some(self.gate_start_reply(&pids))
             }
         }
+    }
+
+    /// The helper thread's part of a start: once it has sent the gate, installs it and syncs.
+    fn advance_starting(
+        &mut self,
+        rx: Receiver<Result<ActiveGate, Reply>>,
+        offline_label: Option<String>,
+        signal: Option<bool>,
+        began: Instant,
+        wait: bool,
+    ) -> Option<Reply> {
+        let started = if wait {
+            rx.recv().map_err(|_| TryRecvError::Disconnected)
+        } else {
+            rx.try_recv()
+        };
+        let gate = match started {
+            Err(TryRecvError::Empty) => {
+                self.gate_pending = Some(PendingGate::Starting {
+                    rx,
+                    offline_label,
+                    signal,
+                    began,
+                });
+                return None;
+            }
+            Err(TryRecvError::Disconnected) => {
+                return Some(Reply::err(
+                    EXIT_BPF,
+                    "starting the gate: its helper thread died",
+                ))
+            }
+            Ok(Err(reply)) => return Some(reply),
+            Ok(Ok(gate)) => gate,
+        };
+        tracing::info!(
+            took_us = began.elapsed().as_micros() as u64,
+            "gate start: the gate thread is up, installing it"
+        );
+        let rx = self.install_gate(gate, offline_label.as_deref(), signal);
+        self.gate_pending = Some(PendingGate::Syncing {
+            rx,
+            until: Instant::now() + SYNC_WITHIN,
+        });
+        self.advance_gate_start(wait)
+    }
+
+    /// Those of `pids` whose probes are in `state` (none once the gate is gone).
+    fn probes_in(&self, pids: &[u32], state: ProbeState) -> Vec<u32> {
+        self.gate
+            .as_ref()
+            .map(|g| g.probes_in(pids, state))
+            .unwrap_or_default()
     }
 
     /// Makes a started gate the daemon's: its first sets are recorded in the state file and sent
@@ -213,20 +277,41 @@ impl<D: RmDriver> DaemonCore<D> {
         }
     }
 
-    /// The reply to a finished `gate start`: the status with the sets the gate thread works with.
-    fn gate_start_reply(&self) -> Reply {
-        let status = self.gate_status();
+    /// The reply to a finished `gate start`: the status with the sets the gate thread works
+    /// with, and a note on what it cannot do yet (`pids`: the online processes it started with).
+    fn gate_start_reply(&self, pids: &[u32]) -> Reply {
+        let mut notes = Vec::new();
         let waiting = self
             .gate
             .as_ref()
             .map(ActiveGate::waiting)
             .unwrap_or_default();
-        let mut data = status.data;
         if !waiting.is_empty() {
-            data["note"] = json!(format!(
+            notes.push(format!(
                 "offline pid(s) {waiting:?} have no GPU channels yet; they are gated as soon as \
                  they create them"
             ));
+        }
+        let attaching = self.probes_in(pids, ProbeState::Attaching);
+        if !attaching.is_empty() {
+            notes.push(format!(
+                "the probes of online pid(s) {attaching:?} are not attached yet after {:?}; the \
+                 gate cannot see their launches until they are (gate status: online_probes)",
+                self.probes_within
+            ));
+        }
+        let failed = self.probes_in(pids, ProbeState::Failed);
+        if !failed.is_empty() {
+            notes.push(format!(
+                "the probes of online pid(s) {failed:?} failed to attach (gate status: \
+                 last_error); the gate does not see their launches"
+            ));
+        }
+        let mut data = self.gate_status().data;
+        if !notes.is_empty() {
+            let note = notes.join("; ");
+            tracing::warn!("gate start: {note}");
+            data["note"] = json!(note);
         }
         Reply::ok(data)
     }

@@ -20,8 +20,8 @@ pub mod trace;
 pub mod watchers;
 
 pub use policy::{Action, GateConfig, GatePolicy};
-pub use runtime::{GateInput, GateRuntime, GateShared, GateStatus, LaunchSource};
-pub use supervisor::{ActiveGate, GateStarter, Rescan, GATE_EDGE_GAP};
+pub use runtime::{GateInput, GateRuntime, GateShared, GateStatus, LaunchSource, ProbeState};
+pub use supervisor::{ActiveGate, GateStarter, Rescan, GATE_EDGE_GAP, PROBES_WITHIN};
 pub use trace::{TraceKind, TraceRecord, TraceRing};
 // A process's label, by which `--online-label` and `--offline-label` name it.
 pub use crate::workload::{process_label, LABEL_VAR};

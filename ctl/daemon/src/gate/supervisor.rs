@@ -19,7 +19,7 @@ use valve_ebpf::Registry;
 
 use super::policy::GateConfig;
 use super::ports::{listening_ports, port_owners};
-use super::runtime::{ChannelSet, GateHandle, GateInput, GateShared};
+use super::runtime::{ChannelSet, GateHandle, GateInput, GateShared, ProbeState};
 use crate::procfs::{alive, all_pids};
 use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
 use crate::workload::label_of;
@@ -33,6 +33,14 @@ pub type GateStarter = Arc<dyn Fn(GateConfig) -> Result<GateHandle, String> + Se
 
 /// The longest the daemon waits for the gate thread to acknowledge its inputs.
 pub const SYNC_WITHIN: Duration = Duration::from_secs(2);
+
+/// The longest `gate start` waits, after its first sets are applied, for the probes of the
+/// online processes it starts with (see `core/gate_start.rs`). Attaching one process's probes
+/// registers a uprobe per libcuda entry point, each taking the write lock of every process that
+/// maps libcuda: beside busy offline jobs a full set took 5.6-12.3 s (H100, H200), and under kept
+/// watchers a new online process's probes came about 7 s after the start had answered
+/// (hwtest-11). 20 s covers those with room, and still answers if an attach hangs.
+pub const PROBES_WITHIN: Duration = Duration::from_secs(20);
 
 /// How often labels are looked up again in `/proc`.
 const LABEL_RESCAN: Duration = Duration::from_secs(1);
@@ -249,6 +257,15 @@ impl ActiveGate {
     /// The offline channels the gate may disable now (recorded in the state file).
     pub fn records(&self) -> &[DisabledRecord] {
         &self.records
+    }
+
+    /// Those of `pids` whose probes are in `state` now (a pid no longer online is in none).
+    pub fn probes_in(&self, pids: &[u32], state: ProbeState) -> Vec<u32> {
+        let probes = self.handle.probes();
+        pids.iter()
+            .copied()
+            .filter(|p| probes.get(p) == Some(&state))
+            .collect()
     }
 
     /// Offline pids named by pid that have no GPU channels yet.

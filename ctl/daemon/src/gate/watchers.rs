@@ -7,14 +7,14 @@
 //! held offline's memory calls (its answer to a reclaim) behind it: grows reclaiming during a gate
 //! restart took up to 53 ms. Kept watchers make a restart a few map updates.
 
-use std::collections::BTreeSet;
-use std::sync::mpsc::Sender;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc::{Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use valve::controller::Controller;
 use valve::driver::NvDriver;
-use valve_ebpf::{ArrivalEdge, WatchedPort};
+use valve_ebpf::{ArrivalEdge, ProbeAck, WatchedPort};
 
 use super::policy::GateConfig;
 use super::runtime::{self, GateHandle, GateInput, LaunchSource, ProbeHits};
@@ -117,6 +117,49 @@ pub struct GateWatchers {
     keeper: Option<Arc<WatcherKeeper>>,
     pids: BTreeSet<u32>,
     ports: BTreeSet<u16>,
+    acks: Acks,
+}
+
+/// What the launch watcher's poll thread answered about the watched pids' probes.
+#[derive(Default)]
+struct Acks {
+    /// Pids whose probes it has not confirmed yet, and where its answer comes.
+    attaching: BTreeMap<u32, ProbeAck>,
+    /// Pids whose probes failed to attach, and why.
+    failed: BTreeMap<u32, String>,
+}
+
+impl Acks {
+    /// `pid` is watched anew: its probes are in once `ack` says so.
+    fn expect(&mut self, pid: u32, ack: ProbeAck) {
+        self.failed.remove(&pid);
+        self.attaching.insert(pid, ack);
+    }
+
+    fn forget(&mut self, pid: u32) {
+        self.attaching.remove(&pid);
+        self.failed.remove(&pid);
+    }
+
+    /// [`LaunchSource::probes_attached`] for a watched `pid`.
+    fn attached(&mut self, pid: u32) -> Result<bool, String> {
+        if let Some(e) = self.failed.get(&pid) {
+            return Err(e.clone());
+        }
+        let Some(ack) = self.attaching.get(&pid) else {
+            return Ok(true);
+        };
+        let done = match ack.try_recv() {
+            Err(TryRecvError::Empty) => return Ok(false),
+            Ok(done) => done,
+            Err(TryRecvError::Disconnected) => Err("the launch-watch thread has ended".into()),
+        };
+        self.attaching.remove(&pid);
+        if let Err(e) = &done {
+            self.failed.insert(pid, e.clone());
+        }
+        done.map(|()| true)
+    }
 }
 
 impl GateWatchers {
@@ -162,11 +205,24 @@ impl Drop for GateWatchers {
 impl LaunchSource for GateWatchers {
     fn watch(&mut self, pid: u32) -> Result<(), String> {
         self.pids.insert(pid);
-        self.w().launch.watch(pid).map_err(|e| e.to_string())
+        match self.w().launch.watch_acked(pid) {
+            Ok(ack) => {
+                self.acks.expect(pid, ack);
+                Ok(())
+            }
+            Err(e) => {
+                self.acks.failed.insert(pid, e.to_string());
+                Err(e.to_string())
+            }
+        }
     }
     fn unwatch(&mut self, pid: u32) {
         self.pids.remove(&pid);
+        self.acks.forget(pid);
         self.w().launch.unwatch(pid);
+    }
+    fn probes_attached(&mut self, pid: u32) -> Result<bool, String> {
+        self.acks.attached(pid)
     }
     fn last_launch_ns(&self, pid: u32) -> u64 {
         self.w().launch.counts(pid).last_ns
@@ -313,6 +369,7 @@ pub fn real_gate_starter(keep: Duration) -> GateStarter {
                 keeper,
                 pids: BTreeSet::new(),
                 ports: BTreeSet::new(),
+                acks: Acks::default(),
             };
             // On an error here the watchers go back to the keeper with the drop.
             let ctl =
@@ -367,6 +424,27 @@ mod tests {
             rx.try_recv().is_err(),
             "the old gate gets nothing once its route is cleared"
         );
+    }
+
+    #[test]
+    fn probes_are_attached_once_the_poll_thread_says_so() {
+        let mut acks = Acks::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        acks.expect(1, rx);
+        assert_eq!(acks.attached(1), Ok(false), "not applied yet");
+        tx.send(Ok(())).unwrap();
+        assert_eq!(acks.attached(1), Ok(true));
+        assert_eq!(acks.attached(1), Ok(true), "and stays so");
+        let (tx, rx) = std::sync::mpsc::channel();
+        acks.expect(2, rx);
+        tx.send(Err("ESRCH".into())).unwrap();
+        assert_eq!(acks.attached(2), Err("ESRCH".into()));
+        assert_eq!(acks.attached(2), Err("ESRCH".into()), "a failure is kept");
+        let (tx, rx) = std::sync::mpsc::channel();
+        acks.expect(2, rx);
+        assert_eq!(acks.attached(2), Ok(false), "watched again: asked again");
+        drop(tx);
+        assert!(acks.attached(2).is_err(), "the poll thread ended");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use valve_daemon::protocol::{GateSpec, Request};
 
 use crate::args::{parse_duration, Globals};
-use crate::client::daemon_call;
+use crate::client::{daemon_call, daemon_call_within};
 use crate::error::CliError;
 use crate::print;
 
@@ -209,13 +209,23 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
     })
 }
 
+/// How long `gate start` waits for its answer: the daemon answers once the gate's libcuda
+/// probes are attached (seconds beside busy jobs), then once its online processes' probes are
+/// (up to 20 s more, `PROBES_WITHIN`), so the usual 10 s would give up on a start that succeeds.
+const START_REPLY_WITHIN: Duration = Duration::from_secs(60);
+
 /// Sends the subcommand's request to the daemon and prints the answer.
 pub fn exec(args: &GateArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
     let action = &args.action;
     if let GateCommand::Trace { after, follow } = action {
         return trace(g, *after, *follow, out);
     }
-    let data = daemon_call(g.socket, &request(action)?)?;
+    let req = request(action)?;
+    let data = if matches!(req, Request::GateStart(_)) {
+        daemon_call_within(g.socket, &req, START_REPLY_WITHIN)?
+    } else {
+        daemon_call(g.socket, &req)?
+    };
     if g.json {
         writeln!(out, "{data}")?;
     } else if matches!(action, GateCommand::Busy | GateCommand::Idle) {

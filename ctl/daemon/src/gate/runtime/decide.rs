@@ -86,6 +86,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Adopt(records) => self.adopt = channel_set(&records),
             GateInput::Sync(ack) => {
                 self.adopt.clear();
+                self.refresh_probes();
                 let _ = ack.try_send(());
             }
             GateInput::Stop => return false,
@@ -205,6 +206,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.tick(monotonic_ns());
+            // After every input or wake-up: the status says soon when probes are in.
+            self.refresh_probes();
         }
         // Drop enables.
     }

@@ -42,6 +42,12 @@ pub trait LaunchSource: Send {
     fn watch(&mut self, pid: u32) -> Result<(), String>;
     /// Stop reporting `pid`.
     fn unwatch(&mut self, pid: u32);
+    /// Whether the probes that see a watched `pid`'s launches are in: `Ok(false)` while its
+    /// watch is still being applied (its launches are not seen yet), the error if that failed.
+    /// Default: in as soon as it is watched.
+    fn probes_attached(&mut self, _pid: u32) -> Result<bool, String> {
+        Ok(true)
+    }
     /// CLOCK_MONOTONIC ns of `pid`'s latest launch or end of a wait for its GPU work (0: none).
     fn last_launch_ns(&self, pid: u32) -> u64;
     /// Whether a thread of `pid` is waiting for its GPU work now (inside a synchronising call).
@@ -82,6 +88,8 @@ pub trait LaunchSource: Send {
     fn arm_resume(&self, _now_ns: u64) {}
 }
 
+/// The bare watcher (the gate uses [`crate::gate::watchers::GateWatchers`], which also tracks
+/// when each process's probes are in; this one says "in" at once).
 impl LaunchSource for valve_ebpf::LaunchWatcher {
     fn watch(&mut self, pid: u32) -> Result<(), String> {
         valve_ebpf::LaunchWatcher::watch(self, pid).map_err(|e| e.to_string())

@@ -25,6 +25,6 @@ pub use input::{GateInput, LaunchSource, ProbeHits};
 pub(crate) use shared::channel_set;
 pub use shared::{ChannelSet, GateShared};
 pub use state::GateRuntime;
-pub use status::GateStatus;
+pub use status::{GateStatus, ProbeState};
 pub use thread::{spawn, GateHandle, GateParts};
 pub use valve::stats::monotonic_ns;

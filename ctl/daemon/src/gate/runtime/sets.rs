@@ -13,6 +13,7 @@ use valve_ebpf::WatchedPort;
 use super::input::LaunchSource;
 use super::shared::{channel_set, lock_claims, Claims};
 use super::state::GateRuntime;
+use super::status::ProbeState;
 use crate::procfs::alive;
 
 /// Disable/enable rounds of each kind when the gate measures the issue mode.
@@ -21,17 +22,68 @@ const PROBE_CYCLES: usize = 5;
 impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     pub(super) fn set_online(&mut self, pids: BTreeSet<u32>) {
         for &p in pids.difference(&self.online) {
-            if let Err(e) = self.launches.watch(p) {
-                self.error(format!("watching online pid {p}: {e}"));
-            }
+            let state = match self.launches.watch(p) {
+                Ok(()) => ProbeState::Attaching,
+                Err(e) => {
+                    self.error(format!("watching online pid {p}: {e}"));
+                    ProbeState::Failed
+                }
+            };
+            self.probes.insert(p, state);
         }
         for &p in self.online.difference(&pids) {
             self.launches.unwatch(p);
+            self.probes.remove(&p);
         }
         self.online = pids;
         self.probe_hits_read_ns.set(0);
+        self.poll_probes();
         let online: Vec<u32> = self.online.iter().copied().collect();
         self.update(|s| s.online_pids = online);
+        self.publish_probes();
+    }
+
+    /// Publishes whether the online processes' probes are in, once any that was attaching is
+    /// in or has failed (nothing to ask once every one is settled).
+    pub(super) fn refresh_probes(&mut self) {
+        if self.poll_probes() {
+            self.publish_probes();
+        }
+    }
+
+    /// Asks the launch source about the probes still attaching; whether any settled.
+    fn poll_probes(&mut self) -> bool {
+        let mut failed = Vec::new();
+        let mut settled = false;
+        for (&p, state) in &mut self.probes {
+            if *state != ProbeState::Attaching {
+                continue;
+            }
+            *state = match self.launches.probes_attached(p) {
+                Ok(false) => continue,
+                Ok(true) => ProbeState::Attached,
+                Err(e) => {
+                    failed.push(format!(
+                        "online pid {p}: attaching its probes: {e}; its launches are not seen"
+                    ));
+                    ProbeState::Failed
+                }
+            };
+            settled = true;
+        }
+        for e in failed {
+            self.error(e);
+        }
+        settled
+    }
+
+    fn publish_probes(&self) {
+        let probes = self.probes.clone();
+        let all = probes.values().all(|s| *s == ProbeState::Attached);
+        self.update(|s| {
+            s.online_probes = probes;
+            s.online_probes_attached = all;
+        });
     }
 
     pub(super) fn set_ports(&mut self, ports: BTreeSet<WatchedPort>) {
@@ -266,6 +318,56 @@ mod tests {
         rt.handle(GateInput::Ports(BTreeSet::new()), 0);
         assert!(launches.1.lock().unwrap().is_empty(), "unwatched");
         assert!(snapshot(&rt.shared).online_ports.is_empty());
+    }
+
+    /// Probes that attach (or fail) when the test says so: per pid, what `probes_attached`
+    /// answers (absent: still attaching).
+    #[derive(Clone, Default)]
+    struct SlowProbes(Arc<std::sync::Mutex<BTreeMap<u32, Result<bool, String>>>>);
+
+    impl LaunchSource for SlowProbes {
+        fn watch(&mut self, _: u32) -> Result<(), String> {
+            Ok(())
+        }
+        fn unwatch(&mut self, _: u32) {}
+        fn last_launch_ns(&self, _: u32) -> u64 {
+            0
+        }
+        fn probes_attached(&mut self, pid: u32) -> Result<bool, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .get(&pid)
+                .cloned()
+                .unwrap_or(Ok(false))
+        }
+    }
+
+    #[test]
+    fn the_status_says_which_online_processes_have_their_probes_in() {
+        let rm = Arc::new(FakeRm::host(1));
+        let probes = SlowProbes::default();
+        let shared = Arc::new(crate::gate::GateShared::default());
+        let ctl = valve::controller::Controller::with_driver(rm).unwrap();
+        let mut rt = GateRuntime::new(ctl, probes.clone(), GateConfig::default(), shared.clone());
+        assert!(snapshot(&shared).online_probes_attached, "none online");
+        rt.handle(GateInput::Online([1, 2].into()), 0);
+        let s = snapshot(&shared);
+        assert!(!s.online_probes_attached);
+        assert_eq!(s.online_probes[&1], ProbeState::Attaching);
+        probes.0.lock().unwrap().insert(1, Ok(true));
+        probes.0.lock().unwrap().insert(2, Err("ESRCH".into()));
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.handle(GateInput::Sync(tx), 0);
+        rx.try_recv().unwrap();
+        let s = snapshot(&shared);
+        assert_eq!(s.online_probes[&1], ProbeState::Attached);
+        assert_eq!(s.online_probes[&2], ProbeState::Failed);
+        assert!(!s.online_probes_attached && s.errors == 1);
+        assert!(s.last_error.unwrap().contains("online pid 2"));
+        rt.handle(GateInput::Online([1].into()), 0);
+        let s = snapshot(&shared);
+        assert!(s.online_probes_attached && !s.online_probes.contains_key(&2));
     }
 
     #[test]

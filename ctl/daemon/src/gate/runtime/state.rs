@@ -15,7 +15,7 @@ use valve_ebpf::WatchedPort;
 
 use super::input::{LaunchSource, ProbeHits};
 use super::shared::GateShared;
-use super::status::{GateStatus, Samples};
+use super::status::{GateStatus, ProbeState, Samples};
 use crate::gate::policy::{GateConfig, GatePolicy};
 use crate::gate::trace::TraceKind;
 
@@ -39,6 +39,8 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     pub(super) adopt: BTreeSet<(u32, u32, u32)>,
     pub(super) disabled_since: Option<Instant>,
     pub(super) online: BTreeSet<u32>,
+    /// Where each online process's probes are (published in the status).
+    pub(super) probes: BTreeMap<u32, ProbeState>,
     pub(super) ports: BTreeSet<WatchedPort>,
     /// The issue mode is to be measured once on the first offline plan with 2 or more GPUs.
     pub(super) probe_pending: bool,
@@ -85,6 +87,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             adopt: BTreeSet::new(),
             disabled_since: None,
             online: BTreeSet::new(),
+            probes: BTreeMap::new(),
             ports: BTreeSet::new(),
             probe_pending: cfg.issue.is_none(),
             busy_poll: cfg.arrival_busy_poll,
@@ -123,6 +126,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             s.issue = issue;
             s.scheduling = scheduling;
             s.fast_wakeups = fast_wakeups;
+            s.online_probes_attached = true;
         });
         rt
     }

@@ -1,6 +1,8 @@
 //! What the gate reports: the status `valvectl gate status` prints, and the latency samples
 //! behind its summaries, as the gate thread shares them with the daemon.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use valve::stats::Summary;
 
@@ -25,6 +27,11 @@ pub struct GateStatus {
     pub arrivals: u64,
     /// Online processes watched.
     pub online_pids: Vec<u32>,
+    /// Whether each online process's probes are in: the gate sees its launches only once they
+    /// are "attached" (attaching one takes seconds beside busy libcuda users).
+    pub online_probes: BTreeMap<u32, ProbeState>,
+    /// Every online process's probes are attached.
+    pub online_probes_attached: bool,
     /// Online ports whose request arrivals preempt.
     pub online_ports: Vec<u16>,
     /// Offline processes gated.
@@ -66,6 +73,18 @@ pub struct GateStatus {
     pub errors: u64,
     /// The latest failure.
     pub last_error: Option<String>,
+}
+
+/// Where an online process's probes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeState {
+    /// Asked for, not applied yet: the process's launches are not seen.
+    Attaching,
+    /// In: its launches are seen.
+    Attached,
+    /// Attaching them failed (the gate's `last_error` says why): its launches are not seen.
+    Failed,
 }
 
 #[derive(Clone, Default)]

@@ -14,7 +14,7 @@ use valve_ebpf::realtime::{self, Scheduling};
 use super::input::{GateInput, LaunchSource};
 use super::shared::{snapshot, ChannelSet, GateShared};
 use super::state::GateRuntime;
-use super::status::GateStatus;
+use super::status::{GateStatus, ProbeState};
 use crate::gate::policy::GateConfig;
 use crate::gate::trace::TraceRecord;
 
@@ -99,6 +99,17 @@ impl GateHandle {
     /// The gate's status now.
     pub fn status(&self) -> GateStatus {
         snapshot(&self.shared)
+    }
+
+    /// Where each online process's probes are, as the gate thread last published it (a copy of
+    /// that map only: cheap enough to poll).
+    pub fn probes(&self) -> std::collections::BTreeMap<u32, ProbeState> {
+        let g = self
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        g.status.online_probes.clone()
     }
 
     /// Trace records after sequence number `after` (at most `limit`, oldest first).
