@@ -1,12 +1,16 @@
 // The online trigger of the floor experiment (`valve-hwtest --only-floor`): one CUDA context whose
-// host thread busy-polls a request word in a shared page and, on each new request, launches one
-// tiny kernel that records %globaltimer at its start. It answers the question "does online's first
-// kernel start when offline's TSG leaves the engine, or when the disable ioctl returns?".
+// host thread busy-polls a request word in a shared page and, on each new request, launches either
+// one tiny kernel that records %globaltimer at its start, or a burst of K kernels back to back on
+// one stream, each spinning for a given GPU time (the page's burst_kernels and burst_kernel_ns).
+// The single kernel answers "does online's first kernel start when offline's TSG leaves the
+// engine, or when the disable ioctl returns?"; the burst answers "how long does a request of many
+// kernels take while the disable lands?".
 //
 // The runner creates the page (/dev/shm/<name>, layout: TriggerPage in common.h) and writes shot n
 // into `request`; the trigger writes the host times (CLOCK_MONOTONIC: when it saw the request,
-// after the launch call, after the sync) and the kernel's GPU start and end, then `done` = n.
-// It ends when the runner sets `stop`, when its parent dies, or after --max-seconds.
+// after the launch calls, after the sync), the first kernel's GPU start and the last one's end,
+// then `done` = n. It ends when the runner sets `stop`, when its parent dies, or after
+// --max-seconds.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -50,6 +54,29 @@ __global__ void first_kernel(uint64_t* out) {
     __threadfence_system();
   }
 }
+
+// One kernel of a burst: 32 threads spin for `ns` of GPU time (so offline keeps the SMs); thread 0
+// records the start and the end in host-mapped memory.
+__global__ void burst_kernel(uint64_t ns, uint64_t* start, uint64_t* end) {
+  const uint64_t t0 = valve::globaltimer();
+  uint32_t x = threadIdx.x;
+  while (valve::globaltimer() - t0 < ns) x = x * valve::kLcgA + valve::kLcgC;
+  if (threadIdx.x == 0) {
+    volatile uint64_t* s = start;
+    volatile uint64_t* e = end;
+    *s = t0;
+    *e = valve::globaltimer() | (x == 0xFFFFFFFFu);  // uses x, so the loop stays
+    __threadfence_system();
+  }
+}
+
+// The host-mapped words: the single kernel's start and end, then every burst kernel's start, then
+// every burst kernel's end.
+constexpr size_t kBurstStarts = 2;
+constexpr size_t kBurstEnds = kBurstStarts + valve::kTriggerMaxBurst;
+constexpr size_t kOutWords = kBurstEnds + valve::kTriggerMaxBurst;
+// A burst kernel may spin at most this long (the runner asks for microseconds).
+constexpr uint64_t kMaxKernelNs = 100000000ull;
 
 static uint64_t mono_ns() {
   timespec ts;
@@ -117,23 +144,59 @@ static TriggerPage* map_page(const std::string& name) {
   return page;
 }
 
-// One shot: launch, sync, publish. Returns the CUDA error (cudaSuccess if none).
-static cudaError_t shot(uint64_t n, cudaStream_t s, volatile uint64_t* h_out, uint64_t* d_out) {
-  h_out[0] = 0;
-  h_out[1] = 0;
-  const uint64_t seen = mono_ns();
-  first_kernel<<<1, 32, 0, s>>>(d_out);
-  cudaError_t err = cudaGetLastError();
-  const uint64_t launched = mono_ns();
-  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-  const uint64_t synced = mono_ns();
-  __atomic_store_n(&g_page->seen_mono_ns, seen, __ATOMIC_RELAXED);
-  __atomic_store_n(&g_page->launched_mono_ns, launched, __ATOMIC_RELAXED);
-  __atomic_store_n(&g_page->synced_mono_ns, synced, __ATOMIC_RELAXED);
-  __atomic_store_n(&g_page->gpu_start_ns, (uint64_t)h_out[0], __ATOMIC_RELAXED);
-  __atomic_store_n(&g_page->gpu_end_ns, (uint64_t)h_out[1], __ATOMIC_RELAXED);
+// Launches the shot's kernels: the single tiny kernel (k = 0) or a burst of k spin kernels.
+static cudaError_t launch(uint32_t k, uint64_t ns, cudaStream_t s, uint64_t* d_out) {
+  if (k > valve::kTriggerMaxBurst || (k > 0 && (ns == 0 || ns > kMaxKernelNs))) {
+    return cudaErrorInvalidValue;
+  }
+  if (k == 0) {
+    first_kernel<<<1, 32, 0, s>>>(d_out);
+    return cudaGetLastError();
+  }
+  for (uint32_t i = 0; i < k; ++i) {
+    burst_kernel<<<1, 32, 0, s>>>(ns, d_out + kBurstStarts + i, d_out + kBurstEnds + i);
+  }
+  return cudaGetLastError();
+}
+
+// Writes shot n's fields, then `done` = n (release).
+static void publish(uint64_t n, const uint64_t (&mono)[3], uint64_t start, uint64_t end,
+                    uint32_t ran, cudaError_t err) {
+  __atomic_store_n(&g_page->seen_mono_ns, mono[0], __ATOMIC_RELAXED);
+  __atomic_store_n(&g_page->launched_mono_ns, mono[1], __ATOMIC_RELAXED);
+  __atomic_store_n(&g_page->synced_mono_ns, mono[2], __ATOMIC_RELAXED);
+  __atomic_store_n(&g_page->gpu_start_ns, start, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_page->gpu_end_ns, end, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_page->burst_ran, ran, __ATOMIC_RELAXED);
   __atomic_store_n(&g_page->error, (uint32_t)err, __ATOMIC_RELAXED);
   __atomic_store_n(&g_page->done, n, __ATOMIC_RELEASE);
+}
+
+// One shot: launch, sync, publish. Returns the CUDA error (cudaSuccess if none).
+static cudaError_t shot(uint64_t n, cudaStream_t s, volatile uint64_t* h_out, uint64_t* d_out) {
+  // Ordered after `request` by the caller's acquire load.
+  const uint32_t k = __atomic_load_n(&g_page->burst_kernels, __ATOMIC_RELAXED);
+  const uint64_t ns = __atomic_load_n(&g_page->burst_kernel_ns, __ATOMIC_RELAXED);
+  const uint32_t words = k <= valve::kTriggerMaxBurst ? k : 0;
+  h_out[0] = 0;
+  h_out[1] = 0;
+  for (uint32_t i = 0; i < words; ++i) {
+    h_out[kBurstStarts + i] = 0;
+    h_out[kBurstEnds + i] = 0;
+  }
+  uint64_t mono[3];
+  mono[0] = mono_ns();
+  cudaError_t err = launch(k, ns, s, d_out);
+  mono[1] = mono_ns();
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  mono[2] = mono_ns();
+  if (k == 0 || words == 0) {
+    publish(n, mono, h_out[0], h_out[1], 0, err);
+    return err;
+  }
+  uint32_t ran = 0;
+  for (uint32_t i = 0; i < k; ++i) ran += h_out[kBurstEnds + i] != 0;
+  publish(n, mono, h_out[kBurstStarts], h_out[kBurstEnds + k - 1], ran, err);
   return err;
 }
 
@@ -149,12 +212,14 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint64_t* h_raw = nullptr;
   uint64_t* d_out = nullptr;
-  CK(cudaHostAlloc((void**)&h_raw, 2 * sizeof(uint64_t), cudaHostAllocMapped));
+  CK(cudaHostAlloc((void**)&h_raw, kOutWords * sizeof(uint64_t), cudaHostAllocMapped));
   CK(cudaHostGetDevicePointer((void**)&d_out, h_raw, 0));
   volatile uint64_t* h_out = h_raw;
-  // Warm-up: loads the module and creates the stream's channel, so that a shot makes no RM call.
+  // Warm-up: loads both kernels (lazy loading loads each at its first launch) and creates the
+  // stream's channel, so that a shot makes no RM call.
   for (int i = 0; i < o.warmup; ++i) {
     first_kernel<<<1, 32, 0, s>>>(d_out);
+    burst_kernel<<<1, 32, 0, s>>>(1000, d_out + kBurstStarts, d_out + kBurstEnds);
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(s));
   }

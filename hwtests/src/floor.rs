@@ -3,7 +3,9 @@
 //! DISABLE_CHANNELS calls of several kinds, interleaved in blocks so drift hits all alike:
 //! (a) all channels, the baseline; (b) controls that preempt nothing (the floor); (c) schedule-only;
 //! (d) the compute TSG, then the rest; (e) an online process's first kernel fired together with a
-//! disable, against the GPU stop and the ioctl's return on one clock.
+//! disable, against the GPU stop and the ioctl's return on one clock; (f) a burst of online
+//! kernels fired together with the disable of all channels or the split, against offline already
+//! frozen and no control: how much of the burst's delay the split removes.
 //!
 //! Every row is independent: a failed cycle is recorded and its channels enabled again, a row
 //! that fails 5 times stops, and the whole loop stops at a time budget.
@@ -17,10 +19,10 @@ use valve::{ChannelTarget, Controller, GpuInfo};
 use crate::clock::{us_between, GpuClock, HostClock};
 use crate::experiments::{cycle, IssueTiming, Preempter, RawPreempter};
 use crate::floor_report::{
-    self as fr, Row, Sample, CYCLE_COLS, FLOOR_COLS, SPLIT_COLS, TRIGGER_COLS,
+    self as fr, Row, Sample, BURST_COLS, CYCLE_COLS, FLOOR_COLS, SPLIT_COLS, TRIGGER_COLS,
 };
 use crate::hog::{now_ns, Bins, ChannelSet, Hog, Poller};
-use crate::trigger::Trigger;
+use crate::trigger::{Burst, Shot, Trigger};
 use crate::Report;
 
 /// Rows are interleaved in blocks of this many cycles.
@@ -117,8 +119,12 @@ enum Action {
     Cycle(Preempt),
     /// One control (disable or enable) that preempts nothing.
     Control { p: Box<RawPreempter>, disable: bool },
-    /// Fire the trigger, with a disable as `when` says.
-    Trigger { p: Option<Preempt>, when: When },
+    /// Fire the trigger (one tiny kernel, or a burst), with a disable as `when` says.
+    Trigger {
+        p: Option<Preempt>,
+        when: When,
+        burst: Burst,
+    },
 }
 
 /// Which sub-experiment a row belongs to.
@@ -129,6 +135,14 @@ enum Group {
     C,
     D,
     E,
+    F,
+}
+
+impl Group {
+    /// The rows that need the online trigger.
+    fn online(self) -> bool {
+        matches!(self, Group::E | Group::F)
+    }
 }
 
 /// One row: what it does, its samples and its failures.
@@ -200,8 +214,15 @@ impl Ctx<'_> {
     }
 }
 
-/// Runs the section and writes its tables, JSON and checks into `r`.
-pub fn run(ctl: &Controller, bins: &Bins, g0: &GpuInfo, cycles: usize, r: &mut Report) {
+/// Runs the section and writes its tables, JSON and checks into `r`; the (f) rows fire `burst`.
+pub fn run(
+    ctl: &Controller,
+    bins: &Bins,
+    g0: &GpuInfo,
+    cycles: usize,
+    burst: Burst,
+    r: &mut Report,
+) {
     r.line("\n## The disable's floor, and what online's first kernel waits for (`--only-floor`), GPU 0\n");
     let hog = match Hog::start(bins, g0, "persistent", &[]).or_else(|e| {
         println!("retrying once after: {e:#}");
@@ -217,7 +238,8 @@ pub fn run(ctl: &Controller, bins: &Bins, g0: &GpuInfo, cycles: usize, r: &mut R
     let sets = Sets::of(&hog, g0);
     let mut notes = Vec::new();
     let mut trigger = start_trigger(bins, g0, &mut notes);
-    let mut arms = build_arms(ctl, g0, &sets, trigger.is_some(), &mut notes);
+    let online = trigger.is_some().then_some(burst);
+    let mut arms = build_arms(ctl, g0, &sets, online, &mut notes);
     let mut ctx = Ctx {
         hog: &hog,
         poller: &poller,
@@ -232,7 +254,10 @@ pub fn run(ctl: &Controller, bins: &Bins, g0: &GpuInfo, cycles: usize, r: &mut R
     }
     let loop_s = t0.elapsed().as_secs_f64();
     let closed = ctx.close();
-    let end = wind_down(arms, closed, trigger, poller, hog);
+    let end = End {
+        burst,
+        ..wind_down(arms, closed, trigger, poller, hog)
+    };
     report(r, &sets, cycles, loop_s, &notes, &end);
 }
 
@@ -260,6 +285,7 @@ fn wind_down(
         hog: hog.finish(),
         trigger,
         host,
+        burst: Burst::SINGLE,
     }
 }
 
@@ -267,7 +293,7 @@ fn wind_down(
 fn start_trigger(bins: &Bins, g0: &GpuInfo, notes: &mut Vec<String>) -> Option<Trigger> {
     if !bins.trigger.exists() {
         notes.push(format!(
-            "{} is missing (hwtests/cuda/build.sh says why it did not build): the (e) rows are skipped.",
+            "{} is missing (hwtests/cuda/build.sh says why it did not build): the (e) and (f) rows are skipped.",
             bins.trigger.display()
         ));
         return None;
@@ -276,7 +302,7 @@ fn start_trigger(bins: &Bins, g0: &GpuInfo, notes: &mut Vec<String>) -> Option<T
         Ok(t) => Some(t),
         Err(e) => {
             notes.push(format!(
-                "The online trigger did not start ({e:#}): the (e) rows are skipped."
+                "The online trigger did not start ({e:#}): the (e) and (f) rows are skipped."
             ));
             None
         }
@@ -310,7 +336,7 @@ enum Kind {
 }
 
 /// Every row, in the order the loop visits them: key, label, group, kind.
-const ROWS: [(&str, &str, Group, Kind); 13] = [
+const ROWS: [(&str, &str, Group, Kind); 17] = [
     (
         "all",
         "all channels, one call",
@@ -389,26 +415,54 @@ const ROWS: [(&str, &str, Group, Kind); 13] = [
         Group::E,
         Kind::TriggerAlone,
     ),
+    (
+        "burst_disable",
+        "burst, disable all channels right after the flag",
+        Group::F,
+        Kind::Trigger(Chans::All, When::Issue),
+    ),
+    (
+        "burst_split",
+        "burst, split right after the flag",
+        Group::F,
+        Kind::TriggerSplit,
+    ),
+    (
+        "burst_frozen",
+        "burst, offline already frozen",
+        Group::F,
+        Kind::Trigger(Chans::All, When::Frozen),
+    ),
+    (
+        "burst_none",
+        "burst, no control (time-sliced with the hog)",
+        Group::F,
+        Kind::TriggerAlone,
+    ),
 ];
 
-/// Every row that can be built; a row that cannot leaves a note. Without a trigger, no (e) rows.
+/// Every row that can be built; a row that cannot leaves a note. `online`: the (f) rows' burst,
+/// `None` without a trigger (then no (e) or (f) rows).
 fn build_arms(
     ctl: &Controller,
     g0: &GpuInfo,
     sets: &Sets,
-    with_trigger: bool,
+    online: Option<Burst>,
     notes: &mut Vec<String>,
 ) -> Vec<Arm> {
     ROWS.iter()
-        .filter(|row| with_trigger || row.2 != Group::E)
+        .filter(|row| online.is_some() || !row.2.online())
         .filter_map(|&(key, label, group, kind)| {
-            let action = match build(ctl, g0, sets, kind) {
+            let mut action = match build(ctl, g0, sets, kind) {
                 Ok(a) => a,
                 Err(e) => {
                     notes.push(format!("Row \"{label}\" not run: {e:#}."));
                     return None;
                 }
             };
+            if let (Action::Trigger { burst, .. }, Group::F) = (&mut action, group) {
+                *burst = online.unwrap_or(Burst::SINGLE);
+            }
             Some(Arm {
                 key,
                 label,
@@ -442,14 +496,17 @@ fn build(ctl: &Controller, g0: &GpuInfo, sets: &Sets, kind: Kind) -> Result<Acti
         Kind::Trigger(c, when) => Action::Trigger {
             p: Some(Preempt::Raw(Box::new(raw(c)?))),
             when,
+            burst: Burst::SINGLE,
         },
         Kind::TriggerSplit => Action::Trigger {
             p: Some(split()?),
             when: When::Issue,
+            burst: Burst::SINGLE,
         },
         Kind::TriggerAlone => Action::Trigger {
             p: None,
             when: When::Never,
+            burst: Burst::SINGLE,
         },
     })
 }
@@ -512,9 +569,9 @@ fn once(arm: &mut Arm, ctx: &Ctx, trig: Option<&mut Trigger>) -> Result<Sample> 
     match &mut arm.action {
         Action::Cycle(p) => disable_cycle(p, ctx),
         Action::Control { p, disable } => control(p, *disable, ctx),
-        Action::Trigger { p, when } => {
+        Action::Trigger { p, when, burst } => {
             let trig = trig.context("no trigger")?;
-            trigger_cycle(p.as_mut(), *when, trig, ctx)
+            trigger_cycle(p.as_mut(), (*when, *burst), trig, ctx)
         }
     }
 }
@@ -551,11 +608,11 @@ fn control(p: &mut RawPreempter, disable: bool, ctx: &Ctx) -> Result<Sample> {
     })
 }
 
-/// (e): one shot of the trigger, with offline disabled right after it, before it, or never.
-/// Offline is enabled again whatever happened in between.
+/// (e), (f): one shot of the trigger (one kernel or a burst), with offline disabled right after
+/// it, before it, or never. Offline is enabled again whatever happened in between.
 fn trigger_cycle(
     mut p: Option<&mut Preempt>,
-    when: When,
+    (when, burst): (When, Burst),
     trig: &mut Trigger,
     ctx: &Ctx,
 ) -> Result<Sample> {
@@ -577,7 +634,7 @@ fn trigger_cycle(
         }
         std::thread::sleep(FROZEN_SETTLE);
     }
-    let mid = shot_and_hold(p.as_deref_mut(), when, trig, ctx, clock);
+    let mid = shot_and_hold(p.as_deref_mut(), (when, burst), trig, ctx, clock);
     let enabled = match p {
         Some(p) if needs_p => Some(enable_and_resume(p, ctx)),
         _ => None,
@@ -591,11 +648,11 @@ fn trigger_cycle(
     Ok(s)
 }
 
-/// Fires the shot (and, for `When::Issue`, the disable right after it), waits for online's kernel
-/// and, while offline is disabled, watches the hold.
+/// Fires the shot (and, for `When::Issue`, the disable right after it), waits for online's
+/// kernels and, while offline is disabled, watches the hold.
 fn shot_and_hold(
     p: Option<&mut Preempt>,
-    when: When,
+    (when, burst): (When, Burst),
     trig: &mut Trigger,
     ctx: &Ctx,
     clock: GpuClock,
@@ -603,7 +660,7 @@ fn shot_and_hold(
     let mut s = Sample::default();
     let before = ctx.hog.hb.snapshot();
     let t_issue = now_ns();
-    let n = trig.fire();
+    let n = trig.fire(burst);
     if when == When::Issue {
         let p = p.context("no preempter")?;
         let d = p.as_dyn().disable();
@@ -626,21 +683,48 @@ fn shot_and_hold(
         s.online_timeout = true;
         return Ok(s);
     };
-    if shot.error != 0 {
-        bail!("the trigger's shot failed: CUDA error {}", shot.error);
-    }
-    let host = |mono: u64| Some(us_between(ctx.host.to_now(mono), t_issue as i64));
-    if shot.gpu_start_ns != 0 {
-        s.online_start_us = Some(us_between(clock.to_now(shot.gpu_start_ns), t_issue as i64));
-    }
-    s.online_seen_us = host(shot.seen_mono_ns);
-    s.online_launched_us = host(shot.launched_mono_ns);
-    s.online_synced_us = host(shot.synced_mono_ns);
+    record_shot(&mut s, &shot, burst, (ctx, clock), t_issue)?;
     if s.frozen == Some(true) && when == When::Issue && shot.gpu_start_ns != 0 {
         let gpu_stop = ctx.hog.hb.gpu_time(0);
         s.start_minus_stop_gpu_us = Some(us_between(shot.gpu_start_ns as i64, gpu_stop as i64));
     }
     Ok(s)
+}
+
+/// The trigger's record of a shot, on the runner's clock and relative to the flag; an error if
+/// the shot failed or a burst kernel wrote no end.
+fn record_shot(
+    s: &mut Sample,
+    shot: &Shot,
+    burst: Burst,
+    (ctx, clock): (&Ctx, GpuClock),
+    t_issue: u64,
+) -> Result<()> {
+    if shot.error != 0 {
+        bail!("the trigger's shot failed: CUDA error {}", shot.error);
+    }
+    let host = |mono: u64| Some(us_between(ctx.host.to_now(mono), t_issue as i64));
+    let gpu = |t: u64| Some(us_between(clock.to_now(t), t_issue as i64));
+    if shot.gpu_start_ns != 0 {
+        s.online_start_us = gpu(shot.gpu_start_ns);
+    }
+    s.online_seen_us = host(shot.seen_mono_ns);
+    s.online_launched_us = host(shot.launched_mono_ns);
+    s.online_synced_us = host(shot.synced_mono_ns);
+    if burst.kernels == 0 {
+        return Ok(());
+    }
+    if shot.burst_ran != burst.kernels || shot.gpu_start_ns == 0 {
+        bail!(
+            "{} of the burst's {} kernels wrote their end (first start {})",
+            shot.burst_ran,
+            burst.kernels,
+            shot.gpu_start_ns
+        );
+    }
+    s.online_end_us = gpu(shot.gpu_end_ns);
+    s.burst_span_us = Some(us_between(shot.gpu_end_ns as i64, shot.gpu_start_ns as i64));
+    Ok(())
 }
 
 /// The rest of the hold after a disable: frozen from 2 ms to the hold's end (at least 2 ms of
@@ -685,6 +769,28 @@ struct End {
     hog: Result<Value>,
     trigger: Option<Value>,
     host: HostClock,
+    /// What each (f) shot launched.
+    burst: Burst,
+}
+
+impl End {
+    /// The samples of the row `key` (none if it did not run).
+    fn samples(&self, key: &str) -> &[Sample] {
+        self.rows
+            .iter()
+            .find(|x| x.0 == key)
+            .map(|x| x.3.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// (f)'s verdict, if its three compared rows have bursts that ended.
+    fn burst_verdict(&self) -> Option<fr::BurstVerdict> {
+        fr::burst_verdict(
+            self.samples("burst_disable"),
+            self.samples("burst_split"),
+            self.samples("burst_frozen"),
+        )
+    }
 }
 
 /// The tables, the verdict, the checks and the JSON.
@@ -731,6 +837,7 @@ fn report(r: &mut Report, sets: &Sets, cycles: usize, loop_s: f64, notes: &[Stri
     d.extend(rows(Group::D));
     r.line(&fr::table(SPLIT_COLS, &d));
     report_trigger(r, end, &rows(Group::E));
+    report_burst(r, end, &rows(Group::F));
     report_checks(r, end);
     report_json(r, sets, cycles, loop_s, notes, end);
 }
@@ -746,17 +853,29 @@ fn report_trigger(r: &mut Report, end: &End, rows: &[Row]) {
     if let Some(t) = &end.trigger {
         r.line(&format!("\nThe trigger at exit: `{t}`."));
     }
-    let samples = end
-        .rows
-        .iter()
-        .find(|x| x.0 == "trigger_disable")
-        .map(|x| x.3.as_slice())
-        .unwrap_or(&[]);
-    let v = fr::verdict(samples);
+    let v = fr::verdict(end.samples("trigger_disable"));
     r.line(&format!("\n**Verdict** (row \"disable all channels right after the flag\", cycles with the hog frozen; nearer = smaller absolute distance): {}", v.text));
     r.line(&format!(
         "\nHost clocks joined within {} ns (CLOCK_MONOTONIC of the trigger to the runner's clock).",
         end.host.uncertainty_ns
+    ));
+}
+
+/// (f)'s table and the verdict on the split.
+fn report_burst(r: &mut Report, end: &End, rows: &[Row]) {
+    let b = end.burst;
+    r.line(&format!("\n### (f) A burst of online kernels against the disable: what the split saves a request of many kernels\n\nOn the flag the trigger launches {} kernels of {} us GPU time each, 32 threads each, back to back on one stream; the first records `%globaltimer` at its start and the last at its end (mapped to the host clock as in (e)). The GPU span is the last end minus the first start, GPU clock only. The delay a slow disable adds is the disable-all row's last end minus the already-frozen row's. The GPU stop is confounded as in (e), more so here: the hog also stops ticking while online's slices run.\n", b.kernels, b.kernel_us));
+    if rows.is_empty() {
+        r.line("Not run (see above).");
+        return;
+    }
+    r.line(&fr::table(BURST_COLS, rows));
+    let text = end.burst_verdict().map_or_else(
+        || "No verdict: one of the disable-all, split and already-frozen rows has no burst that ended.".to_string(),
+        |v| v.text,
+    );
+    r.line(&format!(
+        "\n**Verdict** (last kernel's end after the flag): {text}"
     ));
 }
 
@@ -809,18 +928,13 @@ fn report_json(
                    "errors": errors, "samples": samples})
         })
         .collect();
-    let samples = end
-        .rows
-        .iter()
-        .find(|x| x.0 == "trigger_disable")
-        .map(|x| x.3.as_slice())
-        .unwrap_or(&[]);
     r.json.insert(
         "floor".into(),
         json!({"cycles": cycles, "block": BLOCK, "hold_ms": HOLD.as_millis() as u64,
                "gap_ms": GAP.as_millis() as u64, "channels": sets.all.len(),
                "compute_tsg_channels": sets.compute.len(), "loop_s": loop_s, "notes": notes,
-               "rows": rows, "verdict": fr::verdict(samples), "host_clock": end.host,
+               "rows": rows, "verdict": fr::verdict(end.samples("trigger_disable")),
+               "burst": end.burst, "burst_verdict": end.burst_verdict(), "host_clock": end.host,
                "rescues": end.rescues, "trigger": end.trigger,
                "hog": end.hog.as_ref().ok().cloned().unwrap_or(Value::Null)}),
     );
@@ -855,6 +969,11 @@ mod tests {
             resumed: Some(resumed),
             ..cycle_sample(566.0)
         };
+        let burst = |end: f64| Sample {
+            online_end_us: Some(end),
+            burst_span_us: Some(end - 210.0),
+            ..shot
+        };
         let row = |key, group, s: Sample| (key, key, group, vec![s; 10], Vec::new());
         End {
             rows: vec![
@@ -863,6 +982,9 @@ mod tests {
                 row("schedule_only", Group::C, cycle_sample(1000.0)),
                 row("split", Group::D, cycle_sample(384.0)),
                 row("trigger_disable", Group::E, shot),
+                row("burst_disable", Group::F, burst(1800.0)),
+                row("burst_split", Group::F, burst(1600.0)),
+                row("burst_frozen", Group::F, burst(1400.0)),
             ],
             rescues: 0,
             rescue_failed: 0,
@@ -870,6 +992,7 @@ mod tests {
             hog,
             trigger: Some(json!({"shots": 10})),
             host: HostClock::from_sample(10, 5, 20),
+            burst: Burst::new(20, 50).expect("valid"),
         }
     }
 
@@ -893,7 +1016,7 @@ mod tests {
     fn report_has_every_table_the_verdict_and_the_checks() {
         let r = render(&end(true, Ok(json!({"checksum_ok": true}))));
         for h in [
-            "### (a)", "### (b)", "### (c)", "### (d)", "### (e)", "a note",
+            "### (a)", "### (b)", "### (c)", "### (d)", "### (e)", "### (f)", "a note",
         ] {
             assert!(r.md.contains(h), "missing {h}:\n{}", r.md);
         }
@@ -904,9 +1027,48 @@ mod tests {
         assert_eq!(r.md.matches("| reference, (a): all | 10 |").count(), 2);
         assert!(r.checks.iter().all(|c| c.1), "{:?}", r.checks);
         let rows = r.json["floor"]["rows"].as_array().expect("rows");
-        assert_eq!(rows.len(), 5);
+        assert_eq!(rows.len(), 8);
         assert_eq!(rows[4]["summaries"]["online_start_us"]["p50_us"], 570.0);
         assert_eq!(r.json["floor"]["verdict"]["nearer_stop"], 10);
+        // (f): the table, the verdict and the raw bursts.
+        assert!(r.md.contains("launches 20 kernels of 50 us"), "{}", r.md);
+        assert!(r
+            .md
+            .contains("| burst_split | 10 | 570 / 570 | 1600 / 1600 | 1390 / 1390 |"));
+        assert!(r
+            .md
+            .contains("The split removes 200 of 400 us (50%) of the burst's delay at p50"));
+        assert_eq!(rows[6]["group"], "F");
+        assert_eq!(rows[6]["samples"][0]["online_end_us"], 1600.0);
+        assert_eq!(r.json["floor"]["burst"]["kernels"], 20);
+        assert_eq!(r.json["floor"]["burst_verdict"]["removed"][0], 200.0);
+    }
+
+    #[test]
+    fn burst_without_its_rows_says_so() {
+        let mut e = end(true, Ok(json!({"checksum_ok": true})));
+        e.rows.retain(|x| x.0 != "burst_frozen");
+        let r = render(&e);
+        assert!(
+            r.md.contains("No verdict: one of the disable-all"),
+            "{}",
+            r.md
+        );
+        assert!(r.json["floor"]["burst_verdict"].is_null());
+        e.rows.retain(|x| x.2 != Group::F);
+        assert!(render(&e).md.contains("### (f)"));
+    }
+
+    #[test]
+    fn burst_rows_are_interleaved_and_need_the_trigger() {
+        let f: Vec<_> = ROWS.iter().filter(|r| r.2 == Group::F).collect();
+        assert_eq!(f.len(), 4);
+        assert!(f.iter().all(|r| r.2.online() && r.0.starts_with("burst_")));
+        assert!(matches!(f[0].3, Kind::Trigger(Chans::All, When::Issue)));
+        assert!(matches!(f[1].3, Kind::TriggerSplit));
+        assert!(matches!(f[2].3, Kind::Trigger(Chans::All, When::Frozen)));
+        assert!(matches!(f[3].3, Kind::TriggerAlone));
+        assert!(!Group::D.online() && Group::E.online());
     }
 
     #[test]

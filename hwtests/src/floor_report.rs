@@ -1,5 +1,6 @@
-//! The floor experiment's numbers: per-cycle samples, their summaries, the markdown tables and the
-//! verdict on what online's first kernel waits for. Pure functions, tested without a GPU.
+//! The floor experiment's numbers: per-cycle samples, their summaries, the markdown tables, the
+//! verdict on what online's first kernel waits for and the one on how much of a burst's delay the
+//! split removes. Pure functions, tested without a GPU.
 
 use std::collections::BTreeMap;
 
@@ -47,6 +48,12 @@ pub struct Sample {
     /// Online's stream synchronisation returned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub online_synced_us: Option<f64>,
+    /// Burst: the last kernel's end (its `%globaltimer`, mapped to the host clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online_end_us: Option<f64>,
+    /// Burst: the last kernel's end minus the first one's start, `%globaltimer` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst_span_us: Option<f64>,
     /// Online's kernel start minus the hog's last heartbeat, both `%globaltimer` (no mapping).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_minus_stop_gpu_us: Option<f64>,
@@ -59,7 +66,7 @@ pub struct Sample {
 pub type Field = (&'static str, fn(&Sample) -> Option<f64>);
 
 /// Every timing a sample can carry, by the name the JSON summaries use.
-pub const FIELDS: [Field; 11] = [
+pub const FIELDS: [Field; 13] = [
     ("ioctl_us", |s| s.ioctl_us),
     ("second_ioctl_us", |s| s.second_ioctl_us),
     ("return_us", |s| s.return_us),
@@ -69,6 +76,8 @@ pub const FIELDS: [Field; 11] = [
     ("online_seen_us", |s| s.online_seen_us),
     ("online_launched_us", |s| s.online_launched_us),
     ("online_synced_us", |s| s.online_synced_us),
+    ("online_end_us", |s| s.online_end_us),
+    ("burst_span_us", |s| s.burst_span_us),
     ("start_minus_stop_gpu_us", |s| s.start_minus_stop_gpu_us),
     ("start_minus_return_us", start_minus_return),
 ];
@@ -297,6 +306,108 @@ pub const TRIGGER_COLS: &[Column] = &[
     ("failed cycles", errors_cell),
 ];
 
+/// (f): a burst of online kernels against the disable.
+pub const BURST_COLS: &[Column] = &[
+    ("shots", |r| r.samples.len().to_string()),
+    ("first kernel start - flag p50 / p99 (us)", |r| {
+        p50_p99(r.samples, |s| s.online_start_us)
+    }),
+    ("last kernel end - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.online_end_us)
+    }),
+    ("burst GPU span p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.burst_span_us)
+    }),
+    ("GPU stop - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.stop_us)
+    }),
+    ("(last) ioctl return - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.return_us)
+    }),
+    ("sync returned - flag p50", |r| {
+        p50(r.samples, |s| s.online_synced_us)
+    }),
+    ("no burst within 500 ms", |r| {
+        r.samples
+            .iter()
+            .filter(|s| s.online_timeout)
+            .count()
+            .to_string()
+    }),
+    ("hog frozen / resumed", |r| {
+        format!(
+            "{} / {}",
+            all_hold(r.samples, |s| s.frozen),
+            all_hold(r.samples, |s| s.resumed)
+        )
+    }),
+    ("failed cycles", errors_cell),
+];
+
+/// How much of the burst's delay the split removes: the last kernel's end after the flag with
+/// the disable of all channels, with the split and with offline already frozen.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BurstVerdict {
+    /// The last kernel's end after the flag: disable all, split, already frozen.
+    pub end_all: Summary,
+    /// With the split.
+    pub end_split: Summary,
+    /// With offline already frozen.
+    pub end_frozen: Summary,
+    /// Disable all minus already frozen (the delay a slow disable adds), p50 and p99 (us).
+    pub excess: [f64; 2],
+    /// Disable all minus split (what the split removes of it), p50 and p99 (us).
+    pub removed: [f64; 2],
+    /// The sentence the report prints.
+    pub text: String,
+}
+
+/// Compares the burst rows; `None` if one of the three has no burst that ended.
+pub fn burst_verdict(all: &[Sample], split: &[Sample], frozen: &[Sample]) -> Option<BurstVerdict> {
+    let end = |x: &[Sample]| {
+        let v = values(x, |s| s.online_end_us);
+        (!v.is_empty()).then(|| summarize_us(&v))
+    };
+    let (a, sp, f) = (end(all)?, end(split)?, end(frozen)?);
+    let mut v = BurstVerdict {
+        end_all: a,
+        end_split: sp,
+        end_frozen: f,
+        excess: [a.p50_us - f.p50_us, a.p99_us - f.p99_us],
+        removed: [a.p50_us - sp.p50_us, a.p99_us - sp.p99_us],
+        text: String::new(),
+    };
+    v.text = burst_text(&v);
+    Some(v)
+}
+
+/// "a of b us (c%)", or why there is no share.
+fn share(removed: f64, excess: f64) -> String {
+    if excess > 0.0 {
+        format!(
+            "{removed:.0} of {excess:.0} us ({:.0}%)",
+            100.0 * removed / excess
+        )
+    } else {
+        format!("{removed:.0} us of no delay (disable all is {excess:.0} us from already frozen)")
+    }
+}
+
+fn burst_text(v: &BurstVerdict) -> String {
+    let pair = |s: &Summary| format!("{:.0} / {:.0}", s.p50_us, s.p99_us);
+    format!(
+        "The split removes {} of the burst's delay at p50 and {} at p99. The last kernel ended p50 / p99 {} us after the flag with disable all, {} with the split, {} with offline already frozen ({} / {} / {} bursts).",
+        share(v.removed[0], v.excess[0]),
+        share(v.removed[1], v.excess[1]),
+        pair(&v.end_all),
+        pair(&v.end_split),
+        pair(&v.end_frozen),
+        v.end_all.n,
+        v.end_split.n,
+        v.end_frozen.n
+    )
+}
+
 /// Where online's first kernel started against the disable, over the cycles of the "disable all
 /// channels right after the trigger" row that have all three times and a frozen hold.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -472,11 +583,80 @@ mod tests {
             lines[3],
             "| refused | 0 | - | - | - | - | 1: raw ioctl failed: a / b c |"
         );
-        for cols in [CYCLE_COLS, SPLIT_COLS, TRIGGER_COLS] {
+        for cols in [CYCLE_COLS, SPLIT_COLS, TRIGGER_COLS, BURST_COLS] {
             let t = table(cols, &rows);
             let bars = |l: &str| l.matches('|').count();
             assert!(t.lines().all(|l| bars(l) == cols.len() + 2), "{t}");
         }
+    }
+
+    fn burst(start: f64, end: f64) -> Sample {
+        Sample {
+            online_start_us: Some(start),
+            online_end_us: Some(end),
+            burst_span_us: Some(end - start - 5.0),
+            ..Default::default()
+        }
+    }
+
+    fn bursts(ends: impl Iterator<Item = f64>) -> Vec<Sample> {
+        ends.map(|e| burst(200.0, e)).collect()
+    }
+
+    #[test]
+    fn burst_table_row() {
+        let s = bursts((1..=100).map(|i| 1000.0 + i as f64));
+        let rows = [Row {
+            label: "split".into(),
+            samples: &s,
+            errors: &[],
+        }];
+        let t = table(BURST_COLS, &rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0],
+            "| row | shots | first kernel start - flag p50 / p99 (us) | last kernel end - flag p50 / p99 | burst GPU span p50 / p99 | GPU stop - flag p50 / p99 | (last) ioctl return - flag p50 / p99 | sync returned - flag p50 | no burst within 500 ms | hog frozen / resumed | failed cycles |"
+        );
+        assert_eq!(
+            lines[2],
+            "| split | 100 | 200 / 200 | 1050 / 1099 | 845 / 894 | - | - | - | 0 | - / - | 0 |"
+        );
+        let m = summaries(&s);
+        assert_eq!(m["online_end_us"].p50_us, 1050.0);
+        assert_eq!(m["burst_span_us"].p99_us, 894.0);
+    }
+
+    #[test]
+    fn burst_verdict_shares_of_the_excess() {
+        // Frozen ends at 1200 / 1300, disable all at 1800 / 2000, the split at 1500 / 1650.
+        let all = bursts((0..100).map(|i| if i < 98 { 1800.0 } else { 2000.0 }));
+        let split = bursts((0..100).map(|i| if i < 98 { 1500.0 } else { 1650.0 }));
+        let frozen = bursts((0..100).map(|i| if i < 98 { 1200.0 } else { 1300.0 }));
+        let v = burst_verdict(&all, &split, &frozen).expect("a verdict");
+        assert_eq!(v.excess, [600.0, 700.0]);
+        assert_eq!(v.removed, [300.0, 350.0]);
+        assert!(
+            v.text.starts_with(
+                "The split removes 300 of 600 us (50%) of the burst's delay at p50 and 350 of 700 us (50%) at p99."
+            ),
+            "{}",
+            v.text
+        );
+        assert!(v.text.contains("1800 / 2000 us after the flag with disable all, 1500 / 1650 with the split, 1200 / 1300 with offline"), "{}", v.text);
+        assert!(v.text.ends_with("(100 / 100 / 100 bursts)."), "{}", v.text);
+    }
+
+    #[test]
+    fn burst_verdict_without_an_excess_or_a_row() {
+        let same = bursts((0..10).map(|_| 1200.0));
+        let v = burst_verdict(&same, &same, &same).expect("a verdict");
+        assert!(v.text.contains("0 us of no delay"), "{}", v.text);
+        let timed_out = vec![Sample {
+            online_timeout: true,
+            ..Default::default()
+        }];
+        assert!(burst_verdict(&same, &timed_out, &same).is_none());
+        assert!(burst_verdict(&[], &same, &same).is_none());
     }
 
     #[test]

@@ -88,6 +88,12 @@ struct Args {
     /// Cycles per row in the floor experiment.
     #[arg(long, default_value_t = 100)]
     floor_cycles: usize,
+    /// Kernels per online burst in the floor experiment's (f) rows, back to back on one stream.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=trigger::MAX_BURST as i64))]
+    floor_burst_kernels: u32,
+    /// GPU time of each burst kernel, us.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=trigger::MAX_KERNEL_US))]
+    floor_burst_us: u64,
     /// Run only what the daemon costs a new CUDA process's context creation: no daemon, just
     /// started, settled, settled without eBPF probes, interleaved; 40 samples each, under
     /// 2 minutes (needs --valvectl and root).
@@ -246,7 +252,8 @@ fn run(args: &Args) -> Result<bool> {
     let g0 = &gpus[0];
 
     if args.only_floor {
-        floor::run(&ctl, &bins, g0, args.floor_cycles, &mut r);
+        let burst = trigger::Burst::new(args.floor_burst_kernels, args.floor_burst_us)?;
+        floor::run(&ctl, &bins, g0, args.floor_cycles, burst, &mut r);
         return finish(args, r, t_start);
     }
     if args.only_ctx {
@@ -1025,6 +1032,27 @@ mod tests {
         assert!(a.only_floor && !a.only_gate && !a.only_launch);
         assert_eq!(a.floor_cycles, 20);
         assert!(Args::try_parse_from(["valve-hwtest", "--only-floor"]).is_err());
+    }
+
+    #[test]
+    fn floor_burst_defaults_and_bounds() {
+        let a = parse(&["--only-floor"]);
+        assert_eq!((a.floor_burst_kernels, a.floor_burst_us), (20, 50));
+        let a = parse(&["--floor-burst-kernels", "8", "--floor-burst-us", "200"]);
+        assert_eq!((a.floor_burst_kernels, a.floor_burst_us), (8, 200));
+        assert!(trigger::Burst::new(a.floor_burst_kernels, a.floor_burst_us).is_ok());
+        let base = ["valve-hwtest", "--bins", "/b", "--out", "/o"];
+        for bad in [
+            ["--floor-burst-kernels", "0"],
+            ["--floor-burst-kernels", "257"],
+            ["--floor-burst-us", "0"],
+            ["--floor-burst-us", "100001"],
+        ] {
+            assert!(
+                Args::try_parse_from(base.iter().chain(&bad)).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

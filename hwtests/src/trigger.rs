@@ -1,6 +1,7 @@
 //! The floor experiment's online process (`hwtests/cuda/trigger.cu`) and the shared page it is
 //! driven through: the runner writes shot n into `request`, the trigger launches one tiny kernel
-//! that records `%globaltimer` at its start and answers with `done` = n. The page layout is
+//! that records `%globaltimer` at its start (or a burst of kernels, if the runner asked for one
+//! with `set_burst`) and answers with `done` = n. The page layout is
 //! `TriggerPage` in `hwtests/cuda/common.h` (the unit tests check the two agree).
 
 use std::fs::OpenOptions;
@@ -17,10 +18,14 @@ use serde_json::Value;
 
 /// "VALVETRG" as little-endian bytes.
 pub const MAGIC: u64 = 0x4752_5445_564C_4156;
-/// Page layout version.
-pub const VERSION: u32 = 1;
+/// Page layout version (2: burst shots).
+pub const VERSION: u32 = 2;
 /// Page size.
 pub const PAGE_BYTES: usize = 4096;
+/// The most kernels of one burst (`kTriggerMaxBurst`).
+pub const MAX_BURST: u32 = 256;
+/// The longest GPU time of one burst kernel the trigger accepts, us (`kMaxKernelNs` in trigger.cu).
+pub const MAX_KERNEL_US: u64 = 100_000;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
 const OFF_STATE: usize = 12;
@@ -34,6 +39,9 @@ const OFF_SYNCED: usize = 56;
 const OFF_GPU_START: usize = 64;
 const OFF_GPU_END: usize = 72;
 const OFF_ERROR: usize = 80;
+const OFF_BURST_KERNELS: usize = 88;
+const OFF_BURST_RAN: usize = 92;
+const OFF_BURST_KERNEL_NS: usize = 96;
 
 /// Trigger states.
 pub const STATE_READY: u32 = 1;
@@ -55,6 +63,37 @@ pub struct Shot {
     pub gpu_end_ns: u64,
     /// The CUDA error of the launch or the sync (0: none).
     pub error: u32,
+    /// Burst shots: the kernels that wrote their end (0 for a single-kernel shot).
+    pub burst_ran: u32,
+}
+
+/// What the next shots launch: `kernels` kernels of `kernel_us` GPU time each, back to back on
+/// one stream; 0 kernels is the single tiny kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Burst {
+    /// Kernels per shot (at most `MAX_BURST`).
+    pub kernels: u32,
+    /// Each kernel's GPU time, us (1 to `MAX_KERNEL_US` when `kernels` > 0).
+    pub kernel_us: u64,
+}
+
+impl Burst {
+    /// The single tiny kernel of the (e) rows.
+    pub const SINGLE: Burst = Burst {
+        kernels: 0,
+        kernel_us: 0,
+    };
+
+    /// A burst the trigger accepts, or why not.
+    pub fn new(kernels: u32, kernel_us: u64) -> Result<Burst> {
+        if !(1..=MAX_BURST).contains(&kernels) {
+            bail!("a burst has 1 to {MAX_BURST} kernels, not {kernels}");
+        }
+        if !(1..=MAX_KERNEL_US).contains(&kernel_us) {
+            bail!("a burst kernel spins 1 to {MAX_KERNEL_US} us, not {kernel_us}");
+        }
+        Ok(Burst { kernels, kernel_us })
+    }
 }
 
 /// The shared page, mapped read/write. The runner creates it and removes it on drop.
@@ -123,7 +162,24 @@ impl TriggerPage {
         self.u64_at(OFF_REQUEST).load(Ordering::Relaxed)
     }
 
-    /// Fires shot `n`: one store.
+    /// What the next shots launch (read by the trigger after it sees the next request).
+    pub fn set_burst(&self, b: Burst) {
+        self.u32_at(OFF_BURST_KERNELS)
+            .store(b.kernels, Ordering::Relaxed);
+        self.u64_at(OFF_BURST_KERNEL_NS)
+            .store(b.kernel_us * 1000, Ordering::Relaxed);
+    }
+
+    /// The burst the next shots launch (what the trigger reads).
+    #[cfg(test)]
+    pub fn burst(&self) -> Burst {
+        Burst {
+            kernels: self.u32_at(OFF_BURST_KERNELS).load(Ordering::Relaxed),
+            kernel_us: self.u64_at(OFF_BURST_KERNEL_NS).load(Ordering::Relaxed) / 1000,
+        }
+    }
+
+    /// Fires shot `n`: one store (release: it publishes `set_burst`'s stores too).
     pub fn fire(&self, n: u64) {
         self.u64_at(OFF_REQUEST).store(n, Ordering::Release);
     }
@@ -143,6 +199,7 @@ impl TriggerPage {
             gpu_start_ns: r(OFF_GPU_START),
             gpu_end_ns: r(OFF_GPU_END),
             error: self.u32_at(OFF_ERROR).load(Ordering::Relaxed),
+            burst_ran: self.u32_at(OFF_BURST_RAN).load(Ordering::Relaxed),
         }
     }
 
@@ -156,6 +213,8 @@ impl TriggerPage {
         w(OFF_GPU_START, s.gpu_start_ns);
         w(OFF_GPU_END, s.gpu_end_ns);
         self.u32_at(OFF_ERROR).store(s.error, Ordering::Relaxed);
+        self.u32_at(OFF_BURST_RAN)
+            .store(s.burst_ran, Ordering::Relaxed);
         self.u64_at(OFF_DONE).store(n, Ordering::Release);
     }
 
@@ -255,8 +314,10 @@ impl Trigger {
         Ok(())
     }
 
-    /// Fires the next shot (one store) and returns its number.
-    pub fn fire(&mut self) -> u64 {
+    /// Fires the next shot, a burst as `b` says (`Burst::SINGLE`: one tiny kernel), and returns
+    /// its number.
+    pub fn fire(&mut self, b: Burst) -> u64 {
+        self.page.set_burst(b);
         let n = self.next;
         self.next += 1;
         self.page.fire(n);
@@ -323,6 +384,9 @@ mod tests {
             ("gpu_start_ns", OFF_GPU_START),
             ("gpu_end_ns", OFF_GPU_END),
             ("error", OFF_ERROR),
+            ("burst_kernels", OFF_BURST_KERNELS),
+            ("burst_ran", OFF_BURST_RAN),
+            ("burst_kernel_ns", OFF_BURST_KERNEL_NS),
         ] {
             let want = format!("static_assert(offsetof(TriggerPage, {field}) == {off},");
             assert!(h.contains(&want), "common.h lacks `{want}`");
@@ -330,7 +394,47 @@ mod tests {
         assert!(h.contains(&format!("kTriggerMagic = {MAGIC:#X}ull").replace("0X", "0x")));
         assert!(h.contains(&format!("kTriggerVersion = {VERSION};")));
         assert!(h.contains(&format!("kTriggerPageBytes = {PAGE_BYTES};")));
+        assert!(h.contains(&format!("kTriggerMaxBurst = {MAX_BURST};")));
+        assert!(h.contains("static_assert(sizeof(TriggerPage) == 104,"));
+        let cu = include_str!("../cuda/trigger.cu");
+        let max_ns = format!("kMaxKernelNs = {}ull;", MAX_KERNEL_US * 1000);
+        assert!(cu.contains(&max_ns), "trigger.cu lacks `{max_ns}`");
         assert_eq!(&MAGIC.to_le_bytes(), b"VALVETRG");
+    }
+
+    #[test]
+    fn bursts_are_checked_and_reach_the_page_in_ns() {
+        assert_eq!(
+            Burst::new(20, 50).unwrap(),
+            Burst {
+                kernels: 20,
+                kernel_us: 50
+            }
+        );
+        assert!(Burst::new(MAX_BURST, MAX_KERNEL_US).is_ok());
+        for (k, us) in [
+            (0, 50),
+            (MAX_BURST + 1, 50),
+            (20, 0),
+            (20, MAX_KERNEL_US + 1),
+        ] {
+            assert!(Burst::new(k, us).is_err(), "{k} x {us} us");
+        }
+        let page = temp_page("burst");
+        page.set_burst(Burst::new(7, 40).unwrap());
+        assert_eq!(
+            page.u64_at(OFF_BURST_KERNEL_NS).load(Ordering::Relaxed),
+            40_000
+        );
+        assert_eq!(
+            page.burst(),
+            Burst {
+                kernels: 7,
+                kernel_us: 40
+            }
+        );
+        page.set_burst(Burst::SINGLE);
+        assert_eq!(page.burst(), Burst::SINGLE);
     }
 
     #[test]
@@ -361,9 +465,11 @@ mod tests {
         let bin = std::env::var("VALVE_TRIGGER_BIN").expect("VALVE_TRIGGER_BIN");
         let mut t = Trigger::start(Path::new(&bin), "0").expect("starts");
         assert_eq!(t.page.pid(), t.child.id());
-        for _ in 0..5 {
+        let burst = Burst::new(20, 50).expect("valid");
+        for i in 0..6 {
             t.idle(Duration::from_secs(2)).expect("idle");
-            let n = t.fire();
+            let b = if i % 2 == 0 { Burst::SINGLE } else { burst };
+            let n = t.fire(b);
             let s = t
                 .page
                 .wait_done(n, Duration::from_secs(2))
@@ -374,9 +480,14 @@ mod tests {
                 "{s:?}"
             );
             assert!(s.seen_mono_ns <= s.launched_mono_ns && s.launched_mono_ns <= s.synced_mono_ns);
+            assert_eq!(s.burst_ran, b.kernels, "{s:?}");
+            if b.kernels > 0 {
+                let min_span = (b.kernels as u64) * b.kernel_us * 1000;
+                assert!(s.gpu_end_ns - s.gpu_start_ns >= min_span, "{s:?}");
+            }
         }
         let out = t.finish();
-        assert_eq!(out["shots"], 5, "{out}");
+        assert_eq!(out["shots"], 6, "{out}");
     }
 
     #[test]
@@ -396,6 +507,7 @@ mod tests {
                         gpu_start_ns: 1000 + n,
                         gpu_end_ns: 2000 + n,
                         error: 0,
+                        burst_ran: p.burst().kernels,
                     };
                     p.answer(n, &s);
                 }
@@ -403,12 +515,18 @@ mod tests {
             }
         });
         for n in 1..=3 {
+            let b = Burst::new(n as u32 * 10, 50).expect("valid");
+            page.set_burst(b);
             page.fire(n);
             let s = page
                 .wait_done(n, Duration::from_secs(10))
                 .expect("answered");
             assert_eq!(s.gpu_start_ns, 1000 + n);
             assert_eq!(s.synced_mono_ns, 10 * n + 2);
+            assert_eq!(
+                s.burst_ran, b.kernels,
+                "the responder read the burst after the request"
+            );
         }
         responder.join().unwrap();
         assert!(page.wait_done(4, Duration::from_millis(5)).is_none());
