@@ -81,10 +81,12 @@ fn profile(gpus: u32) -> String {
     )
 }
 
-/// A job script that writes its GPUs down and reports `rate` tokens/s for `secs` seconds.
+/// A job script that writes its GPUs down (whole, by a rename: the test reads the file as soon as
+/// it exists) and reports `rate` tokens/s for `secs` seconds.
 fn script(dir: &Path, rate: u32, secs: u32) -> String {
     format!(
-        "echo \"$CUDA_VISIBLE_DEVICES\" > {d}/cvd-$SLURM_JOB_ID; s=$(date +%s%3N); \
+        "echo \"$CUDA_VISIBLE_DEVICES\" > {d}/.cvd-$SLURM_JOB_ID && mv {d}/.cvd-$SLURM_JOB_ID {d}/cvd-$SLURM_JOB_ID; \
+         s=$(date +%s%3N); \
          while [ $(( $(date +%s%3N) - s )) -lt {ms} ]; do \
          {BIN} report $(( ($(date +%s%3N) - s) * {rate} / 1000 )); sleep 0.5; done",
         d = dir.display(),
