@@ -8,7 +8,7 @@
 //! restart took up to 53 ms. Kept watchers make a restart a few map updates.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::mpsc::{Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -21,20 +21,45 @@ use super::runtime::{self, GateHandle, GateInput, LaunchSource, ProbeHits};
 use super::supervisor::{GateStarter, GATE_EDGE_GAP};
 
 /// Where the watchers' edges go: the running gate thread's inputs, or nowhere between gates.
-#[derive(Clone, Default)]
-pub struct Route(Arc<Mutex<Option<Sender<GateInput>>>>);
+/// Each watcher thread holds a [`RouteReader`]; pointing the route elsewhere sends every reader
+/// the new target, so an edge costs a `try_recv` on an empty channel, no lock.
+#[derive(Default)]
+pub struct Route(Vec<Sender<Option<Sender<GateInput>>>>);
 
 impl Route {
-    /// Sends `input` to the gate thread, if a gate runs (an uncontended lock per edge).
-    pub fn send(&self, input: GateInput) {
-        if let Some(tx) = &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
-            let _ = tx.send(input);
+    /// A reader for one watcher thread's sink.
+    fn reader(&mut self) -> RouteReader {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.0.push(tx);
+        RouteReader {
+            updates: rx,
+            to: None,
         }
     }
 
     /// Points the edges at `tx` (`None`: drops them).
     pub fn set(&self, tx: Option<Sender<GateInput>>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = tx;
+        for r in &self.0 {
+            let _ = r.send(tx.clone());
+        }
+    }
+}
+
+/// One watcher thread's end of a [`Route`].
+struct RouteReader {
+    updates: Receiver<Option<Sender<GateInput>>>,
+    to: Option<Sender<GateInput>>,
+}
+
+impl RouteReader {
+    /// Sends `input` to the gate thread the route points at now, if any.
+    fn send(&mut self, input: GateInput) {
+        while let Ok(to) = self.updates.try_recv() {
+            self.to = to;
+        }
+        if let Some(tx) = &self.to {
+            let _ = tx.send(input);
+        }
     }
 }
 
@@ -268,43 +293,10 @@ impl LaunchSource for GateWatchers {
     }
 }
 
-/// Where a gate's start spent its time, logged once it has started (a start beside busy jobs
-/// took seconds on the H100, and only this says which step).
-struct StartSteps {
-    last: Instant,
-    took: Vec<(&'static str, u64)>,
-}
-
-impl StartSteps {
-    fn new() -> Self {
-        StartSteps {
-            last: Instant::now(),
-            took: Vec::new(),
-        }
-    }
-
-    fn done(&mut self, step: &'static str) {
-        let now = Instant::now();
-        self.took
-            .push((step, now.duration_since(self.last).as_micros() as u64));
-        self.last = now;
-    }
-
-    fn log(&self, kept: bool) {
-        let get = |k: &str| self.took.iter().find(|(s, _)| *s == k).map_or(0, |t| t.1);
-        tracing::info!(
-            watchers_kept = kept,
-            watchers_us = get("watchers_us"),
-            rm_client_us = get("rm_client_us"),
-            "gate thread's start"
-        );
-    }
-}
-
 /// Starts new watchers whose edges go to `route`.
-fn start_watchers(cfg: &GateConfig, route: Route) -> Result<Watchers, String> {
+fn start_watchers(cfg: &GateConfig, mut route: Route) -> Result<Watchers, String> {
     let arrival = if cfg.arrivals {
-        let r = route.clone();
+        let mut r = route.reader();
         let w = valve_ebpf::ArrivalWatcher::start_with(
             valve_ebpf::ArrivalConfig {
                 ports: Vec::new(),
@@ -325,7 +317,7 @@ fn start_watchers(cfg: &GateConfig, route: Route) -> Result<Watchers, String> {
         "libcuda.so.1 not found (ldconfig -p, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu): \
          the gate watches online launches with uprobes on it",
     )?;
-    let r = route.clone();
+    let mut r = route.reader();
     let launch = valve_ebpf::LaunchWatcher::start_with(
         valve_ebpf::LaunchConfig {
             library,
@@ -353,7 +345,8 @@ pub fn real_gate_starter(keep: Duration) -> GateStarter {
     Arc::new(move |cfg: GateConfig| -> Result<GateHandle, String> {
         let keeper = keeper.clone();
         runtime::spawn(cfg, move |tx| {
-            let mut steps = StartSteps::new();
+            // Where the start's time went: a start beside busy jobs took seconds on the H100.
+            let t0 = Instant::now();
             let key = WatcherKey::of(&cfg);
             let kept = keeper.as_ref().and_then(|k| k.take(&key));
             let was_kept = kept.is_some();
@@ -362,7 +355,7 @@ pub fn real_gate_starter(keep: Duration) -> GateStarter {
                 None => start_watchers(&cfg, Route::default())?,
             };
             inner.route.set(Some(tx));
-            steps.done("watchers_us");
+            let watchers_us = t0.elapsed().as_micros() as u64;
             let watchers = GateWatchers {
                 inner: Some(inner),
                 key,
@@ -374,8 +367,12 @@ pub fn real_gate_starter(keep: Duration) -> GateStarter {
             // On an error here the watchers go back to the keeper with the drop.
             let ctl =
                 Controller::<NvDriver>::open().map_err(|e| format!("opening the driver: {e}"))?;
-            steps.done("rm_client_us");
-            steps.log(was_kept);
+            tracing::info!(
+                watchers_kept = was_kept,
+                watchers_us,
+                rm_client_us = t0.elapsed().as_micros() as u64 - watchers_us,
+                "gate thread's start"
+            );
             Ok((ctl, watchers))
         })
     })
@@ -412,14 +409,15 @@ mod tests {
 
     #[test]
     fn a_route_sends_to_the_gate_it_points_at_and_drops_between_gates() {
-        let route = Route::default();
-        route.send(GateInput::Busy); // nowhere: dropped, no panic
+        let mut route = Route::default();
+        let (mut r, mut other) = (route.reader(), route.reader());
+        r.send(GateInput::Busy); // nowhere: dropped, no panic
         let (tx, rx) = std::sync::mpsc::channel();
         route.set(Some(tx));
-        route.clone().send(GateInput::Busy);
+        other.send(GateInput::Busy);
         assert!(matches!(rx.try_recv(), Ok(GateInput::Busy)));
         route.set(None);
-        route.send(GateInput::Idle);
+        r.send(GateInput::Idle);
         assert!(
             rx.try_recv().is_err(),
             "the old gate gets nothing once its route is cleared"
