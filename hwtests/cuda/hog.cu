@@ -268,8 +268,14 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(rs));
   });
 
-  // Copy mode: a host thread keeps a copy engine busy and counts completed copies.
+  // Copy mode: a host thread keeps a copy engine busy and counts completed copies. Its buffers
+  // are freed by the main thread after the kernels ended: cudaFree synchronizes the device, so a
+  // copier freeing them as the stop came in waited for the persistent kernels while holding
+  // CUDA's lock, and the relay could not deliver the stop flag that ends them (a hog that never
+  // stopped, seen twice in the hardware test's copy-engine cells).
   std::thread copier;
+  void *copy_h = nullptr, *copy_d = nullptr;
+  cudaStream_t copy_s = nullptr;
   if (mode == kModeCopy) {
     copier = std::thread([&] {
       const size_t cb = (size_t)o.copy_mb << 20;
@@ -284,9 +290,9 @@ int main(int argc, char** argv) {
         CK(cudaStreamSynchronize(cs));
         __atomic_add_fetch(&g_hdr->copies_done, 1, __ATOMIC_SEQ_CST);
       }
-      cudaFreeHost(h);
-      cudaFree(d);
-      cudaStreamDestroy(cs);
+      copy_h = h;
+      copy_d = d;
+      copy_s = cs;
     });
   }
 
@@ -301,6 +307,7 @@ int main(int argc, char** argv) {
       g_hdr->state = kFailed;
       *stop = 1;
       relay.join();
+      if (copier.joinable()) copier.join();  // a joinable thread's destructor would abort
       cudaDeviceSynchronize();
       return 2;
     }
@@ -321,6 +328,11 @@ int main(int argc, char** argv) {
   if (copier.joinable()) copier.join();
   relay.join();
   CK(cudaDeviceSynchronize());
+  if (copy_s != nullptr) {
+    cudaFreeHost(copy_h);
+    cudaFree(copy_d);
+    cudaStreamDestroy(copy_s);
+  }
 
   // Verify every thread against the CPU's jump-ahead.
   CK(cudaMemcpy(h_state.data(), d_state, nstate * sizeof(uint32_t), cudaMemcpyDeviceToHost));
