@@ -167,7 +167,7 @@ class Bench:
         if kind == "cb":
             return python("offline.py", "--model", self.r.model, "--mode", "valve", "--out", out,
                           "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", "96",
-                          "--new-tokens", "128", "--prompt", "1024", "2048", "--attention", a.attention,
+                          "--new-tokens", "128", "--prompt", *a.cb_prompt.split(","), "--attention", a.attention,
                           "--max-seconds", "3000")
         return [sys.executable, os.path.join(REPO, "hwtests", "serving", "offline.py"), "--progress",
                 out + ".iters", "--size", a.train_size, "--device", "cuda", "--batch", "8", "--seq", "512"]
@@ -308,6 +308,9 @@ def main() -> int:
                          "new memory's rate, not the ramp to it (5 s read continuous batching 10%% low)")
     ap.add_argument("--profile-alone-seconds", type=int, help="profile-job --alone-seconds (default: twice --profile-seconds)")
     ap.add_argument("--offline-batch-tokens", type=int, default=512)
+    ap.add_argument("--cb-prompt", default="1024,2048",
+                    help="continuous batching's prompt lengths, MIN,MAX tokens (e.g. 1536,1536: every request alike, "
+                         "so that the job's rate does not move with the mix of prompts in flight)")
     ap.add_argument("--train-size", default="1b")
     ap.add_argument("--attention", default="varlen")
     ap.add_argument("--profiles", help="reuse profile-<kind>.json files from this folder")
@@ -318,6 +321,8 @@ def main() -> int:
                     help="profile-job --reclaim-mib: the sizes of the profiling reclaims (the loss per reclaim grows "
                          "faster than its size once it takes more than the job's cache slack)")
     a = ap.parse_args()
+    if len(a.cb_prompt.split(",")) != 2 or not all(x.strip().isdigit() for x in a.cb_prompt.split(",")):
+        ap.error(f"--cb-prompt {a.cb_prompt!r}: give MIN,MAX prompt tokens, e.g. 1024,2048")
     if a.phase_s < a.window + 8:
         ap.error("--phase-s must exceed --window by at least 8 s (the document is rebuilt every 5 s)")
     b = Bench(a)
