@@ -3,7 +3,9 @@
 //!
 //! Jobs are taken hardest first (highest SLA, then most GPUs, then submission order), so easy
 //! jobs do not take the only GPUs a demanding one could use. Memory factors are cached per job
-//! profile and node, so a pass over 10,000 jobs and 1,000 nodes stays well under a second.
+//! profile and node ([`cache`]), and computed only where bounds ([`bound`]) do not show that a
+//! node cannot change the decision: a pass over 10,000 jobs of as many profiles and 1,000 nodes
+//! takes under half a second. The decisions are those of the plain pass (`reference.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,9 +13,17 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::job::JobProfile;
-use crate::predict::{
-    memory_factor, predict_with, MemoryModel, ModelParams, NodeModel, Prediction,
-};
+use crate::predict::{MemoryModel, ModelParams, NodeModel, Prediction};
+
+mod bound;
+mod cache;
+#[cfg(test)]
+mod reference;
+mod search;
+
+use bound::{may_exceed, non_negative, Curve, Free, NodeSummary};
+use cache::MemoryCache;
+use search::{best_set, Hints};
 
 /// Placement settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -136,58 +146,6 @@ impl std::fmt::Display for Decision {
     }
 }
 
-/// Memory factors of the latest job classes per node, computed on first use. A few entries per
-/// node and a linear look-up: jobs come in few classes, and hashing every (class, node) pair of a
-/// large pass cost more than the factors themselves.
-struct MemoryCache {
-    per_node: Vec<Vec<(u64, Box<[f64]>)>>,
-}
-
-/// Classes remembered per node.
-const CLASSES_PER_NODE: usize = 16;
-
-impl MemoryCache {
-    fn new(nodes: usize) -> Self {
-        MemoryCache {
-            per_node: vec![Vec::new(); nodes],
-        }
-    }
-
-    fn has(&self, job: &PendingJob, node: usize) -> bool {
-        self.per_node[node].iter().any(|(c, _)| *c == job.class)
-    }
-
-    /// The class's factors on `node`, NaN where not computed yet ([`factor`] fills them).
-    fn get(&mut self, job: &PendingJob, node: usize, gpus: usize) -> &mut [f64] {
-        let entries = &mut self.per_node[node];
-        let i = match entries.iter().position(|(c, _)| *c == job.class) {
-            Some(i) => i,
-            None => {
-                if entries.len() >= CLASSES_PER_NODE {
-                    entries.remove(0);
-                }
-                entries.push((job.class, vec![f64::NAN; gpus].into_boxed_slice()));
-                entries.len() - 1
-            }
-        };
-        &mut entries[i].1
-    }
-}
-
-/// The memory factor of `job` on GPU position `p`, computed once into `memory`.
-fn factor(
-    memory: &mut [f64],
-    p: usize,
-    job: &PendingJob,
-    model: &NodeModel,
-    mm: MemoryModel,
-) -> f64 {
-    if memory[p].is_nan() {
-        memory[p] = memory_factor(&job.profile, &model.gpus[p].memory_quantiles, mm);
-    }
-    memory[p]
-}
-
 /// Places `jobs` on `nodes`, marking the GPUs it gives away as taken. Returns one decision per
 /// job, in the order the jobs were considered.
 pub fn place(jobs: &[PendingJob], nodes: &mut [NodeSlot], params: &PlaceParams) -> Vec<Decision> {
@@ -230,7 +188,15 @@ struct Pass<'a> {
     bound: Vec<f64>,
     /// Node positions, highest bound first.
     by_bound: Vec<usize>,
+    /// Per node, over all its GPUs: the most idle time and the largest memory (the quick
+    /// bound's first step).
+    tops: Vec<(f64, u64)>,
+    /// Per node: its GPUs' memory traces summarised, for bounds.
+    summaries: Vec<NodeSummary>,
     cache: MemoryCache,
+    /// Per GPU position of the node last ruled on: a bound on its share alone (-inf where not
+    /// looked at: it cannot beat the floor).
+    bounds: Vec<f64>,
 }
 
 impl<'a> Pass<'a> {
@@ -252,23 +218,42 @@ impl<'a> Pass<'a> {
             .collect();
         let mut by_bound: Vec<usize> = (0..nodes.len()).collect();
         by_bound.sort_by(|&a, &b| bound[b].total_cmp(&bound[a]));
-        let cache = MemoryCache::new(nodes.len());
+        // The same folds, in the same order, as the quick bound's first step.
+        let tops = nodes
+            .iter()
+            .map(|n| {
+                n.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
+                    let top = g.memory_quantiles.last().copied().unwrap_or(0);
+                    (i.max(1.0 - g.busy), m.max(top))
+                })
+            })
+            .collect();
+        let summaries = nodes
+            .iter()
+            .map(|n| NodeSummary::new(&n.model, &n.free, &params.model))
+            .collect();
+        let cache = MemoryCache::new(nodes.iter().map(|n| n.model.gpus.len()));
         Pass {
             nodes,
             params,
             free_count,
             bound,
             by_bound,
+            tops,
+            summaries,
             cache,
+            bounds: Vec::new(),
         }
     }
 
     /// The best place for one job, taken if it meets the SLA. Nodes are visited from the idlest
     /// down; the search stops where no later node could beat the best found, or (once one was
-    /// found) meet the SLA.
+    /// found) meet the SLA. Nodes that cannot change the best found are not evaluated
+    /// ([`Pass::visit`]).
     fn place_one(&mut self, job: &PendingJob) -> Outcome {
         let k = job.profile.gpus as usize;
         let needed = job.sla + self.params.margin;
+        let curve = Curve::new(&job.profile);
         let mut best: Option<(usize, Vec<usize>, Prediction)> = None;
         let mut considered = 0;
         for i in 0..self.by_bound.len() {
@@ -278,21 +263,26 @@ impl<'a> Pass<'a> {
                     break;
                 }
             }
-            let slot = &self.nodes[n];
-            if self.free_count[n] < k || job.avoid.iter().any(|a| a == &slot.model.name) {
+            if self.free_count[n] < k || job.avoid.iter().any(|a| a == &self.nodes[n].model.name) {
                 continue;
             }
             considered += 1;
-            let floor = best.as_ref().map_or(-1.0, |(_, _, b)| b.share);
-            if best.is_some()
-                && !self.cache.has(job, n)
-                && quick_bound(job, slot, self.params, floor.max(needed - 1e-12))
-                    <= floor.max(needed - 1e-12)
-            {
-                continue; // cannot beat the best found, or meet the SLA
-            }
-            let memory = self.cache.get(job, n, slot.model.gpus.len());
-            let Some((set, pred)) = best_set(job, slot, memory, self.params, floor) else {
+            let floor = best.as_ref().map(|(_, _, b)| b.share);
+            let Some((slot, marked)) = self.visit(job, &curve, n, floor, needed) else {
+                continue;
+            };
+            let hints = Hints {
+                curve: &curve,
+                bounds: marked.then_some(&self.bounds[..]),
+                ties_lose: best
+                    .as_ref()
+                    .is_some_and(|(bn, _, _)| self.free_count[n] >= self.free_count[*bn]),
+            };
+            let memory = self.cache.factors_mut(n, slot);
+            let floor = floor.unwrap_or(-1.0);
+            let Some((set, pred)) =
+                best_set(job, &self.nodes[n], memory, self.params, floor, &hints)
+            else {
                 continue;
             };
             let better = best.as_ref().is_none_or(|(bn, _, bp)| {
@@ -309,6 +299,18 @@ impl<'a> Pass<'a> {
                 nodes: considered,
             });
         };
+        self.take(job, n, set, prediction)
+    }
+
+    /// Gives `set` on node `n` to `job` if `prediction` meets its SLA.
+    fn take(
+        &mut self,
+        job: &PendingJob,
+        n: usize,
+        set: Vec<usize>,
+        prediction: Prediction,
+    ) -> Outcome {
+        let needed = job.sla + self.params.margin;
         let slot = &mut self.nodes[n];
         let placement = Placement {
             node: slot.model.name.clone(),
@@ -324,26 +326,163 @@ impl<'a> Pass<'a> {
         for &p in &set {
             slot.free[p] = false;
         }
+        self.summaries[n].take(&set);
         self.free_count[n] -= set.len();
         if self.free_count[n] == 0 {
             self.by_bound.retain(|&x| x != n); // full: no later job needs to look at it
         }
         Outcome::Placed(placement)
     }
+
+    /// Whether `job` is to be evaluated on node `n`, given the best share found so far
+    /// (`floor`; `None`: nothing found yet): the cache slot of its class to evaluate it with,
+    /// and whether `self.bounds` holds its GPUs' bounds.
+    ///
+    /// The class is remembered on the node exactly where the reference pass remembered it
+    /// (always while nothing is found; then where it was remembered already or the quick bound
+    /// exceeds the bar), since that decides whether the quick bound is consulted for the next
+    /// job of the class. A node that passes is still not evaluated where a bound shows that it
+    /// has fewer than k free GPUs whose share alone beats the floor: `best_set` would return
+    /// nothing there.
+    fn visit(
+        &mut self,
+        job: &PendingJob,
+        curve: &Curve,
+        n: usize,
+        floor: Option<f64>,
+        needed: f64,
+    ) -> Option<(usize, bool)> {
+        let slot = match self.cache.find(n, job.class) {
+            Some(s) => s,
+            None => {
+                if let Some(f) = floor {
+                    let bar = f.max(needed - 1e-12);
+                    if !self.quick_pass(curve, n, bar) {
+                        return None; // cannot beat the best found, or meet the SLA
+                    }
+                }
+                self.cache.insert(n, job.class)
+            }
+        };
+        let Some(f) = floor else {
+            return Some((slot, false));
+        };
+        match self.cannot_beat(job, curve, n, slot, f) {
+            Verdict::Skip => None,
+            Verdict::Evaluate => Some((slot, false)),
+            Verdict::EvaluateWithBounds => Some((slot, true)),
+        }
+    }
+
+    /// Whether the quick bound (`quick_bound`) exceeds `bar` on node `n`, with fewer look-ups
+    /// where the node's speed is a finite number >= 0: the same first step, then the free GPUs
+    /// idlest first, stopping at the first whose idle x curve x speed exceeds the bar (the bound
+    /// is their largest, or 0 if larger, times the speed) or whose idle x speed does not (the
+    /// curve is at most 1, so no later GPU can).
+    fn quick_pass(&self, curve: &Curve, n: usize, bar: f64) -> bool {
+        let slot = &self.nodes[n];
+        let speed = slot.model.speed;
+        if !(speed >= 0.0 && speed.is_finite()) {
+            return may_exceed(
+                quick_bound(curve, slot, self.tops[n], self.params, bar),
+                bar,
+            );
+        }
+        let ignore = self.params.model.memory == MemoryModel::Ignore;
+        if !ignore {
+            let (idle, memory) = self.tops[n];
+            if idle * curve.at_most(memory) * speed <= bar {
+                return false;
+            }
+        }
+        if 0.0 * speed > bar {
+            return true;
+        }
+        let summary = &self.summaries[n];
+        for g in &summary.by_idle {
+            let top = if ignore { 1.0 } else { curve.at_most(g.top) };
+            if g.idle * top * speed > bar {
+                return true;
+            }
+            if g.idle * speed <= bar {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Whether fewer than k free GPUs of node `n` can score more than `floor` alone (so that
+    /// `best_set` returns nothing): by the ceiling cached for the class, else GPU by GPU, idlest
+    /// first ([`Curve::gpu_bound`]; exact where the factor is cached), until the GPUs' idle time
+    /// alone rules out the rest. A node ruled out gets `floor` as its ceiling.
+    fn cannot_beat(
+        &mut self,
+        job: &PendingJob,
+        curve: &Curve,
+        n: usize,
+        slot: usize,
+        floor: f64,
+    ) -> Verdict {
+        if self.cache.ceiling(n, slot) <= floor {
+            return Verdict::Skip;
+        }
+        let speed = self.nodes[n].model.speed;
+        let summary = &self.summaries[n];
+        let k = job.profile.gpus as usize;
+        if !(speed >= 0.0 && speed.is_finite()) || summary.odd || k == 0 {
+            return Verdict::Evaluate;
+        }
+        let mm = self.params.model.memory;
+        let memory = self.cache.factors_mut(n, slot);
+        self.bounds.clear();
+        self.bounds.resize(summary.gpus.len(), f64::NEG_INFINITY);
+        let mut above = 0;
+        for &Free { idle, p, .. } in &summary.by_idle {
+            if non_negative(idle) * speed <= floor {
+                break; // a factor is at most 1: no GPU from here on scores more
+            }
+            let u = curve.gpu_bound(&summary.gpus[p], memory[p], speed, mm, floor);
+            if may_exceed(u, floor) {
+                if k == 1 {
+                    return Verdict::Evaluate;
+                }
+                self.bounds[p] = u;
+                above += 1;
+            }
+        }
+        if above >= k {
+            return Verdict::EvaluateWithBounds;
+        }
+        self.cache.lower_ceiling(n, slot, floor);
+        Verdict::Skip
+    }
 }
 
-/// The free GPU set of the job's size with the highest predicted share on one node.
-/// A cheap bound on the job's predicted share on any free GPU of the node: idle x the most the
-/// curve gives with the GPU's largest memory. The node's idlest GPU with its largest memory
-/// bounds that in one curve lookup, tried first.
-fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64) -> f64 {
+/// What [`Pass::cannot_beat`] found.
+enum Verdict {
+    /// The node cannot change the job's best place.
+    Skip,
+    /// It may.
+    Evaluate,
+    /// It may; `Pass::bounds` holds a bound on each GPU's share alone (multi-GPU jobs).
+    EvaluateWithBounds,
+}
+
+/// The reference pass's quick bound, bit for bit, from the node's precomputed `tops` and the
+/// job's prepared curve: idle x the most the curve gives with the GPU's largest memory, on any
+/// free GPU. The node's idlest GPU with its largest memory bounds that in one curve look-up,
+/// tried first.
+fn quick_bound(
+    curve: &Curve,
+    slot: &NodeSlot,
+    tops: (f64, u64),
+    params: &PlaceParams,
+    bar: f64,
+) -> f64 {
     let speed = slot.model.speed;
     if params.model.memory != MemoryModel::Ignore {
-        let (idle, memory) = slot.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
-            let top = g.memory_quantiles.last().copied().unwrap_or(0);
-            (i.max(1.0 - g.busy), m.max(top))
-        });
-        let coarse = idle * job.profile.share_at_most(memory) * speed;
+        let (idle, memory) = tops;
+        let coarse = idle * curve.at_most(memory) * speed;
         if coarse <= bar {
             return coarse;
         }
@@ -353,192 +492,12 @@ fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64
         if free {
             let memory = match params.model.memory {
                 MemoryModel::Ignore => 1.0,
-                _ => job
-                    .profile
-                    .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => curve.at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
             };
             bound = bound.max((1.0 - g.busy) * memory);
         }
     }
     bound * speed
-}
-
-/// Sets whose every GPU alone scores no more than `floor` are not looked at (`None`).
-fn best_set(
-    job: &PendingJob,
-    slot: &NodeSlot,
-    memory: &mut [f64],
-    params: &PlaceParams,
-    floor: f64,
-) -> Option<(Vec<usize>, Prediction)> {
-    let k = job.profile.gpus as usize;
-    let mm = params.model.memory;
-    if k == 1 {
-        return best_gpu(job, slot, memory, params, floor);
-    }
-    let mut free: Vec<usize> = (0..slot.free.len()).filter(|&p| slot.free[p]).collect();
-    for &p in &free {
-        factor(memory, p, job, &slot.model, mm);
-    }
-    let memory: &[f64] = memory;
-    let solo = |p: usize| (1.0 - slot.model.gpus[p].busy) * memory[p] * slot.model.speed;
-    free.sort_by(|&a, &b| solo(b).total_cmp(&solo(a)));
-    // No set beats its worst GPU alone, and the k-th best GPU is the best any set can do.
-    if free.len() < k || solo(free[k - 1]) <= floor {
-        return None;
-    }
-    let eval = |set: &[usize]| {
-        let mut m = [0.0; 64];
-        for (x, &p) in m.iter_mut().zip(set) {
-            *x = memory[p];
-        }
-        predict_with(
-            &job.profile,
-            &slot.model,
-            set,
-            &m[..set.len()],
-            &params.model,
-        )
-    };
-    let mut search = SetSearch {
-        slot,
-        params,
-        solo: &solo,
-        eval: &eval,
-        best: None,
-        floor,
-        budget: params.max_combinations,
-    };
-    search.descend(&free, k, 0, &mut Vec::with_capacity(k));
-    search.best.or_else(|| {
-        // No aligned set: the best GPUs, to show what stood in the way.
-        let set = greedy_set(&free, k, slot, params)?;
-        let pred = eval(&set);
-        Some((set, pred))
-    })
-}
-
-/// One GPU: its own idle x memory is the prediction. GPUs are tried in order of a cheap bound
-/// (idle x the curve at their largest memory), and exact factors computed only while a GPU
-/// could still beat the best one.
-fn best_gpu(
-    job: &PendingJob,
-    slot: &NodeSlot,
-    memory: &mut [f64],
-    params: &PlaceParams,
-    floor: f64,
-) -> Option<(Vec<usize>, Prediction)> {
-    let mm = params.model.memory;
-    let mut order: Vec<(f64, usize)> = (0..slot.free.len())
-        .filter(|&p| slot.free[p])
-        .map(|p| {
-            let g = &slot.model.gpus[p];
-            let top = match mm {
-                MemoryModel::Ignore => 1.0,
-                _ if !memory[p].is_nan() => memory[p],
-                _ => job
-                    .profile
-                    .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
-            };
-            ((1.0 - g.busy) * top * slot.model.speed, p)
-        })
-        .collect();
-    order.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let mut best: Option<(usize, f64)> = None;
-    for (bound, p) in order {
-        let bar = best.map_or(floor, |(_, s)| s.max(floor));
-        if bound <= bar && best.is_some() {
-            break;
-        }
-        let share = (1.0 - slot.model.gpus[p].busy)
-            * factor(memory, p, job, &slot.model, mm)
-            * slot.model.speed;
-        if best.is_none_or(|(_, s)| share > s) {
-            best = Some((p, share));
-        }
-    }
-    let (p, share) = best?;
-    if share <= floor {
-        return None;
-    }
-    let pred = predict_with(
-        &job.profile,
-        &slot.model,
-        &[p],
-        &memory[p..=p],
-        &params.model,
-    );
-    Some((vec![p], pred))
-}
-
-/// Branch and bound over the free GPUs (sorted best alone first): a branch ends where its newest
-/// GPU alone cannot beat the best set found, or where a pair of it breaks alignment.
-struct SetSearch<'a> {
-    slot: &'a NodeSlot,
-    params: &'a PlaceParams,
-    solo: &'a dyn Fn(usize) -> f64,
-    eval: &'a dyn Fn(&[usize]) -> Prediction,
-    best: Option<(Vec<usize>, Prediction)>,
-    floor: f64,
-    /// Sets still to evaluate before the search settles for what it has.
-    budget: usize,
-}
-
-impl SetSearch<'_> {
-    fn descend(&mut self, free: &[usize], k: usize, start: usize, cur: &mut Vec<usize>) {
-        if cur.len() == k {
-            self.budget = self.budget.saturating_sub(1);
-            let pred = (self.eval)(cur);
-            let bar = self.best.as_ref().map_or(self.floor, |(_, b)| b.share);
-            if pred.share > bar && pred.aligned {
-                self.best = Some((cur.clone(), pred));
-            }
-            return;
-        }
-        for i in start..free.len() {
-            if free.len() - i < k - cur.len() || self.budget == 0 {
-                return;
-            }
-            let bar = self.best.as_ref().map_or(self.floor, |(_, b)| b.share);
-            if (self.solo)(free[i]) <= bar {
-                return; // later GPUs are worse still
-            }
-            let p = free[i];
-            let aligned = !self.params.model.alignment
-                || cur.iter().all(|&q| {
-                    self.slot.model.score(p, q, &self.params.model)
-                        >= self.params.model.align_threshold
-                });
-            if aligned {
-                cur.push(p);
-                self.descend(free, k, i + 1, cur);
-                cur.pop();
-            }
-        }
-    }
-}
-
-/// Best GPUs first, skipping any that would break alignment with those already chosen.
-fn greedy_set(
-    free: &[usize],
-    k: usize,
-    slot: &NodeSlot,
-    params: &PlaceParams,
-) -> Option<Vec<usize>> {
-    let mut set: Vec<usize> = Vec::with_capacity(k);
-    for &p in free {
-        let fits = !params.model.alignment
-            || set
-                .iter()
-                .all(|&q| slot.model.score(p, q, &params.model) >= params.model.align_threshold);
-        if fits {
-            set.push(p);
-            if set.len() == k {
-                return Some(set);
-            }
-        }
-    }
-    (free.len() >= k).then(|| free[..k].to_vec())
 }
 
 #[cfg(test)]

@@ -213,7 +213,8 @@ impl NodeModel {
         })
     }
 
-    fn union(&self, a: usize, b: usize) -> f64 {
+    /// The union busy fraction of GPU positions `a` and `b` (unknown: the busier one's).
+    pub(crate) fn union(&self, a: usize, b: usize) -> f64 {
         let n = self.gpus.len();
         self.unions[a * n + b].unwrap_or(self.gpus[a].busy.max(self.gpus[b].busy))
     }

@@ -159,3 +159,177 @@ fn large_free_sets_are_chosen_greedily_but_still_aligned() {
     assert_eq!(gpus.len(), 2);
     assert_ne!(gpus, [0, 1]);
 }
+
+/// A random small cluster and queue, with settings drawn to reach every path of the pass:
+/// repeated and many (> 16) profile classes, SLAs no GPU meets, evicted jobs, multi-GPU jobs on
+/// out-of-step pairs, a binding combination budget, interruptions, node speeds, every memory model.
+fn random_instance(seed: u64) -> (Vec<PendingJob>, Vec<NodeSlot>, PlaceParams) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let shape = [1, 2, 4, 8, 8, 16][rng.usize(0..6)];
+    let nodes: Vec<NodeSlot> = (0..rng.usize(1..25))
+        .map(|n| random_node(&mut rng, &format!("n{n}"), shape))
+        .collect();
+    let profiles: Vec<Arc<crate::job::JobProfile>> = (0..[1, 3, 40][rng.usize(0..3)])
+        .map(|_| Arc::new(random_profile(&mut rng)))
+        .collect();
+    let jobs = (0..rng.usize(1..60))
+        .map(|j| {
+            let class = rng.usize(0..profiles.len());
+            PendingJob {
+                id: j.to_string(),
+                profile: profiles[class].clone(),
+                class: class as u64,
+                sla: [0.2, 0.4, 0.5, 0.7, 0.9][rng.usize(0..5)],
+                avoid: match rng.u8(0..8) {
+                    0 => vec![format!("n{}", rng.usize(0..nodes.len()))],
+                    _ => vec![],
+                },
+                order: rng.u64(0..1000),
+            }
+        })
+        .collect();
+    let mut params = PlaceParams {
+        margin: [0.0, 0.05, 0.1][rng.usize(0..3)],
+        max_combinations: [256, 256, 1, 5][rng.usize(0..4)],
+        ..PlaceParams::default()
+    };
+    params.model.memory = [
+        MemoryModel::Trace,
+        MemoryModel::Trace,
+        MemoryModel::Ignore,
+        MemoryModel::StaticMin,
+    ][rng.usize(0..4)];
+    params.model.alignment = rng.u8(0..4) > 0;
+    params.model.interruptions = rng.bool();
+    (jobs, nodes, params)
+}
+
+fn random_node(rng: &mut fastrand::Rng, name: &str, gpus: usize) -> NodeSlot {
+    let gpu = |i: usize, rng: &mut fastrand::Rng| {
+        let base = rng.u64(1..64) * GIB;
+        let mut q: Vec<u64> = (0..21)
+            .map(|_| match rng.u8(0..4) {
+                0 => base,
+                _ => base - rng.u64(0..base),
+            })
+            .collect();
+        q.sort_unstable();
+        match rng.u8(0..30) {
+            0 => q.reverse(), // not ascending: never bounded
+            1 => q.truncate(1),
+            _ => {}
+        }
+        let busy = match rng.u8(0..50) {
+            0 => 1.2, // not from a document, but a model may say so
+            _ => [0.0, 0.05, 1.0, rng.f64(), rng.f64() * 0.5][rng.usize(0..5)],
+        };
+        let mut g = gpu(i as u32, busy, 0);
+        g.memory_quantiles = q;
+        if rng.u8(0..4) == 0 {
+            g.preemptions_per_s = rng.f64();
+            g.reclaimed_gib_per_s = rng.f64() * 0.2;
+            g.reclaim_episodes_per_s = rng.f64() * 0.1;
+        }
+        g
+    };
+    let gs: Vec<_> = (0..gpus).map(|i| gpu(i, rng)).collect();
+    let mut model = NodeModel::uniform(name, gs, 0.9, 600);
+    for a in 0..gpus {
+        for b in a + 1..gpus {
+            if rng.u8(0..3) == 0 {
+                model.set_pair(a, b, rng.f64(), rng.f64());
+            }
+        }
+    }
+    let speed = [1.0, 1.0, 0.0, -1.0, 0.7 + rng.f64() * 0.6][rng.usize(0..5)];
+    NodeSlot {
+        model: model.with_speed(speed),
+        free: (0..gpus).map(|_| rng.u8(0..5) > 0).collect(),
+    }
+}
+
+fn random_profile(rng: &mut fastrand::Rng) -> crate::job::JobProfile {
+    let mut p = profile([1, 1, 2, 3, 4][rng.usize(0..5)]);
+    let mut m = 0;
+    p.curve = (0..rng.usize(1..5))
+        .map(|_| {
+            m += rng.u64(1..16) * GIB;
+            crate::job::CurvePoint {
+                memory_bytes: m,
+                per_s: rng.f64() * 110.0,
+            }
+        })
+        .collect();
+    p.deficit_penalty = [0.0, 0.3, 1.0][rng.usize(0..3)];
+    p.costs.preemption_s = [0.0, 0.0, 0.1][rng.usize(0..3)];
+    p.costs.reclaim_s_per_gib = [0.0, 0.5][rng.usize(0..2)];
+    p
+}
+
+#[test]
+fn the_pass_decides_as_the_reference_pass_on_random_instances() {
+    let (mut placed, mut below, mut none) = (0, 0, 0);
+    for seed in 0..400 {
+        let (jobs, nodes, params) = random_instance(seed);
+        let (mut a, mut b) = (nodes.clone(), nodes);
+        let got = place(&jobs, &mut a, &params);
+        let want = super::reference::place(&jobs, &mut b, &params);
+        assert_eq!(got, want, "seed {seed}");
+        let free = |n: &[NodeSlot]| n.iter().map(|s| s.free.clone()).collect::<Vec<_>>();
+        assert_eq!(free(&a), free(&b), "seed {seed}");
+        for d in &got {
+            match d.outcome {
+                Outcome::Placed(_) => placed += 1,
+                Outcome::Pending(Pending::BelowSla { .. }) => below += 1,
+                Outcome::Pending(Pending::NoFreeGpus { .. }) => none += 1,
+            }
+        }
+    }
+    // The instances reach every outcome, many times.
+    assert!(
+        placed > 1000 && below > 1000 && none > 100,
+        "{placed} {below} {none}"
+    );
+}
+
+/// The benchmark's own cluster and queue (`valve-scheduler bench-pass`), at full size: slow in a
+/// debug build, so run it with `cargo test --release -- --ignored`.
+#[test]
+#[ignore]
+fn the_pass_decides_as_the_reference_pass_on_the_benchmarks_queue() {
+    for classes in [1, 100, 10_000] {
+        let mut rng = fastrand::Rng::with_seed(1);
+        let params = PlaceParams::default();
+        let nodes: Vec<NodeSlot> = (0..1000)
+            .map(|n| {
+                let doc = crate::bench::random_doc(&mut rng, &format!("node{n:05}"), 8, 0);
+                let model = NodeModel::from_doc(&doc, &params.model);
+                let free = vec![true; model.gpus.len()];
+                NodeSlot { model, free }
+            })
+            .collect();
+        let profiles: Vec<_> = (0..classes)
+            .map(|c| Arc::new(crate::bench::class_profile(c)))
+            .collect();
+        let jobs: Vec<PendingJob> = (0..10_000)
+            .map(|j| {
+                let class = rng.usize(0..classes);
+                PendingJob {
+                    id: j.to_string(),
+                    profile: profiles[class].clone(),
+                    class: class as u64,
+                    sla: [0.3, 0.5, 0.6, 0.7][j % 4],
+                    avoid: vec![],
+                    order: j as u64,
+                }
+            })
+            .collect();
+        let (mut a, mut b) = (nodes.clone(), nodes);
+        let got = place(&jobs, &mut a, &params);
+        assert_eq!(
+            got,
+            super::reference::place(&jobs, &mut b, &params),
+            "{classes} classes"
+        );
+    }
+}
