@@ -168,6 +168,7 @@ class Bench:
             return python("offline.py", "--model", self.r.model, "--mode", "valve", "--out", out,
                           "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", "96",
                           "--new-tokens", "128", "--prompt", *a.cb_prompt.split(","), "--attention", a.attention,
+                          "--safety-margin", str(a.cb_safety_margin),
                           "--max-seconds", "3000")
         return [sys.executable, os.path.join(REPO, "hwtests", "serving", "offline.py"), "--progress",
                 out + ".iters", "--size", a.train_size, "--device", "cuda", "--batch", "8", "--seq", "512"]
@@ -308,6 +309,10 @@ def main() -> int:
                          "new memory's rate, not the ramp to it (5 s read continuous batching 10%% low)")
     ap.add_argument("--profile-alone-seconds", type=int, help="profile-job --alone-seconds (default: twice --profile-seconds)")
     ap.add_argument("--offline-batch-tokens", type=int, default=512)
+    ap.add_argument("--cb-safety-margin", type=float, default=0.0,
+                    help="continuous batching's scheduler safety margin (offline.py --safety-margin; transformers' "
+                         "default is 0.2). The fourth check ran at 0: the job's level then moved by 30%% in one "
+                         "process, and a cache filled with half-prefilled requests is the suspected cause")
     ap.add_argument("--cb-prompt", default="1024,2048",
                     help="continuous batching's prompt lengths, MIN,MAX tokens (e.g. 1536,1536: every request alike, "
                          "so that the job's rate does not move with the mix of prompts in flight)")
@@ -323,6 +328,8 @@ def main() -> int:
     a = ap.parse_args()
     if len(a.cb_prompt.split(",")) != 2 or not all(x.strip().isdigit() for x in a.cb_prompt.split(",")):
         ap.error(f"--cb-prompt {a.cb_prompt!r}: give MIN,MAX prompt tokens, e.g. 1024,2048")
+    if not 0.0 <= a.cb_safety_margin < 1.0:
+        ap.error(f"--cb-safety-margin {a.cb_safety_margin}: give a share of the cache in [0, 1), e.g. 0.2")
     if a.phase_s < a.window + 8:
         ap.error("--phase-s must exceed --window by at least 8 s (the document is rebuilt every 5 s)")
     b = Bench(a)

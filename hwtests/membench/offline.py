@@ -122,6 +122,10 @@ def main() -> int:
                     help="paged|sdpa (cost grows with the batch squared) or PyTorch's varlen flash kernel")
     ap.add_argument("--max-requests", type=int, default=96, help="requests per forward pass at most")
     ap.add_argument("--backlog", type=int, default=256, help="requests kept queued")
+    ap.add_argument("--safety-margin", type=float, default=0.0,
+                    help="transformers' FIFO scheduler admits no new prefill while fewer than this share of cache "
+                         "blocks is free (its own default is 0.2). At 0 it fills the cache with half-prefilled "
+                         "requests, and decodes that need a block wait for one to free")
     ap.add_argument("--ready")
     ap.add_argument("--go", help="measuring starts when this file appears")
     ap.add_argument("--stop", help="measuring ends when this file appears")
@@ -154,7 +158,7 @@ def main() -> int:
     gen = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
                                    max_batch_tokens=a.max_batch_tokens, max_requests_per_batch=a.max_requests,
-                                   scheduler_type="fifo", safety_margin=0.0,
+                                   scheduler_type="fifo", safety_margin=a.safety_margin,
                                    use_cuda_graph=False, use_async_batching=False,
                                    **common.cb_extra(a.attention))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
