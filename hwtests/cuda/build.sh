@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the hardware-test workloads into OUTDIR: hog, online, serving, trigger and memstream.ptx (nvcc, sm_90 by
-# default; set CUDA_ARCH to change) and libvalve_ioctl_log.so (gcc). A trigger that fails to build is
-# reported and left out (only the floor experiment's online rows need it), so it never stops the rest. With --cpu-only, only the gcc/g++ parts
+# Builds the hardware-test workloads into OUTDIR: hog, online, serving, trigger, memstream.ptx and stamp.ptx
+# (nvcc, sm_90 by default; set CUDA_ARCH to change) and libvalve_ioctl_log.so (gcc). A trigger or stamp.ptx
+# that fails to build is reported and left out (only the floor experiment's online rows and the serving
+# benchmark's --stamp-first-kernel need them), so it never stops the rest. With --cpu-only, only the gcc/g++ parts
 # and their self-tests (what CI can build without CUDA).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -35,4 +36,11 @@ else
   rm -f "$out/trigger"
   echo "build.sh: trigger.cu did not build; valve-hwtest --only-floor will skip its online rows" >&2
 fi
-echo "built $built, memstream.ptx, libvalve_ioctl_log.so in $out"
+built="$built, memstream.ptx"
+if "$nvcc_bin" -O2 -arch="$arch" -ptx -o "$out/stamp.ptx" "$here/stamp.cu"; then
+  built="$built, stamp.ptx"
+else
+  rm -f "$out/stamp.ptx"
+  echo "build.sh: stamp.cu did not build; the serving benchmark's --stamp-first-kernel cannot run" >&2
+fi
+echo "built $built, libvalve_ioctl_log.so in $out"

@@ -175,6 +175,35 @@ def per_request(requests, trace, online_pids=None):
     return rows
 
 
+def gpu_start_rows(requests):
+    """For each request that arrived at an idle server: arrival (the client's send, as in
+    per_request) -> its first kernel running on the GPU (ms), from the graph server's stamp
+    (`gpu_start_ns`, already on CLOCK_MONOTONIC); None where the record has no stamp."""
+    rows = []
+    for q in requests:
+        if not q.get("idle_at_send"):
+            continue
+        g = q.get("gpu_start_ns")
+        rows.append({"send_ns": q["send_ns"],
+                     "arrival_to_gpu_start_ms": None if g is None else (g - q["send_ns"]) / 1e6})
+    return rows
+
+
+def gpu_start_stats(requests):
+    """p50/p99 of gpu_start_rows over idle arrivals, how many idle arrivals there were, how many had
+    no stamp (unknown: counted, not dropped) and how many stamps came before the arrival (a mapping
+    off by more than that)."""
+    rows = gpu_start_rows(requests)
+    known = [r["arrival_to_gpu_start_ms"] for r in rows if r["arrival_to_gpu_start_ms"] is not None]
+    return {
+        "arrival_to_gpu_start_p50_ms": percentile(known, 50),
+        "arrival_to_gpu_start_p99_ms": percentile(known, 99),
+        "gpu_start_idle_arrivals": len(rows),
+        "gpu_start_unknown": len(rows) - len(known),
+        "gpu_start_before_arrival": sum(1 for x in known if x < 0),
+    }
+
+
 def offline_ran_in_decode(requests, trace):
     """Per request with a first token: ms that offline ran between its first token and its end
     (not inside a stopped interval of the trace). Under a gate this should be 0; a positive value

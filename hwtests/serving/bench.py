@@ -17,6 +17,11 @@ alone-offline-frozen (no gate; offline's channels disabled for the whole run by 
 --pid` while its host threads run: what a frozen offline process costs online from the host side).
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
+
+--stamp-first-kernel OUTDIR/stamp.ptx (graph server, CUDA; hwtests/cuda/build.sh builds it): the
+server stamps each request's first kernel's GPU start, and the report adds, per idle arrival, the
+arrival -> first kernel running time, with the GPU clock's mapping (made with offline SIGSTOPped
+before the first run and after the last) and its error bound and drift beside it.
 """
 
 import argparse
@@ -38,6 +43,7 @@ sys.path.insert(0, HERE)
 
 import analysis  # noqa: E402
 import loadgen  # noqa: E402
+import stamp  # noqa: E402
 
 OFFLINE_LABEL = "valve-bench-offline"
 CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival", "alone-2"]
@@ -238,7 +244,8 @@ def wait_http(url, timeout):
     raise RuntimeError(f"{url} did not become healthy in {timeout} s")
 
 
-def start_server(a, model_dir, port, logdir, env):
+def server_argv(a, model_dir, port):
+    """The online server's command line."""
     if a.server == "serve":
         argv = [
             sys.executable, "-m", "transformers.cli.transformers", "serve", model_dir,
@@ -256,9 +263,58 @@ def start_server(a, model_dir, port, logdir, env):
     else:
         argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "graph",
                 "--size", a.model_size, "--device", a.device, "--port", str(port)]
-    p = Proc("server", argv, logdir, env=env)
+        if getattr(a, "stamp_first_kernel", None):
+            argv += ["--stamp-first-kernel", a.stamp_first_kernel]
+    return argv
+
+
+def start_server(a, model_dir, port, logdir, env):
+    p = Proc("server", server_argv(a, model_dir, port), logdir, env=env)
     wait_http(f"http://127.0.0.1:{port}", a.start_timeout)
     return p
+
+
+def stamp_choice(a, ap):
+    """The stamp file the graph server is to load, or None: off unless asked for, and off with a
+    message in a dry run or on a device other than CUDA."""
+    if not a.stamp_first_kernel:
+        return None
+    if a.server != "graph":
+        ap.error("--stamp-first-kernel needs --server graph (the stamp is in decoder.py's loop)")
+    if a.dry_run or not a.device.startswith("cuda"):
+        log(f"== --stamp-first-kernel is off: it needs a CUDA device ({'dry run' if a.dry_run else a.device} here)")
+        return None
+    if not os.path.exists(a.stamp_first_kernel):
+        ap.error(f"--stamp-first-kernel {a.stamp_first_kernel}: no such file "
+                 "(hwtests/cuda/build.sh OUTDIR builds OUTDIR/stamp.ptx)")
+    return os.path.abspath(a.stamp_first_kernel)
+
+
+def calibrate_server(url):
+    """The server's fresh mapping of the GPU clock (POST /v1/valve/calibrate), or None, said why."""
+    req = urllib.request.Request(url + "/v1/valve/calibrate", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["mapping"]
+    except (OSError, ValueError, KeyError) as e:
+        log(f"== the stamp's clock mapping failed ({type(e).__name__}: {e}); see server.log")
+        return None
+
+
+def calibrate_idle(url, offline_pid, when):
+    """calibrate_server with offline SIGSTOPped (and its queued GPU work drained), so the mapping's
+    window is not stretched by offline's timeslices."""
+    os.kill(offline_pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)
+        m = calibrate_server(url)
+    finally:
+        os.kill(offline_pid, signal.SIGCONT)
+    if m:
+        log(f"== GPU clock mapped ({when}): offset {m['offset_ns']} ns, error bound {m['bound_ns'] / 1e3:.1f} us "
+            f"(narrowest of {m['samples']} windows)")
+    return m
 
 
 def prompt_text(model_dir, tokens):
@@ -386,13 +442,15 @@ def service_time(url, prompt, max_tokens, n=5):
 def summarize(a, runs, rate_alone, device):
     """Per load: one row per configuration, its rounds pooled, and the target checks of the gates."""
     result = {"device": device, "server": a.server, "loads": []}
+    if getattr(a, "stamp_first_kernel", None):
+        result["stamp_mapping"] = getattr(a, "stamp_mapping", None) or stamp.mapping_check(None, None)
     for load in a.loads:
         if not any(r["load"] == load for r in runs):
             continue
         rows, tails, late = {}, {}, {}
         for cfg in dict.fromkeys(r["config"] for r in runs if r["load"] == load):
             group = [r for r in runs if r["load"] == load and r["config"] == cfg]
-            rows[cfg] = config_stats(group, rate_alone)
+            rows[cfg] = config_stats(group, rate_alone, stamped=bool(getattr(a, "stamp_first_kernel", None)))
             for run in group:
                 run["stats"] = rows[cfg]
         alone = rows.get("alone")
@@ -428,12 +486,15 @@ def summarize(a, runs, rate_alone, device):
     return result
 
 
-def config_stats(group, rate_alone):
+def config_stats(group, rate_alone, stamped=False):
     """The numbers of one configuration at one load from its rounds: latency percentiles over every
     request of every round, offline's share summed over the rounds' windows, the gate's per-request
-    reaction from each round's own trace."""
+    reaction from each round's own trace, and (stamped) arrival -> first kernel running per idle
+    arrival from the server's stamps."""
     recs = [x for r in group for x in r["records"]]
     s = analysis.request_stats(recs)
+    if stamped:
+        s.update(analysis.gpu_start_stats(recs))
     s.update(analysis.harvest_runs([(r["records"], r["progress"]) for r in group], rate_alone))
     s["busy_share"] = analysis.busy_share_runs([r["records"] for r in group])
     s["rounds"] = len(group)
@@ -474,13 +535,42 @@ def interval_text(iv):
     return "n/a" if not iv or None in iv else f"{iv[0]:+.1f}% .. {iv[1]:+.1f}%"
 
 
+GPU_START_TARGETS_MS = (0.300, 0.600)  # arrival -> first kernel running, p50 and p99 (issue 29)
+
+
+def gpu_start_cell(s, mapping):
+    """The report table's arrival -> GPU start cell; (!) where the clock mapping is flagged."""
+    cell = f"{fmt(s.get('arrival_to_gpu_start_p50_ms'), '.3f')} / {fmt(s.get('arrival_to_gpu_start_p99_ms'), '.3f')}"
+    return cell + (" (!)" if mapping["flagged"] else "")
+
+
+def gpu_start_lines(rows, mapping):
+    """Under the table: the GPU clock's mapping, then per configuration the stamps' counts and the target."""
+    us = lambda v: "n/a" if v is None else f"{v / 1e3:+.1f}" if v < 0 else f"{v / 1e3:.1f}"
+    lines = ["", f"Arrival -> first kernel running on the GPU (the server's %globaltimer stamp mapped to CLOCK_MONOTONIC), "
+                 f"idle arrivals. Mapping error bound {us(mapping['bound_ns'])} us, offset drift over the run "
+                 f"{us(mapping['drift_ns'])} us" + (f"; (!) FLAGGED: {mapping['why']} (limit {mapping['limit_ns'] / 1e3:.0f} us)"
+                                                    if mapping["flagged"] else "") + ":", ""]
+    p50_max, p99_max = GPU_START_TARGETS_MS
+    for cfg, s in rows.items():
+        p50, p99 = s.get("arrival_to_gpu_start_p50_ms"), s.get("arrival_to_gpu_start_p99_ms")
+        ok = p50 is not None and p99 is not None and p50 <= p50_max and p99 <= p99_max
+        lines.append(f"- {CONFIG_NAMES[cfg]}: {s.get('gpu_start_idle_arrivals', 0)} idle arrivals, "
+                     f"{s.get('gpu_start_unknown', 0)} without a stamp, {s.get('gpu_start_before_arrival', 0)} "
+                     f"stamped before the arrival; [{'PASS' if ok else 'FAIL'}] p50 <= {p50_max:.3f} ms and "
+                     f"p99 <= {p99_max:.3f} ms: {fmt(p50, '.3f')} / {fmt(p99, '.3f')}")
+    return lines
+
+
 def report_md(res, meta):
+    mapping = res.get("stamp_mapping")
     lines = [f"# Serving benchmark: {res['server']} on {res['device']}", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     for e in res["loads"]:
         lines += ["", f"## Load {e['load']:.0%} busy target ({e['rate_per_s']:.2f} requests/s)", "",
-                  "| configuration | busy | TTFT p50 / p99 / max (ms) | TPOT p50 / p99 (ms) | preemptions/request | offline vs alone | idle harvested | arrival -> offline stopped p50/p99 (ms) | arrival -> first kernel p50/p99 (ms) | stopped first |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| configuration | busy | TTFT p50 / p99 / max (ms) | TPOT p50 / p99 (ms) | preemptions/request | offline vs alone | idle harvested | arrival -> offline stopped p50/p99 (ms) | arrival -> first kernel p50/p99 (ms) | stopped first |"
+                  + (" arrival -> first kernel running (GPU) p50/p99 (ms) |" if mapping else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if mapping else "")]
         for cfg, s in e["rows"].items():
             lines.append(
                 f"| {CONFIG_NAMES[cfg]} | {fmt(s['busy_share'], '.0%')} | {fmt(s['ttft_p50_ms'])} / {fmt(s['ttft_p99_ms'])} / {fmt(s['ttft_max_ms'])} "
@@ -488,7 +578,10 @@ def report_md(res, meta):
                 f"| {fmt(s['offline_vs_alone'], '.0%')} | {fmt(s['harvested'], '.0%')} "
                 f"| {fmt(s.get('arrival_to_stopped_p50_ms'))} / {fmt(s.get('arrival_to_stopped_p99_ms'))} "
                 f"| {fmt(s.get('arrival_to_kernel_p50_ms'))} / {fmt(s.get('arrival_to_kernel_p99_ms'))} "
-                f"| {fmt(s.get('stopped_first_share'), '.0%')} |")
+                f"| {fmt(s.get('stopped_first_share'), '.0%')} |"
+                + (f" {gpu_start_cell(s, mapping)} |" if mapping else ""))
+        if mapping:
+            lines += gpu_start_lines(e["rows"], mapping)
         decode = [(cfg, s["decode"]) for cfg, s in e["rows"].items() if s.get("decode")]
         if decode:
             lines += ["", "Offline running inside a request's decode (first token to end; 0 if the gate held it):", ""]
@@ -577,7 +670,11 @@ def main(argv=None):
     ap.add_argument("--alone-s", type=float, default=5.0, help="seconds to measure offline alone")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--keep-model", help="reuse/keep the model dir here")
+    ap.add_argument("--stamp-first-kernel", metavar="PTX",
+                    help="graph server: report arrival -> first kernel running on the GPU per idle arrival "
+                         "(stamp.ptx from hwtests/cuda/build.sh OUTDIR)")
     a = ap.parse_args(argv)
+    a.stamp_first_kernel = stamp_choice(a, ap)
     a.loads = [float(x) for x in a.loads.split(",")]
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -634,6 +731,9 @@ def main(argv=None):
         s = service_time(url, prompt, a.max_tokens)
         os.kill(off.p.pid, signal.SIGCONT)
         log(f"== service time alone: {s * 1e3:.1f} ms per request")
+        # Offline runs from before the server starts, so the server's own mapping at start may be
+        # stretched by it: map again now and after the last run, offline stopped both times.
+        cal_start = calibrate_idle(url, off.p.pid, "before the first run") if a.stamp_first_kernel else None
         runs, run_s, stopped = [], [], False
         signal.signal(signal.SIGTERM, on_sigterm)
         for load in a.loads:
@@ -667,6 +767,17 @@ def main(argv=None):
                     st = analysis.request_stats(r["records"])
                     log(f"   TTFT p50/p99 {fmt(st['ttft_p50_ms'])}/{fmt(st['ttft_p99_ms'])} ms, "
                         f"TPOT p50/p99 {fmt(st['tpot_p50_ms'])}/{fmt(st['tpot_p99_ms'])} ms, errors {st['errors']}")
+                    if a.stamp_first_kernel:
+                        g = analysis.gpu_start_stats(r["records"])
+                        log(f"   arrival -> first kernel running p50/p99 {fmt(g['arrival_to_gpu_start_p50_ms'], '.3f')}/"
+                            f"{fmt(g['arrival_to_gpu_start_p99_ms'], '.3f')} ms over {g['gpu_start_idle_arrivals']} idle "
+                            f"arrivals, {g['gpu_start_unknown']} without a stamp")
+        if a.stamp_first_kernel:
+            try:
+                cal_end = calibrate_idle(url, off.p.pid, "after the last run")
+            except Terminated:  # the report of the runs done matters more
+                cal_end = None
+            a.stamp_mapping = stamp.mapping_check(cal_start, cal_end)
         res = summarize(a, runs, rate_alone, device)
         meta = {
             "requests per configuration (rounds)": ", ".join(

@@ -108,10 +108,14 @@ class GraphDecoder:
         torch.cuda.synchronize()
 
     @torch.no_grad()
-    def generate(self, prompt, n):
-        """Yields n token ids: prefill (eager), then one graph replay + host sync per token."""
+    def generate(self, prompt, n, before_first_kernel=None):
+        """Yields n token ids: prefill (eager), then one graph replay + host sync per token.
+        before_first_kernel(), if given, is called after the prompt's copy to the device and just
+        before the request's first kernel is launched (server.py's first-kernel stamp)."""
         prompt = prompt[: self.max_len - n]
         ids = torch.tensor([prompt], device=self.device)
+        if before_first_kernel is not None:
+            before_first_kernel()
         pos = torch.arange(len(prompt), device=self.device)
         logits = self._forward(ids, pos, len(prompt))
         tok = int(logits.argmax(-1).item())

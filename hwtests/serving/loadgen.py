@@ -1,6 +1,7 @@
 """An open-loop HTTP load generator for OpenAI-style streaming completions: Poisson arrivals
 (fixed seed), every request streamed; records per request the send time, the first streamed token
-(TTFT), the end, the token count and how many requests were in flight when it was sent.
+(TTFT), the end, the token count and how many requests were in flight when it was sent, and
+what the server adds under `valve` in a chunk (the graph server's first-kernel stamp, gpu_start_ns).
 
     python3 loadgen.py --url http://127.0.0.1:8000 --rate 5 --requests 40 --out records.json
 """
@@ -43,6 +44,8 @@ async def one(session, url, body, rec, state):
                     if not data or data == "[DONE]":
                         continue
                     msg = json.loads(data)
+                    if "valve" in msg:  # server.py --stamp-first-kernel: the first kernel's GPU start
+                        rec.update(msg["valve"])
                     if "error" in msg:
                         rec["error"] = str(msg["error"])
                         continue

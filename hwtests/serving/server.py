@@ -9,6 +9,11 @@ OpenAI-style streaming `/v1/completions` over aiohttp, on one of two engines.
     python3 server.py --engine graph --size 3b --port 8000 --device cuda
 
 Prints `READY <port>` once it serves. Prompts are text (tokenised here) or token ids.
+
+`--stamp-first-kernel stamp.ptx` (graph engine, CUDA only; hwtests/cuda/build.sh builds the file):
+each request's first kernel is preceded by a kernel that records the GPU time it started
+(stamp.py), sent mapped to CLOCK_MONOTONIC in the final chunk as `valve.gpu_start_ns`. POST
+`/v1/valve/calibrate` maps the GPU clock again (do it with the GPU otherwise idle) and returns it.
 """
 
 import argparse
@@ -28,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class GraphEngine:
     """One request at a time on a worker thread; tokens go back through the event loop."""
 
-    def __init__(self, size, device, max_len):
+    def __init__(self, size, device, max_len, stamp_path=None):
         from decoder import GraphDecoder
 
         self.dec = GraphDecoder(size=size, device=device, max_len=max_len)
@@ -36,8 +41,27 @@ class GraphEngine:
         # Warm up (allocator, kernels): a short request.
         for _ in self.dec.generate(list(range(16)), 4):
             pass
+        self.stamp_path, self.stamper, self.mapping = stamp_path, None, None
         self.jobs = queue.Queue()
-        threading.Thread(target=self._run, name="decode", daemon=True).start()
+        started = queue.Queue()
+        threading.Thread(target=self._run, args=(started,), name="decode", daemon=True).start()
+        err = started.get()
+        if err is not None:
+            raise err
+
+    def _start_stamper(self):
+        """On the decode thread: torch's context made current here, the stamp kernel loaded, and
+        a first mapping of the GPU clock (offline may be running: the bench maps again idle)."""
+        import torch
+        from stamp import GpuStamper
+
+        # A kernel launched from this thread binds torch's primary context to it (GpuStamper
+        # checks with cuCtxGetCurrent and names the problem if not).
+        torch.zeros(1, device=self.dec.device).add_(1)
+        torch.cuda.synchronize()
+        self.stamper = GpuStamper(self.stamp_path, torch)
+        self.mapping = self.stamper.calibrate()
+        print(f"STAMP mapping at start: {json.dumps(self.mapping)}", file=sys.stderr, flush=True)
 
     def tokenize(self, prompt):
         if isinstance(prompt, list):
@@ -45,18 +69,55 @@ class GraphEngine:
         # Text: one token per byte, enough for a random-weight model.
         return [b % self.dec.vocab for b in prompt.encode()]
 
-    def _run(self):
+    def _run(self, started):
+        try:
+            if self.stamp_path:
+                self._start_stamper()
+        except Exception as e:  # noqa: BLE001 - raised again by the constructor
+            started.put(e)
+            return
+        started.put(None)
         while True:
-            ids, n, loop, q = self.jobs.get()
+            job = self.jobs.get()
+            if job[0] == "calibrate":
+                self._calibrate(*job[1:])
+                continue
+            _, ids, n, loop, q = job
+            slots = []
+            hook = (lambda: slots.append(self.stamper.begin())) if self.stamper else None
             try:
-                for tok in self.dec.generate(ids, n):
+                for tok in self.dec.generate(ids, n, hook):
                     loop.call_soon_threadsafe(q.put_nowait, (str(tok) + " ", False))
+                if slots:  # the request's work is done: reading the slot waits for nothing
+                    loop.call_soon_threadsafe(q.put_nowait, (self._stamp_info(slots[0]), False))
             except Exception as e:  # reported to the client as an error chunk
                 loop.call_soon_threadsafe(q.put_nowait, (f"error: {e}", True))
             loop.call_soon_threadsafe(q.put_nowait, (None, True))
 
+    def _stamp_info(self, slot):
+        from stamp import to_monotonic
+
+        raw = self.stamper.read(slot)
+        return {"gpu_start_ns": to_monotonic(raw, self.mapping) if raw else None,
+                "gpu_start_globaltimer_ns": raw, "mapping_offset_ns": self.mapping["offset_ns"]}
+
+    def _calibrate(self, loop, fut):
+        """A calibrate job, between requests on the decode thread: the new mapping maps later stamps."""
+        try:
+            self.mapping = self.stamper.calibrate()
+            print(f"STAMP mapping: {json.dumps(self.mapping)}", file=sys.stderr, flush=True)
+            loop.call_soon_threadsafe(fut.set_result, self.mapping)
+        except Exception as e:  # noqa: BLE001 - answered as an HTTP error
+            loop.call_soon_threadsafe(fut.set_exception, e)
+
+    def calibrate(self, loop):
+        """A future of a fresh mapping, made on the decode thread after the requests queued before it."""
+        fut = loop.create_future()
+        self.jobs.put(("calibrate", loop, fut))
+        return fut
+
     def submit(self, ids, n, loop, q):
-        self.jobs.put((ids, n, loop, q))
+        self.jobs.put(("request", ids, n, loop, q))
 
 
 class CbEngine:
@@ -147,11 +208,14 @@ def make_app(engine, model_name):
         engine.submit(ids, n, loop, q)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        count = 0
+        count, valve = 0, None
         while True:
             text, done = await q.get()
             if text is None:
                 break
+            if isinstance(text, dict):  # the graph engine's first-kernel stamp
+                valve = text
+                continue
             if text.startswith("error: ") and done:
                 chunk = {"error": text}
             else:
@@ -160,6 +224,8 @@ def make_app(engine, model_name):
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         final = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
                  "usage": {"completion_tokens": count, "prompt_tokens": len(ids)}}
+        if valve is not None:
+            final["valve"] = valve
         await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp
@@ -167,10 +233,37 @@ def make_app(engine, model_name):
     async def health(_request):
         return web.json_response({"status": "ok"})
 
+    async def calibrate(_request):
+        if getattr(engine, "stamper", None) is None:
+            return web.json_response({"error": "the first-kernel stamp is off: start server.py "
+                                      "--engine graph --device cuda --stamp-first-kernel stamp.ptx"}, status=409)
+        try:
+            mapping = await engine.calibrate(asyncio.get_running_loop())
+        except Exception as e:  # noqa: BLE001 - the client is told why
+            return web.json_response({"error": f"{type(e).__name__}: {e}"}, status=500)
+        return web.json_response({"mapping": mapping})
+
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/valve/calibrate", calibrate)
     return app
+
+
+def stamp_choice(a, ap):
+    """The stamp file to load, or None: off unless asked for, and off with a message on CPU."""
+    if not a.stamp_first_kernel:
+        return None
+    if a.engine != "graph":
+        ap.error("--stamp-first-kernel needs --engine graph")
+    if not a.device.startswith("cuda"):
+        print(f"server.py: --stamp-first-kernel is off: it needs --device cuda, not {a.device} "
+              "(the stamp is a CUDA kernel)", file=sys.stderr, flush=True)
+        return None
+    if not os.path.exists(a.stamp_first_kernel):
+        ap.error(f"--stamp-first-kernel {a.stamp_first_kernel}: no such file (build it with "
+                 "hwtests/cuda/build.sh OUTDIR: OUTDIR/stamp.ptx)")
+    return a.stamp_first_kernel
 
 
 def main(argv=None):
@@ -185,10 +278,13 @@ def main(argv=None):
     ap.add_argument("--attention", choices=["sdpa", "varlen"], default="sdpa",
                     help="cb: paged|sdpa, or PyTorch's varlen flash kernel (linear in the batch)")
     ap.add_argument("--cuda-graphs", action="store_true", help="cb: replay CUDA graphs over padded shapes")
+    ap.add_argument("--stamp-first-kernel", metavar="PTX",
+                    help="graph: stamp each request's first kernel's GPU start (stamp.ptx from hwtests/cuda/build.sh)")
     a = ap.parse_args(argv)
+    stamp_path = stamp_choice(a, ap)
     t0 = time.time()
     if a.engine == "graph":
-        engine = GraphEngine(a.size, a.device, a.max_len)
+        engine = GraphEngine(a.size, a.device, a.max_len, stamp_path)
     else:
         if not a.model:
             ap.error("--engine cb needs --model DIR")

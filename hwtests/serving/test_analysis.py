@@ -282,5 +282,37 @@ class HoldReplay(unittest.TestCase):
         self.assertEqual(a.hold_expiries(self.trace([1, 250]), learn_expired=True), 1)
 
 
+class GpuStart(unittest.TestCase):
+    """Arrival -> first kernel running, from the graph server's stamps (gpu_start_ns)."""
+
+    def stamped(self, send, gpu_after_us, idle=True):
+        r = req(send, send + 20 * MS, send + 100 * MS, idle=idle)
+        if gpu_after_us is not None:
+            r["gpu_start_ns"] = send + gpu_after_us * 1_000
+        return r
+
+    def test_idle_arrivals_only_with_p50_p99_and_unknowns_counted(self):
+        recs = [self.stamped(i * 1000 * MS, 100 + 10 * i) for i in range(10)]
+        recs.append(self.stamped(20_000 * MS, None))  # idle, no stamp: unknown
+        recs.append(self.stamped(21_000 * MS, 5))  # busy at send: not an idle arrival
+        recs[-1]["idle_at_send"] = False
+        s = a.gpu_start_stats(recs)
+        self.assertEqual(s["gpu_start_idle_arrivals"], 11)
+        self.assertEqual(s["gpu_start_unknown"], 1)
+        self.assertAlmostEqual(s["arrival_to_gpu_start_p50_ms"], 0.140)
+        self.assertAlmostEqual(s["arrival_to_gpu_start_p99_ms"], 0.190)
+        self.assertEqual(s["gpu_start_before_arrival"], 0)
+
+    def test_the_time_is_stamp_minus_send_and_a_stamp_before_the_arrival_is_counted(self):
+        rows = a.gpu_start_rows([self.stamped(0, 250), self.stamped(MS, -30)])
+        self.assertAlmostEqual(rows[0]["arrival_to_gpu_start_ms"], 0.250)  # not -0.250
+        self.assertEqual(a.gpu_start_stats([self.stamped(MS, -30)])["gpu_start_before_arrival"], 1)
+
+    def test_no_stamps_at_all_gives_none_not_zero(self):
+        s = a.gpu_start_stats([self.stamped(0, None), self.stamped(MS, None)])
+        self.assertIsNone(s["arrival_to_gpu_start_p50_ms"])
+        self.assertEqual(s["gpu_start_unknown"], 2)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -115,5 +115,71 @@ class Teardown(unittest.TestCase):
                                   ("stop", "offline"), ("daemon",)])
 
 
+class StampFlag(unittest.TestCase):
+    """--stamp-first-kernel: off by default, passed to the graph server, off on CPU."""
+
+    def ns(self, **kw):
+        base = dict(server="graph", model_size="3b", device="cuda", dry_run=False, stamp_first_kernel=None)
+        return types.SimpleNamespace(**dict(base, **kw))
+
+    def test_default_argv_is_unchanged_and_the_flag_appends_the_file(self):
+        plain = bench.server_argv(self.ns(), None, 8000)
+        self.assertEqual(plain, [bench.sys.executable, bench.os.path.join(bench.HERE, "server.py"), "--engine",
+                                 "graph", "--size", "3b", "--device", "cuda", "--port", "8000"])
+        self.assertEqual(bench.server_argv(self.ns(stamp_first_kernel="/o/stamp.ptx"), None, 8000),
+                         plain + ["--stamp-first-kernel", "/o/stamp.ptx"])
+        # An options object from before the flag (no attribute) builds the same argv.
+        old = types.SimpleNamespace(server="graph", model_size="3b", device="cuda")
+        self.assertEqual(bench.server_argv(old, None, 8000), plain)
+
+    def test_a_dry_run_or_cpu_turns_it_off_and_other_servers_or_a_missing_file_are_refused(self):
+        ap = bench.argparse.ArgumentParser()
+        self.assertIsNone(bench.stamp_choice(self.ns(stamp_first_kernel=__file__, dry_run=True), ap))
+        self.assertIsNone(bench.stamp_choice(self.ns(stamp_first_kernel=__file__, device="cpu"), ap))
+        self.assertEqual(bench.stamp_choice(self.ns(stamp_first_kernel=__file__), ap), bench.os.path.abspath(__file__))
+        for bad in (dict(server="cb"), dict(stamp_first_kernel="/nonexistent/stamp.ptx")):
+            with self.assertRaises(SystemExit):
+                bench.stamp_choice(self.ns(**dict(dict(stamp_first_kernel=__file__), **bad)), ap)
+
+    def test_calibration_stops_offline_and_continues_it_even_when_the_server_fails(self):
+        kills, saved = [], (bench.os.kill, bench.time.sleep, bench.calibrate_server)
+        bench.os.kill = lambda pid, sig: kills.append(sig)
+        bench.time.sleep = lambda s: None
+
+        def fails(_url):
+            raise OSError("connection refused")
+
+        bench.calibrate_server = fails
+        try:
+            with self.assertRaises(OSError):
+                bench.calibrate_idle("url", 4242, "test")
+        finally:
+            bench.os.kill, bench.time.sleep, bench.calibrate_server = saved
+        self.assertEqual(kills, [bench.signal.SIGSTOP, bench.signal.SIGCONT])
+
+    def report(self, mapping):
+        row = dict(busy_share=0.3, ttft_p50_ms=10, ttft_p99_ms=20, ttft_max_ms=30, tpot_p50_ms=1, tpot_p99_ms=2,
+                   preemptions_per_request=None, offline_vs_alone=None, harvested=None,
+                   arrival_to_gpu_start_p50_ms=0.25, arrival_to_gpu_start_p99_ms=0.7,
+                   gpu_start_idle_arrivals=12, gpu_start_unknown=2, gpu_start_before_arrival=0)
+        res = {"server": "graph", "device": "test", "loads": [
+            {"load": 0.3, "rate_per_s": 1.0, "rows": {"alone": row}, "checks": {}, "tails": {}}]}
+        if mapping:
+            res["stamp_mapping"] = mapping
+        return bench.report_md(res, {})
+
+    def test_the_report_has_the_column_only_when_stamped_with_the_mapping_beside_it(self):
+        self.assertNotIn("GPU", self.report(None))
+        ok = bench.stamp.mapping_check({"offset_ns": 0, "bound_ns": 4000}, {"offset_ns": 1000, "bound_ns": 6000})
+        md = self.report(ok)
+        self.assertIn("| 0.250 / 0.700 |", md)
+        self.assertIn("error bound 6.0 us, offset drift over the run 1.0 us", md)
+        self.assertIn("2 without a stamp", md)
+        self.assertIn("[FAIL] p50 <= 0.300 ms and p99 <= 0.600 ms", md)  # p99 0.7 ms
+        bad = bench.stamp.mapping_check({"offset_ns": 0, "bound_ns": 4000}, None)
+        self.assertIn("0.250 / 0.700 (!)", self.report(bad))
+        self.assertIn("FLAGGED: no end calibration", self.report(bad))
+
+
 if __name__ == "__main__":
     unittest.main()
