@@ -140,6 +140,25 @@ pub struct Measured {
     /// of a rate measured over half of it (absent in profiles made before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alone_spread: Option<f64>,
+    /// Every uninterrupted rate the profile measured, in order: T_alone's step, then the step
+    /// after each interrupted one. How far they differ is how far the job's own level moved
+    /// while it was profiled, which no prediction from this profile can beat (empty in profiles
+    /// made before it was recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uninterrupted_per_s: Vec<f64>,
+}
+
+impl Measured {
+    /// (highest - lowest) / mean of [`Measured::uninterrupted_per_s`]; `None` with fewer than
+    /// two rates or a mean of 0.
+    pub fn uninterrupted_spread(&self) -> Option<f64> {
+        let r = &self.uninterrupted_per_s;
+        let mean = r.iter().sum::<f64>() / r.len() as f64;
+        let (lo, hi) = r.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        });
+        (r.len() >= 2 && mean > 0.0).then(|| (hi - lo) / mean)
+    }
 }
 
 /// Why a profile or request was refused.
@@ -320,6 +339,32 @@ pub fn check_sla(sla: f64) -> Result<f64, JobError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+
+    #[test]
+    fn the_uninterrupted_spread_is_how_far_the_jobs_level_moved_while_profiled() {
+        let m = |r: &[f64]| Measured {
+            device: "test".into(),
+            unix_ms: 0,
+            seconds_per_point: 30.0,
+            alone_spread: None,
+            uninterrupted_per_s: r.to_vec(),
+        };
+        // The fourth H200 check's run 5: T_alone 1,092, then 1,486 after the reclaim step.
+        let s = m(&[1092.0, 1486.0]).uninterrupted_spread().unwrap();
+        assert!((s - 394.0 / 1289.0).abs() < 1e-12, "{s}");
+        assert_eq!(m(&[1000.0]).uninterrupted_spread(), None, "one rate");
+        assert_eq!(m(&[]).uninterrupted_spread(), None);
+        assert_eq!(m(&[0.0, 0.0]).uninterrupted_spread(), None, "mean 0");
+        let old = r#"{"device":"d","unix_ms":1,"seconds_per_point":20.0}"#;
+        let parsed: Measured = serde_json::from_str(old).unwrap();
+        assert!(
+            parsed.uninterrupted_per_s.is_empty(),
+            "older profiles still read"
+        );
+        assert!(!serde_json::to_string(&parsed)
+            .unwrap()
+            .contains("uninterrupted"));
+    }
     use super::*;
 
     pub(crate) const GIB: u64 = 1 << 30;

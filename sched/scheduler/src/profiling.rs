@@ -120,6 +120,7 @@ mod tests {
                 unix_ms: 0,
                 seconds_per_point: 20.0,
                 alone_spread: None,
+                uninterrupted_per_s: Vec::new(),
             },
             deficit_penalty: 0.2,
             costs: InterruptCosts::default(),

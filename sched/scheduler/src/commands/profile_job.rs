@@ -308,7 +308,8 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
         });
     }
     let alone = steps.last().map_or(0.0, |st| st.per_s);
-    let costs = interruptions(&mut s, &dir, alone).map_err(anyhow::Error::msg)?;
+    let mut uninterrupted = vec![alone];
+    let costs = interruptions(&mut s, &dir, &mut uninterrupted).map_err(anyhow::Error::msg)?;
     drop(s);
     let about = About {
         name: a.name.clone(),
@@ -319,12 +320,20 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
             unix_ms: unix_ms(),
             seconds_per_point: a.seconds.as_secs_f64(),
             alone_spread,
+            uninterrupted_per_s: uninterrupted,
         },
         deficit_penalty: a.deficit_penalty,
         costs,
     };
     if caps.is_empty() {
         steps[0].cap_bytes = Some(0); // not a pool client: one flat point
+    }
+    if let Some(moved) = about.measured.uninterrupted_spread() {
+        eprintln!(
+            "the job's uninterrupted rate moved {:.1}% (highest - lowest over mean) while profiled: \
+             no prediction from this profile is closer than its own level",
+            100.0 * moved
+        );
     }
     let profile = build(&about, &steps).map_err(anyhow::Error::msg)?;
     let text = serde_json::to_string_pretty(&profile)?;
@@ -362,21 +371,25 @@ fn spread(x: f64, y: f64) -> Option<f64> {
     (mean > 0.0).then(|| (x - y).abs() / mean)
 }
 
-/// The interruption steps (after the uncapped one, whose rate is `alone`): what a preemption
+/// The interruption steps (after the uncapped one, whose rate is the last of `uninterrupted`,
+/// to which each later uninterrupted rate is added): what a preemption
 /// and a GiB reclaimed cost the job, where asked for. Each interrupted step is followed by an
 /// uninterrupted one and compared with the mean of the rates just before and just after it
 /// ([`bracket`]), so that the job's own drift over the profile is not charged to the
 /// interruptions (two profiles of one job on one H200 read 0.46 and 2.41 s per 6 GiB reclaim
 /// when the step was compared with T_alone measured minutes earlier).
-fn interruptions(s: &mut Session<'_>, dir: &Path, alone: f64) -> Result<InterruptCosts, String> {
+fn interruptions(
+    s: &mut Session<'_>,
+    dir: &Path,
+    uninterrupted: &mut Vec<f64>,
+) -> Result<InterruptCosts, String> {
     let a = s.a;
     let seconds = a.seconds.as_secs_f64();
     let mut costs = InterruptCosts::default();
-    let mut before = alone;
     if let Some(every) = a.preempt_every {
         let held = a.preempt_for.as_secs_f64();
         let (n, _, per_s) = interrupted_step(s, dir, every, |s| s.preempt_once().map(|()| 1.0))?;
-        let base = rebase(s, dir, &mut before)?;
+        let base = rebase(s, dir, uninterrupted)?;
         costs.preemption_s = interrupt_cost_s(base, per_s, seconds, n * held, n).unwrap_or(0.0);
         eprintln!(
             "preempted {n:.0} times for {} ms: {per_s:.1} {}/s, {:.3} s lost per preemption",
@@ -392,7 +405,7 @@ fn interruptions(s: &mut Session<'_>, dir: &Path, alone: f64) -> Result<Interrup
         let (mut lost_s, mut gib_all) = (0.0, 0.0);
         for mib in sizes {
             let (n, gib, per_s) = interrupted_step(s, dir, every, |s| s.reclaim_once(mib))?;
-            let base = rebase(s, dir, &mut before)?;
+            let base = rebase(s, dir, uninterrupted)?;
             let lost = interrupt_cost_s(base, per_s, seconds, 0.0, 1.0).unwrap_or(0.0);
             let per_episode = if n > 0.0 { lost / n } else { 0.0 };
             eprintln!(
@@ -417,20 +430,20 @@ fn interruptions(s: &mut Session<'_>, dir: &Path, alone: f64) -> Result<Interrup
 }
 
 /// After an interrupted step: --settle and --seconds uninterrupted, then the baseline that step
-/// is compared with, [`bracket`] of `before` (the rate measured just before it) and this one.
-/// `before` becomes this rate, for the next interrupted step.
-fn rebase(s: &mut Session<'_>, dir: &Path, before: &mut f64) -> Result<f64, String> {
+/// is compared with, [`bracket`] of the last of `uninterrupted` (the rate measured just before
+/// it) and this one, which is added to `uninterrupted`.
+fn rebase(s: &mut Session<'_>, dir: &Path, uninterrupted: &mut Vec<f64>) -> Result<f64, String> {
     nap(s.a.settle + s.a.seconds);
     s.alive()?;
     let after = rate(dir, s.a.seconds).unwrap_or(0.0);
-    let base = bracket(*before, after);
+    let before = uninterrupted.last().copied().unwrap_or(0.0);
+    let base = bracket(before, after);
     eprintln!(
-        "uninterrupted: {:.1} {u}/s before, {after:.1} {u}/s after: baseline {base:.1} {u}/s (the job drifted {})",
-        *before,
-        spread(*before, after).map_or("?".into(), |d| format!("{:.1}%", 100.0 * d)),
+        "uninterrupted: {before:.1} {u}/s before, {after:.1} {u}/s after: baseline {base:.1} {u}/s (the job drifted {})",
+        spread(before, after).map_or("?".into(), |d| format!("{:.1}%", 100.0 * d)),
         u = s.a.units
     );
-    *before = after;
+    uninterrupted.push(after);
     Ok(base)
 }
 
