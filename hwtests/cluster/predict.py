@@ -271,15 +271,25 @@ def markdown(rep: dict) -> str:
              f"Date {rep['date']}; window {rep['window_s']} s per phase; target |predicted - measured| / measured "
              f"<= {TARGET_ERROR:.0%} in every run.", "",
              "| offline | load (req/s) | memory | online busy | preemptions/s | reclaimed GiB/s (GiB per episode) "
-             "| offline memory mean / p5 (GiB) | (idle - interrupted) x memory | predicted | measured | error | SM MHz |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| offline memory mean / p5 (GiB) | (idle - interrupted) x memory | predicted | measured | error "
+             "| measured per idle second | SM MHz |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rep["rows"]:
         err = "n/a" if x["error"] is None else f"{x['error']:.1%}"
+        share = (x["idle"] - x["interrupted"]) * x["memory_factor"]
+        per_idle = f"{x['measured'] / share:.0f}" if share > 0 else "n/a"
         lines.append(f"| {x['offline']} | {x['load_rps']} | {x['pattern']} | {x['busy']:.3f} | "
                      f"{x['preemptions_per_s']:.2f} | {x['reclaimed_gib_per_s']:.3f} ({x.get('episode_gib', 0):.1f}) | "
                      f"{x['memory_mean_gib']:.1f} / {x['memory_p5_gib']:.1f} | "
                      f"({x['idle']:.3f} - {x['interrupted']:.3f}) x {x['memory_factor']:.3f} | "
-                     f"{x['predicted']:.0f} | {x['measured']:.0f} | {err} | {x.get('gpu_sm_mhz', 0):.0f} |")
+                     f"{x['predicted']:.0f} | {x['measured']:.0f} | {err} | {per_idle} | {x.get('gpu_sm_mhz', 0):.0f} |")
+    for kind, prof in rep.get("profiles", {}).items():
+        m = prof.get("measured") or {}
+        rates = m.get("uninterrupted_per_s") or [prof.get("alone_per_s", 0)]
+        lines += ["", f"Profile {kind}: T_alone {prof.get('alone_per_s', 0):.0f}; uninterrupted rates "
+                  f"{', '.join(f'{r:.0f}' for r in rates)}" + (
+                      f" (moved {(max(rates) - min(rates)) / (sum(rates) / len(rates)):.1%} while profiled)"
+                      if len(rates) > 1 and sum(rates) > 0 else "") + "."]
     worst = max((x["error"] for x in rep["rows"] if x["error"] is not None), default=None)
     lines += ["", f"Worst error {worst:.1%}: target {'met' if rep['met'] else 'MISSED'}." if worst is not None
               else "No run measured throughput: target MISSED."]
@@ -352,7 +362,14 @@ def main() -> int:
         b.r.stop_all()
         b.clocks.stop()
     errs = [x["error"] for x in rows]
+    profiles = {}
+    for kind in a.offline.split(","):
+        path = os.path.join(a.profiles or b.r.out, f"profile-{kind}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                profiles[kind] = json.load(f)
     rep = dict(device=common.device_name(), date=time.strftime("%Y-%m-%d"), window_s=a.window, rows=rows,
+               profiles=profiles,
                args=vars(a), met=bool(rows) and all(e is not None and e <= TARGET_ERROR for e in errs))
     common.write_json(os.path.join(b.r.out, "report.json"), rep)
     with open(os.path.join(b.r.out, "report.md"), "w") as f:

@@ -41,9 +41,13 @@ class ReportTest(unittest.TestCase):
         row = dict(offline="cb", load_rps=1.5, pattern="bursty", busy=0.3, memory_mean_gib=5.0, memory_p5_gib=2.0,
                    preemptions_per_s=1.25, reclaimed_gib_per_s=0.1, idle=0.7, interrupted=0.05, memory_factor=0.9,
                    predicted=630.0, measured=600.0, error=0.05, episode_gib=2.0, gpu_sm_mhz=1980.0)
-        md = predict.markdown(dict(device="GPU", date="2026-11-25", window_s=30, rows=[row], met=True))
-        self.assertIn("| cb | 1.5 | bursty | 0.300 | 1.25 | 0.100 (2.0) | 5.0 / 2.0 | (0.700 - 0.050) x 0.900 | 630 | 600 | 5.0% | 1980 |", md)
+        prof = dict(alone_per_s=1092.0, measured=dict(uninterrupted_per_s=[1092.0, 1486.0]))
+        md = predict.markdown(dict(device="GPU", date="2026-11-25", window_s=30, rows=[row], met=True,
+                                   profiles=dict(cb=prof)))
+        # measured per idle second: 600 / ((0.7 - 0.05) x 0.9) = 1026
+        self.assertIn("| cb | 1.5 | bursty | 0.300 | 1.25 | 0.100 (2.0) | 5.0 / 2.0 | (0.700 - 0.050) x 0.900 | 630 | 600 | 5.0% | 1026 | 1980 |", md)
         self.assertIn("target met", md)
+        self.assertIn("Profile cb: T_alone 1092; uninterrupted rates 1092, 1486 (moved 30.6% while profiled).", md)
 
 
 if __name__ == "__main__":
