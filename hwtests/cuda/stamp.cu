@@ -2,8 +2,6 @@
 // driver API by hwtests/serving/stamp.py): one thread writes %globaltimer (ns) at its start into
 // the given device address. The graph server launches it just before a request's first kernel,
 // and in a loop bracketed by host clock reads to map %globaltimer onto CLOCK_MONOTONIC.
-#include <stdint.h>
-
 extern "C" __global__ void valve_stamp(unsigned long long* out) {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
