@@ -176,6 +176,12 @@ class StampFlag(unittest.TestCase):
         self.assertIn("error bound 6.0 us, offset drift over the run 1.0 us", md)
         self.assertIn("2 without a stamp", md)
         self.assertIn("[FAIL] p50 <= 0.300 ms and p99 <= 0.600 ms", md)  # p99 0.7 ms
+        drifted = bench.stamp.mapping_check({"offset_ns": 0, "bound_ns": 4000, "at_ns": 0},
+                                            {"offset_ns": 1_800_000, "bound_ns": 6000, "at_ns": 180 * 10**9})
+        md = self.report(drifted)
+        self.assertIn("offset drift over the run 1800.0 us (+10.00 ppm), corrected", md)
+        self.assertIn("| 0.250 / 0.700 |", md)  # corrected: not flagged
+        self.assertNotIn("FLAGGED", md)
         bad = bench.stamp.mapping_check({"offset_ns": 0, "bound_ns": 4000}, None)
         self.assertIn("0.250 / 0.700 (!)", self.report(bad))
         self.assertIn("FLAGGED: no end calibration", self.report(bad))
