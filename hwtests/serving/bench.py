@@ -495,6 +495,7 @@ def config_stats(group, rate_alone, stamped=False):
     s = analysis.request_stats(recs)
     if stamped:
         s.update(analysis.gpu_start_stats(recs))
+    s.update(analysis.host_path_stats(recs))  # nothing for a server without recv_ns / launch_ns
     s.update(analysis.harvest_runs([(r["records"], r["progress"]) for r in group], rate_alone))
     s["busy_share"] = analysis.busy_share_runs([r["records"] for r in group])
     s["rounds"] = len(group)
@@ -575,6 +576,25 @@ def gpu_start_lines(rows, mapping):
     return lines
 
 
+HOST_PATH_COLUMNS = (("send_to_recv", "send -> server got it"), ("recv_to_launch", "got it -> host launch"),
+                     ("launch_to_gpu_start", "host launch -> GPU start"))
+
+
+def host_path_lines(rows):
+    """A table of where each configuration's idle arrivals spent the time before their first kernel,
+    with the columns some row has data for; nothing where none has (servers without the marks)."""
+    cols = [(k, t) for k, t in HOST_PATH_COLUMNS if any(f"{k}_p50_ms" in s for s in rows.values())]
+    if not cols:
+        return []
+    lines = ["", "Where the time went before the first kernel, idle arrivals (ms, p50 / p99; the server's "
+             "recv_ns and launch_ns marks, and its first-kernel stamp where on):", "",
+             "| configuration | " + " | ".join(t for _, t in cols) + " |", "|---|" + "---|" * len(cols)]
+    for cfg, s in rows.items():
+        lines.append(f"| {CONFIG_NAMES[cfg]} | " + " | ".join(
+            f"{fmt(s.get(f'{k}_p50_ms'), '.3f')} / {fmt(s.get(f'{k}_p99_ms'), '.3f')}" for k, _ in cols) + " |")
+    return lines
+
+
 def report_md(res, meta):
     mapping = res.get("stamp_mapping")
     lines = [f"# Serving benchmark: {res['server']} on {res['device']}", ""]
@@ -595,6 +615,7 @@ def report_md(res, meta):
                 + (f" {gpu_start_cell(s, mapping)} |" if mapping else ""))
         if mapping:
             lines += gpu_start_lines(e["rows"], mapping)
+        lines += host_path_lines(e["rows"])
         decode = [(cfg, s["decode"]) for cfg, s in e["rows"].items() if s.get("decode")]
         if decode:
             lines += ["", "Offline running inside a request's decode (first token to end; 0 if the gate held it):", ""]
@@ -780,6 +801,11 @@ def main(argv=None):
                     st = analysis.request_stats(r["records"])
                     log(f"   TTFT p50/p99 {fmt(st['ttft_p50_ms'])}/{fmt(st['ttft_p99_ms'])} ms, "
                         f"TPOT p50/p99 {fmt(st['tpot_p50_ms'])}/{fmt(st['tpot_p99_ms'])} ms, errors {st['errors']}")
+                    hp = analysis.host_path_stats(r["records"])
+                    if hp:
+                        log("   idle arrivals p50/p99 (ms): " + ", ".join(
+                            f"{t} {fmt(hp[f'{k}_p50_ms'], '.3f')}/{fmt(hp[f'{k}_p99_ms'], '.3f')}"
+                            for k, t in HOST_PATH_COLUMNS if f"{k}_p50_ms" in hp))
                     if a.stamp_first_kernel:
                         g = analysis.gpu_start_stats(r["records"])
                         log(f"   arrival -> first kernel running p50/p99 {fmt(g['arrival_to_gpu_start_p50_ms'], '.3f')}/"
