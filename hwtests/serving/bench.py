@@ -7,6 +7,8 @@ Servers (--server):
   serve      `transformers serve` (OpenAI-compatible, continuous batching) on a local random Llama
   cb         the same continuous batching manager behind aiohttp (server.py), if serve cannot run
   graph      the GPU-bound decode loop (decoder.py: CUDA-graph replay and a host sync per token)
+  graph-raw  the same decode loop behind plain TCP (rawserver.py): pre-tokenized requests read by
+             the decoding thread itself, the prefill a CUDA graph of --prompt-tokens; no HTTP
 
 Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
 before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
@@ -18,10 +20,14 @@ alone-offline-frozen (no gate; offline's channels disabled for the whole run by 
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 
---stamp-first-kernel OUTDIR/stamp.ptx (graph server, CUDA; hwtests/cuda/build.sh builds it): the
-server stamps each request's first kernel's GPU start, and the report adds, per idle arrival, the
-arrival -> first kernel running time, with the GPU clock's mapping (made with offline SIGSTOPped
-before the first run and after the last) and its error bound and drift beside it.
+--stamp-first-kernel OUTDIR/stamp.ptx (graph and graph-raw servers, CUDA; hwtests/cuda/build.sh
+builds it): the server stamps each request's first kernel's GPU start, and the report adds, per
+idle arrival, the arrival -> first kernel running time, with the GPU clock's mapping (made with
+offline SIGSTOPped before the first run and after the last; each stamp is mapped by the offset
+interpolated linearly between the two, as the GPU clock drifts) and its error bound and drift.
+
+The graph servers also mark when they got each request and launched its first GPU work: the
+report splits each idle arrival's time into send -> recv -> host launch (-> GPU start, stamped).
 """
 
 import argparse
@@ -59,6 +65,9 @@ CONFIG_NAMES = {
     "gate-arrival-spin": "valvectl gate, arrivals + launch edges, busy-polled while offline runs (--arrival-busy-poll)",
     "alone-offline-frozen": "online alone, no gate, offline frozen throughout (valvectl preempt --pid; its host threads run)",
 }
+
+# The servers that are the decoder of decoder.py (no model dir; they can stamp the first kernel).
+GRAPH_SERVERS = ("graph", "graph-raw")
 
 # The configurations whose gate preempts on request arrivals.
 ARRIVAL_CONFIGS = ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal", "gate-arrival-spin")
@@ -260,6 +269,12 @@ def server_argv(a, model_dir, port):
                 "--attention", a.cb_attention]
         if a.cb_cuda_graphs:
             argv.append("--cuda-graphs")
+    elif a.server == "graph-raw":
+        argv = [sys.executable, os.path.join(HERE, "rawserver.py"), "--size", a.model_size,
+                "--device", a.device, "--port", str(port), "--prompt-tokens", str(a.prompt_tokens),
+                "--max-len", str(max(1024, a.prompt_tokens + a.max_tokens))]  # graph's 1024 if it fits
+        if getattr(a, "stamp_first_kernel", None):
+            argv += ["--stamp-first-kernel", a.stamp_first_kernel]
     else:
         argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "graph",
                 "--size", a.model_size, "--device", a.device, "--port", str(port)]
@@ -270,8 +285,28 @@ def server_argv(a, model_dir, port):
 
 def start_server(a, model_dir, port, logdir, env):
     p = Proc("server", server_argv(a, model_dir, port), logdir, env=env)
-    wait_http(f"http://127.0.0.1:{port}", a.start_timeout)
+    if a.server == "graph-raw":
+        wait_raw(server_url(a, port), a.start_timeout)
+    else:
+        wait_http(server_url(a, port), a.start_timeout)
     return p
+
+
+def server_url(a, port):
+    """The url the load generator sends to: raw:// for rawserver.py's protocol, else http://."""
+    return f"{'raw' if a.server == 'graph-raw' else 'http'}://127.0.0.1:{port}"
+
+
+def wait_raw(url, timeout):
+    """Waits for rawserver.py to answer its health message (it listens only once it can serve)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if loadgen.raw_control(url, {"health": True}, timeout=2).get("status") == "ok":
+                return
+        except (OSError, ValueError):
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer its health message in {timeout} s")
 
 
 def stamp_choice(a, ap):
@@ -279,8 +314,8 @@ def stamp_choice(a, ap):
     message in a dry run or on a device other than CUDA."""
     if not a.stamp_first_kernel:
         return None
-    if a.server != "graph":
-        ap.error("--stamp-first-kernel needs --server graph (the stamp is in decoder.py's loop)")
+    if a.server not in GRAPH_SERVERS:
+        ap.error("--stamp-first-kernel needs --server graph or graph-raw (the stamp is in decoder.py's loop)")
     if a.dry_run or not a.device.startswith("cuda"):
         log(f"== --stamp-first-kernel is off: it needs a CUDA device ({'dry run' if a.dry_run else a.device} here)")
         return None
@@ -291,10 +326,16 @@ def stamp_choice(a, ap):
 
 
 def calibrate_server(url):
-    """The server's fresh mapping of the GPU clock (POST /v1/valve/calibrate), or None, said why."""
-    req = urllib.request.Request(url + "/v1/valve/calibrate", data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
+    """The server's fresh mapping of the GPU clock (POST /v1/valve/calibrate, or the raw protocol's
+    calibrate message), or None, said why."""
     try:
+        if url.startswith("raw://"):
+            answer = loadgen.raw_control(url, {"calibrate": True})
+            if "error" in answer:
+                raise ValueError(answer["error"])
+            return answer["mapping"]
+        req = urllib.request.Request(url + "/v1/valve/calibrate", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())["mapping"]
     except (OSError, ValueError, KeyError) as e:
@@ -674,7 +715,7 @@ def report_md(res, meta):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(prefix="serving-"))
-    ap.add_argument("--server", choices=["serve", "cb", "graph"], default="serve")
+    ap.add_argument("--server", choices=["serve", "cb", *GRAPH_SERVERS], default="serve")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model-size", default="3b")
     ap.add_argument("--offline-size", default="1b")
@@ -692,7 +733,8 @@ def main(argv=None):
                     help="start no run after this many seconds (the report covers the runs done)")
     ap.add_argument("--budget-s", type=float, default=240,
                     help="seconds for all measured runs together (the command must end in 8 min)")
-    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--prompt-tokens", type=int, default=512,
+                    help="prompt length (about, in the model's tokens; graph-raw: the prefill graph's fixed length)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--kv-memory", type=float, default=0.2, help="KV cache share of GPU memory")
     ap.add_argument("--cb-attention", choices=["sdpa", "varlen"], default="varlen",
@@ -705,7 +747,7 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--keep-model", help="reuse/keep the model dir here")
     ap.add_argument("--stamp-first-kernel", metavar="PTX",
-                    help="graph server: report arrival -> first kernel running on the GPU per idle arrival "
+                    help="graph and graph-raw servers: report arrival -> first kernel running on the GPU per idle arrival "
                          "(stamp.ptx from hwtests/cuda/build.sh OUTDIR)")
     a = ap.parse_args(argv)
     a.stamp_first_kernel = stamp_choice(a, ap)
@@ -726,7 +768,7 @@ def main(argv=None):
     procs, valve = [], None
     try:
         model_dir = None
-        if a.server != "graph":
+        if a.server not in GRAPH_SERVERS:
             model_dir = a.keep_model or os.path.join(work, "model")
             if not os.path.exists(os.path.join(model_dir, "config.json")):
                 log(f"== building the random-weight model ({a.model_size}) and its tokenizer")
@@ -747,7 +789,7 @@ def main(argv=None):
         log("== starting the online server")
         srv = start_server(a, model_dir, a.port, a.out, senv)
         procs.append(srv)
-        url = f"http://127.0.0.1:{a.port}"
+        url = server_url(a, a.port)
         prompt = prompt_text(model_dir, a.prompt_tokens)
         MODEL_NAME[0] = model_dir or a.model_size
         for _ in range(3):  # warm-up
