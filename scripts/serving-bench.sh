@@ -6,9 +6,12 @@
 # report.json to $OUT (or a temp dir).
 #
 # Usage: sudo scripts/serving-bench.sh [bench.py options...]   (hwtests/serving/bench.py --help)
-#   --server serve|cb|graph   serve: `transformers serve` (default; needs the wheels in .whl/ when
+#   --server serve|cb|graph|graph-raw
+#                             serve: `transformers serve` (default; needs the wheels in .whl/ when
 #                             fastapi/uvicorn/pydantic/openai are missing), cb: the same batching
-#                             manager behind aiohttp, graph: the GPU-bound CUDA-graph decode loop
+#                             manager behind aiohttp, graph: the GPU-bound CUDA-graph decode loop,
+#                             graph-raw: that loop behind plain TCP (hwtests/serving/rawserver.py)
+#   --stamp-first-kernel PTX  graph, graph-raw: time each request's first kernel on the GPU
 #   --loads 0.3,0.7           online busy shares to run
 #   VALVE_BIN=DIR             prebuilt valvectl (default: .carry/bin, else target/release, else cargo)
 # Without an NVIDIA driver it prints SKIP and exits 0. It never loads, unloads or resets anything.
@@ -43,7 +46,10 @@ fi
 server=serve
 args=("$@")
 for i in "${!args[@]}"; do
-  if [ "${args[$i]}" = "--server" ]; then server="${args[$((i + 1))]}"; fi
+  case "${args[$i]}" in
+    --server) server="${args[$((i + 1))]:-}" ;;
+    --server=*) server="${args[$i]#--server=}" ;;
+  esac
 done
 if [ "$server" = serve ] && ! python3 -c "import fastapi, uvicorn, pydantic, openai, requests, rich, accelerate" 2>/dev/null; then
   echo "NOTE: transformers serve's extras are not importable (no .whl/?): using --server cb (aiohttp)"

@@ -204,6 +204,35 @@ def gpu_start_stats(requests):
     }
 
 
+HOST_PATH = (("send_to_recv", "send_ns", "recv_ns"), ("recv_to_launch", "recv_ns", "launch_ns"),
+             ("launch_to_gpu_start", "launch_ns", "gpu_start_ns"))
+
+
+def host_path_rows(requests):
+    """Where an idle arrival's time went before its first kernel ran, from the graph servers'
+    marks (ms; None where a mark is missing): the client's send -> the server got the request
+    (`recv_ns`) -> it launched the first GPU work (`launch_ns`) -> that work ran (`gpu_start_ns`)."""
+    rows = []
+    for q in requests:
+        if not q.get("idle_at_send"):
+            continue
+        rows.append({name: (q[b] - q[a]) / 1e6 if q.get(a) is not None and q.get(b) is not None else None
+                     for name, a, b in HOST_PATH})
+    return rows
+
+
+def host_path_stats(requests):
+    """p50/p99 of each host_path_rows step over idle arrivals ({name}_p50_ms, {name}_p99_ms); only
+    the steps some idle arrival has both marks for, so a server without marks adds nothing."""
+    rows = host_path_rows(requests)
+    out = {}
+    for name, _, _ in HOST_PATH:
+        xs = [r[name] for r in rows if r[name] is not None]
+        if xs:
+            out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = percentile(xs, 50), percentile(xs, 99)
+    return out
+
+
 def offline_ran_in_decode(requests, trace):
     """Per request with a first token: ms that offline ran between its first token and its end
     (not inside a stopped interval of the trace). Under a gate this should be 0; a positive value

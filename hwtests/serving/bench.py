@@ -7,6 +7,8 @@ Servers (--server):
   serve      `transformers serve` (OpenAI-compatible, continuous batching) on a local random Llama
   cb         the same continuous batching manager behind aiohttp (server.py), if serve cannot run
   graph      the GPU-bound decode loop (decoder.py: CUDA-graph replay and a host sync per token)
+  graph-raw  the same decode loop behind plain TCP (rawserver.py): pre-tokenized requests read by
+             the decoding thread itself, the prefill a CUDA graph of --prompt-tokens; no HTTP
 
 Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
 before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
@@ -18,10 +20,14 @@ alone-offline-frozen (no gate; offline's channels disabled for the whole run by 
 
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 
---stamp-first-kernel OUTDIR/stamp.ptx (graph server, CUDA; hwtests/cuda/build.sh builds it): the
-server stamps each request's first kernel's GPU start, and the report adds, per idle arrival, the
-arrival -> first kernel running time, with the GPU clock's mapping (made with offline SIGSTOPped
-before the first run and after the last) and its error bound and drift beside it.
+--stamp-first-kernel OUTDIR/stamp.ptx (graph and graph-raw servers, CUDA; hwtests/cuda/build.sh
+builds it): the server stamps each request's first kernel's GPU start, and the report adds, per
+idle arrival, the arrival -> first kernel running time, with the GPU clock's mapping (made with
+offline SIGSTOPped before the first run and after the last; each stamp is mapped by the offset
+interpolated linearly between the two, as the GPU clock drifts) and its error bound and drift.
+
+The graph servers also mark when they got each request and launched its first GPU work: the
+report splits each idle arrival's time into send -> recv -> host launch (-> GPU start, stamped).
 """
 
 import argparse
@@ -59,6 +65,9 @@ CONFIG_NAMES = {
     "gate-arrival-spin": "valvectl gate, arrivals + launch edges, busy-polled while offline runs (--arrival-busy-poll)",
     "alone-offline-frozen": "online alone, no gate, offline frozen throughout (valvectl preempt --pid; its host threads run)",
 }
+
+# The servers that are the decoder of decoder.py (no model dir; they can stamp the first kernel).
+GRAPH_SERVERS = ("graph", "graph-raw")
 
 # The configurations whose gate preempts on request arrivals.
 ARRIVAL_CONFIGS = ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal", "gate-arrival-spin")
@@ -260,6 +269,12 @@ def server_argv(a, model_dir, port):
                 "--attention", a.cb_attention]
         if a.cb_cuda_graphs:
             argv.append("--cuda-graphs")
+    elif a.server == "graph-raw":
+        argv = [sys.executable, os.path.join(HERE, "rawserver.py"), "--size", a.model_size,
+                "--device", a.device, "--port", str(port), "--prompt-tokens", str(a.prompt_tokens),
+                "--max-len", str(max(1024, a.prompt_tokens + a.max_tokens))]  # graph's 1024 if it fits
+        if getattr(a, "stamp_first_kernel", None):
+            argv += ["--stamp-first-kernel", a.stamp_first_kernel]
     else:
         argv = [sys.executable, os.path.join(HERE, "server.py"), "--engine", "graph",
                 "--size", a.model_size, "--device", a.device, "--port", str(port)]
@@ -270,8 +285,28 @@ def server_argv(a, model_dir, port):
 
 def start_server(a, model_dir, port, logdir, env):
     p = Proc("server", server_argv(a, model_dir, port), logdir, env=env)
-    wait_http(f"http://127.0.0.1:{port}", a.start_timeout)
+    if a.server == "graph-raw":
+        wait_raw(server_url(a, port), a.start_timeout)
+    else:
+        wait_http(server_url(a, port), a.start_timeout)
     return p
+
+
+def server_url(a, port):
+    """The url the load generator sends to: raw:// for rawserver.py's protocol, else http://."""
+    return f"{'raw' if a.server == 'graph-raw' else 'http'}://127.0.0.1:{port}"
+
+
+def wait_raw(url, timeout):
+    """Waits for rawserver.py to answer its health message (it listens only once it can serve)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if loadgen.raw_control(url, {"health": True}, timeout=2).get("status") == "ok":
+                return
+        except (OSError, ValueError):
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer its health message in {timeout} s")
 
 
 def stamp_choice(a, ap):
@@ -279,8 +314,8 @@ def stamp_choice(a, ap):
     message in a dry run or on a device other than CUDA."""
     if not a.stamp_first_kernel:
         return None
-    if a.server != "graph":
-        ap.error("--stamp-first-kernel needs --server graph (the stamp is in decoder.py's loop)")
+    if a.server not in GRAPH_SERVERS:
+        ap.error("--stamp-first-kernel needs --server graph or graph-raw (the stamp is in decoder.py's loop)")
     if a.dry_run or not a.device.startswith("cuda"):
         log(f"== --stamp-first-kernel is off: it needs a CUDA device ({'dry run' if a.dry_run else a.device} here)")
         return None
@@ -291,10 +326,16 @@ def stamp_choice(a, ap):
 
 
 def calibrate_server(url):
-    """The server's fresh mapping of the GPU clock (POST /v1/valve/calibrate), or None, said why."""
-    req = urllib.request.Request(url + "/v1/valve/calibrate", data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
+    """The server's fresh mapping of the GPU clock (POST /v1/valve/calibrate, or the raw protocol's
+    calibrate message), or None, said why."""
     try:
+        if url.startswith("raw://"):
+            answer = loadgen.raw_control(url, {"calibrate": True})
+            if "error" in answer:
+                raise ValueError(answer["error"])
+            return answer["mapping"]
+        req = urllib.request.Request(url + "/v1/valve/calibrate", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())["mapping"]
     except (OSError, ValueError, KeyError) as e:
@@ -495,6 +536,7 @@ def config_stats(group, rate_alone, stamped=False):
     s = analysis.request_stats(recs)
     if stamped:
         s.update(analysis.gpu_start_stats(recs))
+    s.update(analysis.host_path_stats(recs))  # nothing for a server without recv_ns / launch_ns
     s.update(analysis.harvest_runs([(r["records"], r["progress"]) for r in group], rate_alone))
     s["busy_share"] = analysis.busy_share_runs([r["records"] for r in group])
     s["rounds"] = len(group)
@@ -544,13 +586,26 @@ def gpu_start_cell(s, mapping):
     return cell + (" (!)" if mapping["flagged"] else "")
 
 
+def fmt_us(v):
+    """ns as us with one decimal (a sign where negative), or n/a."""
+    return "n/a" if v is None else f"{v / 1e3:+.1f}" if v < 0 else f"{v / 1e3:.1f}"
+
+
+def mapping_text(mapping):
+    """The GPU clock mapping in words: its bound, its drift and whether the stamps were corrected for it."""
+    text = f"Mapping error bound {fmt_us(mapping['bound_ns'])} us, offset drift over the run {fmt_us(mapping['drift_ns'])} us"
+    if mapping.get("corrected"):
+        text += (f" ({mapping['drift_ppm']:+.2f} ppm), corrected: each stamp mapped by the offset "
+                 "interpolated linearly between the calibrations before and after the runs")
+    if mapping["flagged"]:
+        text += f"; (!) FLAGGED: {mapping['why']} (limit {mapping['limit_ns'] / 1e3:.0f} us)"
+    return text
+
+
 def gpu_start_lines(rows, mapping):
     """Under the table: the GPU clock's mapping, then per configuration the stamps' counts and the target."""
-    us = lambda v: "n/a" if v is None else f"{v / 1e3:+.1f}" if v < 0 else f"{v / 1e3:.1f}"
-    lines = ["", f"Arrival -> first kernel running on the GPU (the server's %globaltimer stamp mapped to CLOCK_MONOTONIC), "
-                 f"idle arrivals. Mapping error bound {us(mapping['bound_ns'])} us, offset drift over the run "
-                 f"{us(mapping['drift_ns'])} us" + (f"; (!) FLAGGED: {mapping['why']} (limit {mapping['limit_ns'] / 1e3:.0f} us)"
-                                                    if mapping["flagged"] else "") + ":", ""]
+    lines = ["", "Arrival -> first kernel running on the GPU (the server's %globaltimer stamp mapped to CLOCK_MONOTONIC), "
+                 f"idle arrivals. {mapping_text(mapping)}:", ""]
     p50_max, p99_max = GPU_START_TARGETS_MS
     for cfg, s in rows.items():
         p50, p99 = s.get("arrival_to_gpu_start_p50_ms"), s.get("arrival_to_gpu_start_p99_ms")
@@ -559,6 +614,25 @@ def gpu_start_lines(rows, mapping):
                      f"{s.get('gpu_start_unknown', 0)} without a stamp, {s.get('gpu_start_before_arrival', 0)} "
                      f"stamped before the arrival; [{'PASS' if ok else 'FAIL'}] p50 <= {p50_max:.3f} ms and "
                      f"p99 <= {p99_max:.3f} ms: {fmt(p50, '.3f')} / {fmt(p99, '.3f')}")
+    return lines
+
+
+HOST_PATH_COLUMNS = (("send_to_recv", "send -> server got it"), ("recv_to_launch", "got it -> host launch"),
+                     ("launch_to_gpu_start", "host launch -> GPU start"))
+
+
+def host_path_lines(rows):
+    """A table of where each configuration's idle arrivals spent the time before their first kernel,
+    with the columns some row has data for; nothing where none has (servers without the marks)."""
+    cols = [(k, t) for k, t in HOST_PATH_COLUMNS if any(f"{k}_p50_ms" in s for s in rows.values())]
+    if not cols:
+        return []
+    lines = ["", "Where the time went before the first kernel, idle arrivals (ms, p50 / p99; the server's "
+             "recv_ns and launch_ns marks, and its first-kernel stamp where on):", "",
+             "| configuration | " + " | ".join(t for _, t in cols) + " |", "|---|" + "---|" * len(cols)]
+    for cfg, s in rows.items():
+        lines.append(f"| {CONFIG_NAMES[cfg]} | " + " | ".join(
+            f"{fmt(s.get(f'{k}_p50_ms'), '.3f')} / {fmt(s.get(f'{k}_p99_ms'), '.3f')}" for k, _ in cols) + " |")
     return lines
 
 
@@ -582,6 +656,7 @@ def report_md(res, meta):
                 + (f" {gpu_start_cell(s, mapping)} |" if mapping else ""))
         if mapping:
             lines += gpu_start_lines(e["rows"], mapping)
+        lines += host_path_lines(e["rows"])
         decode = [(cfg, s["decode"]) for cfg, s in e["rows"].items() if s.get("decode")]
         if decode:
             lines += ["", "Offline running inside a request's decode (first token to end; 0 if the gate held it):", ""]
@@ -640,7 +715,7 @@ def report_md(res, meta):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(prefix="serving-"))
-    ap.add_argument("--server", choices=["serve", "cb", "graph"], default="serve")
+    ap.add_argument("--server", choices=["serve", "cb", *GRAPH_SERVERS], default="serve")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model-size", default="3b")
     ap.add_argument("--offline-size", default="1b")
@@ -658,7 +733,8 @@ def main(argv=None):
                     help="start no run after this many seconds (the report covers the runs done)")
     ap.add_argument("--budget-s", type=float, default=240,
                     help="seconds for all measured runs together (the command must end in 8 min)")
-    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--prompt-tokens", type=int, default=512,
+                    help="prompt length (about, in the model's tokens; graph-raw: the prefill graph's fixed length)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--kv-memory", type=float, default=0.2, help="KV cache share of GPU memory")
     ap.add_argument("--cb-attention", choices=["sdpa", "varlen"], default="varlen",
@@ -671,7 +747,7 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--keep-model", help="reuse/keep the model dir here")
     ap.add_argument("--stamp-first-kernel", metavar="PTX",
-                    help="graph server: report arrival -> first kernel running on the GPU per idle arrival "
+                    help="graph and graph-raw servers: report arrival -> first kernel running on the GPU per idle arrival "
                          "(stamp.ptx from hwtests/cuda/build.sh OUTDIR)")
     a = ap.parse_args(argv)
     a.stamp_first_kernel = stamp_choice(a, ap)
@@ -692,7 +768,7 @@ def main(argv=None):
     procs, valve = [], None
     try:
         model_dir = None
-        if a.server != "graph":
+        if a.server not in GRAPH_SERVERS:
             model_dir = a.keep_model or os.path.join(work, "model")
             if not os.path.exists(os.path.join(model_dir, "config.json")):
                 log(f"== building the random-weight model ({a.model_size}) and its tokenizer")
@@ -713,7 +789,7 @@ def main(argv=None):
         log("== starting the online server")
         srv = start_server(a, model_dir, a.port, a.out, senv)
         procs.append(srv)
-        url = f"http://127.0.0.1:{a.port}"
+        url = server_url(a, a.port)
         prompt = prompt_text(model_dir, a.prompt_tokens)
         MODEL_NAME[0] = model_dir or a.model_size
         for _ in range(3):  # warm-up
@@ -767,17 +843,29 @@ def main(argv=None):
                     st = analysis.request_stats(r["records"])
                     log(f"   TTFT p50/p99 {fmt(st['ttft_p50_ms'])}/{fmt(st['ttft_p99_ms'])} ms, "
                         f"TPOT p50/p99 {fmt(st['tpot_p50_ms'])}/{fmt(st['tpot_p99_ms'])} ms, errors {st['errors']}")
+                    hp = analysis.host_path_stats(r["records"])
+                    if hp:
+                        log("   idle arrivals p50/p99 (ms): " + ", ".join(
+                            f"{t} {fmt(hp[f'{k}_p50_ms'], '.3f')}/{fmt(hp[f'{k}_p99_ms'], '.3f')}"
+                            for k, t in HOST_PATH_COLUMNS if f"{k}_p50_ms" in hp))
                     if a.stamp_first_kernel:
                         g = analysis.gpu_start_stats(r["records"])
                         log(f"   arrival -> first kernel running p50/p99 {fmt(g['arrival_to_gpu_start_p50_ms'], '.3f')}/"
                             f"{fmt(g['arrival_to_gpu_start_p99_ms'], '.3f')} ms over {g['gpu_start_idle_arrivals']} idle "
-                            f"arrivals, {g['gpu_start_unknown']} without a stamp")
+                            f"arrivals, {g['gpu_start_unknown']} without a stamp (by the start offset; the report "
+                            "corrects for the clock's drift)")
         if a.stamp_first_kernel:
             try:
                 cal_end = calibrate_idle(url, off.p.pid, "after the last run")
             except Terminated:  # the report of the runs done matters more
                 cal_end = None
             a.stamp_mapping = stamp.mapping_check(cal_start, cal_end)
+            # The server mapped every stamp by the offset it had at the start; the GPU clock drifts
+            # (9.6 ppm on the H200): map each again, interpolated between the two calibrations.
+            n = sum(stamp.remap_records(r["records"], cal_start, cal_end) for r in runs)
+            m = a.stamp_mapping
+            log(f"== stamps mapped again: {n}; offset drift {fmt_us(m['drift_ns'])} us"
+                + (f" ({m['drift_ppm']:+.2f} ppm), corrected linearly" if m["corrected"] else ", not corrected"))
         res = summarize(a, runs, rate_alone, device)
         meta = {
             "requests per configuration (rounds)": ", ".join(

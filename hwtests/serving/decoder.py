@@ -4,6 +4,9 @@ per token (`.item()`). On CPU the same code runs eagerly (no graph), for the pip
 
     d = GraphDecoder(size="3b", device="cuda", max_len=1024)
     for tok in d.generate(prompt_ids, 64): ...
+
+rawserver.py uses a prefill of fixed length instead, captured as a graph too (`capture_prefill`,
+`prefill_static`), then the same decode loop (`decode`).
 """
 
 import math
@@ -51,6 +54,7 @@ class GraphDecoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.out = torch.zeros(1, dtype=torch.long, device=self.device)
         self.graph = None
+        self.p_len, self.p_graph = None, None
 
     def params(self):
         per = sum(t.numel() for t in (self.wqkv[0], self.wo[0], self.w13[0], self.w2[0]))
@@ -107,6 +111,58 @@ class GraphDecoder:
             self._step()
         torch.cuda.synchronize()
 
+    def _prefill_step(self):
+        # Any int32 id is safe: the remainder is part of the graph, not host work per request.
+        ids = self.p_ids.long().remainder_(self.vocab)
+        self.p_out.copy_(self._forward(ids, self.p_pos, self.p_len).argmax(-1))
+
+    @torch.no_grad()
+    def capture_prefill(self, length):
+        """Static buffers for a prefill of exactly `length` ids (`p_ids`, int32 [1, length], in; the
+        first token `p_out`, out) and, on CUDA, the prefill captured as a graph."""
+        if not 0 < length < self.max_len:
+            raise ValueError(f"prefill length {length}: must be 1 .. max_len - 1 ({self.max_len - 1})")
+        self.p_len = length
+        self.p_ids = torch.zeros(1, length, dtype=torch.int32, device=self.device)
+        self.p_pos = torch.arange(length, device=self.device)
+        self.p_out = torch.zeros(1, dtype=torch.long, device=self.device)
+        if self.device.type != "cuda":
+            return
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self._prefill_step()
+        torch.cuda.current_stream().wait_stream(s)
+        self.p_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.p_graph):
+            self._prefill_step()
+        torch.cuda.synchronize()
+
+    def prefill_static(self):
+        """Enqueues the prefill of whatever `p_ids` holds (graph replay on CUDA, eager on CPU); the
+        first token is left in `p_out`, on the device."""
+        if self.p_graph is not None:
+            self.p_graph.replay()
+        else:
+            with torch.no_grad():
+                self._prefill_step()
+
+    @torch.no_grad()
+    def decode(self, tok, length, n):
+        """Yields tok (the prefill's token, the prompt `length` long), then n - 1 more: one graph
+        replay and one host sync each."""
+        yield tok
+        for i in range(1, n):
+            self.tok.fill_(tok)
+            self.pos.fill_(length + i - 1)
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._step()
+            tok = int(self.out.item())
+            yield tok
+
     @torch.no_grad()
     def generate(self, prompt, n, before_first_kernel=None):
         """Yields n token ids: prefill (eager), then one graph replay + host sync per token.
@@ -118,14 +174,4 @@ class GraphDecoder:
             before_first_kernel()
         pos = torch.arange(len(prompt), device=self.device)
         logits = self._forward(ids, pos, len(prompt))
-        tok = int(logits.argmax(-1).item())
-        yield tok
-        for i in range(1, n):
-            self.tok.fill_(tok)
-            self.pos.fill_(len(prompt) + i - 1)
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self._step()
-            tok = int(self.out.item())
-            yield tok
+        yield from self.decode(int(logits.argmax(-1).item()), len(prompt), n)

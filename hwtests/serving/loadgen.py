@@ -1,19 +1,24 @@
-"""An open-loop HTTP load generator for OpenAI-style streaming completions: Poisson arrivals
-(fixed seed), every request streamed; records per request the send time, the first streamed token
-(TTFT), the end, the token count and how many requests were in flight when it was sent, and
-what the server adds under `valve` in a chunk (the graph server's first-kernel stamp, gpu_start_ns).
+"""An open-loop load generator for streaming completions: Poisson arrivals (fixed seed), over HTTP
+(OpenAI-style, aiohttp) or over rawserver.py's plain TCP protocol (a `raw://host:port` url).
+
+It records per request the send time, the first streamed token (TTFT), the end, the token count and
+how many requests were in flight when it was sent, and what the graph servers add (under `valve` in
+an HTTP chunk, or in the raw protocol's final line): recv_ns, launch_ns and the first-kernel stamp.
 
     python3 loadgen.py --url http://127.0.0.1:8000 --rate 5 --requests 40 --out records.json
+    python3 loadgen.py --url raw://127.0.0.1:8000 --rate 5 --requests 40   # prompt bytes as token ids
 """
 
 import argparse
 import asyncio
 import json
 import random
+import socket
 import sys
 import time
+import urllib.parse
 
-import aiohttp
+import rawserver
 
 
 def arrivals(rate, n, seed):
@@ -63,31 +68,110 @@ async def one(session, url, body, rec, state):
         rec["end_ns"] = rec.get("last_ns") or time.monotonic_ns()
 
 
+async def open_loop(offsets, recs, start_ns, send):
+    """Starts send(rec) for each record at its offset (s) from start_ns (default: now); waits for all."""
+    t0 = start_ns or time.monotonic_ns()
+    tasks = []
+    for off, rec in zip(offsets, recs):
+        delay = (t0 + off * 1e9 - time.monotonic_ns()) / 1e9
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec["scheduled_ns"] = int(t0 + off * 1e9)
+        tasks.append(asyncio.create_task(send(rec)))
+    await asyncio.gather(*tasks)
+
+
 async def run(url, rate, n, seed, prompt, max_tokens, start_ns=None, model="bench"):
     """Sends n requests at Poisson times from start_ns (default: now); returns their records."""
     offsets = arrivals(rate, n, seed)
     state = {"in_flight": 0}
     recs = [{"i": i, "tokens": 0, "error": None} for i in range(n)]
+    if url.startswith("raw://"):
+        payload = rawserver.encode_request(raw_ids(prompt), max_tokens)
+        await open_loop(offsets, recs, start_ns, lambda rec: one_raw(raw_address(url), payload, rec, state))
+        return recs
+    import aiohttp
+
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     timeout = aiohttp.ClientTimeout(total=600)
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
         # One warm connection per expected concurrent request is not needed: keep-alive reuses.
-        t0 = start_ns or time.monotonic_ns()
-        tasks = []
-        for off, rec in zip(offsets, recs):
-            delay = (t0 + off * 1e9 - time.monotonic_ns()) / 1e9
-            if delay > 0:
-                await asyncio.sleep(delay)
-            rec["scheduled_ns"] = int(t0 + off * 1e9)
-            tasks.append(asyncio.create_task(one(session, url, body, rec, state)))
-        await asyncio.gather(*tasks)
+        await open_loop(offsets, recs, start_ns, lambda rec: one(session, url, body, rec, state))
     return recs
+
+
+def raw_ids(prompt):
+    """The raw protocol's token ids: a list as it is, text as its UTF-8 bytes (the graph decoder's
+    tokenizer: one token per byte)."""
+    return list(prompt) if isinstance(prompt, list) else list(prompt.encode())
+
+
+def raw_address(url):
+    """(host, port) of a raw://host:port url."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "raw" or not u.hostname or not u.port:
+        raise ValueError(f"{url}: expected raw://HOST:PORT")
+    return u.hostname, u.port
+
+
+async def one_raw(addr, payload, rec, state, timeout_s=600):
+    """One request over the raw protocol: connect, then send_ns right before the write, then one
+    line per token and a final line of marks (or an error line)."""
+    rec["in_flight_at_send"] = state["in_flight"]
+    rec["idle_at_send"] = state["in_flight"] == 0
+    state["in_flight"] += 1
+    rec["send_ns"] = time.monotonic_ns()  # if the connect fails; taken again before the write
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*addr), timeout_s)
+        rec["send_ns"] = time.monotonic_ns()
+        writer.write(payload)  # asyncio writes to the socket here, the buffer being empty
+        await asyncio.wait_for(read_raw_answer(reader, rec), timeout_s)
+    except Exception as e:  # noqa: BLE001 - any failure is recorded with the request
+        rec["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        state["in_flight"] -= 1
+        rec["end_ns"] = rec.get("last_ns") or time.monotonic_ns()
+        if writer is not None:
+            writer.close()
+
+
+async def read_raw_answer(reader, rec):
+    """Token lines until the server closes; the final line's marks go into the record."""
+    done = False
+    while line := await reader.readline():
+        now = time.monotonic_ns()
+        if line[:1] != b"{":
+            rec["tokens"] += 1
+            if "token_ns" in rec:  # asked for: every token's arrival
+                rec["token_ns"].append(now)
+            rec.setdefault("first_ns", now)
+            rec["last_ns"] = now
+            continue
+        msg = json.loads(line)
+        if "error" in msg:
+            rec["error"] = str(msg["error"])
+            return
+        done = True
+        rec.update({k: v for k, v in msg.items() if k not in ("done", "tokens")})
+    if not done:
+        rec["error"] = f"the server closed the connection after {rec['tokens']} tokens, before its final line"
+
+
+def raw_control(url, msg, timeout=60):
+    """One control message to a raw server ({"calibrate": true}, {"health": true}): its JSON answer."""
+    with socket.create_connection(raw_address(url), timeout=timeout) as s:
+        s.sendall(json.dumps(msg).encode() + b"\n")
+        line = s.makefile("rb").readline()
+    if not line:
+        raise ConnectionError(f"{url} closed the connection without an answer to {msg}")
+    return json.loads(line)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url", required=True, help="http://HOST:PORT, or raw://HOST:PORT for rawserver.py")
     ap.add_argument("--rate", type=float, required=True)
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)

@@ -8,7 +8,10 @@ OpenAI-style streaming `/v1/completions` over aiohttp, on one of two engines.
     python3 server.py --engine cb --model DIR --port 8000 --device cuda
     python3 server.py --engine graph --size 3b --port 8000 --device cuda
 
-Prints `READY <port>` once it serves. Prompts are text (tokenised here) or token ids.
+Prints `READY <port>` once it serves. Prompts are text (tokenised here) or token ids. The graph
+engine's final chunk carries, under `valve`, when the handler got the request (`recv_ns`) and when
+the decode thread launched its first GPU work (`launch_ns`), both CLOCK_MONOTONIC. rawserver.py
+serves the same decoder over plain TCP, without HTTP or a thread hand-off (`bench.py --server graph-raw`).
 
 `--stamp-first-kernel stamp.ptx` (graph engine, CUDA only; hwtests/cuda/build.sh builds the file):
 each request's first kernel is preceded by a kernel that records the GPU time it started
@@ -50,17 +53,12 @@ class GraphEngine:
             raise err
 
     def _start_stamper(self):
-        """On the decode thread: torch's context made current here, the stamp kernel loaded, and
-        a first mapping of the GPU clock (offline may be running: the bench maps again idle)."""
+        """On the decode thread: the stamp kernel loaded into torch's context and a first mapping
+        of the GPU clock (offline may be running: the bench maps again idle)."""
         import torch
-        from stamp import GpuStamper
+        from stamp import start_stamper
 
-        # A kernel launched from this thread binds torch's primary context to it (GpuStamper
-        # checks with cuCtxGetCurrent and names the problem if not).
-        torch.zeros(1, device=self.dec.device).add_(1)
-        torch.cuda.synchronize()
-        self.stamper = GpuStamper(self.stamp_path, torch)
-        self.mapping = self.stamper.calibrate()
+        self.stamper, self.mapping = start_stamper(self.stamp_path, torch, self.dec.device)
         print(f"STAMP mapping at start: {json.dumps(self.mapping)}", file=sys.stderr, flush=True)
 
     def tokenize(self, prompt):
@@ -82,24 +80,31 @@ class GraphEngine:
             if job[0] == "calibrate":
                 self._calibrate(*job[1:])
                 continue
-            _, ids, n, loop, q = job
-            slots = []
-            hook = (lambda: slots.append(self.stamper.begin())) if self.stamper else None
+            _, ids, n, loop, q, recv_ns = job
+            marks = {"recv_ns": recv_ns}
+
+            def hook():
+                marks["launch_ns"] = time.monotonic_ns()
+                if self.stamper:
+                    marks["slot"] = self.stamper.begin()
+
             try:
                 for tok in self.dec.generate(ids, n, hook):
                     loop.call_soon_threadsafe(q.put_nowait, (str(tok) + " ", False))
-                if slots:  # the request's work is done: reading the slot waits for nothing
-                    loop.call_soon_threadsafe(q.put_nowait, (self._stamp_info(slots[0]), False))
+                # Where the time went (recv_ns, launch_ns) and the stamp: the request's work is
+                # done, so reading the slot waits for nothing.
+                loop.call_soon_threadsafe(q.put_nowait, (self._marks_info(marks), False))
             except Exception as e:  # reported to the client as an error chunk
                 loop.call_soon_threadsafe(q.put_nowait, (f"error: {e}", True))
             loop.call_soon_threadsafe(q.put_nowait, (None, True))
 
-    def _stamp_info(self, slot):
-        from stamp import to_monotonic
+    def _marks_info(self, marks):
+        from stamp import stamp_fields
 
-        raw = self.stamper.read(slot)
-        return {"gpu_start_ns": to_monotonic(raw, self.mapping) if raw else None,
-                "gpu_start_globaltimer_ns": raw, "mapping_offset_ns": self.mapping["offset_ns"]}
+        slot = marks.pop("slot", None)
+        if slot is not None:
+            marks.update(stamp_fields(self.stamper.read(slot), self.mapping))
+        return marks
 
     def _calibrate(self, loop, fut):
         """A calibrate job, between requests on the decode thread: the new mapping maps later stamps."""
@@ -116,8 +121,8 @@ class GraphEngine:
         self.jobs.put(("calibrate", loop, fut))
         return fut
 
-    def submit(self, ids, n, loop, q):
-        self.jobs.put(("request", ids, n, loop, q))
+    def submit(self, ids, n, loop, q, recv_ns=None):
+        self.jobs.put(("request", ids, n, loop, q, recv_ns))
 
 
 class CbEngine:
@@ -178,7 +183,7 @@ class CbEngine:
             return [int(t) for t in prompt]
         return self.tok(prompt)["input_ids"]
 
-    def submit(self, ids, n, loop, q):
+    def submit(self, ids, n, loop, q, recv_ns=None):
         """Called on the event loop: the handler is registered there before the request exists."""
         self.count = getattr(self, "count", 0) + 1
         rid = f"bench-{self.count}"
@@ -200,12 +205,13 @@ class CbEngine:
 
 def make_app(engine, model_name):
     async def completions(request):
+        recv_ns = time.monotonic_ns()  # the handler's first line: the graph engine reports it
         body = await request.json()
         ids = engine.tokenize(body.get("prompt", ""))
         n = int(body.get("max_tokens", 16))
         loop = asyncio.get_running_loop()
         q = asyncio.Queue()
-        engine.submit(ids, n, loop, q)
+        engine.submit(ids, n, loop, q, recv_ns)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         count, valve = 0, None
@@ -213,7 +219,7 @@ def make_app(engine, model_name):
             text, done = await q.get()
             if text is None:
                 break
-            if isinstance(text, dict):  # the graph engine's first-kernel stamp
+            if isinstance(text, dict):  # the graph engine's recv_ns, launch_ns and first-kernel stamp
                 valve = text
                 continue
             if text.startswith("error: ") and done:

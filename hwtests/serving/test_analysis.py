@@ -316,3 +316,29 @@ class GpuStart(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HostPath(unittest.TestCase):
+    """Where an idle arrival's time went: send -> recv -> host launch -> GPU start (graph servers' marks)."""
+
+    def marked(self, send, recv_us, launch_us, gpu_us=None, idle=True):
+        r = req(send, send + MS, send + 2 * MS, idle=idle)
+        r.update(recv_ns=send + recv_us * 1_000, launch_ns=send + launch_us * 1_000)
+        if gpu_us is not None:
+            r["gpu_start_ns"] = send + gpu_us * 1_000
+        return r
+
+    def test_each_step_is_the_difference_of_its_marks_over_idle_arrivals_only(self):
+        recs = [self.marked(i * MS, 40 + i, 60 + 2 * i, 90 + 3 * i) for i in range(10)]
+        recs.append(self.marked(20 * MS, 900, 1900, 2900, idle=False))  # busy: not counted
+        s = a.host_path_stats(recs)
+        self.assertAlmostEqual(s["send_to_recv_p50_ms"], 0.044)
+        self.assertAlmostEqual(s["recv_to_launch_p50_ms"], 0.024)  # (60 + 8) - (40 + 4) us
+        self.assertAlmostEqual(s["launch_to_gpu_start_p99_ms"], 0.039)  # (90 + 27) - (60 + 18) us
+        self.assertEqual(len(a.host_path_rows(recs)), 10)
+
+    def test_steps_without_their_marks_are_left_out_and_no_marks_add_nothing(self):
+        s = a.host_path_stats([self.marked(0, 30, 50)])  # no stamp: no GPU step
+        self.assertEqual(sorted(s), ["recv_to_launch_p50_ms", "recv_to_launch_p99_ms",
+                                     "send_to_recv_p50_ms", "send_to_recv_p99_ms"])
+        self.assertEqual(a.host_path_stats([req(0, MS, 2 * MS)]), {})

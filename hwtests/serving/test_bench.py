@@ -176,9 +176,48 @@ class StampFlag(unittest.TestCase):
         self.assertIn("error bound 6.0 us, offset drift over the run 1.0 us", md)
         self.assertIn("2 without a stamp", md)
         self.assertIn("[FAIL] p50 <= 0.300 ms and p99 <= 0.600 ms", md)  # p99 0.7 ms
+        drifted = bench.stamp.mapping_check({"offset_ns": 0, "bound_ns": 4000, "at_ns": 0},
+                                            {"offset_ns": 1_800_000, "bound_ns": 6000, "at_ns": 180 * 10**9})
+        md = self.report(drifted)
+        self.assertIn("offset drift over the run 1800.0 us (+10.00 ppm), corrected", md)
+        self.assertIn("| 0.250 / 0.700 |", md)  # corrected: not flagged
+        self.assertNotIn("FLAGGED", md)
         bad = bench.stamp.mapping_check({"offset_ns": 0, "bound_ns": 4000}, None)
         self.assertIn("0.250 / 0.700 (!)", self.report(bad))
         self.assertIn("FLAGGED: no end calibration", self.report(bad))
+
+
+class HostPathReport(unittest.TestCase):
+    """The table of where the time went: only where the server marked its requests."""
+
+    def report(self, **extra):
+        row = dict(busy_share=0.3, ttft_p50_ms=10, ttft_p99_ms=20, ttft_max_ms=30, tpot_p50_ms=1, tpot_p99_ms=2,
+                   preemptions_per_request=None, offline_vs_alone=None, harvested=None, **extra)
+        res = {"server": "graph-raw", "device": "test", "loads": [
+            {"load": 0.3, "rate_per_s": 1.0, "rows": {"alone": row}, "checks": {}, "tails": {}}]}
+        return bench.report_md(res, {})
+
+    def test_no_marks_leave_the_report_as_it_was(self):
+        md = self.report()
+        self.assertNotIn("Where the time went", md)
+        self.assertNotIn("host launch", md)
+
+    def test_marks_add_the_table_and_the_gpu_column_only_with_stamps(self):
+        marks = dict(send_to_recv_p50_ms=0.04, send_to_recv_p99_ms=0.09, recv_to_launch_p50_ms=0.02,
+                     recv_to_launch_p99_ms=0.03)
+        md = self.report(**marks)
+        self.assertIn("| online alone | 0.040 / 0.090 | 0.020 / 0.030 |", md)
+        self.assertNotIn("host launch -> GPU start", md)
+        md = self.report(**marks, launch_to_gpu_start_p50_ms=0.015, launch_to_gpu_start_p99_ms=0.025)
+        self.assertIn("| send -> server got it | got it -> host launch | host launch -> GPU start |", md)
+        self.assertIn("| online alone | 0.040 / 0.090 | 0.020 / 0.030 | 0.015 / 0.025 |", md)
+
+    def test_config_stats_adds_the_marks_only_where_records_have_them(self):
+        rec = {"send_ns": 0, "first_ns": 10**6, "end_ns": 2 * 10**6, "tokens": 2, "error": None, "idle_at_send": True}
+        plain = bench.config_stats([{"records": [dict(rec)], "progress": []}], None)
+        self.assertNotIn("send_to_recv_p50_ms", plain)
+        marked = bench.config_stats([{"records": [dict(rec, recv_ns=50_000, launch_ns=70_000)], "progress": []}], None)
+        self.assertAlmostEqual(marked["recv_to_launch_p50_ms"], 0.02)
 
 
 if __name__ == "__main__":
