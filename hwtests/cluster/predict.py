@@ -169,6 +169,7 @@ class Bench:
                           "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", "96",
                           "--new-tokens", "128", "--prompt", *a.cb_prompt.split(","), "--attention", a.attention,
                           "--safety-margin", str(a.cb_safety_margin),
+                          *(["--cuda-graphs"] if a.cb_cuda_graphs else []),
                           "--max-seconds", "3000")
         return [sys.executable, os.path.join(REPO, "hwtests", "serving", "offline.py"), "--progress",
                 out + ".iters", "--size", a.train_size, "--device", "cuda", "--batch", "8", "--seq", "512"]
@@ -323,6 +324,10 @@ def main() -> int:
                     help="continuous batching's scheduler safety margin (offline.py --safety-margin; transformers' "
                          "default is 0.2). The fourth check ran at 0: the job's level then moved by 30%% in one "
                          "process, and a cache filled with half-prefilled requests is the suspected cause")
+    ap.add_argument("--cb-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="continuous batching replays CUDA graphs (offline.py --cuda-graphs). Without them each step "
+                         "is bound by the host's Python (about 30 ms on an H200): the job's rate then moved 18%% "
+                         "between 30-s windows alone, and a host-bound job loses less than its GPU share (cbrate.py)")
     ap.add_argument("--cb-prompt", default="1024,2048",
                     help="continuous batching's prompt lengths, MIN,MAX tokens (e.g. 1536,1536: every request alike, "
                          "so that the job's rate does not move with the mix of prompts in flight)")

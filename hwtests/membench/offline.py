@@ -87,6 +87,46 @@ def log_steps(steps: list, generated: Generated | None = None) -> None:
     cbp.update_batch = update_batch
 
 
+def count_offloads(counter: list) -> None:
+    """Counts the requests transformers' offloading manager evicts (to CPU or reset) when the cache
+    runs out, into counter[0]: a full cache that evicts is one way a job's rate moves on its own."""
+    from transformers.generation.continuous_batching import offloading_manager
+
+    om = offloading_manager.OffloadingManager
+    inner = om.offload_requests
+
+    def offload_requests(self):
+        n = inner(self)
+        counter[0] += n
+        return n
+
+    om.offload_requests = offload_requests
+
+
+class Timeline:
+    """One row a second for --timeline: time, tokens finished, requests evicted so far, active and
+    waiting requests, free cache blocks: where a job's rate moves, what the cache was doing."""
+
+    def __init__(self, path: str | None, manager, offloads: list) -> None:
+        self.path, self.manager, self.offloads = path, manager, offloads
+        self.rows: list[list] = []
+        self.next = time.monotonic()
+
+    def sample(self, tokens: int) -> None:
+        if not self.path or time.monotonic() < self.next:
+            return
+        self.next += 1.0
+        sched = self.manager.batch_processor.scheduler
+        cache = self.manager.batch_processor.cache
+        self.rows.append([round(now(), 3), tokens, self.offloads[0], len(sched.active_requests),
+                          len(sched.waiting_requests), cache.get_num_free_blocks()])
+
+    def write(self) -> None:
+        if self.path:
+            common.write_json(self.path, {"columns": ["t", "tokens", "evicted", "active", "waiting", "free_blocks"],
+                                          "rows": self.rows})
+
+
 class Progress:
     """The job's progress for Valve's node agent: tokens of finished requests so far."""
 
@@ -126,10 +166,16 @@ def main() -> int:
                     help="transformers' FIFO scheduler admits no new prefill while fewer than this share of cache "
                          "blocks is free (its own default is 0.2). At 0 it fills the cache with half-prefilled "
                          "requests, and decodes that need a block wait for one to free")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="replay transformers' CUDA graphs for each padded batch shape (as online.py --cuda-graphs). "
+                         "Without them each step is bound by the host's Python (about 30 ms a step for this model "
+                         "on an H200), and the job's rate follows the host, not the GPU share it gets")
     ap.add_argument("--ready")
     ap.add_argument("--go", help="measuring starts when this file appears")
     ap.add_argument("--stop", help="measuring ends when this file appears")
     ap.add_argument("--max-seconds", type=float, default=900)
+    ap.add_argument("--timeline", help="write one row a second (tokens, evictions, active/waiting requests, free "
+                                       "blocks) to this JSON file: what the cache did where the rate moved")
     a = ap.parse_args()
     faulthandler.enable()  # a fatal signal prints the Python stacks into the log
 
@@ -154,12 +200,14 @@ def main() -> int:
     steps: list[float] = []
     generated = Generated() if a.selection_file else None
     log_steps(steps, generated)
+    offloads = [0]
+    count_offloads(offloads)
     model, tok = common.load_model(a.model, a.attention)
     gen = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(block_size=common.BLOCK_SIZE, num_blocks=a.num_blocks,
                                    max_batch_tokens=a.max_batch_tokens, max_requests_per_batch=a.max_requests,
                                    scheduler_type="fifo", safety_margin=a.safety_margin,
-                                   use_cuda_graph=False, use_async_batching=False,
+                                   use_cuda_graph=a.cuda_graphs, use_async_batching=False,
                                    **common.cb_extra(a.attention))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
     manager.start()
@@ -206,6 +254,7 @@ def main() -> int:
         v = getattr(manager.batch_processor.cache, "_valve", None)
         switches.append(dict(t=now(), selection=words[0], seed=seed, shim=dict(v.stats) if v else None))
 
+    timeline = Timeline(a.timeline, manager, offloads)
     t0, done, errors = now(), [], []
     steps_before = len(steps)
     solo_steps = steps[solo_from:steps_before]
@@ -217,6 +266,7 @@ def main() -> int:
         if a.selection_file and a.mode == "valve":
             follow_selection()
         out = manager.get_result(timeout=0.05)
+        timeline.sample(progress.tokens)
         if out is None:
             continue
         if out.error:
@@ -228,7 +278,7 @@ def main() -> int:
             progress.add(len(out.generated_tokens))
         top_up(1)
     t1 = now()
-    result = dict(mode=a.mode, fifo=a.fifo, placement=a.placement, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
+    result = dict(mode=a.mode, fifo=a.fifo, cuda_graphs=a.cuda_graphs, placement=a.placement, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
                   steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name(),
                   finishes=done if a.selection_file else None, switches=switches,
@@ -240,7 +290,9 @@ def main() -> int:
         result["shim"] = dict(v.stats)
         result["client"] = v.space.client.stats()
         result["client"].pop("space", None)
+    result["evicted"] = offloads[0]
     common.write_json(a.out, result)
+    timeline.write()
     manager.stop(block=True, timeout=30, hard_stop=True)  # not FLUSH_AND_STOP: the backlog is endless
     return 0 if not errors else 3
 
