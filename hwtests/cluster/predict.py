@@ -262,7 +262,8 @@ class Bench:
                     reclaimed_gib_per_s=gw.get("reclaimed_bytes", 0) / 2**30 / max(gw["covered_s"], 1.0),
                     reclaim_episodes_per_s=gw.get("reclaim_episodes", 0) / max(gw["covered_s"], 1.0),
                     episode_gib=gw.get("reclaimed_bytes", 0) / 2**30 / max(gw.get("reclaim_episodes", 0), 1),
-                    idle=pred["idle"], interrupted=pred.get("interrupted", 0.0), memory_factor=pred["memory"],
+                    idle=pred["idle"], interrupted=pred.get("interrupted", 0.0), overlap=pred.get("overlap", 0.0),
+                    memory_factor=pred["memory"],
                     predicted=pred["per_s"], measured=meas,
                     rate_covered_s=rate["covered_s"] if rate else 0.0, error=error(pred["per_s"], meas))
 
@@ -272,17 +273,17 @@ def markdown(rep: dict) -> str:
              f"Date {rep['date']}; window {rep['window_s']} s per phase; target |predicted - measured| / measured "
              f"<= {TARGET_ERROR:.0%} in every run.", "",
              "| offline | load (req/s) | memory | online busy | preemptions/s | reclaimed GiB/s (GiB per episode) "
-             "| offline memory mean / p5 (GiB) | (idle - interrupted) x memory | predicted | measured | error "
+             "| offline memory mean / p5 (GiB) | (idle + held not lost - interrupted) x memory | predicted | measured | error "
              "| measured per idle second | SM MHz |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in rep["rows"]:
         err = "n/a" if x["error"] is None else f"{x['error']:.1%}"
-        share = (x["idle"] - x["interrupted"]) * x["memory_factor"]
+        share = (x["idle"] + x.get("overlap", 0.0) - x["interrupted"]) * x["memory_factor"]
         per_idle = f"{x['measured'] / share:.0f}" if share > 0 else "n/a"
         lines.append(f"| {x['offline']} | {x['load_rps']} | {x['pattern']} | {x['busy']:.3f} | "
                      f"{x['preemptions_per_s']:.2f} | {x['reclaimed_gib_per_s']:.3f} ({x.get('episode_gib', 0):.1f}) | "
                      f"{x['memory_mean_gib']:.1f} / {x['memory_p5_gib']:.1f} | "
-                     f"({x['idle']:.3f} - {x['interrupted']:.3f}) x {x['memory_factor']:.3f} | "
+                     f"({x['idle']:.3f} + {x.get('overlap', 0.0):.3f} - {x['interrupted']:.3f}) x {x['memory_factor']:.3f} | "
                      f"{x['predicted']:.0f} | {x['measured']:.0f} | {err} | {per_idle} | {x.get('gpu_sm_mhz', 0):.0f} |")
     for kind, prof in rep.get("profiles", {}).items():
         m = prof.get("measured") or {}
@@ -335,7 +336,9 @@ def main() -> int:
     ap.add_argument("--attention", default="varlen")
     ap.add_argument("--profiles", help="reuse profile-<kind>.json files from this folder")
     ap.add_argument("--preempt-every", default="1s", help="profile-job --preempt-every ('' skips the step)")
-    ap.add_argument("--preempt-for", default="100ms")
+    ap.add_argument("--preempt-for", default="500ms",
+                    help="profile-job --preempt-for: half of --preempt-every measures the held time the job does not "
+                         "lose (its host work goes on while held) to about 0.06; a tenth, to about 0.3")
     ap.add_argument("--reclaim-every", default="10s", help="profile-job --reclaim-every, cb only ('' skips)")
     ap.add_argument("--reclaim-mib", default="1024,6144",
                     help="profile-job --reclaim-mib: the sizes of the profiling reclaims (the loss per reclaim grows "

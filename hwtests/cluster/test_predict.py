@@ -44,8 +44,12 @@ class ReportTest(unittest.TestCase):
         prof = dict(alone_per_s=1092.0, measured=dict(uninterrupted_per_s=[1092.0, 1486.0]))
         md = predict.markdown(dict(device="GPU", date="2026-11-25", window_s=30, rows=[row], met=True,
                                    profiles=dict(cb=prof)))
-        # measured per idle second: 600 / ((0.7 - 0.05) x 0.9) = 1026
-        self.assertIn("| cb | 1.5 | bursty | 0.300 | 1.25 | 0.100 (2.0) | 5.0 / 2.0 | (0.700 - 0.050) x 0.900 | 630 | 600 | 5.0% | 1026 | 1980 |", md)
+        # measured per idle second: 600 / ((0.7 + 0 - 0.05) x 0.9) = 1026 (a row from before held_overlap)
+        self.assertIn("| cb | 1.5 | bursty | 0.300 | 1.25 | 0.100 (2.0) | 5.0 / 2.0 | (0.700 + 0.000 - 0.050) x 0.900 | 630 | 600 | 5.0% | 1026 | 1980 |", md)
+        row2 = dict(row, overlap=0.1, predicted=700.0, error=predict.error(700.0, 600.0))
+        md2 = predict.markdown(dict(device="GPU", date="2026-11-25", window_s=30, rows=[row2], met=True, profiles={}))
+        # with held time not lost: 600 / ((0.7 + 0.1 - 0.05) x 0.9) = 889
+        self.assertIn("(0.700 + 0.100 - 0.050) x 0.900 | 700 | 600 | 16.7% | 889 |", md2)
         self.assertIn("target met", md)
         self.assertIn("Profile cb: T_alone 1092; uninterrupted rates 1092, 1486 (moved 30.6% while profiled).", md)
 

@@ -59,6 +59,15 @@ pub struct InterruptCosts {
     /// Per reclaim episode, by its size, ascending (empty: the per-GiB cost applies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reclaim_episodes: Vec<EpisodeCost>,
+    /// Of each second the gate holds the job, the share it does not lose, because its host-side
+    /// work (building the next batch, Python) goes on while its GPU work is held: 0 for a job
+    /// bound by the GPU, which loses every held second. Measured by the preemption step.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub held_overlap: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// What one reclaim episode of a given size cost the job when profiled.
@@ -76,6 +85,7 @@ impl InterruptCosts {
         self.preemption_s == 0.0
             && self.reclaim_s_per_gib == 0.0
             && self.reclaim_episodes.is_empty()
+            && self.held_overlap == 0.0
     }
 
     /// The share of each second lost at `preemptions_per_s`, `reclaimed_gib_per_s` and
@@ -268,6 +278,13 @@ impl JobProfile {
             if !(v.is_finite() && (0.0..=600.0).contains(&v)) {
                 return Err(bad(format!("{name} = {v} must be in [0, 600] seconds")));
             }
+        }
+        if !(self.costs.held_overlap.is_finite() && (0.0..=1.0).contains(&self.costs.held_overlap))
+        {
+            return Err(bad(format!(
+                "costs.held_overlap = {} must be a share in [0, 1]",
+                self.costs.held_overlap
+            )));
         }
         if !(self.deficit_penalty.is_finite() && (0.0..=10.0).contains(&self.deficit_penalty)) {
             return Err(bad(format!(
@@ -504,6 +521,17 @@ pub(crate) mod tests {
         let mut q = p.clone();
         q.curve.clear();
         assert!(q.validate().unwrap_err().to_string().contains("no points"));
+        let mut q = p.clone();
+        q.costs.held_overlap = 0.12;
+        let text = serde_json::to_string(&q).unwrap();
+        assert!(text.contains(r#""held_overlap":0.12"#), "{text}");
+        assert_eq!(JobProfile::from_json(&text).unwrap(), q);
+        q.costs.held_overlap = 1.5;
+        assert!(q
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("held_overlap = 1.5"));
         let mut q = p;
         q.curve[1].per_s = f64::NAN;
         assert!(q

@@ -107,6 +107,9 @@ pub struct Prediction {
     pub idle: f64,
     /// The share of time the job loses to interruptions (its costs x the set's worst rates).
     pub interrupted: f64,
+    /// The share of the held time (1 - idle) the job does not lose: its profile's
+    /// `held_overlap` x (1 - idle), 0 where interruptions are not modelled.
+    pub overlap: f64,
     /// Preemptions per second on the set's most preempted GPU.
     pub preemptions_per_s: f64,
     /// GiB reclaimed per second on the set's most reclaimed GPU.
@@ -317,8 +320,14 @@ pub fn predict_with(
         }
     }
     let idle = idle.clamp(0.0, 1.0);
+    // A job whose host work goes on while the gate holds it loses only part of the held time.
+    let overlap = if params.interruptions {
+        job.costs.held_overlap.clamp(0.0, 1.0) * (1.0 - idle)
+    } else {
+        0.0
+    };
     let interrupted = if params.interruptions {
-        lost.clamp(0.0, idle)
+        lost.clamp(0.0, idle + overlap)
     } else {
         0.0
     };
@@ -327,7 +336,7 @@ pub fn predict_with(
     // more than alone and `share / speed` gives back the share before it.
     let speed = node.speed.max(0.0);
     let share = if aligned {
-        ((idle - interrupted) * mem).clamp(0.0, 1.0) * speed
+        ((idle + overlap - interrupted) * mem).clamp(0.0, 1.0) * speed
     } else {
         0.0
     };
@@ -336,6 +345,7 @@ pub fn predict_with(
         per_s: share * job.alone_per_s,
         idle,
         interrupted,
+        overlap,
         preemptions_per_s: preemptions,
         reclaimed_gib_per_s: reclaimed,
         reclaim_episodes_per_s: episodes,
@@ -376,6 +386,9 @@ impl Prediction {
 impl std::fmt::Display for Prediction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:.2} of alone = idle {:.2}", self.share, self.idle)?;
+        if self.overlap > 0.0 {
+            write!(f, " + held time not lost {:.2}", self.overlap)?;
+        }
         if self.interrupted > 0.0 {
             write!(
                 f,
@@ -432,7 +445,7 @@ pub(crate) mod tests {
         job.costs = crate::job::InterruptCosts {
             preemption_s: 0.2,
             reclaim_s_per_gib: 1.0,
-            reclaim_episodes: vec![],
+            ..Default::default()
         };
         let p = predict(&job, &node, &[0], &ModelParams::default());
         // 0.5/s x 0.2 s + 0.1 GiB/s x 1 s/GiB = 0.2 of each second.
@@ -457,6 +470,38 @@ pub(crate) mod tests {
             predict(&job, &node, &[0], &ModelParams::default()).share,
             0.0,
             "never below 0"
+        );
+    }
+
+    #[test]
+    fn held_time_the_job_does_not_lose_goes_back_into_its_share() {
+        let node = NodeModel::uniform("n", vec![gpu(0, 0.4, 16 * GIB)], 1.0, 600);
+        let mut job = profile(1);
+        job.costs.held_overlap = 0.25;
+        let p = predict(&job, &node, &[0], &ModelParams::default());
+        // Idle 0.6, and a quarter of the 0.4 held comes back: 0.7.
+        assert!((p.overlap - 0.1).abs() < 1e-12, "{p:?}");
+        assert!((p.share - 0.7).abs() < 1e-12, "{p:?}");
+        assert!(
+            p.to_string()
+                .contains("idle 0.60 + held time not lost 0.10"),
+            "{p}"
+        );
+        let off = ModelParams {
+            interruptions: false,
+            ..ModelParams::default()
+        };
+        let base = predict(&job, &node, &[0], &off);
+        assert_eq!(
+            (base.overlap, base.share),
+            (0.0, 0.6),
+            "placement by idle fraction alone ignores it"
+        );
+        job.costs.held_overlap = 3.0;
+        assert_eq!(
+            predict(&job, &node, &[0], &ModelParams::default()).share,
+            1.0,
+            "never more than the whole GPU"
         );
     }
 

@@ -48,6 +48,30 @@ pub fn interrupt_cost_s(
     Some(((seconds - held_s - ran_s) / events).max(0.0))
 }
 
+/// What a preemption step says about the job: a step of `seconds` at `per_s` against
+/// `alone_per_s`, held `held_s` in all over `events` preemptions. Returns `(held_overlap,
+/// preemption_s)`: lost time short of the held time is host work that went on while held
+/// (`held_overlap` = 1 - lost / held); lost time beyond it, per preemption, is `preemption_s`.
+/// None where nothing was measured.
+pub fn preemption_costs(
+    alone_per_s: f64,
+    per_s: f64,
+    seconds: f64,
+    held_s: f64,
+    events: f64,
+) -> Option<(f64, f64)> {
+    if !(alone_per_s > 0.0 && seconds > 0.0 && events > 0.0) {
+        return None;
+    }
+    let lost_s = seconds * (1.0 - per_s / alone_per_s);
+    let overlap = if held_s > 0.0 {
+        (1.0 - lost_s / held_s).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    Some((overlap, ((lost_s - held_s) / events).max(0.0)))
+}
+
 /// The profile from `steps`. A step's memory is what the job held (the cap where that is
 /// unknown); steps at equal memory are averaged. T_alone is the uncapped step's rate, or the
 /// best rate where no step ran uncapped.
@@ -140,6 +164,35 @@ mod tests {
         );
         assert_eq!(
             interrupt_cost_s(100.0, 80.0, 20.0, 2.0, 0.0),
+            None,
+            "nothing happened"
+        );
+    }
+
+    #[test]
+    fn a_preemption_step_splits_lost_time_into_held_time_not_lost_and_a_cost_per_preemption() {
+        // 30 s, held 15 s in all over 30 preemptions. A job bound by the GPU loses the 15 s.
+        let (overlap, cost) = preemption_costs(100.0, 50.0, 30.0, 15.0, 30.0).unwrap();
+        assert_eq!((overlap, cost), (0.0, 0.0));
+        // One that ran at 56% of alone lost 13.2 s: 12% of the held time went on on the host.
+        let (overlap, cost) = preemption_costs(100.0, 56.0, 30.0, 15.0, 30.0).unwrap();
+        assert!(
+            (overlap - 0.12).abs() < 1e-12 && cost == 0.0,
+            "{overlap} {cost}"
+        );
+        // One that ran at 40% lost 18 s: 3 s beyond the held time, 0.1 s per preemption.
+        let (overlap, cost) = preemption_costs(100.0, 40.0, 30.0, 15.0, 30.0).unwrap();
+        assert!(
+            overlap == 0.0 && (cost - 0.1).abs() < 1e-12,
+            "{overlap} {cost}"
+        );
+        assert_eq!(
+            preemption_costs(100.0, 120.0, 30.0, 15.0, 30.0),
+            Some((1.0, 0.0)),
+            "noise above alone: nothing lost"
+        );
+        assert_eq!(
+            preemption_costs(100.0, 50.0, 30.0, 15.0, 0.0),
             None,
             "nothing happened"
         );
