@@ -394,6 +394,43 @@ def test_offline_short_of_blocks_asks_for_everything_the_pool_lends_at_a_step_bo
     assert vt.stats()[-1]["grown_handles"] > 2
 
 
+def test_offline_at_the_schedulers_safety_margin_grows_before_it_runs_short(model):
+    # transformers' margin is a share of the whole space (here half of it, 24 blocks). Offline holding
+    # half the pool is at the margin from the start: it admits one new prefill a step, never runs short,
+    # and so never grew (the H200's cluster check: held 8 GiB of 12 at margin 0.2, issue 28). It asks
+    # for the rest of the pool at the first step boundary with requests waiting.
+    pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
+    asks: list[tuple[int, int]] = []
+    steps = {"n": 0}
+    base = pool.kv_space_factory("offline")
+
+    def factory(**kw):
+        space = base(**kw)
+        real = space.grow
+
+        def grow(count):
+            asks.append((count, steps["n"]))
+            return real(count)
+
+        space.grow = grow
+        return space
+
+    def on_step(_step):
+        steps["n"] += 1
+
+    vt.install("offline", kv_space=factory, initial_handles=HANDLES // 2)
+    cfg = cb_config(1)
+    cfg.safety_margin = 0.5
+    handle = model.model.layers[-1].register_forward_pre_hook(lambda *_: on_step(0))
+    try:
+        out = model.generate_batch(PROMPTS, generation_config=GEN, continuous_batching_config=cfg, warmup=False)
+    finally:
+        handle.remove()
+    assert all(r.error is None and len(r.generated_tokens) == MAX_NEW for r in out.values())
+    assert asks[0] == (HANDLES // 2, 0), asks
+    assert asks[1] == (HANDLES - HANDLES // 2, 1), f"the rest of the pool after the first step: {asks}"
+
+
 def test_an_idle_online_server_gives_back_what_its_reservation_no_longer_wants(model):
     # MIAD shrinks online's headroom over time; on the H100 an idle online server held all 192 handles for
     # 30 s after a burst (no step ran, so nothing asked the daemon), and offline starved.

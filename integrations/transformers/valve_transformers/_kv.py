@@ -383,6 +383,9 @@ class ValveKV:
                 self.order_free_blocks(bm)
             free = len(bm._uninit_block_ids) + len(bm._init_block_ids)
             low = self.policy.get("grow_below_free_fraction", 0.1) * len(self.held) * self.bps
+            # transformers' safety margin is a share of the whole KV space, which offline rarely holds:
+            # at the margin it admits no new prefill, so it never runs short, and would never grow.
+            low = max(low, getattr(scheduler, "safety_margin", 0.0) * self.num_blocks)
             if scheduler.waiting_requests and free <= low:
                 # All the pool lends (offline uses whatever online does not); halved until it fits.
                 self._grow(bm, self.policy.get("grow_handles") or self.space.slots - len(self.held))
