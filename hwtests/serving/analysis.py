@@ -92,6 +92,16 @@ def harvest(requests, progress, rate_alone):
     return harvest_runs([(requests, progress)], rate_alone)
 
 
+def bracket_alone(start, end):
+    """Offline's rate alone from measurements before the first run and after the last: their mean
+    (the harvest's reference), and how far they moved (|end - start| over the mean). Either may be
+    None (not measured); then the other one is used and the move is unknown."""
+    if start and end:
+        mean = (start + end) / 2
+        return mean, abs(end - start) / mean
+    return (start or end), None
+
+
 def harvest_runs(runs, rate_alone):
     """harvest over several runs ((records, progress samples) pairs) of one configuration: offline's
     progress and the windows' idle seconds are summed before dividing."""

@@ -854,6 +854,19 @@ def main(argv=None):
                             f"{fmt(g['arrival_to_gpu_start_p99_ms'], '.3f')} ms over {g['gpu_start_idle_arrivals']} idle "
                             f"arrivals, {g['gpu_start_unknown']} without a stamp (by the start offset; the report "
                             "corrects for the clock's drift)")
+        # Offline alone again, online idle: one 5-s reading read 15.3 it/s on one H200 and 18.0 on
+        # another, so a harvest against one reading says as much about the reading as the gate.
+        rate_start = rate_alone
+        if not stopped:
+            try:
+                rate_end = offline_rate(progress, a.alone_s)
+            except Terminated:
+                rate_end = None
+            rate_alone, moved = analysis.bracket_alone(rate_start, rate_end)
+            log(f"== offline alone after the runs: {fmt(rate_end)} iterations/s; the harvest's reference is "
+                f"{fmt(rate_alone)} (moved {fmt(None if moved is None else 100 * moved)}% between the two)")
+        else:
+            rate_end = moved = None
         if a.stamp_first_kernel:
             try:
                 cal_end = calibrate_idle(url, off.p.pid, "after the last run")
@@ -875,7 +888,9 @@ def main(argv=None):
             "tokens per request": a.max_tokens,
             "cb server": (f"attention {a.cb_attention}, CUDA graphs {'asked for (transformers drops them without CUDA)' if a.cb_cuda_graphs else 'off'}"
                           if a.server == "cb" else "not used"),
-            "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone",
+            "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone"
+                       + (f" (mean of {fmt(rate_start)} before the runs and {fmt(rate_end)} after: moved {100 * moved:.1f}%)"
+                          if moved is not None else ""),
             "service time alone (s)": f"{s:.4f}",
             "duration (s)": f"{time.time() - t_start:.0f}",
         }

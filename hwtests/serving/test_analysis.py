@@ -314,8 +314,6 @@ class GpuStart(unittest.TestCase):
         self.assertEqual(s["gpu_start_unknown"], 2)
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class HostPath(unittest.TestCase):
@@ -342,3 +340,17 @@ class HostPath(unittest.TestCase):
         self.assertEqual(sorted(s), ["recv_to_launch_p50_ms", "recv_to_launch_p99_ms",
                                      "send_to_recv_p50_ms", "send_to_recv_p99_ms"])
         self.assertEqual(a.host_path_stats([req(0, MS, 2 * MS)]), {})
+
+
+class BracketAloneTest(unittest.TestCase):
+    def test_the_reference_is_the_mean_of_the_readings_before_and_after_and_says_how_far_they_moved(self):
+        mean, moved = a.bracket_alone(15.3, 18.0)
+        self.assertAlmostEqual(mean, 16.65)
+        self.assertAlmostEqual(moved, 2.7 / 16.65)
+        self.assertEqual(a.bracket_alone(15.3, None), (15.3, None))
+        self.assertEqual(a.bracket_alone(None, 18.0), (18.0, None))
+        self.assertEqual(a.bracket_alone(None, None), (None, None))
+
+
+if __name__ == "__main__":
+    unittest.main()
