@@ -323,8 +323,9 @@ def main() -> int:
     ap.add_argument("--offline-batch-tokens", type=int, default=512)
     ap.add_argument("--cb-safety-margin", type=float, default=0.0,
                     help="continuous batching's scheduler safety margin (offline.py --safety-margin; transformers' "
-                         "default is 0.2). The fourth check ran at 0: the job's level then moved by 30%% in one "
-                         "process, and a cache filled with half-prefilled requests is the suspected cause")
+                         "default is 0.2): a share of the whole pool kept free. 0 uses all the job holds. At 0.2 the "
+                         "fifth check's job stayed at its starting 8 GiB (the shim grows it since f2de114); the "
+                         "margin did not steady the job's rate: host-bound steps moved it (--cb-cuda-graphs)")
     ap.add_argument("--cb-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="continuous batching replays CUDA graphs (offline.py --cuda-graphs). Without them each step "
                          "is bound by the host's Python (about 30 ms on an H200): the job's rate then moved 18%% "

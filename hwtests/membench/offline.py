@@ -163,9 +163,9 @@ def main() -> int:
     ap.add_argument("--max-requests", type=int, default=96, help="requests per forward pass at most")
     ap.add_argument("--backlog", type=int, default=256, help="requests kept queued")
     ap.add_argument("--safety-margin", type=float, default=0.0,
-                    help="transformers' FIFO scheduler admits no new prefill while fewer than this share of cache "
-                         "blocks is free (its own default is 0.2). At 0 it fills the cache with half-prefilled "
-                         "requests, and decodes that need a block wait for one to free")
+                    help="transformers' FIFO scheduler admits no new prefill while fewer than this share of the "
+                         "whole cache's blocks is free (its own default is 0.2); through the shim the whole cache is "
+                         "the pool, so a margin keeps that share of the pool free")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay transformers' CUDA graphs for each padded batch shape (as online.py --cuda-graphs). "
                          "Without them each step is bound by the host's Python (about 30 ms a step for this model "
