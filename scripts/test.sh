@@ -14,6 +14,9 @@ echo "== cargo test"
 # it); here a missing Slurm fails the test instead of skipping it.
 export VALVE_REQUIRE_SLURM=${VALVE_REQUIRE_SLURM:-1}
 cargo test --workspace
+# The launch watcher again with one uprobe link per symbol: what kernels before 6.6 get.
+echo "== launch watcher, one link per symbol (VALVE_UPROBE_MULTI=0)"
+VALVE_UPROBE_MULTI=0 cargo test -p valve-ebpf --test launch_watch
 
 for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/selftest.sh hwtests/cluster/selftest.sh scripts/ci-driver-patch.sh; do
   if [ -f "$t" ]; then

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeOpts};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
 use crate::error::WatchError;
 use crate::poll_thread::PollThread;
@@ -142,6 +142,7 @@ pub struct LaunchWatcher {
     /// Edges, unless they go to a sink given to [`LaunchWatcher::start_with`].
     edges: Mutex<Option<Receiver<LaunchEdge>>>,
     attached: Vec<&'static str>,
+    multi_links: bool,
     /// To the poll thread: which processes to probe.
     probes: Sender<ProbeRequest>,
 }
@@ -215,7 +216,7 @@ impl LaunchWatcher {
         sink: impl FnMut(LaunchEdge) + Send + 'static,
     ) -> Result<LaunchWatcher, WatchError> {
         let (probes, requests) = mpsc::channel();
-        let (thread, (stats, watched, resumed, attached)) =
+        let (thread, (stats, watched, resumed, attached, multi_links)) =
             PollThread::spawn("launch-watch", cfg.realtime, move |ready, stop| {
                 run(cfg, ready, sink, requests, stop)
             })?;
@@ -226,6 +227,7 @@ impl LaunchWatcher {
             resumed,
             edges: Mutex::new(None),
             attached,
+            multi_links,
             probes,
         })
     }
@@ -233,6 +235,12 @@ impl LaunchWatcher {
     /// The symbols the probes are attached to (launch entry points, then the waits).
     pub fn attached(&self) -> &[&'static str] {
         &self.attached
+    }
+
+    /// Whether each process's probes are one uprobe.multi link per program (Linux 6.6 and later;
+    /// removing them waits for 3 grace periods) rather than one link per symbol (34).
+    pub fn multi_links(&self) -> bool {
+        self.multi_links
     }
 
     /// How the poll thread is scheduled.
@@ -303,7 +311,7 @@ impl LaunchWatcher {
     }
 }
 
-type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>), WatchError>;
+type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>, bool), WatchError>;
 
 /// The answer to one [`LaunchWatcher::watch_acked`]: whether the process's probes are in.
 pub type ProbeAck = Receiver<Result<(), String>>;
@@ -322,6 +330,10 @@ struct Targets {
     library: PathBuf,
     launches: Vec<(&'static str, u64)>,
     waits: Vec<&'static str>,
+    /// One uprobe.multi link per program and process (Linux 6.6 and later) instead of one link
+    /// per symbol: removing a process's probes then waits for 3 grace periods, not 34 (about
+    /// 110 ms each on Linux 6.18).
+    multi: bool,
 }
 
 impl Targets {
@@ -331,6 +343,9 @@ impl Targets {
         skel: &skel::LaunchWatchSkel<'_>,
         pid: i32,
     ) -> Result<Vec<libbpf_rs::Link>, libbpf_rs::Error> {
+        if self.multi {
+            return self.attach_multi(skel, pid, &self.launches, &self.waits);
+        }
         let mut links = Vec::new();
         for &(sym, cookie) in &self.launches {
             links.push(self.attach_launch(skel, pid, sym, cookie)?);
@@ -379,6 +394,50 @@ impl Targets {
         ])
     }
 
+    /// `launches` and `waits` of `pid` in at most three uprobe.multi links: the launch program
+    /// (each symbol's kind as its cookie), the wait entries and the wait returns.
+    fn attach_multi(
+        &self,
+        skel: &skel::LaunchWatchSkel<'_>,
+        pid: i32,
+        launches: &[(&'static str, u64)],
+        waits: &[&'static str],
+    ) -> Result<Vec<libbpf_rs::Link>, libbpf_rs::Error> {
+        let multi = |prog: &libbpf_rs::ProgramMut<'_>, syms: Vec<String>, cookies, retprobe| {
+            let opts = UprobeMultiOpts {
+                syms,
+                cookies,
+                retprobe,
+                ..Default::default()
+            };
+            prog.attach_uprobe_multi_with_opts(pid, &self.library, "", opts)
+        };
+        let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let launch_names = launches.iter().map(|(n, _)| n.to_string()).collect();
+        let cookies = launches.iter().map(|&(_, c)| c).collect();
+        let mut links = vec![multi(
+            &skel.progs.cuda_launch_multi,
+            launch_names,
+            cookies,
+            false,
+        )?];
+        if !waits.is_empty() {
+            links.push(multi(
+                &skel.progs.cuda_sync_enter_multi,
+                names(waits),
+                Vec::new(),
+                false,
+            )?);
+            links.push(multi(
+                &skel.progs.cuda_sync_exit_multi,
+                names(waits),
+                Vec::new(),
+                true,
+            )?);
+        }
+        Ok(links)
+    }
+
     /// The symbols probed, launches first.
     fn names(&self) -> Vec<&'static str> {
         let launches = self.launches.iter().map(|&(s, _)| s);
@@ -393,6 +452,7 @@ fn resolve(
     skel: &skel::LaunchWatchSkel<'_>,
     cfg: &LaunchConfig,
     probe_pid: i32,
+    multi: bool,
 ) -> Result<(Targets, Vec<libbpf_rs::Link>), WatchError> {
     let image = std::fs::read(&cfg.library)
         .map_err(|e| WatchError::Thread(format!("reading {}: {e}", cfg.library.display())))?;
@@ -400,13 +460,35 @@ fn resolve(
         library: cfg.library.clone(),
         launches: Vec::new(),
         waits: Vec::new(),
+        multi,
     };
-    let (mut links, mut last_err) = (Vec::new(), None);
     // Names the library does not carry at all are skipped (libbpf would warn for each).
-    for (sym, cookie) in LAUNCH_SYMBOLS
+    let launches: Vec<(&'static str, u64)> = LAUNCH_SYMBOLS
         .into_iter()
         .filter(|s| names_symbol(&image, s.0))
-    {
+        .collect();
+    let waits: Vec<&'static str> = SYNC_SYMBOLS
+        .into_iter()
+        .filter(|s| cfg.track_waits && names_symbol(&image, s))
+        .collect();
+    if multi && !launches.is_empty() {
+        match t.attach_multi(skel, probe_pid, &launches, &waits) {
+            Ok(links) => {
+                (t.launches, t.waits) = (launches, waits);
+                return Ok((t, links));
+            }
+            Err(e) => {
+                // A name that is not a function, or a kernel without uprobe.multi links: one
+                // symbol at a time, and one link per symbol from now on.
+                tracing::info!(
+                    "launch watch: one link for all symbols failed ({e}); one per symbol"
+                );
+                t.multi = false;
+            }
+        }
+    }
+    let (mut links, mut last_err) = (Vec::new(), None);
+    for (sym, cookie) in launches {
         match t.attach_launch(skel, probe_pid, sym, cookie) {
             Ok(l) => {
                 links.push(l);
@@ -425,8 +507,7 @@ fn resolve(
         });
     }
     // The waits: optional (a library without them still reports launches).
-    let waits = SYNC_SYMBOLS.into_iter().filter(|s| names_symbol(&image, s));
-    for sym in waits.filter(|_| cfg.track_waits) {
+    for sym in waits {
         match t.attach_wait(skel, probe_pid, sym) {
             Ok(l) => {
                 links.extend(l);
@@ -448,7 +529,11 @@ struct Probes {
 }
 
 impl Probes {
-    fn start(skel: &skel::LaunchWatchSkel<'_>, cfg: &LaunchConfig) -> Result<Probes, WatchError> {
+    fn start(
+        skel: &skel::LaunchWatchSkel<'_>,
+        cfg: &LaunchConfig,
+        multi: bool,
+    ) -> Result<Probes, WatchError> {
         let filtered = cfg.filter || !cfg.pids.is_empty();
         // Filtered, the symbols are resolved by probing this process, whose probes go at once.
         let probe_pid = if filtered {
@@ -456,7 +541,7 @@ impl Probes {
         } else {
             -1
         };
-        let (targets, links) = resolve(skel, cfg, probe_pid)?;
+        let (targets, links) = resolve(skel, cfg, probe_pid, multi)?;
         let mut probes = Probes {
             targets,
             everyone: if filtered { Vec::new() } else { links },
@@ -548,11 +633,48 @@ fn map_handles(skel: &skel::LaunchWatchSkel<'_>) -> Result<[MapHandle; 3], Watch
     ])
 }
 
-/// Loads the program with `cfg`'s filter and edge gap, and probes what `cfg` asks for.
+/// Loads the program with `cfg`'s filter and edge gap, and probes what `cfg` asks for: with
+/// uprobe.multi links where the kernel has them, else (or where loading them fails, into
+/// `fallback`) with one link per symbol.
 fn load<'a>(
     storage: &'a mut MaybeUninit<libbpf_rs::OpenObject>,
+    fallback: &'a mut MaybeUninit<libbpf_rs::OpenObject>,
     cfg: &LaunchConfig,
 ) -> Result<(skel::LaunchWatchSkel<'a>, Probes), WatchError> {
+    let multi = uprobe_multi_supported();
+    let skel = match load_object(storage, cfg, multi) {
+        Err(e) if multi => {
+            tracing::info!(
+                "launch watch: loading the uprobe.multi programs failed ({e}); one link per symbol"
+            );
+            return finish(load_object(fallback, cfg, false)?, cfg, false);
+        }
+        other => other?,
+    };
+    finish(skel, cfg, multi)
+}
+
+fn finish<'a>(
+    skel: skel::LaunchWatchSkel<'a>,
+    cfg: &LaunchConfig,
+    multi: bool,
+) -> Result<(skel::LaunchWatchSkel<'a>, Probes), WatchError> {
+    for pid in &cfg.pids {
+        skel.maps
+            .watched
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .map_err(|e| WatchError::bpf("filling the pid filter", e))?;
+    }
+    let probes = Probes::start(&skel, cfg, multi)?;
+    Ok((skel, probes))
+}
+
+/// Opens and loads the object; the uprobe.multi programs only with `multi`.
+fn load_object<'a>(
+    storage: &'a mut MaybeUninit<libbpf_rs::OpenObject>,
+    cfg: &LaunchConfig,
+    multi: bool,
+) -> Result<skel::LaunchWatchSkel<'a>, WatchError> {
     let mut open = LaunchWatchSkelBuilder::default()
         .open(storage)
         .map_err(|e| WatchError::bpf("opening the launch-watch BPF object", e))?;
@@ -560,17 +682,29 @@ fn load<'a>(
         ro.filter_pids = u8::from(cfg.filter || !cfg.pids.is_empty());
         ro.edge_gap_ns = cfg.edge_gap.as_nanos() as u64;
     }
-    let skel = open
-        .load()
-        .map_err(|e| WatchError::bpf("loading the launch-watch BPF program", e))?;
-    for pid in &cfg.pids {
-        skel.maps
-            .watched
-            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-            .map_err(|e| WatchError::bpf("filling the pid filter", e))?;
+    open.progs.cuda_launch_multi.set_autoload(multi);
+    open.progs.cuda_sync_enter_multi.set_autoload(multi);
+    open.progs.cuda_sync_exit_multi.set_autoload(multi);
+    open.load()
+        .map_err(|e| WatchError::bpf("loading the launch-watch BPF program", e))
+}
+
+/// Whether this kernel has uprobe.multi links (Linux 6.6), unless VALVE_UPROBE_MULTI=0 says
+/// not to use them.
+fn uprobe_multi_supported() -> bool {
+    if std::env::var("VALVE_UPROBE_MULTI").is_ok_and(|v| v == "0") {
+        return false;
     }
-    let probes = Probes::start(&skel, cfg)?;
-    Ok((skel, probes))
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    kernel_at_least(release.trim(), (6, 6))
+}
+
+/// Whether a kernel release string ("6.18.44-fc-v669") is at least `want` (major, minor).
+fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().and_then(|x| x.parse().ok());
+    let minor = parts.next().and_then(|x| x.parse().ok());
+    matches!((major, minor), (Some(a), Some(b)) if (a, b) >= want)
 }
 
 fn run(
@@ -580,8 +714,8 @@ fn run(
     requests: Receiver<ProbeRequest>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut storage = MaybeUninit::uninit();
-    let (skel, mut probes) = match load(&mut storage, &cfg) {
+    let (mut storage, mut fallback) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+    let (skel, mut probes) = match load(&mut storage, &mut fallback, &cfg) {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -596,7 +730,8 @@ fn run(
             return;
         }
     };
-    let _ = ready.send(Ok((stats, watched, resumed, probes.targets.names())));
+    let names = probes.targets.names();
+    let _ = ready.send(Ok((stats, watched, resumed, names, probes.targets.multi)));
     while !stop.load(Ordering::Relaxed) {
         let _ = rb.poll(REQUEST_POLL);
         for req in requests.try_iter() {
@@ -646,6 +781,16 @@ mod tests {
             (42, true, 5, 7, true)
         );
         assert_eq!(parse_edge(&raw[..20]), None);
+    }
+
+    #[test]
+    fn uprobe_multi_links_need_linux_6_6() {
+        assert!(kernel_at_least("6.18.44-fc-v669", (6, 6)));
+        assert!(kernel_at_least("6.6.0", (6, 6)));
+        assert!(kernel_at_least("7.0-rc1", (6, 6)));
+        assert!(!kernel_at_least("6.1.0-28-amd64", (6, 6)), "Debian 12");
+        assert!(!kernel_at_least("5.15.0-generic", (6, 6)));
+        assert!(!kernel_at_least("", (6, 6)), "unreadable: not assumed");
     }
 
     #[test]

@@ -381,3 +381,26 @@ fn only_watched_processes_carry_the_probes() {
     drop(w);
     assert_eq!(first_byte(&f), clean);
 }
+
+#[test]
+fn a_process_has_one_link_per_program_where_the_kernel_has_uprobe_multi() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start(&f.path, vec![me]) else {
+        return;
+    };
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release.trim().split(|c: char| !c.is_ascii_digit());
+    let (major, minor): (u32, u32) = (
+        v.next().and_then(|x| x.parse().ok()).unwrap_or(0),
+        v.next().and_then(|x| x.parse().ok()).unwrap_or(0),
+    );
+    let wanted =
+        (major, minor) >= (6, 6) && std::env::var("VALVE_UPROBE_MULTI").as_deref() != Ok("0");
+    assert_eq!(w.multi_links(), wanted, "kernel {release}");
+    // Either way the same symbols are probed and launches are counted.
+    assert!(w.attached().contains(&"cuStreamSynchronize"));
+    call(&f, 7, 2);
+    let c = w.counts(me);
+    assert_eq!((c.kernel_launches, c.graph_launches), (7, 2), "{c:?}");
+}

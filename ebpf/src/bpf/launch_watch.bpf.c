@@ -93,8 +93,10 @@ static __always_inline struct launch_stats *stats_of(__u32 pid)
 	return s;
 }
 
-SEC("uprobe")
-int cuda_sync_enter(void *ctx)
+// Each program below exists twice: as a uprobe, attached once per symbol (any kernel), and as
+// a uprobe.multi, attached to every symbol of one process in one link (Linux 6.6 and later):
+// removing one multi link waits for one grace period, not one per symbol.
+static __always_inline int sync_enter(void)
 {
 	struct launch_stats *s = stats_of(bpf_get_current_pid_tgid() >> 32);
 	if (!s)
@@ -104,8 +106,7 @@ int cuda_sync_enter(void *ctx)
 	return 0;
 }
 
-SEC("uretprobe")
-int cuda_sync_exit(void *ctx)
+static __always_inline int sync_exit(void)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	if (filter_pids && !bpf_map_lookup_elem(&watched, &pid))
@@ -122,14 +123,12 @@ int cuda_sync_exit(void *ctx)
 	return 0;
 }
 
-SEC("uprobe")
-int cuda_launch(void *ctx)
+static __always_inline int launch(__u64 kind)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	struct launch_stats *s = stats_of(pid);
 	if (!s)
 		return 0;
-	__u64 kind = bpf_get_attach_cookie(ctx);
 	__u64 now = bpf_ktime_get_ns();
 	__u64 last = s->last_ns;
 	if (kind == KIND_GRAPH)
@@ -154,4 +153,40 @@ int cuda_launch(void *ctx)
 		bpf_ringbuf_output(&edges, &e, sizeof(e), 0);
 	}
 	return 0;
+}
+
+SEC("uprobe")
+int cuda_sync_enter(void *ctx)
+{
+	return sync_enter();
+}
+
+SEC("uretprobe")
+int cuda_sync_exit(void *ctx)
+{
+	return sync_exit();
+}
+
+SEC("uprobe")
+int cuda_launch(void *ctx)
+{
+	return launch(bpf_get_attach_cookie(ctx));
+}
+
+SEC("uprobe.multi")
+int cuda_sync_enter_multi(void *ctx)
+{
+	return sync_enter();
+}
+
+SEC("uretprobe.multi")
+int cuda_sync_exit_multi(void *ctx)
+{
+	return sync_exit();
+}
+
+SEC("uprobe.multi")
+int cuda_launch_multi(void *ctx)
+{
+	return launch(bpf_get_attach_cookie(ctx));
 }

@@ -356,6 +356,7 @@ pub fn real_gate_starter(keep: Duration) -> GateStarter {
             };
             inner.route.set(Some(tx));
             let watchers_us = t0.elapsed().as_micros() as u64;
+            let multi_links = inner.launch.multi_links();
             let watchers = GateWatchers {
                 inner: Some(inner),
                 key,
@@ -370,6 +371,7 @@ pub fn real_gate_starter(keep: Duration) -> GateStarter {
             tracing::info!(
                 watchers_kept = was_kept,
                 watchers_us,
+                uprobe_multi_links = multi_links,
                 rm_client_us = t0.elapsed().as_micros() as u64 - watchers_us,
                 "gate thread's start"
             );
