@@ -404,3 +404,29 @@ fn a_process_has_one_link_per_program_where_the_kernel_has_uprobe_multi() {
     let c = w.counts(me);
     assert_eq!((c.kernel_launches, c.graph_launches), (7, 2), "{c:?}");
 }
+
+#[test]
+fn an_unfiltered_watcher_counts_every_process_without_being_told_of_it() {
+    let f = fake_cuda();
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: uprobes need root");
+        return;
+    }
+    let w = match LaunchWatcher::start(LaunchConfig {
+        library: f.path.clone(),
+        pids: Vec::new(),
+        filter: false,
+        edge_gap: Duration::from_millis(5),
+        track_waits: true,
+        realtime: None,
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            println!("SKIP: uprobes unavailable here: {e}");
+            return;
+        }
+    };
+    call(&f, 5, 1);
+    let c = w.counts(std::process::id());
+    assert_eq!((c.kernel_launches, c.graph_launches), (5, 1), "{c:?}");
+}
