@@ -98,18 +98,23 @@ class GraphDecoder:
 
     def capture(self):
         """Captures one decode step as a CUDA graph (no-op on CPU)."""
-        if self.device.type != "cuda":
-            return
+        if self.device.type == "cuda":
+            self.graph = self._captured(self._step)
+
+    @staticmethod
+    def _captured(step):
+        """`step` warmed up on a side stream, then captured as a CUDA graph."""
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
-                self._step()
+                step()
         torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
         torch.cuda.synchronize()
+        return graph
 
     def _prefill_step(self):
         # Any int32 id is safe: the remainder is part of the graph, not host work per request.
@@ -126,18 +131,8 @@ class GraphDecoder:
         self.p_ids = torch.zeros(1, length, dtype=torch.int32, device=self.device)
         self.p_pos = torch.arange(length, device=self.device)
         self.p_out = torch.zeros(1, dtype=torch.long, device=self.device)
-        if self.device.type != "cuda":
-            return
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                self._prefill_step()
-        torch.cuda.current_stream().wait_stream(s)
-        self.p_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.p_graph):
-            self._prefill_step()
-        torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            self.p_graph = self._captured(self._prefill_step)
 
     def prefill_static(self):
         """Enqueues the prefill of whatever `p_ids` holds (graph replay on CUDA, eager on CPU); the
