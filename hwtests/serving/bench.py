@@ -316,13 +316,8 @@ def stamp_choice(a, ap):
         return None
     if a.server not in GRAPH_SERVERS:
         ap.error("--stamp-first-kernel needs --server graph or graph-raw (the stamp is in decoder.py's loop)")
-    if a.dry_run or not a.device.startswith("cuda"):
-        log(f"== --stamp-first-kernel is off: it needs a CUDA device ({'dry run' if a.dry_run else a.device} here)")
-        return None
-    if not os.path.exists(a.stamp_first_kernel):
-        ap.error(f"--stamp-first-kernel {a.stamp_first_kernel}: no such file "
-                 "(hwtests/cuda/build.sh OUTDIR builds OUTDIR/stamp.ptx)")
-    return os.path.abspath(a.stamp_first_kernel)
+    return stamp.stamp_file(a.stamp_first_kernel, "a dry run" if a.dry_run else a.device, ap,
+                            lambda msg: log(f"== {msg}"))
 
 
 def calibrate_server(url):

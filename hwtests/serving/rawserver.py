@@ -38,11 +38,12 @@ import argparse
 import ctypes
 import gc
 import json
-import os
 import socket
 import struct
 import sys
 import time
+
+from stamp import stamp_file
 
 HEADER = struct.Struct("<4sii")  # magic, max_tokens, n_ids
 MAGIC = b"VRQ1"
@@ -268,16 +269,8 @@ class RawServer:
 
 
 def stamp_choice(a, ap):
-    """The stamp file to load, or None: off unless asked for, and off with a message on CPU."""
-    if not a.stamp_first_kernel:
-        return None
-    if not a.device.startswith("cuda"):
-        log(f"--stamp-first-kernel is off: it needs --device cuda, not {a.device} (the stamp is a CUDA kernel)")
-        return None
-    if not os.path.exists(a.stamp_first_kernel):
-        ap.error(f"--stamp-first-kernel {a.stamp_first_kernel}: no such file (build it with "
-                 "hwtests/cuda/build.sh OUTDIR: OUTDIR/stamp.ptx)")
-    return a.stamp_first_kernel
+    """The stamp file to load, or None (stamp.stamp_file)."""
+    return stamp_file(a.stamp_first_kernel, a.device, ap, log)
 
 
 def main(argv=None):

@@ -30,6 +30,8 @@ import time
 
 from aiohttp import web
 
+from stamp import stamp_file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -257,19 +259,11 @@ def make_app(engine, model_name):
 
 
 def stamp_choice(a, ap):
-    """The stamp file to load, or None: off unless asked for, and off with a message on CPU."""
-    if not a.stamp_first_kernel:
-        return None
-    if a.engine != "graph":
+    """The stamp file to load, or None (stamp.stamp_file); only the graph engine has the stamp."""
+    if a.stamp_first_kernel and a.engine != "graph":
         ap.error("--stamp-first-kernel needs --engine graph")
-    if not a.device.startswith("cuda"):
-        print(f"server.py: --stamp-first-kernel is off: it needs --device cuda, not {a.device} "
-              "(the stamp is a CUDA kernel)", file=sys.stderr, flush=True)
-        return None
-    if not os.path.exists(a.stamp_first_kernel):
-        ap.error(f"--stamp-first-kernel {a.stamp_first_kernel}: no such file (build it with "
-                 "hwtests/cuda/build.sh OUTDIR: OUTDIR/stamp.ptx)")
-    return a.stamp_first_kernel
+    return stamp_file(a.stamp_first_kernel, a.device, ap,
+                      lambda msg: print(f"server.py: {msg}", file=sys.stderr, flush=True))
 
 
 def main(argv=None):

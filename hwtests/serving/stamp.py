@@ -13,6 +13,7 @@ on CPU by test_stamp.py.
 """
 
 import ctypes
+import os
 import time
 
 KERNEL = b"valve_stamp"
@@ -191,3 +192,17 @@ def start_stamper(path, torch, device):
     torch.cuda.synchronize()
     stamper = GpuStamper(path, torch)
     return stamper, stamper.calibrate()
+
+
+def stamp_file(path, device, ap, note):
+    """The stamp PTX a server is to load (absolute), or None: off unless asked for, and off, said
+    through `note`, on a device other than CUDA; a missing file is `ap`'s usage error."""
+    if not path:
+        return None
+    if not device.startswith("cuda"):
+        note(f"--stamp-first-kernel is off: it needs --device cuda, not {device} (the stamp is a CUDA kernel)")
+        return None
+    if not os.path.exists(path):
+        ap.error(f"--stamp-first-kernel {path}: no such file (build it with hwtests/cuda/build.sh OUTDIR: "
+                 "OUTDIR/stamp.ptx)")
+    return os.path.abspath(path)
