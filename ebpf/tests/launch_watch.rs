@@ -102,6 +102,10 @@ fn call(f: &FakeCuda, kernels: u32, graphs: u32) {
 }
 
 fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
+    start_filtered(lib, pids, true)
+}
+
+fn start_filtered(lib: &Path, pids: Vec<u32>, filter: bool) -> Option<LaunchWatcher> {
     if !nix::unistd::geteuid().is_root() {
         println!("SKIP: uprobes need root");
         return None;
@@ -109,7 +113,7 @@ fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
     match LaunchWatcher::start(LaunchConfig {
         library: lib.to_path_buf(),
         pids,
-        filter: true,
+        filter,
         edge_gap: Duration::from_millis(5),
         track_waits: true,
         realtime: None,
@@ -408,23 +412,8 @@ fn a_process_has_one_link_per_program_where_the_kernel_has_uprobe_multi() {
 #[test]
 fn an_unfiltered_watcher_counts_every_process_without_being_told_of_it() {
     let f = fake_cuda();
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: uprobes need root");
+    let Some(w) = start_filtered(&f.path, Vec::new(), false) else {
         return;
-    }
-    let w = match LaunchWatcher::start(LaunchConfig {
-        library: f.path.clone(),
-        pids: Vec::new(),
-        filter: false,
-        edge_gap: Duration::from_millis(5),
-        track_waits: true,
-        realtime: None,
-    }) {
-        Ok(w) => w,
-        Err(e) => {
-            println!("SKIP: uprobes unavailable here: {e}");
-            return;
-        }
     };
     call(&f, 5, 1);
     let c = w.counts(std::process::id());
