@@ -68,6 +68,11 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
+    // libbpf's reasons (an unresolved symbol, what the kernel refused) show with RUST_LOG=info.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     let procs: usize = arg(&args, "--procs").map_or(Ok(4), |v| v.parse())?;
     anyhow::ensure!(
@@ -128,8 +133,9 @@ fn measure(library: &Path, children: &[Child]) -> anyhow::Result<()> {
         realtime: None,
     })?;
     println!(
-        "watcher start (symbols resolved on this process, {} probed): {} ms",
+        "watcher start (symbols resolved on this process, {} probed, uprobe.multi links: {}): {} ms",
         w.attached().len(),
+        w.multi_links(),
         ms(t.elapsed())
     );
     for c in children {

@@ -261,6 +261,7 @@ fn run(
 ) {
     let mut storage = MaybeUninit::uninit();
     let setup = || -> Result<_, WatchError> {
+        crate::libbpf_log::route_to_tracing();
         let mut open = ArrivalWatchSkelBuilder::default()
             .open(&mut storage)
             .map_err(|e| WatchError::bpf("opening the arrival-watch BPF object", e))?;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
+use crate::elf_symbols::function_offsets;
 use crate::error::WatchError;
 use crate::poll_thread::PollThread;
 
@@ -173,16 +174,6 @@ pub fn find_libcuda() -> Option<PathBuf> {
         .find_map(|p| std::fs::canonicalize(p).ok())
 }
 
-/// Whether `image` (an ELF file) contains `name` as a whole NUL-terminated string, as its
-/// string table would; libbpf then decides whether it is really an exported function.
-fn names_symbol(image: &[u8], name: &str) -> bool {
-    let mut needle = Vec::with_capacity(name.len() + 2);
-    needle.push(0);
-    needle.extend_from_slice(name.as_bytes());
-    needle.push(0);
-    image.windows(needle.len()).any(|w| w == needle.as_slice())
-}
-
 fn parse_counts(v: &[u8]) -> LaunchCounts {
     let u = |i: usize| u64::from_ne_bytes(v[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
     LaunchCounts {
@@ -328,6 +319,8 @@ enum ProbeRequest {
 /// attach to.
 struct Targets {
     library: PathBuf,
+    /// Each probed symbol's file offset, read from the library once ([`function_offsets`]).
+    offsets: HashMap<&'static str, u64>,
     launches: Vec<(&'static str, u64)>,
     waits: Vec<&'static str>,
     /// One uprobe.multi link per program and process (Linux 6.6 and later) instead of one link
@@ -366,11 +359,10 @@ impl Targets {
     ) -> Result<libbpf_rs::Link, libbpf_rs::Error> {
         let opts = UprobeOpts {
             cookie,
-            func_name: Some(sym.to_string()),
             ..Default::default()
         };
         let prog = &skel.progs.cuda_launch;
-        prog.attach_uprobe_with_opts(pid, &self.library, 0, opts)
+        prog.attach_uprobe_with_opts(pid, &self.library, self.offset(sym), opts)
     }
 
     /// The wait programs on `sym`: a uprobe at entry and a uretprobe at return.
@@ -383,10 +375,9 @@ impl Targets {
         let wait = |retprobe, prog: &libbpf_rs::ProgramMut<'_>| {
             let opts = UprobeOpts {
                 retprobe,
-                func_name: Some(sym.to_string()),
                 ..Default::default()
             };
-            prog.attach_uprobe_with_opts(pid, &self.library, 0, opts)
+            prog.attach_uprobe_with_opts(pid, &self.library, self.offset(sym), opts)
         };
         Ok([
             wait(false, &skel.progs.cuda_sync_enter)?,
@@ -403,17 +394,16 @@ impl Targets {
         launches: &[(&'static str, u64)],
         waits: &[&'static str],
     ) -> Result<Vec<libbpf_rs::Link>, libbpf_rs::Error> {
-        let multi = |prog: &libbpf_rs::ProgramMut<'_>, syms: Vec<String>, cookies, retprobe| {
+        let multi = |prog: &libbpf_rs::ProgramMut<'_>, syms: Vec<&str>, cookies, retprobe| {
             let opts = UprobeMultiOpts {
-                syms,
+                offsets: syms.iter().map(|&s| self.offset(s)).collect(),
                 cookies,
                 retprobe,
                 ..Default::default()
             };
             prog.attach_uprobe_multi_with_opts(pid, &self.library, "", opts)
         };
-        let names = |s: &[&str]| s.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-        let launch_names = launches.iter().map(|(n, _)| n.to_string()).collect();
+        let launch_names = launches.iter().map(|&(n, _)| n).collect();
         let cookies = launches.iter().map(|&(_, c)| c).collect();
         let mut links = vec![multi(
             &skel.progs.cuda_launch_multi,
@@ -424,18 +414,23 @@ impl Targets {
         if !waits.is_empty() {
             links.push(multi(
                 &skel.progs.cuda_sync_enter_multi,
-                names(waits),
+                waits.to_vec(),
                 Vec::new(),
                 false,
             )?);
             links.push(multi(
                 &skel.progs.cuda_sync_exit_multi,
-                names(waits),
+                waits.to_vec(),
                 Vec::new(),
                 true,
             )?);
         }
         Ok(links)
+    }
+
+    /// `sym`'s file offset; every symbol in `launches` and `waits` has one.
+    fn offset(&self, sym: &str) -> usize {
+        self.offsets.get(sym).map_or(0, |&o| o as usize)
     }
 
     /// The symbols probed, launches first.
@@ -454,22 +449,27 @@ fn resolve(
     probe_pid: i32,
     multi: bool,
 ) -> Result<(Targets, Vec<libbpf_rs::Link>), WatchError> {
-    let image = std::fs::read(&cfg.library)
-        .map_err(|e| WatchError::Thread(format!("reading {}: {e}", cfg.library.display())))?;
+    let names: Vec<&'static str> = LAUNCH_SYMBOLS
+        .iter()
+        .map(|s| s.0)
+        .chain(SYNC_SYMBOLS)
+        .collect();
+    let offsets = function_offsets(&cfg.library, &names)?;
     let mut t = Targets {
         library: cfg.library.clone(),
+        offsets,
         launches: Vec::new(),
         waits: Vec::new(),
         multi,
     };
-    // Names the library does not carry at all are skipped (libbpf would warn for each).
+    // Only functions the library defines (a libcuda of another release may lack some).
     let launches: Vec<(&'static str, u64)> = LAUNCH_SYMBOLS
         .into_iter()
-        .filter(|s| names_symbol(&image, s.0))
+        .filter(|s| t.offsets.contains_key(s.0))
         .collect();
     let waits: Vec<&'static str> = SYNC_SYMBOLS
         .into_iter()
-        .filter(|s| cfg.track_waits && names_symbol(&image, s))
+        .filter(|s| cfg.track_waits && t.offsets.contains_key(s))
         .collect();
     if multi && !launches.is_empty() {
         match t.attach_multi(skel, probe_pid, &launches, &waits) {
@@ -478,10 +478,10 @@ fn resolve(
                 return Ok((t, links));
             }
             Err(e) => {
-                // A name that is not a function, or a kernel without uprobe.multi links: one
+                // A kernel without uprobe.multi links (or one that refuses them): one
                 // symbol at a time, and one link per symbol from now on.
                 tracing::info!(
-                    "launch watch: one link for all symbols failed ({e}); one per symbol"
+                    "launch watch: one link for all symbols failed ({e:#}); one per symbol"
                 );
                 t.multi = false;
             }
@@ -645,7 +645,7 @@ fn load<'a>(
     let skel = match load_object(storage, cfg, multi) {
         Err(e) if multi => {
             tracing::info!(
-                "launch watch: loading the uprobe.multi programs failed ({e}); one link per symbol"
+                "launch watch: loading the uprobe.multi programs failed ({e:#}); one link per symbol"
             );
             return finish(load_object(fallback, cfg, false)?, cfg, false);
         }
@@ -675,6 +675,7 @@ fn load_object<'a>(
     cfg: &LaunchConfig,
     multi: bool,
 ) -> Result<skel::LaunchWatchSkel<'a>, WatchError> {
+    crate::libbpf_log::route_to_tracing();
     let mut open = LaunchWatchSkelBuilder::default()
         .open(storage)
         .map_err(|e| WatchError::bpf("opening the launch-watch BPF object", e))?;
@@ -791,14 +792,5 @@ mod tests {
         assert!(!kernel_at_least("6.1.0-28-amd64", (6, 6)), "Debian 12");
         assert!(!kernel_at_least("5.15.0-generic", (6, 6)));
         assert!(!kernel_at_least("", (6, 6)), "unreadable: not assumed");
-    }
-
-    #[test]
-    fn symbol_names_match_whole_strings_only() {
-        let image = b"\x7fELF\0cuLaunchKernel_ptsz\0cuGraphLaunch\0";
-        assert!(names_symbol(image, "cuLaunchKernel_ptsz"));
-        assert!(names_symbol(image, "cuGraphLaunch"));
-        assert!(!names_symbol(image, "cuLaunchKernel"));
-        assert!(!names_symbol(image, "cuGraphLaunch_ptsz"));
     }
 }

@@ -7,9 +7,11 @@
 //! on a port) tell the gate when online work starts.
 
 pub mod arrival;
+mod elf_symbols;
 mod error;
 pub mod event;
 pub mod launch;
+mod libbpf_log;
 mod poll_thread;
 pub mod realtime;
 pub mod registry;

@@ -177,6 +177,7 @@ fn run(
                 return Err(WatchError::MissingTracepoint(tp, tracefs));
             }
         }
+        crate::libbpf_log::route_to_tracing();
         let mut open = RmWatchSkelBuilder::default()
             .open(&mut storage)
             .map_err(|e| WatchError::bpf("opening the BPF object", e))?;
