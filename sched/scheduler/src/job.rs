@@ -156,6 +156,10 @@ pub struct Measured {
     /// made before it was recorded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub uninterrupted_per_s: Vec<f64>,
+    /// The capped run's own uncapped rate, where T_alone was measured in a second run started
+    /// uncapped (`profile-job --fresh-alone`); the curve's points were scaled by T_alone over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capped_run_alone_per_s: Option<f64>,
 }
 
 impl Measured {
@@ -365,6 +369,7 @@ pub(crate) mod tests {
             seconds_per_point: 30.0,
             alone_spread: None,
             uninterrupted_per_s: r.to_vec(),
+            capped_run_alone_per_s: None,
         };
         // The fourth H200 check's run 5: T_alone 1,092, then 1,486 after the reclaim step.
         let s = m(&[1092.0, 1486.0]).uninterrupted_spread().unwrap();

@@ -14,6 +14,28 @@ pub struct Step {
     pub per_s: f64,
 }
 
+/// Puts the steps of a capped run on the level of a run started uncapped: the uncapped step
+/// becomes `fresh_alone` and every capped step is scaled by `fresh_alone` over the capped run's
+/// own uncapped rate, so the curve keeps its shape. A continuous-batching job that started
+/// capped and grew ran 13% slower for the rest of its life than one started with the memory (H200,
+/// docs/cluster.md). Returns the factor; `None` (steps unchanged) without an uncapped step or
+/// with a rate of 0.
+pub fn rebase_on_fresh_alone(steps: &mut [Step], fresh_alone: f64) -> Option<f64> {
+    let capped_run = steps.iter().rev().find(|s| s.cap_bytes.is_none())?.per_s;
+    if !(capped_run > 0.0 && fresh_alone > 0.0) {
+        return None;
+    }
+    let factor = fresh_alone / capped_run;
+    for s in steps.iter_mut() {
+        s.per_s = if s.cap_bytes.is_none() {
+            fresh_alone
+        } else {
+            s.per_s * factor
+        };
+    }
+    Some(factor)
+}
+
 /// What the profile says about itself.
 #[derive(Clone, Debug)]
 pub struct About {
@@ -145,10 +167,44 @@ mod tests {
                 seconds_per_point: 20.0,
                 alone_spread: None,
                 uninterrupted_per_s: Vec::new(),
+                capped_run_alone_per_s: None,
             },
             deficit_penalty: 0.2,
             costs: InterruptCosts::default(),
         }
+    }
+
+    #[test]
+    fn a_capped_run_is_put_on_the_level_of_the_run_started_uncapped() {
+        // The H200 check: the capped run read 1,535 at 8 GiB and 1,522 uncapped; a run started
+        // uncapped read 1,741.
+        let step = |cap: Option<u64>, per_s| Step {
+            cap_bytes: cap,
+            held_bytes: 0,
+            per_s,
+        };
+        let mut steps = vec![step(Some(8 * GIB), 1535.0), step(None, 1522.0)];
+        let f = rebase_on_fresh_alone(&mut steps, 1741.0).unwrap();
+        assert!((f - 1741.0 / 1522.0).abs() < 1e-12, "{f}");
+        assert_eq!(steps[1].per_s, 1741.0);
+        assert!((steps[0].per_s - 1535.0 * f).abs() < 1e-9, "{:?}", steps[0]);
+        // The profile built from them has the fresh run's T_alone and the capped run's shape.
+        let mut s2 = steps.clone();
+        s2[0].held_bytes = 8 * GIB;
+        s2[1].held_bytes = 12 * GIB;
+        let p = build(&about(), &s2).unwrap();
+        assert_eq!(p.alone_per_s, 1741.0);
+        assert!((p.curve[0].per_s / p.curve[1].per_s - 1535.0 / 1522.0).abs() < 1e-12);
+
+        let mut none = vec![step(Some(GIB), 10.0)];
+        assert_eq!(
+            rebase_on_fresh_alone(&mut none, 5.0),
+            None,
+            "no uncapped step"
+        );
+        assert_eq!(none[0].per_s, 10.0, "left as it was");
+        let mut zero = vec![step(None, 0.0)];
+        assert_eq!(rebase_on_fresh_alone(&mut zero, 5.0), None, "a rate of 0");
     }
 
     #[test]

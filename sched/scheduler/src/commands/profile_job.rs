@@ -18,11 +18,15 @@ use crate::error::usage;
 use valve_harvest::progress;
 use valve_scheduler::job::Measured;
 use valve_scheduler::job::{EpisodeCost, InterruptCosts};
-use valve_scheduler::profiling::{build, interrupt_cost_s, preemption_costs, About, Step};
+use valve_scheduler::profiling::{
+    build, interrupt_cost_s, preemption_costs, rebase_on_fresh_alone, About, Step,
+};
 use valve_scheduler::replay::unix_ms;
 
 /// The job id the profiled run reports progress under.
 const JOB: &str = "profile";
+/// The job id of the second run, started uncapped, that measures T_alone (--fresh-alone).
+const JOB_FRESH: &str = "profile-alone";
 
 /// Measures a job's memory-throughput curve on this node and writes its profile.
 ///
@@ -32,9 +36,11 @@ const JOB: &str = "profile";
 /// VALVE_PROGRESS_DIR and SLURM_JOB_ID and appends `UNIX_MS UNITS_DONE` lines to
 /// $VALVE_PROGRESS_DIR/$SLURM_JOB_ID (or calls `valve-scheduler report UNITS_DONE`).
 ///
-/// Steps: cap at each --caps size, smallest first (settle, then measure --seconds), then no cap
-/// (T_alone). Each point's memory is what the job held at the end of its step. With
-/// --preempt-every and --reclaim-every, one step each then measures what an interruption costs.
+/// Steps: cap at each --caps size, smallest first (settle, then measure --seconds), then no cap.
+/// Each point's memory is what the job held at the end of its step. With caps, the job is then
+/// stopped and started again uncapped, and that run measures T_alone (--fresh-alone); the capped
+/// points are scaled by the same factor. With --preempt-every and --reclaim-every, one step each
+/// then measures what an interruption costs.
 ///
 /// Example: sudo valve-scheduler profile-job --name llama-1b-cb --caps 1GiB,2GiB,4GiB,8GiB \
 ///   --out llama-1b-cb.json -- env VALVE_LABEL=batch python batch.py
@@ -96,6 +102,13 @@ pub struct ProfileJobArgs {
     /// measure how the loss grows with the size of a burst.
     #[arg(long, default_value = "1024", value_delimiter = ',')]
     reclaim_mib: Vec<u64>,
+    /// With --caps, measure T_alone and the interruptions in a second run of the job, started
+    /// uncapped, and scale the capped points by T_alone over the capped run's own uncapped rate.
+    /// A job that started capped and grew ran 13% slower for the rest of its life than one
+    /// started with the memory (continuous batching on an H200, docs/cluster.md); online's
+    /// neighbours start theirs uncapped too. `false` keeps one run.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    fresh_alone: bool,
     /// The valvectl binary.
     #[arg(long, default_value = "valvectl")]
     valvectl: PathBuf,
@@ -131,6 +144,8 @@ fn bytes(s: &str) -> Result<u64, String> {
 struct Session<'a> {
     a: &'a ProfileJobArgs,
     child: Option<Child>,
+    /// The job id the running job reports progress under.
+    job: &'static str,
 }
 
 impl Session<'_> {
@@ -141,16 +156,7 @@ impl Session<'_> {
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let pg = nix::unistd::Pid::from_raw(-(c.id() as i32));
-            let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGTERM);
-            let end = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGKILL);
-            let _ = c.wait();
-        }
+        self.stop_job();
         if !self.capped() {
             return;
         }
@@ -161,6 +167,49 @@ impl Drop for Session<'_> {
 }
 
 impl Session<'_> {
+    /// Starts the job reporting progress as `job` into `dir`; returns once it has reported and
+    /// --warmup has passed.
+    fn start_job(&mut self, dir: &Path, job: &'static str) -> anyhow::Result<()> {
+        let a = self.a;
+        let child = Command::new(&a.command[0])
+            .args(&a.command[1..])
+            .env("VALVE_PROGRESS_DIR", dir)
+            .env("SLURM_JOB_ID", job)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| usage(format!("cannot start {}: {e}", a.command[0])))?;
+        (self.child, self.job) = (Some(child), job);
+        let started = Instant::now();
+        while rate(dir, job, Duration::from_secs(3600)).is_none() {
+            self.alive().map_err(anyhow::Error::msg)?;
+            if started.elapsed() > Duration::from_secs(600) {
+                anyhow::bail!("the job has not reported progress in 10 minutes: it must append to $VALVE_PROGRESS_DIR/$SLURM_JOB_ID");
+            }
+            nap(Duration::from_millis(500));
+        }
+        nap(a.warmup);
+        Ok(())
+    }
+
+    /// Stops the job's process group: SIGTERM, SIGKILL after 15 s.
+    fn stop_job(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pg = nix::unistd::Pid::from_raw(-(c.id() as i32));
+            let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGTERM);
+            let end = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+
+    /// The running job's rate over the last `window`.
+    fn rate(&self, dir: &Path, window: Duration) -> Option<f64> {
+        rate(dir, self.job, window)
+    }
+
     fn pool(&self, args: &[&str]) -> Result<Value, String> {
         let out = Command::new(&self.a.valvectl)
             .arg("--json")
@@ -236,12 +285,12 @@ impl Session<'_> {
     }
 }
 
-/// The job's rate over the last `window`.
-fn rate(dir: &Path, window: Duration) -> Option<f64> {
+/// Job `job`'s rate over the last `window`.
+fn rate(dir: &Path, job: &str, window: Duration) -> Option<f64> {
     let w = window.as_secs().max(1) as u32;
     progress::read_all(dir, unix_ms(), &[w], 600_000)
         .into_iter()
-        .find(|j| j.job == JOB)?
+        .find(|j| j.job == job)?
         .rate(w)
         .map(|r| r.per_s)
 }
@@ -253,61 +302,33 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
     caps.dedup();
     install_signals()?;
     let dir = tempfile_dir()?;
-    let mut s = Session { a, child: None };
+    let mut s = Session {
+        a,
+        child: None,
+        job: JOB,
+    };
     if let Some(&first) = caps.first() {
         s.pool(&["status"])
             .map_err(|e| usage(format!("the pool is not reachable: {e}")))?;
         s.cap(Some(first)).map_err(usage)?;
     }
-    let child = Command::new(&a.command[0])
-        .args(&a.command[1..])
-        .env("VALVE_PROGRESS_DIR", &dir)
-        .env("SLURM_JOB_ID", JOB)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| usage(format!("cannot start {}: {e}", a.command[0])))?;
-    s.child = Some(child);
-    let started = Instant::now();
-    while rate(&dir, Duration::from_secs(3600)).is_none() {
-        s.alive().map_err(anyhow::Error::msg)?;
-        if started.elapsed() > Duration::from_secs(600) {
-            anyhow::bail!("the job has not reported progress in 10 minutes: it must append to $VALVE_PROGRESS_DIR/$SLURM_JOB_ID");
-        }
-        nap(Duration::from_millis(500));
-    }
-    nap(a.warmup);
-    let alone_for = a.alone_seconds.unwrap_or(2 * a.seconds);
-    let mut steps = Vec::new();
-    let mut alone_spread = None;
-    for cap in caps.iter().map(|&c| Some(c)).chain([None]) {
-        if !caps.is_empty() {
-            s.cap(cap).map_err(anyhow::Error::msg)?;
-        }
-        let per_s = if cap.is_none() {
-            let (per_s, spread) = alone_step(&mut s, &dir, alone_for)?;
-            alone_spread = spread;
-            per_s
-        } else {
-            nap(a.settle + a.seconds);
-            s.alive().map_err(anyhow::Error::msg)?;
-            rate(&dir, a.seconds).unwrap_or(0.0)
-        };
-        let held_bytes = if caps.is_empty() {
-            0
-        } else {
-            s.held_bytes().map_err(anyhow::Error::msg)?
-        };
+    s.start_job(&dir, JOB)?;
+    let (mut steps, mut alone_spread) = memory_steps(&mut s, &dir, &caps)?;
+    let mut capped_run_alone_per_s = None;
+    if !caps.is_empty() && a.fresh_alone {
+        s.stop_job();
+        s.start_job(&dir, JOB_FRESH)?;
+        let alone_for = a.alone_seconds.unwrap_or(2 * a.seconds);
+        let (fresh, spread) = alone_step(&mut s, &dir, alone_for)?;
+        alone_spread = spread;
+        capped_run_alone_per_s = steps.last().map(|st| st.per_s);
+        let factor = rebase_on_fresh_alone(&mut steps, fresh);
         eprintln!(
-            "cap {}: held {} MiB, {per_s:.1} {}/s",
-            cap.map_or("none".into(), |c| format!("{} MiB", c >> 20)),
-            held_bytes >> 20,
-            a.units
+            "started uncapped: {fresh:.1} {}/s alone, {} the capped run's uncapped rate{}",
+            a.units,
+            factor.map_or("unlike".into(), |f| format!("{f:.3}x")),
+            factor.map_or("", |_| " (its points scaled by that)")
         );
-        steps.push(Step {
-            cap_bytes: cap,
-            held_bytes,
-            per_s,
-        });
     }
     let alone = steps.last().map_or(0.0, |st| st.per_s);
     let mut uninterrupted = vec![alone];
@@ -323,6 +344,7 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
             seconds_per_point: a.seconds.as_secs_f64(),
             alone_spread,
             uninterrupted_per_s: uninterrupted,
+            capped_run_alone_per_s,
         },
         deficit_penalty: a.deficit_penalty,
         costs,
@@ -349,6 +371,50 @@ pub fn exec(a: &ProfileJobArgs, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One step per cap, smallest first, then the uncapped one (measured over --alone-seconds, in
+/// two halves). Returns the steps and the uncapped step's halves' spread.
+fn memory_steps(
+    s: &mut Session<'_>,
+    dir: &Path,
+    caps: &[u64],
+) -> anyhow::Result<(Vec<Step>, Option<f64>)> {
+    let a = s.a;
+    let alone_for = a.alone_seconds.unwrap_or(2 * a.seconds);
+    let mut steps = Vec::new();
+    let mut alone_spread = None;
+    for cap in caps.iter().map(|&c| Some(c)).chain([None]) {
+        if !caps.is_empty() {
+            s.cap(cap).map_err(anyhow::Error::msg)?;
+        }
+        let per_s = if cap.is_none() {
+            let (per_s, spread) = alone_step(s, dir, alone_for)?;
+            alone_spread = spread;
+            per_s
+        } else {
+            nap(a.settle + a.seconds);
+            s.alive().map_err(anyhow::Error::msg)?;
+            s.rate(dir, a.seconds).unwrap_or(0.0)
+        };
+        let held_bytes = if caps.is_empty() {
+            0
+        } else {
+            s.held_bytes().map_err(anyhow::Error::msg)?
+        };
+        eprintln!(
+            "cap {}: held {} MiB, {per_s:.1} {}/s",
+            cap.map_or("none".into(), |c| format!("{} MiB", c >> 20)),
+            held_bytes >> 20,
+            a.units
+        );
+        steps.push(Step {
+            cap_bytes: cap,
+            held_bytes,
+            per_s,
+        });
+    }
+    Ok((steps, alone_spread))
+}
+
 /// The uncapped step: settle, then `seconds` measured in two halves. Returns the rate over all
 /// of it and the halves' relative difference (None where a half measured nothing).
 fn alone_step(
@@ -359,11 +425,11 @@ fn alone_step(
     let half = seconds / 2;
     nap(s.a.settle + half);
     s.alive().map_err(anyhow::Error::msg)?;
-    let first = rate(dir, half);
+    let first = s.rate(dir, half);
     nap(seconds - half);
     s.alive().map_err(anyhow::Error::msg)?;
-    let second = rate(dir, half);
-    let all = rate(dir, seconds).unwrap_or(0.0);
+    let second = s.rate(dir, half);
+    let all = s.rate(dir, seconds).unwrap_or(0.0);
     Ok((all, first.zip(second).and_then(|(x, y)| spread(x, y))))
 }
 
@@ -440,7 +506,7 @@ fn interruptions(
 fn rebase(s: &mut Session<'_>, dir: &Path, uninterrupted: &mut Vec<f64>) -> Result<f64, String> {
     nap(s.a.settle + s.a.seconds);
     s.alive()?;
-    let after = rate(dir, s.a.seconds).unwrap_or(0.0);
+    let after = s.rate(dir, s.a.seconds).unwrap_or(0.0);
     let before = uninterrupted.last().copied().unwrap_or(0.0);
     let base = bracket(before, after);
     eprintln!(
@@ -489,7 +555,7 @@ fn interrupted_step<'a>(
             nap((next - now).min(Duration::from_millis(200)));
         }
     }
-    Ok((times, counted, rate(dir, seconds).unwrap_or(0.0)))
+    Ok((times, counted, s.rate(dir, seconds).unwrap_or(0.0)))
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {
