@@ -16,10 +16,8 @@ pub struct Step {
 
 /// Puts the steps of a capped run on the level of a run started uncapped: the uncapped step
 /// becomes `fresh_alone` and every capped step is scaled by `fresh_alone` over the capped run's
-/// own uncapped rate, so the curve keeps its shape. A continuous-batching job that started
-/// capped and grew ran 13% slower for the rest of its life than one started with the memory (H200,
-/// docs/cluster.md). Returns the factor; `None` (steps unchanged) without an uncapped step or
-/// with a rate of 0.
+/// own uncapped rate, so the curve keeps its shape (`profile-job --fresh-alone`). Returns the
+/// factor; `None` (steps unchanged) without an uncapped step or with a rate of 0.
 pub fn rebase_on_fresh_alone(steps: &mut [Step], fresh_alone: f64) -> Option<f64> {
     let capped_run = steps.iter().rev().find(|s| s.cap_bytes.is_none())?.per_s;
     if !(capped_run > 0.0 && fresh_alone > 0.0) {
@@ -176,8 +174,8 @@ mod tests {
 
     #[test]
     fn a_capped_run_is_put_on_the_level_of_the_run_started_uncapped() {
-        // The H200 check: the capped run read 1,535 at 8 GiB and 1,522 uncapped; a run started
-        // uncapped read 1,741.
+        // Figures of the sixth H200 check's first run: a capped run read 1,535 at 8 GiB and
+        // 1,522 uncapped; another process of the job read 1,741.
         let step = |cap: Option<u64>, per_s| Step {
             cap_bytes: cap,
             held_bytes: 0,

@@ -52,12 +52,8 @@ fn profile(fresh_alone: bool) -> Value {
             "1s",
         ])
         .args(["--settle", "1s", "--seconds", "2s", "--alone-seconds", "2s"])
-        .args([
-            "--fresh-alone",
-            &fresh_alone.to_string(),
-            "--valvectl",
-            &valvectl,
-        ])
+        .args(fresh_alone.then_some("--fresh-alone=true"))
+        .args(["--valvectl", &valvectl])
         .arg("--out")
         .arg(&out)
         .args(["--", &job])
@@ -98,7 +94,7 @@ fn t_alone_comes_from_a_second_run_started_uncapped_and_the_curve_keeps_its_shap
 }
 
 #[test]
-fn one_run_when_asked_keeps_the_capped_runs_level() {
+fn one_run_by_default_keeps_the_capped_runs_level() {
     let p = profile(false);
     let alone = p["alone_per_s"].as_f64().unwrap();
     assert!(

@@ -38,9 +38,9 @@ const JOB_FRESH: &str = "profile-alone";
 ///
 /// Steps: cap at each --caps size, smallest first (settle, then measure --seconds), then no cap.
 /// Each point's memory is what the job held at the end of its step. With caps, the job is then
-/// stopped and started again uncapped, and that run measures T_alone (--fresh-alone); the capped
-/// points are scaled by the same factor. With --preempt-every and --reclaim-every, one step each
-/// then measures what an interruption costs.
+/// stopped and started again uncapped where --fresh-alone says so, and that run measures T_alone;
+/// the capped points are scaled by the same factor. With --preempt-every and --reclaim-every, one
+/// step each then measures what an interruption costs.
 ///
 /// Example: sudo valve-scheduler profile-job --name llama-1b-cb --caps 1GiB,2GiB,4GiB,8GiB \
 ///   --out llama-1b-cb.json -- env VALVE_LABEL=batch python batch.py
@@ -103,11 +103,12 @@ pub struct ProfileJobArgs {
     #[arg(long, default_value = "1024", value_delimiter = ',')]
     reclaim_mib: Vec<u64>,
     /// With --caps, measure T_alone and the interruptions in a second run of the job, started
-    /// uncapped, and scale the capped points by T_alone over the capped run's own uncapped rate.
-    /// A job that started capped and grew ran 13% slower for the rest of its life than one
-    /// started with the memory (continuous batching on an H200, docs/cluster.md); online's
-    /// neighbours start theirs uncapped too. `false` keeps one run.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// uncapped, and scale the capped points by T_alone over the capped run's own uncapped rate
+    /// (kept as `measured.capped_run_alone_per_s`). For a job whose level may depend on how it
+    /// started. On an H200 a capped run read 13% below the job's level in another process; a
+    /// later capped run and a fresh one differed by 2.2%, so one run is the default
+    /// (docs/cluster.md, "Sixth check").
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     fresh_alone: bool,
     /// The valvectl binary.
     #[arg(long, default_value = "valvectl")]
