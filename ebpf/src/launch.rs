@@ -440,9 +440,10 @@ impl Targets {
     }
 }
 
-/// Finds which [`LAUNCH_SYMBOLS`] (and, with `waits`, [`SYNC_SYMBOLS`]) `cfg.library` exports by
-/// attaching each to `probe_pid`; returns them with the links made (kept when `probe_pid` is -1,
-/// every process). A wait that fails is logged and left out; no launch symbol at all is an error.
+/// Finds which [`LAUNCH_SYMBOLS`] (and, with `waits`, [`SYNC_SYMBOLS`]) `cfg.library` defines
+/// (its symbol table, read once) and checks them by attaching to `probe_pid`; returns them with
+/// the links made (kept when `probe_pid` is -1, every process). A wait that fails is logged and
+/// left out; no launch symbol at all is an error.
 fn resolve(
     skel: &skel::LaunchWatchSkel<'_>,
     cfg: &LaunchConfig,
