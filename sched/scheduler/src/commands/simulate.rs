@@ -110,6 +110,12 @@ pub struct SimulateArgs {
     /// model ran the same job 26-30% apart (docs/results/2026-11-25-h100-cluster-predict-3.md).
     #[arg(long, default_value_t = 0.0)]
     pub node_speed_sd: f64,
+    /// Standard deviation of each job's true throughput relative to its profile (normal, drawn
+    /// once per job, clamped to [-0.9, 1.0]). Profiles of one continuous-batching job on H200s
+    /// were 0.6-1.5% off in three processes and 13-17% in a fourth
+    /// (docs/results/2026-11-26-h200-cluster-predict-6.md).
+    #[arg(long, default_value_t = valve_scheduler::sim::jobs::PROFILE_ERROR_SD)]
+    pub profile_error_sd: f64,
     /// Valve does not learn the nodes' speed factors from its running jobs (the oracle still
     /// knows them).
     #[arg(long)]
@@ -170,6 +176,7 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
             profiled: a.profiled_costs,
         },
         node_speed_sd: a.node_speed_sd,
+        profile_error_sd: a.profile_error_sd,
     };
     let command = std::env::args()
         .map(|s| if s.contains(' ') { format!("'{s}'") } else { s })
@@ -224,6 +231,12 @@ fn check_ranges(a: &SimulateArgs) -> anyhow::Result<()> {
         return Err(usage(format!(
             "--node-speed-sd {}: give a log-sd in [0, 1] (0: every node at speed 1.0)",
             a.node_speed_sd
+        )));
+    }
+    if !(0.0..=0.5).contains(&a.profile_error_sd) {
+        return Err(usage(format!(
+            "--profile-error-sd {}: give a standard deviation in [0, 0.5] (0: every profile exact)",
+            a.profile_error_sd
         )));
     }
     Ok(())

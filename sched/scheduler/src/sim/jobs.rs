@@ -17,8 +17,26 @@ pub const MIN_WORK_S: f64 = 600.0;
 pub const MAX_WORK_S: f64 = 48.0 * 3600.0;
 /// The SLAs jobs ask for (uniformly).
 pub const SLAS: [f64; 5] = [0.3, 0.4, 0.5, 0.6, 0.7];
-/// Standard deviation of a job's true throughput relative to its profile (drawn once per job).
+/// Standard deviation of a job's true throughput relative to its profile (drawn once per job),
+/// unless `simulate --profile-error-sd` says otherwise.
 pub const PROFILE_ERROR_SD: f64 = 0.03;
+/// A drawn profile error is clamped to this range (a job at 10% of its profile is broken).
+pub const PROFILE_ERROR_BOUNDS: [f64; 2] = [-0.9, 1.0];
+
+/// What offline work arrives: the load offered to the idle GPUs and the profiles' error.
+#[derive(Clone, Copy, Debug)]
+pub struct Offer {
+    /// GPUs idle on average (what the load is a share of).
+    pub idle_gpus: f64,
+    /// GPU-seconds alone offered per idle GPU-second.
+    pub load: f64,
+    /// Minutes of arrivals.
+    pub minutes: u32,
+    /// Standard deviation of each job's true throughput relative to its profile.
+    pub profile_error_sd: f64,
+    /// Seed.
+    pub seed: u64,
+}
 
 /// One profile class.
 #[derive(Clone, Debug)]
@@ -334,17 +352,22 @@ pub struct ArrivalSummary {
     pub multi_gpu_share: f64,
 }
 
-/// Poisson arrivals over `minutes` offering `offered_load` x `idle_gpus` GPU-seconds alone per
-/// second; each job's class from `mix`, SLA uniform, work from `work`, profile error normal.
+/// Poisson arrivals over `offer.minutes` offering `offer.load` x `offer.idle_gpus` GPU-seconds
+/// alone per second; each job's class from `mix`, SLA uniform, work from `work`, profile error
+/// normal with sd `offer.profile_error_sd` (clamped to [`PROFILE_ERROR_BOUNDS`]).
 pub fn arrivals(
     classes: &[Class],
     mix: &[f64],
     work: &WorkDist,
-    idle_gpus: f64,
-    offered_load: f64,
-    minutes: u32,
-    seed: u64,
+    offer: Offer,
 ) -> (Vec<Arrival>, ArrivalSummary) {
+    let Offer {
+        idle_gpus,
+        load: offered_load,
+        minutes,
+        profile_error_sd,
+        seed,
+    } = offer;
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x00FF_11E5_u64);
     let mean_gpus: f64 = classes
         .iter()
@@ -378,7 +401,8 @@ pub fn arrivals(
                 work_s: (work.mu + work.sigma * z)
                     .exp()
                     .clamp(MIN_WORK_S, MAX_WORK_S),
-                error: PROFILE_ERROR_SD * normal(&mut rng),
+                error: (profile_error_sd * normal(&mut rng))
+                    .clamp(PROFILE_ERROR_BOUNDS[0], PROFILE_ERROR_BOUNDS[1]),
             });
         }
     }
@@ -443,11 +467,44 @@ mod tests {
     }
 
     #[test]
+    fn profile_errors_have_the_asked_spread_and_none_when_asked() {
+        let c = classes();
+        let mix = class_mix(&c, 0.3);
+        let w = work_distribution();
+        let offer = |sd| Offer {
+            idle_gpus: 100.0,
+            load: 1.0,
+            minutes: 2 * 1440,
+            profile_error_sd: sd,
+            seed: 3,
+        };
+        let (exact, _) = arrivals(&c, &mix, &w, offer(0.0));
+        assert!(exact.iter().all(|a| a.error == 0.0));
+        let (wide, _) = arrivals(&c, &mix, &w, offer(0.15));
+        let n = wide.len() as f64;
+        let mean = wide.iter().map(|a| a.error).sum::<f64>() / n;
+        let sd = (wide.iter().map(|a| (a.error - mean).powi(2)).sum::<f64>() / n).sqrt();
+        assert!(
+            n > 500.0 && mean.abs() < 0.02 && (sd - 0.15).abs() < 0.02,
+            "{n} {mean} {sd}"
+        );
+        let b = PROFILE_ERROR_BOUNDS;
+        assert!(wide.iter().all(|a| a.error >= b[0] && a.error <= b[1]));
+    }
+
+    #[test]
     fn arrivals_offer_the_asked_load() {
         let c = classes();
         let mix = class_mix(&c, 0.3);
         let w = work_distribution();
-        let (a, s) = arrivals(&c, &mix, &w, 100.0, 1.0, 7 * 1440, 3);
+        let offer = Offer {
+            idle_gpus: 100.0,
+            load: 1.0,
+            minutes: 7 * 1440,
+            profile_error_sd: PROFILE_ERROR_SD,
+            seed: 3,
+        };
+        let (a, s) = arrivals(&c, &mix, &w, offer);
         let offered: f64 = a
             .iter()
             .map(|a| a.work_s * f64::from(c[usize::from(a.class)].gpus()))

@@ -50,8 +50,8 @@ pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
             cfg.costs.preempt_s * 1e3, cfg.costs.gate_overhead * 100.0, cluster::TRANSITIONS_CAP_PER_MIN
         ),
         format!(
-            "A job's true throughput differs from its profile by a normal factor (sd {}) drawn once; a reclaim (memory below what the job held the minute before) costs deficit_penalty x drop / R of that minute's work; a multi-GPU job runs only when all its GPUs are idle and at its worst GPU's T(m).",
-            jobs::PROFILE_ERROR_SD
+            "A job's true throughput differs from its profile by a normal factor (sd {}, clamped to [{}, {}]) drawn once; a reclaim (memory below what the job held the minute before) costs deficit_penalty x drop / R of that minute's work; a multi-GPU job runs only when all its GPUs are idle and at its worst GPU's T(m).",
+            cfg.profile_error_sd, jobs::PROFILE_ERROR_BOUNDS[0], jobs::PROFILE_ERROR_BOUNDS[1]
         ),
         format!(
             "Evicted or killed jobs lose their last {} minutes of progress (since their last checkpoint), are requeued and avoid that node; a static-split job holds min(least memory of the past hour, R) and is killed when online needs that memory.",
@@ -86,15 +86,14 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
     let mix = jobs::class_mix(&classes, cfg.offline_multi_gpu_share);
     let work = jobs::work_distribution();
     let idle_gpus = cluster.gpus.len() as f64 * (1.0 - cluster.estimated_busy);
-    let (arrivals, arrival_summary) = jobs::arrivals(
-        &classes,
-        &mix,
-        &work,
+    let offer = jobs::Offer {
         idle_gpus,
-        cfg.offered_load,
-        cfg.minutes,
-        cfg.seed,
-    );
+        load: cfg.offered_load,
+        minutes: cfg.minutes,
+        profile_error_sd: cfg.profile_error_sd,
+        seed: cfg.seed,
+    };
+    let (arrivals, arrival_summary) = jobs::arrivals(&classes, &mix, &work, offer);
     let cluster_summary = cluster.summary();
     let class_summaries = classes
         .iter()
@@ -166,6 +165,7 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
             seeds: (cfg.online.seed, cfg.seed),
             threads: cfg.threads,
             node_speed_sd: cfg.node_speed_sd,
+            profile_error_sd: cfg.profile_error_sd,
         },
         assumptions: assumptions(cfg),
         cluster: cluster_summary,

@@ -137,6 +137,8 @@ pub struct ConfigSummary {
     pub threads: usize,
     /// Log-sd of the nodes' true speeds (0: all 1.0).
     pub node_speed_sd: f64,
+    /// Standard deviation of each job's true throughput relative to its profile.
+    pub profile_error_sd: f64,
 }
 
 /// One profile class, for the results.

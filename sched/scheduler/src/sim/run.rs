@@ -246,6 +246,8 @@ pub struct SimConfig {
     pub costs: Costs,
     /// Log-sd of the nodes' true speeds (0: every node at speed 1.0).
     pub node_speed_sd: f64,
+    /// Standard deviation of each job's true throughput relative to its profile.
+    pub profile_error_sd: f64,
 }
 
 impl SimConfig {
@@ -268,6 +270,7 @@ impl SimConfig {
             seed: 1,
             costs: Costs::default(),
             node_speed_sd: 0.0,
+            profile_error_sd: super::jobs::PROFILE_ERROR_SD,
         }
     }
 }
