@@ -1,5 +1,6 @@
 //! Per-node speed calibration: machines of one model ran the same job 26-30% apart, so each
-//! node's measured over predicted throughput, relative to the cluster's, scales its predictions.
+//! node's measured over predicted throughput, relative to the cluster's, scales its predictions;
+//! and per-job levels, for a job whose profile was measured off its usual level.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -48,13 +49,7 @@ impl Calibration {
         predicted_per_s: f64,
         alone_per_s: f64,
     ) -> bool {
-        let usable = measured_per_s.is_finite()
-            && predicted_per_s.is_finite()
-            && alone_per_s.is_finite()
-            && alone_per_s > 0.0
-            && measured_per_s >= 0.0
-            && predicted_per_s >= MIN_PREDICTED_SHARE * alone_per_s;
-        if !usable {
+        if !usable(measured_per_s, predicted_per_s, alone_per_s) {
             return false;
         }
         let ratios = self.nodes.entry(node.to_string()).or_default();
@@ -134,6 +129,86 @@ fn relative(median: f64, reference: f64) -> f64 {
     } else {
         1.0
     }
+}
+
+/// Ratios kept per job for its level (the last ones).
+pub const JOB_KEEP: usize = 15;
+/// A job's level is applied only where it is this far below 1 or further. Applying every level
+/// cost 8% more evictions in the simulation with profile errors of sd 0.03 (a level above 1 placed
+/// the job where it then missed); applying only these cost none there and cut evictions 18-31%
+/// at sd 0.15 (docs/results/2026-11-26-cluster-sim-profile-error.md).
+pub const JOB_LEVEL_DEADBAND: f64 = 0.1;
+
+/// Each job's level: its measured over predicted throughput, the prediction including its node's
+/// speed factor. One profiling process in four of a continuous-batching job on H200s ran 13-17%
+/// below the job's level elsewhere; a job placed on such a profile misses its SLA wherever it
+/// goes, and its level is what places it right after the first eviction.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobLevels {
+    /// The last [`JOB_KEEP`] usable ratios per job, oldest first.
+    jobs: BTreeMap<String, VecDeque<f64>>,
+}
+
+impl JobLevels {
+    /// Records one judged window of `job` (the same rules as [`Calibration::record`]). Returns
+    /// whether the sample was used.
+    pub fn record(
+        &mut self,
+        job: &str,
+        measured_per_s: f64,
+        predicted_per_s: f64,
+        alone_per_s: f64,
+    ) -> bool {
+        if !usable(measured_per_s, predicted_per_s, alone_per_s) {
+            return false;
+        }
+        let ratios = self.jobs.entry(job.to_string()).or_default();
+        if ratios.len() >= JOB_KEEP {
+            ratios.pop_front();
+        }
+        ratios.push_back(measured_per_s / predicted_per_s);
+        true
+    }
+
+    /// `job`'s level: the median of its kept ratios, clamped to [`BOUNDS`]; `None` with fewer
+    /// than [`MIN_SAMPLES`].
+    pub fn factor(&self, job: &str) -> Option<f64> {
+        let r = self.jobs.get(job)?;
+        (r.len() >= MIN_SAMPLES)
+            .then(|| median(r.iter().copied().collect()).clamp(BOUNDS[0], BOUNDS[1]))
+    }
+
+    /// `job`'s level where it is at least [`JOB_LEVEL_DEADBAND`] below 1: what placement and the
+    /// node calibration apply.
+    pub fn applied(&self, job: &str) -> Option<f64> {
+        self.factor(job).filter(|&f| f <= 1.0 - JOB_LEVEL_DEADBAND)
+    }
+
+    /// Forgets every job `keep` does not name (jobs that left the engine).
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.jobs.retain(|j, _| keep(j));
+    }
+
+    /// Jobs with samples.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Whether no job has samples.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+}
+
+/// Whether a window's figures can be a sample: finite, a positive alone, and a prediction of at
+/// least [`MIN_PREDICTED_SHARE`] of alone.
+fn usable(measured_per_s: f64, predicted_per_s: f64, alone_per_s: f64) -> bool {
+    measured_per_s.is_finite()
+        && predicted_per_s.is_finite()
+        && alone_per_s.is_finite()
+        && alone_per_s > 0.0
+        && measured_per_s >= 0.0
+        && predicted_per_s >= MIN_PREDICTED_SHARE * alone_per_s
 }
 
 /// The median of `v` (not empty).
@@ -217,6 +292,26 @@ mod tests {
         assert_eq!(c.samples("n"), 0);
         assert_eq!(c.factor("n"), 1.0);
         assert!(c.record("n", 4.0, 5.0, 100.0), "5% is enough");
+    }
+
+    #[test]
+    fn a_jobs_level_is_its_median_ratio_after_the_minimum_samples() {
+        let mut l = JobLevels::default();
+        assert!(l.record("j", 85.0, 100.0, 200.0));
+        assert!(l.record("j", 80.0, 100.0, 200.0));
+        assert_eq!(l.factor("j"), None, "two samples are not enough");
+        assert!(l.record("j", 90.0, 100.0, 200.0));
+        assert_eq!(l.factor("j"), Some(0.85));
+        assert!(!l.record("j", 1.0, 1.0, 200.0), "under 5% of alone");
+        for _ in 0..JOB_KEEP {
+            l.record("j", 10.0, 100.0, 200.0);
+        }
+        assert_eq!(l.factor("j"), Some(BOUNDS[0]), "old samples go; clamped");
+        l.record("k", 50.0, 50.0, 100.0);
+        l.retain(|j| j == "k");
+        assert_eq!((l.len(), l.factor("j")), (1, None));
+        let back: JobLevels = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        assert_eq!(back, l);
     }
 
     #[test]

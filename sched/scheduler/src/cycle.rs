@@ -4,17 +4,17 @@
 //! The Slurm adapter and the simulator both call [`plan`] and then carry out its [`Plan`]; neither
 //! has placement or monitoring logic of its own.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 use valve_harvest::NodeHarvest;
 
-use crate::calibrate::{Calibration, NodeSpeed};
+use crate::calibrate::{JobLevels, NodeSpeed, MIN_SAMPLES};
 use crate::job::JobProfile;
 use crate::meta::{ClassedProfile, JobMeta, MetaError, PlacedOn};
 use crate::monitor::{Check, Measured, Monitor, MonitorParams, RunningJob};
 use crate::place::{place, Decision, NodeSlot, PendingJob, PlaceParams};
-use crate::predict::{predict, ModelParams, NodeModel};
+use crate::predict::{predict, NodeModel};
 
 /// The scheduler's settings.
 #[derive(Clone, Debug)]
@@ -30,6 +30,10 @@ pub struct Params {
     /// Whether each node's speed factor is learned from its running jobs (the monitor's
     /// windows) and scales its predictions (`--no-calibration` turns it off).
     pub calibration: bool,
+    /// Whether each job's level (measured over predicted, with its node's speed) is learned from
+    /// its judged windows and, where it is 0.9 or less, scales its profile when it is placed
+    /// again (`--no-job-calibration` turns it off).
+    pub job_calibration: bool,
     /// Speed factors known beforehand, by node; they take the place of learned ones (the
     /// simulator's oracle knows the true speeds).
     pub known_speeds: HashMap<String, f64>,
@@ -43,6 +47,7 @@ impl Default for Params {
             node_timeout_ms: 60_000,
             default_profile: None,
             calibration: true,
+            job_calibration: true,
             known_speeds: HashMap::new(),
         }
     }
@@ -158,10 +163,38 @@ pub fn plan(
             samples: monitor.calibration.samples(&s.model.name),
         })
         .collect();
-    let pending = pending_jobs(snap, params, &mut out.refused);
+    let levels = if params.job_calibration {
+        held_levels(snap, &monitor.job_levels)
+    } else {
+        HashMap::new()
+    };
+    let pending = pending_jobs(snap, params, &levels, &mut out.refused);
     out.decisions = place(&pending, &mut slots, &params.place);
     out.checks = check_running(now_unix_ms, snap, reports, &slots, monitor, params);
+    if params.job_calibration {
+        let ids: HashSet<&str> = snap.jobs.iter().map(|j| j.id.as_str()).collect();
+        monitor.job_levels.retain(|j| ids.contains(j));
+    }
     out
+}
+
+/// The learned level of each held job that has one.
+fn held_levels(snap: &Snapshot, levels: &JobLevels) -> HashMap<String, f64> {
+    snap.jobs
+        .iter()
+        .filter(|j| j.phase == Phase::Held)
+        .filter_map(|j| Some((j.id.clone(), levels.applied(&j.id)?)))
+        .collect()
+}
+
+/// `p` with its measured rates at `level` times what was profiled (T_alone stays: the SLA is a
+/// share of it): the model then predicts `level` times the share.
+fn at_level(p: &JobProfile, level: f64) -> JobProfile {
+    let mut q = p.clone();
+    for point in &mut q.curve {
+        point.per_s *= level;
+    }
+    q
 }
 
 /// The speed factor placement uses on `node`: a known one, else the learned one (`factors`,
@@ -243,8 +276,14 @@ fn slots(
         .collect()
 }
 
-/// Held jobs with their profiles; jobs that cannot be placed go to `refused`.
-fn pending_jobs(snap: &Snapshot, params: &Params, refused: &mut Vec<Refusal>) -> Vec<PendingJob> {
+/// Held jobs with their profiles (at their learned `levels`, where they have one); jobs that
+/// cannot be placed go to `refused`.
+fn pending_jobs(
+    snap: &Snapshot,
+    params: &Params,
+    levels: &HashMap<String, f64>,
+    refused: &mut Vec<Refusal>,
+) -> Vec<PendingJob> {
     let mut classes: HashMap<String, ClassedProfile> = HashMap::new();
     let mut pending = Vec::new();
     for j in snap.jobs.iter().filter(|j| j.phase == Phase::Held) {
@@ -274,6 +313,10 @@ fn pending_jobs(snap: &Snapshot, params: &Params, refused: &mut Vec<Refusal>) ->
                 });
                 continue;
             }
+        };
+        let profile = match levels.get(&j.id) {
+            Some(&level) if level != 1.0 => ClassedProfile::new(at_level(&profile.profile, level)),
+            _ => profile,
         };
         pending.push(PendingJob {
             id: j.id.clone(),
@@ -355,31 +398,23 @@ fn check_running(
         })
     };
     let checks = monitor.tick(now, &running, measured, &params.monitor);
-    if params.calibration {
+    if params.calibration || params.job_calibration {
         for (c, r) in checks.iter().zip(&runners) {
             if let (Some(share), Some(model)) = (c.share, models.get(r.job.node.as_str())) {
-                calibrate(
-                    &mut monitor.calibration,
-                    r,
-                    share,
-                    model,
-                    &params.place.model,
-                );
+                calibrate(monitor, r, share, model, params);
             }
         }
     }
     checks
 }
 
-/// Feeds one judged window of `r` (measured `share` of alone) to the calibration, against the
+/// Feeds one judged window of `r` (measured `share` of alone) to the calibrations on, against the
 /// model's prediction for its GPUs on its node's current document, without the speed factor.
-fn calibrate(
-    calibration: &mut Calibration,
-    r: &Runner,
-    share: f64,
-    model: &NodeModel,
-    params: &ModelParams,
-) {
+/// The node's sample is that ratio, as before job levels existed: its median over many jobs is
+/// the node's. The job's is the ratio over the node's speed factor, and only once that factor
+/// is settled (known, or learned from enough windows): before, the node's slowness would pass
+/// for the job's, and the two factors would count it twice.
+fn calibrate(monitor: &mut Monitor, r: &Runner, share: f64, model: &NodeModel, params: &Params) {
     let positions: Option<Vec<usize>> = r
         .gpus
         .iter()
@@ -388,9 +423,20 @@ fn calibrate(
     let Some(positions) = positions.filter(|p| !p.is_empty()) else {
         return; // its GPUs are not in the node's document
     };
-    let predicted = predict(r.profile, model, &positions, params).unscaled_share();
+    let predicted = predict(r.profile, model, &positions, &params.place.model).unscaled_share();
     let alone = r.job.alone_per_s;
-    calibration.record(&model.name, share * alone, predicted * alone, alone);
+    let node_settled = !params.calibration
+        || params.known_speeds.contains_key(&model.name)
+        || monitor.calibration.samples(&model.name) >= MIN_SAMPLES;
+    if params.calibration {
+        let node = &mut monitor.calibration;
+        node.record(&model.name, share * alone, predicted * alone, alone);
+    }
+    if params.job_calibration && node_settled {
+        let speed = model.speed.max(0.0);
+        let jobs = &mut monitor.job_levels;
+        jobs.record(&r.job.id, share * alone, predicted * speed * alone, alone);
+    }
 }
 
 #[cfg(test)]

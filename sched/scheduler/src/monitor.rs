@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::calibrate::Calibration;
+use crate::calibrate::{Calibration, JobLevels};
 
 /// Monitor settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,6 +111,10 @@ pub struct Monitor {
     /// before it existed start it afresh).
     #[serde(default)]
     pub calibration: Calibration,
+    /// Each running or requeued job's level, learned from the same windows (with job
+    /// calibration on).
+    #[serde(default)]
+    pub job_levels: JobLevels,
 }
 
 impl Monitor {

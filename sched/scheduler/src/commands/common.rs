@@ -113,6 +113,12 @@ pub struct ModelArgs {
     /// windows, within [0.5, 1.5] (docs/cluster.md, "The model").
     #[arg(long)]
     pub no_calibration: bool,
+    /// Do not learn each job's level: by default a job whose judged windows ran at 0.9 or less of
+    /// what the model predicted (with its node's speed; the median of its last 15, after 3) is
+    /// placed again at that level, so that a profile measured too high costs one eviction, not
+    /// one per placement (docs/cluster.md, "The model").
+    #[arg(long)]
+    pub no_job_calibration: bool,
 }
 
 impl ModelArgs {
@@ -160,6 +166,7 @@ impl ModelArgs {
             node_timeout_ms: self.node_timeout.as_millis() as u64,
             default_profile,
             calibration: !self.no_calibration,
+            job_calibration: !self.no_job_calibration,
             ..Params::default()
         })
     }

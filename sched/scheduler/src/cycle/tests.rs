@@ -323,3 +323,51 @@ fn known_speeds_take_the_place_of_learned_ones() {
         o => panic!("{o:?}"),
     }
 }
+
+#[test]
+fn a_job_that_ran_below_its_profile_is_placed_again_at_its_learned_level() {
+    let params = Params {
+        monitor: MonitorParams {
+            window_s: 60,
+            ..MonitorParams::default()
+        },
+        calibration: false,
+        job_calibration: true,
+        ..Params::default()
+    };
+    let mut mon = Monitor::default();
+    for k in 0..3 {
+        let (snap, r) = slow_node_snapshot(false, NOW + k * 60_000);
+        plan(NOW + k * 60_000, &snap, &r, &mut mon, &params);
+    }
+    // Job 7 made 60 where the model said 80, on a node of speed 1.
+    assert_eq!(mon.job_levels.factor("7"), Some(0.75));
+    assert_eq!(mon.job_levels.factor("5"), Some(1.0), "as predicted");
+
+    // Requeued with SLA 0.7: 0.8 x 0.75 = 0.6 is short of 0.7 + 0.05 on every node.
+    let (mut snap, r) = slow_node_snapshot(false, NOW + 180_000);
+    snap.jobs.retain(|j| j.id != "7");
+    snap.jobs.push(job("7", Phase::Held, meta(0.7, None)));
+    let p = plan(NOW + 180_000, &snap, &r, &mut mon.clone(), &params);
+    assert!(
+        matches!(p.decisions[0].outcome, Outcome::Pending(_)),
+        "{}",
+        p.decisions[0]
+    );
+    let off = Params {
+        job_calibration: false,
+        ..params.clone()
+    };
+    let p = plan(NOW + 180_000, &snap, &r, &mut mon.clone(), &off);
+    assert!(
+        matches!(p.decisions[0].outcome, Outcome::Placed(_)),
+        "without job levels the profile says 0.8: {}",
+        p.decisions[0]
+    );
+
+    // Levels of jobs that left the engine are forgotten.
+    snap.jobs.retain(|j| j.id != "6");
+    plan(NOW + 240_000, &snap, &r, &mut mon, &params);
+    assert_eq!(mon.job_levels.factor("6"), None);
+    assert_eq!(mon.job_levels.factor("7"), Some(0.75));
+}

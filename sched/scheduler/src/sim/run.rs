@@ -127,12 +127,15 @@ pub struct PolicySettings {
     pub monitor: MonitorParams,
     /// Whether nodes' speed factors are learned (Valve's calibration).
     pub calibration: bool,
+    /// Whether jobs' levels are learned and place requeued jobs (Valve's; `jobcal=0` turns it
+    /// off).
+    pub job_calibration: bool,
 }
 
 impl Policy {
     /// Parses `kind[:key=value...]` (keys: `margin`, `monitor` (window s), `misses`, `align`,
-    /// `window` (model window s), `hysteresis`, `calibrate` (0: off)) for a cluster of `nodes`
-    /// nodes.
+    /// `window` (model window s), `hysteresis`, `calibrate` (0: off), `jobcal` (0: jobs'
+    /// levels not learned)) for a cluster of `nodes` nodes.
     pub fn parse(spec: &str, nodes: usize) -> Result<Policy, String> {
         let mut parts = spec.split(':');
         let kind_name = parts.next().unwrap_or_default().trim();
@@ -161,9 +164,10 @@ impl Policy {
                 "window" => params.place.model.window_s = num as u32,
                 "hysteresis" => params.monitor.hysteresis = num,
                 "calibrate" => params.calibration = num != 0.0,
+                "jobcal" => params.job_calibration = num != 0.0,
                 _ => {
                     return Err(format!(
-                    "policy option {k:?}: use margin, monitor, misses, align, window, hysteresis or calibrate"
+                    "policy option {k:?}: use margin, monitor, misses, align, window, hysteresis, calibrate or jobcal"
                 ))
                 }
             }
@@ -191,6 +195,7 @@ impl Policy {
             model_window_s: p.place.model.window_s,
             monitor: p.monitor,
             calibration: p.calibration,
+            job_calibration: p.job_calibration,
         }
     }
 }
@@ -206,6 +211,7 @@ pub fn base_params(kind: PolicyKind, nodes: usize) -> Params {
             ..MonitorParams::default()
         },
         calibration: kind == PolicyKind::Valve,
+        job_calibration: kind == PolicyKind::Valve,
         ..Params::default()
     };
     match kind {
