@@ -136,6 +136,18 @@ pub struct Plan {
     /// Open nodes whose speed factor this pass was not 1, with the samples it was learned from.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub speeds: Vec<NodeSpeed>,
+    /// Held jobs placed this pass at a learned level (their profiles scaled by it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<JobLevel>,
+}
+
+/// A held job's learned level, as a pass applied it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobLevel {
+    /// The job.
+    pub job: String,
+    /// Its level: what its profile's rates were multiplied by.
+    pub level: f64,
 }
 
 /// Decides one pass at `now_unix_ms`.
@@ -169,6 +181,14 @@ pub fn plan(
         HashMap::new()
     };
     let pending = pending_jobs(snap, params, &levels, &mut out.refused);
+    out.levels = levels
+        .iter()
+        .map(|(job, &level)| JobLevel {
+            job: job.clone(),
+            level,
+        })
+        .collect();
+    out.levels.sort_by(|a, b| a.job.cmp(&b.job));
     out.decisions = place(&pending, &mut slots, &params.place);
     out.checks = check_running(now_unix_ms, snap, reports, &slots, monitor, params);
     if params.job_calibration {

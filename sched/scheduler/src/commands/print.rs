@@ -94,4 +94,10 @@ pub fn print_plan(plan: &Plan) {
             s.node, s.factor, s.samples
         );
     }
+    for l in &plan.levels {
+        println!(
+            "job {}: level {:.2} (measured over predicted where it ran, median of its judged windows): its profile's rates are multiplied by it",
+            l.job, l.level
+        );
+    }
 }

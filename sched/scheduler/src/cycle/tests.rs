@@ -354,6 +354,13 @@ fn a_job_that_ran_below_its_profile_is_placed_again_at_its_learned_level() {
         "{}",
         p.decisions[0]
     );
+    assert_eq!(
+        p.levels,
+        [JobLevel {
+            job: "7".into(),
+            level: 0.75
+        }]
+    );
     let off = Params {
         job_calibration: false,
         ..params.clone()
