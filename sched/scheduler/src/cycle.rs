@@ -136,7 +136,8 @@ pub struct Plan {
     /// Open nodes whose speed factor this pass was not 1, with the samples it was learned from.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub speeds: Vec<NodeSpeed>,
-    /// Held jobs placed this pass at a learned level (their profiles scaled by it).
+    /// Held jobs this pass considered at a learned level (their profiles scaled by it), placed
+    /// or still pending.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub levels: Vec<JobLevel>,
 }
