@@ -208,16 +208,6 @@ fn held_levels(snap: &Snapshot, levels: &JobLevels) -> HashMap<String, f64> {
         .collect()
 }
 
-/// `p` with its measured rates at `level` times what was profiled (T_alone stays: the SLA is a
-/// share of it): the model then predicts `level` times the share.
-fn at_level(p: &JobProfile, level: f64) -> JobProfile {
-    let mut q = p.clone();
-    for point in &mut q.curve {
-        point.per_s *= level;
-    }
-    q
-}
-
 /// The speed factor placement uses on `node`: a known one, else the learned one (`factors`,
 /// empty with calibration off), else 1.0.
 fn speed_of(node: &str, params: &Params, factors: &HashMap<String, f64>) -> f64 {
@@ -336,7 +326,7 @@ fn pending_jobs(
             }
         };
         let profile = match levels.get(&j.id) {
-            Some(&level) if level != 1.0 => ClassedProfile::new(at_level(&profile.profile, level)),
+            Some(&level) if level != 1.0 => ClassedProfile::new(profile.profile.at_level(level)),
             _ => profile,
         };
         pending.push(PendingJob {

@@ -200,6 +200,17 @@ pub enum JobError {
 }
 
 impl JobProfile {
+    /// This profile with its measured rates at `level` times what was profiled; T_alone stays,
+    /// since an SLA is a share of it. A job's learned level places it ([`crate::cycle`]), and the
+    /// simulator's oracle knows each job's true level this way.
+    pub fn at_level(&self, level: f64) -> JobProfile {
+        let mut q = self.clone();
+        for point in &mut q.curve {
+            point.per_s *= level;
+        }
+        q
+    }
+
     /// Parses and validates a profile.
     pub fn from_json(text: &str) -> Result<Self, JobError> {
         let raw: serde_json::Value =
