@@ -63,7 +63,7 @@ pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
         ),
         "Offline busy time counts a job's GPUs x the share of the minute all of them are idle, in minutes where its memory lets it run at all.".into(),
         "Monitor (all policies): 600 s window, 2 misses in a row to evict, 0.05 hysteresis, at most one eviction per 10 nodes a minute; jobs report progress every pass.".into(),
-        "The oracle is Valve's placement fed with documents of the hour after each pass (what will happen on each GPU), not the per-job ground truth.".into(),
+        "The oracle is Valve's placement fed with documents of the hour after each pass (what will happen on each GPU) and each job's true level relative to its profile (to 0.01); it does not see reclaim losses or preemption costs the profiles do not carry.".into(),
     ];
     if cfg.node_speed_sd > 0.0 {
         out.push(format!(
