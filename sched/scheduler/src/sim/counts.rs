@@ -31,6 +31,10 @@ pub struct Metrics {
     pub offline_busy_gpu_min: f64,
     /// Work done, in GPU-hours alone: per running job and minute, GPUs x share / 60.
     pub harvested_gpu_h: f64,
+    /// The part of it done in whole job-hours that met their SLA, GPU-hours: the harvest an
+    /// SLA-keeping placement is compared by (partial hours of evicted runs are left out).
+    #[serde(default)]
+    pub harvested_met_gpu_h: f64,
     /// Work thrown away by evictions and kills (progress since the last checkpoint), GPU-hours.
     pub lost_gpu_h: f64,
     /// Full hours of runtime (since a job's start or restart).

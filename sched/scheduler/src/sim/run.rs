@@ -1012,6 +1012,9 @@ impl<'w> PolicySim<'w> {
             if run.minutes % 60 == 0 {
                 let mean = run.hour_sum / 60.0;
                 m.job_hour(a, mean, run.out_of_step, t, run.minutes == 60);
+                if mean >= a.sla() {
+                    m.harvested_met_gpu_h += k * mean;
+                }
                 if run.minutes == 60 {
                     if let Some(p) = run.predicted {
                         m.pred.push((p as f32, mean as f32));

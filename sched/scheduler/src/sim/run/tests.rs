@@ -405,3 +405,33 @@ fn node_speeds_are_one_without_spread_and_clamped_and_repeatable_with_it() {
     );
     assert_ne!(a, crate::sim::cluster::node_speeds(500, 0.5, 8));
 }
+
+#[test]
+fn the_oracle_knows_a_jobs_level_and_leaves_a_job_that_would_miss_waiting() {
+    // An idle node with memory to spare; the job truly runs at 0.4 of its profile, SLA 0.5.
+    let mut rng = fastrand::Rng::with_seed(4);
+    let mut cluster = Cluster::assemble(&[vec![(1, true)]], 0.3, &mut rng);
+    cluster.custom = Some(Arc::new(|_s: usize, _m: i64| cell(0.0, 40.0)));
+    let sla = SLAS.iter().position(|&s| s == 0.5).unwrap() as u8;
+    let job = Arrival {
+        minute: 0,
+        class: 0,
+        sla,
+        work_s: 100.0 * 3600.0,
+        error: -0.6,
+    };
+    let minutes = 180;
+    let world = World::new(cluster, classes(), vec![job], minutes, 10);
+    let mut cfg = SimConfig::small(1, minutes, &["valve", "oracle"]);
+    cfg.threads = 1;
+    let r = run_world(&world, &cfg).policies;
+    let (valve, oracle) = (&r[0].1, &r[1].1);
+    assert!(valve.placements >= 1 && valve.evictions >= 1, "{valve:?}");
+    assert!(
+        valve.harvested_gpu_h > 0.0,
+        "its runs' work counts as harvest"
+    );
+    assert_eq!(valve.harvested_met_gpu_h, 0.0, "none of it within SLA");
+    assert_eq!(oracle.placements, 0, "the oracle knows it would miss");
+    assert_eq!(oracle.harvested_gpu_h, 0.0);
+}
