@@ -49,15 +49,8 @@ impl Calibration {
         predicted_per_s: f64,
         alone_per_s: f64,
     ) -> bool {
-        if !usable(measured_per_s, predicted_per_s, alone_per_s) {
-            return false;
-        }
-        let ratios = self.nodes.entry(node.to_string()).or_default();
-        if ratios.len() >= KEEP {
-            ratios.pop_front();
-        }
-        ratios.push_back(measured_per_s / predicted_per_s);
-        true
+        let sample = (measured_per_s, predicted_per_s, alone_per_s);
+        push_ratio(&mut self.nodes, node, KEEP, sample)
     }
 
     /// The median of `node`'s kept ratios, with at least [`MIN_SAMPLES`] of them.
@@ -159,15 +152,8 @@ impl JobLevels {
         predicted_per_s: f64,
         alone_per_s: f64,
     ) -> bool {
-        if !usable(measured_per_s, predicted_per_s, alone_per_s) {
-            return false;
-        }
-        let ratios = self.jobs.entry(job.to_string()).or_default();
-        if ratios.len() >= JOB_KEEP {
-            ratios.pop_front();
-        }
-        ratios.push_back(measured_per_s / predicted_per_s);
-        true
+        let sample = (measured_per_s, predicted_per_s, alone_per_s);
+        push_ratio(&mut self.jobs, job, JOB_KEEP, sample)
     }
 
     /// `job`'s level: the median of its kept ratios, clamped to [`BOUNDS`]; `None` with fewer
@@ -178,8 +164,7 @@ impl JobLevels {
             .then(|| median(r.iter().copied().collect()).clamp(BOUNDS[0], BOUNDS[1]))
     }
 
-    /// `job`'s level where it is at least [`JOB_LEVEL_DEADBAND`] below 1: what placement and the
-    /// node calibration apply.
+    /// `job`'s level where it is at least [`JOB_LEVEL_DEADBAND`] below 1: what placement applies.
     pub fn applied(&self, job: &str) -> Option<f64> {
         self.factor(job).filter(|&f| f <= 1.0 - JOB_LEVEL_DEADBAND)
     }
@@ -198,6 +183,25 @@ impl JobLevels {
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()
     }
+}
+
+/// Appends `measured / predicted` of `sample` (measured, predicted, alone per second) to `key`'s
+/// last `keep` ratios, if [`usable`]; returns whether it was.
+fn push_ratio(
+    ratios: &mut BTreeMap<String, VecDeque<f64>>,
+    key: &str,
+    keep: usize,
+    (measured, predicted, alone): (f64, f64, f64),
+) -> bool {
+    if !usable(measured, predicted, alone) {
+        return false;
+    }
+    let kept = ratios.entry(key.to_string()).or_default();
+    if kept.len() >= keep {
+        kept.pop_front();
+    }
+    kept.push_back(measured / predicted);
+    true
 }
 
 /// Whether a window's figures can be a sample: finite, a positive alone, and a prediction of at
