@@ -5,11 +5,14 @@
 //! (d) the compute TSG, then the rest; (e) an online process's first kernel fired together with a
 //! disable, against the GPU stop and the ioctl's return on one clock; (f) a burst of online
 //! kernels fired together with the disable of all channels or the split, against offline already
-//! frozen and no control: how much of the burst's delay the split removes.
+//! frozen and no control: how much of the burst's delay the split removes; (g) online's kernel
+//! launched at offsets before and after the disable's issue (`--floor-offsets-us`): whether a
+//! launch that comes while the disable is in progress waits for it, and one before it does not.
 //!
 //! Every row is independent: a failed cycle is recorded and its channels enabled again, a row
 //! that fails 5 times stops, and the whole loop stops at a time budget.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -19,7 +22,8 @@ use valve::{ChannelTarget, Controller, GpuInfo};
 use crate::clock::{us_between, GpuClock, HostClock};
 use crate::experiments::{cycle, IssueTiming, Preempter, RawPreempter};
 use crate::floor_report::{
-    self as fr, Row, Sample, BURST_COLS, CYCLE_COLS, FLOOR_COLS, SPLIT_COLS, TRIGGER_COLS,
+    self as fr, Row, Sample, BURST_COLS, CYCLE_COLS, FLOOR_COLS, OFFSET_COLS, SPLIT_COLS,
+    TRIGGER_COLS,
 };
 use crate::hog::{now_ns, Bins, ChannelSet, Hog, Poller};
 use crate::trigger::{Burst, Shot, Trigger};
@@ -107,6 +111,9 @@ impl Preempt {
 enum When {
     /// Right after the flag.
     Issue,
+    /// (g): `D` us after the flag (D > 0), or the flag `-D` us after the disable's issue (D < 0;
+    /// never 0, which is `Issue`).
+    Offset(i64),
     /// Before the flag: offline is already frozen.
     Frozen,
     /// Never: time-sliced with the hog.
@@ -136,19 +143,20 @@ enum Group {
     D,
     E,
     F,
+    G,
 }
 
 impl Group {
     /// The rows that need the online trigger.
     fn online(self) -> bool {
-        matches!(self, Group::E | Group::F)
+        matches!(self, Group::E | Group::F | Group::G)
     }
 }
 
 /// One row: what it does, its samples and its failures.
 struct Arm {
-    key: &'static str,
-    label: &'static str,
+    key: String,
+    label: String,
     group: Group,
     action: Action,
     samples: Vec<Sample>,
@@ -214,13 +222,14 @@ impl Ctx<'_> {
     }
 }
 
-/// Runs the section and writes its tables, JSON and checks into `r`; the (f) rows fire `burst`.
+/// Runs the section and writes its tables, JSON and checks into `r`; the (f) rows fire `burst`,
+/// (g) has one row per offset.
 pub fn run(
     ctl: &Controller,
     bins: &Bins,
     g0: &GpuInfo,
     cycles: usize,
-    burst: Burst,
+    (burst, offsets): (Burst, &Offsets),
     r: &mut Report,
 ) {
     r.line("\n## The disable's floor, and what online's first kernel waits for (`--only-floor`), GPU 0\n");
@@ -239,7 +248,7 @@ pub fn run(
     let mut notes = Vec::new();
     let mut trigger = start_trigger(bins, g0, &mut notes);
     let online = trigger.is_some().then_some(burst);
-    let mut arms = build_arms(ctl, g0, &sets, online, &mut notes);
+    let mut arms = build_arms(ctl, g0, &sets, (online, &offsets.0), &mut notes);
     let mut ctx = Ctx {
         hog: &hog,
         poller: &poller,
@@ -256,6 +265,7 @@ pub fn run(
     let closed = ctx.close();
     let end = End {
         burst,
+        offsets: offsets.0.clone(),
         ..wind_down(arms, closed, trigger, poller, hog)
     };
     report(r, &sets, cycles, loop_s, &notes, &end);
@@ -286,6 +296,7 @@ fn wind_down(
         trigger,
         host,
         burst: Burst::SINGLE,
+        offsets: Vec::new(),
     }
 }
 
@@ -293,7 +304,7 @@ fn wind_down(
 fn start_trigger(bins: &Bins, g0: &GpuInfo, notes: &mut Vec<String>) -> Option<Trigger> {
     if !bins.trigger.exists() {
         notes.push(format!(
-            "{} is missing (hwtests/cuda/build.sh says why it did not build): the (e) and (f) rows are skipped.",
+            "{} is missing (hwtests/cuda/build.sh says why it did not build): the (e), (f) and (g) rows are skipped.",
             bins.trigger.display()
         ));
         return None;
@@ -302,7 +313,7 @@ fn start_trigger(bins: &Bins, g0: &GpuInfo, notes: &mut Vec<String>) -> Option<T
         Ok(t) => Some(t),
         Err(e) => {
             notes.push(format!(
-                "The online trigger did not start ({e:#}): the (e) and (f) rows are skipped."
+                "The online trigger did not start ({e:#}): the (e), (f) and (g) rows are skipped."
             ));
             None
         }
@@ -333,6 +344,8 @@ enum Kind {
     TriggerSplit,
     /// A trigger shot with no control.
     TriggerAlone,
+    /// (g): a trigger shot and the all-channel disable this many us apart (`When::Offset`).
+    TriggerOffset(i64),
 }
 
 /// Every row, in the order the loop visits them: key, label, group, kind.
@@ -441,18 +454,90 @@ const ROWS: [(&str, &str, Group, Kind); 17] = [
     ),
 ];
 
+/// The largest |D| of `--floor-offsets-us`, us.
+pub const MAX_OFFSET_US: i64 = 2000;
+/// `--floor-offsets-us`'s default.
+pub const DEFAULT_OFFSETS_US: &str = "-400,-200,-100,50,150,300";
+
+/// (g)'s offsets D, us: the all-channel disable's issue after online's flag (negative: the flag
+/// after the issue). Empty: no (g) rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Offsets(pub Vec<i64>);
+
+/// Parses `--floor-offsets-us`: comma-separated signed integers (spaces allowed), each with
+/// 0 < |D| <= `MAX_OFFSET_US` and none twice; an empty string gives no offsets.
+pub fn parse_offsets(s: &str) -> Result<Offsets, String> {
+    if s.trim().is_empty() {
+        return Ok(Offsets::default());
+    }
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let d: i64 = part.parse().map_err(|_| {
+            format!("\"{part}\" is not a signed integer (us); give e.g. \"-200,150\"")
+        })?;
+        if d == 0 {
+            return Err(
+                "0 is the (e) row \"disable all channels right after the flag\"; leave it out"
+                    .into(),
+            );
+        }
+        if d.abs() > MAX_OFFSET_US {
+            return Err(format!(
+                "{d} us is out of range: each offset is within +-{MAX_OFFSET_US} us"
+            ));
+        }
+        if out.contains(&d) {
+            return Err(format!("{d} is given twice"));
+        }
+        out.push(d);
+    }
+    Ok(Offsets(out))
+}
+
+/// (g)'s row for offset `d`: key and label.
+fn offset_row(d: i64) -> (String, String) {
+    let label = if d > 0 {
+        format!("D = +{d}: disable all channels {d} us after the flag")
+    } else {
+        format!("D = {d}: the flag {} us after the disable's issue", -d)
+    };
+    (format!("offset_{d:+}us"), label)
+}
+
+/// A row before it is built: key, label, group, kind.
+type RowSpec = (String, String, Group, Kind);
+
+/// Every row in the loop's order: `ROWS`, with (g)'s rows (one per offset) after the (e) rows.
+fn all_rows(offsets: &[i64]) -> Vec<RowSpec> {
+    let mut rows: Vec<RowSpec> = ROWS
+        .iter()
+        .map(|&(k, l, g, kind)| (k.to_string(), l.to_string(), g, kind))
+        .collect();
+    let at = rows
+        .iter()
+        .position(|r| r.2 == Group::F)
+        .unwrap_or(rows.len());
+    let g = offsets.iter().map(|&d| {
+        let (key, label) = offset_row(d);
+        (key, label, Group::G, Kind::TriggerOffset(d))
+    });
+    rows.splice(at..at, g);
+    rows
+}
+
 /// Every row that can be built; a row that cannot leaves a note. `online`: the (f) rows' burst,
-/// `None` without a trigger (then no (e) or (f) rows).
+/// `None` without a trigger (then no (e), (f) or (g) rows); `offsets`: (g)'s.
 fn build_arms(
     ctl: &Controller,
     g0: &GpuInfo,
     sets: &Sets,
-    online: Option<Burst>,
+    (online, offsets): (Option<Burst>, &[i64]),
     notes: &mut Vec<String>,
 ) -> Vec<Arm> {
-    ROWS.iter()
+    all_rows(offsets)
+        .into_iter()
         .filter(|row| online.is_some() || !row.2.online())
-        .filter_map(|&(key, label, group, kind)| {
+        .filter_map(|(key, label, group, kind)| {
             let mut action = match build(ctl, g0, sets, kind) {
                 Ok(a) => a,
                 Err(e) => {
@@ -506,6 +591,11 @@ fn build(ctl: &Controller, g0: &GpuInfo, sets: &Sets, kind: Kind) -> Result<Acti
         Kind::TriggerAlone => Action::Trigger {
             p: None,
             when: When::Never,
+            burst: Burst::SINGLE,
+        },
+        Kind::TriggerOffset(d) => Action::Trigger {
+            p: Some(Preempt::Raw(Box::new(raw(Chans::All)?))),
+            when: When::Offset(d),
             burst: Burst::SINGLE,
         },
     })
@@ -648,8 +738,8 @@ fn trigger_cycle(
     Ok(s)
 }
 
-/// Fires the shot (and, for `When::Issue`, the disable right after it), waits for online's
-/// kernels and, while offline is disabled, watches the hold.
+/// Fires the shot (and, for `When::Issue` or `When::Offset`, the disable), waits for online's
+/// kernels and, while offline is disabled, watches the hold. Times are relative to the flag.
 fn shot_and_hold(
     p: Option<&mut Preempt>,
     (when, burst): (When, Burst),
@@ -659,6 +749,41 @@ fn shot_and_hold(
 ) -> Result<Sample> {
     let mut s = Sample::default();
     let before = ctx.hog.hb.snapshot();
+    let (t_flag, t_issue, n) = fire_and_disable(p, (when, burst), trig, &mut s)?;
+    let shot = trig.page.wait_done(n, SHOT_TIMEOUT);
+    let disabled_here = matches!(when, When::Issue | When::Offset(_));
+    match when {
+        When::Issue | When::Offset(_) => watch_hold(&mut s, ctx, t_issue, t_flag),
+        When::Frozen => {
+            sleep_until(t_flag + 1_000_000);
+            s.frozen = Some(ctx.hog.hb.snapshot() == before);
+        }
+        When::Never => {}
+    }
+    let Some(shot) = shot else {
+        s.online_timeout = true;
+        return Ok(s);
+    };
+    record_shot(&mut s, &shot, burst, (ctx, clock), t_flag)?;
+    if s.frozen == Some(true) && disabled_here && shot.gpu_start_ns != 0 {
+        let gpu_stop = ctx.hog.hb.gpu_time(0);
+        s.start_minus_stop_gpu_us = Some(us_between(shot.gpu_start_ns as i64, gpu_stop as i64));
+    }
+    Ok(s)
+}
+
+/// Sets the flag and issues the disable as `when` says; fills the ioctl's times (after the
+/// flag) into `s`. Returns (the flag's time, the disable's issue (the flag's without one), the
+/// shot's number).
+fn fire_and_disable(
+    p: Option<&mut Preempt>,
+    (when, burst): (When, Burst),
+    trig: &mut Trigger,
+    s: &mut Sample,
+) -> Result<(u64, u64, u64)> {
+    if let When::Offset(d) = when {
+        return offset_shot(p.context("no preempter")?, d, trig, s);
+    }
     let t_issue = now_ns();
     let n = trig.fire(burst);
     if when == When::Issue {
@@ -670,25 +795,83 @@ fn shot_and_hold(
         s.second_ioctl_us = p.second_us();
         s.return_us = Some(us_between(t_ret as i64, t_issue as i64));
     }
-    let shot = trig.page.wait_done(n, SHOT_TIMEOUT);
-    match when {
-        When::Issue => watch_hold(&mut s, ctx, t_issue),
-        When::Frozen => {
-            sleep_until(t_issue + 1_000_000);
-            s.frozen = Some(ctx.hog.hb.snapshot() == before);
-        }
-        When::Never => {}
-    }
-    let Some(shot) = shot else {
-        s.online_timeout = true;
-        return Ok(s);
+    Ok((t_issue, t_issue, n))
+}
+
+/// (g): one tiny kernel's flag and the disable `d` us apart. For d > 0 this thread sets the flag,
+/// spins `d` us and issues the disable; for d < 0 the ioctl blocks this thread, so a second one
+/// sets the flag `-d` us after the issue. Returns as `fire_and_disable` does.
+fn offset_shot(
+    p: &mut Preempt,
+    d: i64,
+    trig: &mut Trigger,
+    s: &mut Sample,
+) -> Result<(u64, u64, u64)> {
+    let (t_flag, t_issue, n, res, t_ret) = if d > 0 {
+        let t_flag = now_ns();
+        let n = trig.fire(Burst::SINGLE);
+        let t_issue = spin_until(t_flag + d.unsigned_abs() * 1000);
+        let res = p.as_dyn().disable();
+        (t_flag, t_issue, n, res, now_ns())
+    } else {
+        flag_during_disable(p, d.unsigned_abs() * 1000, trig)
     };
-    record_shot(&mut s, &shot, burst, (ctx, clock), t_issue)?;
-    if s.frozen == Some(true) && when == When::Issue && shot.gpu_start_ns != 0 {
-        let gpu_stop = ctx.hog.hb.gpu_time(0);
-        s.start_minus_stop_gpu_us = Some(us_between(shot.gpu_start_ns as i64, gpu_stop as i64));
+    let res = res?;
+    s.ioctl_us = Some(res.ioctl_us);
+    s.issue_us = Some(us_between(t_issue as i64, t_flag as i64));
+    s.return_us = Some(us_between(t_ret as i64, t_flag as i64));
+    Ok((t_flag, t_issue, n))
+}
+
+/// What `flag_during_disable` saw: the flag's time, the issue's, the shot's number, the
+/// disable's result and its return's time.
+type DuringDisable = (u64, u64, u64, Result<IssueTiming>, u64);
+
+/// Issues the disable on this thread while a scoped second thread, started and spinning before
+/// the issue, sets the flag `after_ns` after it (the shot is prepared here, so its burst is
+/// published; the page is `Sync`). The flag is always set, whatever the disable returns.
+fn flag_during_disable(p: &mut Preempt, after_ns: u64, trig: &mut Trigger) -> DuringDisable {
+    let n = trig.prepare(Burst::SINGLE);
+    let page = &trig.page;
+    let issued = AtomicU64::new(0);
+    let ready = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let flagger = sc.spawn(|| {
+            ready.store(true, Ordering::Release);
+            let t_issue = loop {
+                match issued.load(Ordering::Acquire) {
+                    0 => std::hint::spin_loop(),
+                    t => break t,
+                }
+            };
+            let t_flag = spin_until(t_issue + after_ns);
+            page.fire(n);
+            t_flag
+        });
+        while !ready.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        let t_issue = now_ns().max(1);
+        issued.store(t_issue, Ordering::Release);
+        let res = p.as_dyn().disable();
+        let t_ret = now_ns();
+        let t_flag = flagger
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (t_flag, t_issue, n, res, t_ret)
+    })
+}
+
+/// Busy-waits (no sleep: a sleep's wake-up is tens of us late) until `now_ns()` reaches `t`;
+/// returns the time it saw.
+fn spin_until(t: u64) -> u64 {
+    loop {
+        let now = now_ns();
+        if now >= t {
+            return now;
+        }
+        std::hint::spin_loop();
     }
-    Ok(s)
 }
 
 /// The trigger's record of a shot, on the runner's clock and relative to the flag; an error if
@@ -727,15 +910,15 @@ fn record_shot(
     Ok(())
 }
 
-/// The rest of the hold after a disable: frozen from 2 ms to the hold's end (at least 2 ms of
-/// watching, however long the shot took), and the stop.
-fn watch_hold(s: &mut Sample, ctx: &Ctx, t_issue: u64) {
+/// The rest of the hold after a disable issued at `t_issue`: frozen from 2 ms to the hold's end
+/// (at least 2 ms of watching, however long the shot took), and the stop after `t0` (the flag).
+fn watch_hold(s: &mut Sample, ctx: &Ctx, t_issue: u64, t0: u64) {
     sleep_until(t_issue + 2_000_000);
     let a = ctx.hog.hb.snapshot();
     sleep_until((t_issue + HOLD.as_nanos() as u64).max(now_ns() + 2_000_000));
     let b = ctx.hog.hb.snapshot();
     s.frozen = Some(a == b);
-    s.stop_us = Some(us_between(ctx.poller.last_change() as i64, t_issue as i64));
+    s.stop_us = Some(us_between(ctx.poller.last_change() as i64, t0 as i64));
 }
 
 fn sleep_until(t: u64) {
@@ -758,7 +941,7 @@ fn enable_and_resume(p: &mut Preempt, ctx: &Ctx) -> Result<(f64, bool)> {
 }
 
 /// A finished row: key, label, group, samples, errors.
-type RowResult = (&'static str, &'static str, Group, Vec<Sample>, Vec<String>);
+type RowResult = (String, String, Group, Vec<Sample>, Vec<String>);
 
 /// What the section measured, after the hog finished.
 struct End {
@@ -771,16 +954,29 @@ struct End {
     host: HostClock,
     /// What each (f) shot launched.
     burst: Burst,
+    /// (g)'s offsets, us.
+    offsets: Vec<i64>,
 }
 
 impl End {
     /// The samples of the row `key` (none if it did not run).
     fn samples(&self, key: &str) -> &[Sample] {
-        self.rows
+        self.row(key).map(|x| x.3.as_slice()).unwrap_or(&[])
+    }
+
+    /// The row `key`, if it was built.
+    fn row(&self, key: &str) -> Option<&RowResult> {
+        self.rows.iter().find(|x| x.0 == key)
+    }
+
+    /// (g)'s description, over the offset rows that were built (`None` if none was).
+    fn offset_verdict(&self) -> Option<fr::OffsetVerdict> {
+        let rows: Vec<(i64, &[Sample])> = self
+            .offsets
             .iter()
-            .find(|x| x.0 == key)
-            .map(|x| x.3.as_slice())
-            .unwrap_or(&[])
+            .filter_map(|&d| Some((d, self.row(&offset_row(d).0)?.3.as_slice())))
+            .collect();
+        (!rows.is_empty()).then(|| fr::offset_verdict(self.samples("trigger_none"), &rows))
     }
 
     /// (f)'s verdict, if its three compared rows have bursts that ended.
@@ -796,7 +992,7 @@ impl End {
 /// The tables, the verdict, the checks and the JSON.
 fn report(r: &mut Report, sets: &Sets, cycles: usize, loop_s: f64, notes: &[String], end: &End) {
     r.line(&format!(
-        "Persistent hog at full occupancy: {} channels, compute TSG {} channels. Bare ioctls on the runner's thread (`RawPreempter`). Up to {cycles} cycles per row, all rows interleaved in blocks of {BLOCK} (drift hits all alike); hold {} ms; {} ms of running hog before each cycle. Times in us after the issue (the first ioctl's start; in (e) the trigger's flag, set immediately before the ioctl), host CLOCK_MONOTONIC. GPU stop: the hog's last heartbeat seen by the host. The trigger's idle CUDA context exists throughout. Loop: {loop_s:.1} s.",
+        "Persistent hog at full occupancy: {} channels, compute TSG {} channels. Bare ioctls on the runner's thread (`RawPreempter`). Up to {cycles} cycles per row, all rows interleaved in blocks of {BLOCK} (drift hits all alike); hold {} ms; {} ms of running hog before each cycle. Times in us after the issue (the first ioctl's start; in (e) and (f) the trigger's flag, set immediately before the ioctl; in (g) always the flag), host CLOCK_MONOTONIC. GPU stop: the hog's last heartbeat seen by the host. The trigger's idle CUDA context exists throughout. Loop: {loop_s:.1} s.",
         sets.all.len(), sets.compute.len(), HOLD.as_millis(), GAP.as_millis()
     ));
     for n in notes {
@@ -816,7 +1012,7 @@ fn report(r: &mut Report, sets: &Sets, cycles: usize, loop_s: f64, notes: &[Stri
     let reference = |keys: &[&str]| -> Vec<Row> {
         end.rows
             .iter()
-            .filter(|x| keys.contains(&x.0))
+            .filter(|x| keys.contains(&x.0.as_str()))
             .map(|x| Row {
                 label: format!("reference, (a): {}", x.1),
                 samples: &x.3,
@@ -838,6 +1034,7 @@ fn report(r: &mut Report, sets: &Sets, cycles: usize, loop_s: f64, notes: &[Stri
     r.line(&fr::table(SPLIT_COLS, &d));
     report_trigger(r, end, &rows(Group::E));
     report_burst(r, end, &rows(Group::F));
+    report_offsets(r, end);
     report_checks(r, end);
     report_json(r, sets, cycles, loop_s, notes, end);
 }
@@ -876,6 +1073,52 @@ fn report_burst(r: &mut Report, end: &End, rows: &[Row]) {
     );
     r.line(&format!(
         "\n**Verdict** (last kernel's end after the flag): {text}"
+    ));
+}
+
+/// (g)'s table: the offset rows in order of D, with (e)'s no-control, already-frozen and D = 0
+/// rows, and the description of what they show.
+fn report_offsets(r: &mut Report, end: &End) {
+    r.line("\n### (g) Online's launch against the disable's issue, at offsets\n\nAs in (e), one tiny online kernel, and the disable of all channels D us after the flag (D > 0), or the flag set -D us after the disable's issue by a second thread while the ioctl blocks the first (D < 0). Every time is after the flag, on the host clock; \"launch returned\" is the trigger's launch call's return, and online start - launch returned is the wait to compare with no control's. A launch during the disable waiting for the preemption would show in the negative offsets; the positive ones ask whether disabling right after online's launch costs it nothing. The (e) rows repeat here as baselines (D = 0 is (e)'s disable right after the flag).\n");
+    let Some(verdict) = end.offset_verdict() else {
+        r.line(if end.offsets.is_empty() {
+            "Not run (`--floor-offsets-us` is empty)."
+        } else {
+            "Not run (see above)."
+        });
+        return;
+    };
+    let row = |key: &str, label: String| {
+        end.row(key).map(|x| Row {
+            label,
+            samples: &x.3,
+            errors: &x.4,
+        })
+    };
+    let mut ds = end.offsets.clone();
+    ds.push(0);
+    ds.sort_unstable();
+    let mut rows: Vec<Row> = [
+        ("trigger_none", "(e) baseline: no control"),
+        ("trigger_frozen", "(e) baseline: offline already frozen"),
+    ]
+    .iter()
+    .filter_map(|(k, l)| row(k, l.to_string()))
+    .collect();
+    rows.extend(ds.iter().filter_map(|&d| match d {
+        0 => row(
+            "trigger_disable",
+            "(e) D = 0: disable all channels right after the flag".into(),
+        ),
+        _ => {
+            let (key, label) = offset_row(d);
+            row(&key, label)
+        }
+    }));
+    r.line(&fr::table(OFFSET_COLS, &rows));
+    r.line(&format!(
+        "\n**Verdict** (a description of the data, not a target; online start - launch returned, p50): {}",
+        verdict.text
     ));
 }
 
@@ -935,6 +1178,7 @@ fn report_json(
                "compute_tsg_channels": sets.compute.len(), "loop_s": loop_s, "notes": notes,
                "rows": rows, "verdict": fr::verdict(end.samples("trigger_disable")),
                "burst": end.burst, "burst_verdict": end.burst_verdict(), "host_clock": end.host,
+               "offsets_us": end.offsets, "offset_verdict": end.offset_verdict(),
                "rescues": end.rescues, "trigger": end.trigger,
                "hog": end.hog.as_ref().ok().cloned().unwrap_or(Value::Null)}),
     );
@@ -974,7 +1218,17 @@ mod tests {
             burst_span_us: Some(end - 210.0),
             ..shot
         };
-        let row = |key, group, s: Sample| (key, key, group, vec![s; 10], Vec::new());
+        let row = |key: &str, group, s: Sample| {
+            let k = key.to_string();
+            (k.clone(), k, group, vec![s; 10], Vec::new())
+        };
+        // (g): launch returned 10 us after the flag; no control starts 200 us after it.
+        let g = |issue: Option<f64>, start: f64| Sample {
+            issue_us: issue,
+            online_launched_us: Some(10.0),
+            online_start_us: Some(start),
+            ..shot
+        };
         End {
             rows: vec![
                 row("all", Group::A, cycle_sample(566.0)),
@@ -985,6 +1239,9 @@ mod tests {
                 row("burst_disable", Group::F, burst(1800.0)),
                 row("burst_split", Group::F, burst(1600.0)),
                 row("burst_frozen", Group::F, burst(1400.0)),
+                row("trigger_none", Group::E, g(None, 210.0)),
+                row("offset_-400us", Group::G, g(Some(-400.0), 580.0)),
+                row("offset_+150us", Group::G, g(Some(150.0), 215.0)),
             ],
             rescues: 0,
             rescue_failed: 0,
@@ -993,6 +1250,7 @@ mod tests {
             trigger: Some(json!({"shots": 10})),
             host: HostClock::from_sample(10, 5, 20),
             burst: Burst::new(20, 50).expect("valid"),
+            offsets: vec![150, -400],
         }
     }
 
@@ -1027,7 +1285,7 @@ mod tests {
         assert_eq!(r.md.matches("| reference, (a): all | 10 |").count(), 2);
         assert!(r.checks.iter().all(|c| c.1), "{:?}", r.checks);
         let rows = r.json["floor"]["rows"].as_array().expect("rows");
-        assert_eq!(rows.len(), 8);
+        assert_eq!(rows.len(), 11);
         assert_eq!(rows[4]["summaries"]["online_start_us"]["p50_us"], 570.0);
         assert_eq!(r.json["floor"]["verdict"]["nearer_stop"], 10);
         // (f): the table, the verdict and the raw bursts.
@@ -1042,6 +1300,102 @@ mod tests {
         assert_eq!(rows[6]["samples"][0]["online_end_us"], 1600.0);
         assert_eq!(r.json["floor"]["burst"]["kernels"], 20);
         assert_eq!(r.json["floor"]["burst_verdict"]["removed"][0], 200.0);
+    }
+
+    #[test]
+    fn offsets_table_orders_rows_by_d_with_the_baselines() {
+        let r = render(&end(true, Ok(json!({"checksum_ok": true}))));
+        let g = &r.md[r.md.find("### (g)").expect("(g)")..];
+        let order: Vec<usize> = [
+            "| (e) baseline: no control | 10 | 200 / 200 | 210 / 210 | 10 | - |",
+            "| D = -400: the flag 400 us after the disable's issue | 10 | 570 / 570 | 580 / 580 | 10 | -400 / -400 | 566 / 566 | 800 / 800 | 0 of 10 |",
+            "| (e) D = 0: disable all channels right after the flag | 10 | - | 570 / 570 | - | - |",
+            "| D = +150: disable all channels 150 us after the flag | 10 | 205 / 205 | 215 / 215 | 10 | 150 / 150 | 566 / 566 | 800 / 800 | 10 of 10 |",
+        ]
+        .iter()
+        .map(|l| g.find(l).unwrap_or_else(|| panic!("missing {l}:\n{g}")))
+        .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{g}");
+        assert!(
+            !g.contains("already frozen"),
+            "no trigger_frozen row was run"
+        );
+        assert!(g.contains("a launch during the disable waits."), "{g}");
+        assert!(
+            g.contains("a launch before the disable does not wait."),
+            "{g}"
+        );
+        let f = &r.json["floor"];
+        assert_eq!(f["offsets_us"], json!([150, -400]));
+        assert_eq!(f["offset_verdict"]["during_waits"], true);
+        assert_eq!(f["offset_verdict"]["before_within"], true);
+        let rows = f["rows"].as_array().expect("rows");
+        assert_eq!(rows[9]["group"], "G");
+        assert_eq!(rows[9]["samples"][0]["issue_us"], -400.0);
+        assert_eq!(rows[9]["summaries"]["launch_to_start_us"]["p50_us"], 570.0);
+        assert_eq!(rows[9]["summaries"]["start_minus_stop_us"]["p50_us"], 14.0);
+        // Without offsets (g) says so and the verdict is null.
+        let mut e = end(true, Ok(json!({"checksum_ok": true})));
+        e.offsets.clear();
+        let r = render(&e);
+        assert!(r.md.contains("Not run (`--floor-offsets-us` is empty)."));
+        assert!(r.json["floor"]["offset_verdict"].is_null());
+    }
+
+    #[test]
+    fn offsets_parse_and_reject_clearly() {
+        assert_eq!(
+            parse_offsets(DEFAULT_OFFSETS_US).expect("default").0,
+            [-400, -200, -100, 50, 150, 300]
+        );
+        assert_eq!(parse_offsets(" -5 , 7 ").expect("spaces").0, [-5, 7]);
+        assert_eq!(parse_offsets("").expect("empty"), Offsets::default());
+        assert!(parse_offsets("  ").expect("blank").0.is_empty());
+        for (bad, why) in [
+            ("2001", "out of range"),
+            ("-2001", "out of range"),
+            ("0", "(e) row"),
+            ("a", "not a signed integer"),
+            ("50,", "not a signed integer"),
+            ("-100,-100", "given twice"),
+        ] {
+            let e = parse_offsets(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn offset_rows_keys_labels_and_place() {
+        assert_eq!(
+            offset_row(150),
+            (
+                "offset_+150us".to_string(),
+                "D = +150: disable all channels 150 us after the flag".to_string()
+            )
+        );
+        assert_eq!(
+            offset_row(-400),
+            (
+                "offset_-400us".to_string(),
+                "D = -400: the flag 400 us after the disable's issue".to_string()
+            )
+        );
+        let rows = all_rows(&[-400, 50]);
+        assert_eq!(rows.len(), ROWS.len() + 2);
+        let g: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].2 == Group::G).collect();
+        let last_e = rows.iter().rposition(|r| r.2 == Group::E).expect("(e)");
+        let first_f = rows.iter().position(|r| r.2 == Group::F).expect("(f)");
+        assert_eq!(g, [last_e + 1, last_e + 2]);
+        assert_eq!(first_f, last_e + 3);
+        assert_eq!(rows[g[0]].0, "offset_-400us");
+        assert!(matches!(rows[g[1]].3, Kind::TriggerOffset(50)));
+        assert!(Group::G.online());
+        let keys: std::collections::BTreeSet<_> = all_rows(&[-400, -200, -100, 50, 150, 300])
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(keys.len(), ROWS.len() + 6, "keys are unique");
+        assert_eq!(all_rows(&[]).len(), ROWS.len());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The floor experiment's numbers: per-cycle samples, their summaries, the markdown tables, the
-//! verdict on what online's first kernel waits for and the one on how much of a burst's delay the
-//! split removes. Pure functions, tested without a GPU.
+//! verdict on what online's first kernel waits for, the one on how much of a burst's delay the
+//! split removes and the one on whether online's launch waits for a disable in progress. Pure
+//! functions, tested without a GPU.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,8 @@ use valve::bindings::RmStatus;
 use valve::stats::{summarize_us, Summary};
 
 /// One cycle of one row. Times are microseconds after the issue (the first ioctl's start, or the
-/// trigger's flag), on the runner's clock; a field the row does not measure stays `None`.
+/// trigger's flag; in (g) always the flag, and the issue is `issue_us`), on the runner's clock; a
+/// field the row does not measure stays `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Sample {
     /// The (first) control's ioctl.
@@ -21,6 +23,10 @@ pub struct Sample {
     /// RM's status (the floor's controls, which may be refused).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u32>,
+    /// (g): the disable's issue (its first ioctl's start) after the flag; negative when the flag
+    /// came after the issue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issue_us: Option<f64>,
     /// The (last) disable ioctl's return.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub return_us: Option<f64>,
@@ -66,8 +72,9 @@ pub struct Sample {
 pub type Field = (&'static str, fn(&Sample) -> Option<f64>);
 
 /// Every timing a sample can carry, by the name the JSON summaries use.
-pub const FIELDS: [Field; 13] = [
+pub const FIELDS: [Field; 16] = [
     ("ioctl_us", |s| s.ioctl_us),
+    ("issue_us", |s| s.issue_us),
     ("second_ioctl_us", |s| s.second_ioctl_us),
     ("return_us", |s| s.return_us),
     ("stop_us", |s| s.stop_us),
@@ -80,6 +87,8 @@ pub const FIELDS: [Field; 13] = [
     ("burst_span_us", |s| s.burst_span_us),
     ("start_minus_stop_gpu_us", |s| s.start_minus_stop_gpu_us),
     ("start_minus_return_us", start_minus_return),
+    ("start_minus_stop_us", start_minus_stop),
+    ("launch_to_start_us", launch_to_start),
 ];
 
 /// Online's start minus the ioctl's return.
@@ -90,6 +99,12 @@ pub fn start_minus_return(s: &Sample) -> Option<f64> {
 /// Online's start minus the GPU stop (host clock).
 pub fn start_minus_stop(s: &Sample) -> Option<f64> {
     Some(s.online_start_us? - s.stop_us?)
+}
+
+/// Online's kernel start minus its launch call's return (host clock): how long a launched kernel
+/// waited for the GPU.
+pub fn launch_to_start(s: &Sample) -> Option<f64> {
+    Some(s.online_start_us? - s.online_launched_us?)
 }
 
 /// The values of one timing.
@@ -344,6 +359,198 @@ pub const BURST_COLS: &[Column] = &[
     ("failed cycles", errors_cell),
 ];
 
+/// "k of n": cycles where online's kernel started before the GPU stop, of those with both; "-"
+/// if none has both.
+pub fn before_stop(samples: &[Sample]) -> String {
+    let d = values(samples, start_minus_stop);
+    if d.is_empty() {
+        return "-".into();
+    }
+    format!("{} of {}", d.iter().filter(|x| **x < 0.0).count(), d.len())
+}
+
+/// (g): online's launch at offsets from the disable's issue; every time after the flag.
+pub const OFFSET_COLS: &[Column] = &[
+    ("shots", |r| r.samples.len().to_string()),
+    ("online start - launch returned p50 / p99 (us)", |r| {
+        p50_p99(r.samples, launch_to_start)
+    }),
+    ("online start - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.online_start_us)
+    }),
+    ("launch returned - flag p50", |r| {
+        p50(r.samples, |s| s.online_launched_us)
+    }),
+    ("disable issue - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.issue_us)
+    }),
+    ("GPU stop - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.stop_us)
+    }),
+    ("ioctl return - flag p50 / p99", |r| {
+        p50_p99(r.samples, |s| s.return_us)
+    }),
+    ("online started before the GPU stop", |r| {
+        before_stop(r.samples)
+    }),
+    ("no kernel within 500 ms", |r| {
+        r.samples
+            .iter()
+            .filter(|s| s.online_timeout)
+            .count()
+            .to_string()
+    }),
+    ("hog frozen / resumed", |r| {
+        format!(
+            "{} / {}",
+            all_hold(r.samples, |s| s.frozen),
+            all_hold(r.samples, |s| s.resumed)
+        )
+    }),
+    ("failed cycles", errors_cell),
+];
+
+/// (g): online's launch-to-start at one offset between the flag and the disable's issue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OffsetP50 {
+    /// D: the disable's issue after the flag (negative: the flag after the issue), us.
+    pub offset_us: i64,
+    /// Cycles with online's launch and start.
+    pub cycles: usize,
+    /// Their launch-to-start p50 (`None` without cycles).
+    pub p50_us: Option<f64>,
+}
+
+/// (g)'s description: does online's launch wait when it comes during the disable, and not when
+/// it comes before? Launch-to-start p50s against the no-control row's.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OffsetVerdict {
+    /// The no-control row's launch-to-start p50 (`None` without cycles).
+    pub no_control_p50_us: Option<f64>,
+    /// Every offset's, in the order given.
+    pub offsets: Vec<OffsetP50>,
+    /// The most negative offset's p50 exceeds no control's by more than `DURING_WAITS_US`
+    /// (`None`: no such offset, or no p50 to compare).
+    pub during_waits: Option<bool>,
+    /// Every positive offset's p50 is within `BEFORE_WITHIN_US` of no control's (`None`: no
+    /// positive offset with a p50, or no control has none).
+    pub before_within: Option<bool>,
+    /// The sentences the report prints.
+    pub text: String,
+}
+
+/// Above this excess over no control (us), a launch during the disable is said to wait.
+pub const DURING_WAITS_US: f64 = 100.0;
+/// Within this distance of no control (us), a launch before the disable is said not to wait.
+pub const BEFORE_WITHIN_US: f64 = 50.0;
+
+/// Describes (g): `none` is the no-control row, `rows` the offset rows (D, samples).
+pub fn offset_verdict(none: &[Sample], rows: &[(i64, &[Sample])]) -> OffsetVerdict {
+    let p50_of = |x: &[Sample]| {
+        let v = values(x, launch_to_start);
+        (v.len(), (!v.is_empty()).then(|| summarize_us(&v).p50_us))
+    };
+    let offsets: Vec<OffsetP50> = rows
+        .iter()
+        .map(|(d, x)| {
+            let (cycles, p50_us) = p50_of(x);
+            OffsetP50 {
+                offset_us: *d,
+                cycles,
+                p50_us,
+            }
+        })
+        .collect();
+    let base = p50_of(none).1;
+    let during = most_negative(&offsets).and_then(|o| o.p50_us);
+    let positive: Vec<f64> = positive(&offsets).filter_map(|o| o.p50_us).collect();
+    let mut v = OffsetVerdict {
+        no_control_p50_us: base,
+        during_waits: base.zip(during).map(|(b, p)| p - b > DURING_WAITS_US),
+        before_within: base
+            .filter(|_| !positive.is_empty())
+            .map(|b| positive.iter().all(|p| (p - b).abs() <= BEFORE_WITHIN_US)),
+        offsets,
+        text: String::new(),
+    };
+    v.text = offset_text(&v);
+    v
+}
+
+fn most_negative(offsets: &[OffsetP50]) -> Option<&OffsetP50> {
+    offsets
+        .iter()
+        .filter(|o| o.offset_us < 0)
+        .min_by_key(|o| o.offset_us)
+}
+
+fn positive(offsets: &[OffsetP50]) -> impl Iterator<Item = &OffsetP50> {
+    offsets.iter().filter(|o| o.offset_us > 0)
+}
+
+fn offset_text(v: &OffsetVerdict) -> String {
+    let Some(base) = v.no_control_p50_us else {
+        return "No verdict: the no-control row has no cycle with online's launch and start."
+            .into();
+    };
+    format!(
+        "With no control, online's kernel started p50 {base:.0} us after its launch returned. {} {}",
+        during_text(v, base),
+        before_text(v, base)
+    )
+}
+
+/// The most negative offset against no control.
+fn during_text(v: &OffsetVerdict, base: f64) -> String {
+    let Some(o) = most_negative(&v.offsets) else {
+        return "No negative offset was run.".into();
+    };
+    let d = o.offset_us.unsigned_abs();
+    let Some(p) = o.p50_us else {
+        return format!("At D = -{d} us no cycle has online's launch and start.");
+    };
+    let at = format!(
+        "At D = -{d} us (the flag {d} us after the disable's issue) it started p50 {p:.0} us after its launch, {:+.0} us against no control ({} cycles)",
+        p - base,
+        o.cycles
+    );
+    if v.during_waits == Some(true) {
+        format!("{at}: more than {DURING_WAITS_US:.0} us, a launch during the disable waits.")
+    } else {
+        format!("{at}: not more than {DURING_WAITS_US:.0} us, no sign that a launch during the disable waits.")
+    }
+}
+
+/// The positive offsets against no control.
+fn before_text(v: &OffsetVerdict, base: f64) -> String {
+    let pos: Vec<(i64, f64)> = positive(&v.offsets)
+        .filter_map(|o| Some((o.offset_us, o.p50_us?)))
+        .collect();
+    if pos.is_empty() {
+        return "No positive offset has a cycle with online's launch and start.".into();
+    }
+    let list = pos
+        .iter()
+        .map(|(d, p)| format!("{p:.0} us ({:+.0}) at D = +{d}", p - base))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let far: Vec<String> = pos
+        .iter()
+        .filter(|(_, p)| (p - base).abs() > BEFORE_WITHIN_US)
+        .map(|(d, _)| format!("+{d}"))
+        .collect();
+    let head =
+        format!("With the disable issued after the flag it started p50 {list} after its launch");
+    if far.is_empty() {
+        format!("{head}: within {BEFORE_WITHIN_US:.0} us of no control at each, a launch before the disable does not wait.")
+    } else {
+        format!(
+            "{head}: more than {BEFORE_WITHIN_US:.0} us from no control at D = {}, a launch before the disable does not start as it does with no control there.",
+            far.join(", ")
+        )
+    }
+}
+
 /// How much of the burst's delay the split removes: the last kernel's end after the flag with
 /// the disable of all channels, with the split and with offline already frozen.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -583,7 +790,13 @@ mod tests {
             lines[3],
             "| refused | 0 | - | - | - | - | 1: raw ioctl failed: a / b c |"
         );
-        for cols in [CYCLE_COLS, SPLIT_COLS, TRIGGER_COLS, BURST_COLS] {
+        for cols in [
+            CYCLE_COLS,
+            SPLIT_COLS,
+            TRIGGER_COLS,
+            BURST_COLS,
+            OFFSET_COLS,
+        ] {
             let t = table(cols, &rows);
             let bars = |l: &str| l.matches('|').count();
             assert!(t.lines().all(|l| bars(l) == cols.len() + 2), "{t}");
@@ -657,6 +870,73 @@ mod tests {
         }];
         assert!(burst_verdict(&same, &timed_out, &same).is_none());
         assert!(burst_verdict(&[], &same, &same).is_none());
+    }
+
+    /// A (g) shot: launch returned at 10 us, the kernel started `l2s` us later.
+    fn launched(l2s: f64) -> Sample {
+        Sample {
+            online_launched_us: Some(10.0),
+            online_start_us: Some(10.0 + l2s),
+            stop_us: Some(400.0),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn offset_verdict_waits_during_not_before() {
+        let none = vec![launched(190.0); 10];
+        let (m400, m100, p50, p300) = (
+            vec![launched(480.0); 10],
+            vec![launched(300.0); 10],
+            vec![launched(200.0); 10],
+            vec![launched(160.0); 10],
+        );
+        let rows: Vec<(i64, &[Sample])> =
+            vec![(-100, &m100), (300, &p300), (-400, &m400), (50, &p50)];
+        let v = offset_verdict(&none, &rows);
+        assert_eq!(v.no_control_p50_us, Some(190.0));
+        assert_eq!((v.during_waits, v.before_within), (Some(true), Some(true)));
+        assert_eq!(v.offsets[2].p50_us, Some(480.0));
+        assert_eq!(
+            v.text,
+            "With no control, online's kernel started p50 190 us after its launch returned. At D = -400 us (the flag 400 us after the disable's issue) it started p50 480 us after its launch, +290 us against no control (10 cycles): more than 100 us, a launch during the disable waits. With the disable issued after the flag it started p50 160 us (-30) at D = +300, 200 us (+10) at D = +50 after its launch: within 50 us of no control at each, a launch before the disable does not wait."
+        );
+        assert_eq!(before_stop(&m400), "0 of 10");
+        assert_eq!(before_stop(&p50), "10 of 10");
+        assert_eq!(before_stop(&none[..0]), "-");
+    }
+
+    #[test]
+    fn offset_verdict_other_outcomes() {
+        let none = vec![launched(190.0); 10];
+        let (m400, p150) = (vec![launched(250.0); 10], vec![launched(260.0); 10]);
+        let v = offset_verdict(&none, &[(-400, &m400), (150, &p150)]);
+        assert_eq!(
+            (v.during_waits, v.before_within),
+            (Some(false), Some(false))
+        );
+        assert!(
+            v.text.contains("+60 us against no control (10 cycles): not more than 100 us, no sign that a launch during the disable waits."),
+            "{}",
+            v.text
+        );
+        assert!(
+            v.text.ends_with("more than 50 us from no control at D = +150, a launch before the disable does not start as it does with no control there."),
+            "{}",
+            v.text
+        );
+        let v = offset_verdict(&none, &[(150, &p150)]);
+        assert!(v.text.contains("No negative offset was run."), "{}", v.text);
+        assert_eq!(v.during_waits, None);
+        let v = offset_verdict(&none, &[(-400, &[]), (150, &[])]);
+        assert!(v.text.contains("At D = -400 us no cycle has"), "{}", v.text);
+        assert!(v
+            .text
+            .ends_with("No positive offset has a cycle with online's launch and start."));
+        assert_eq!((v.during_waits, v.before_within), (None, None));
+        let v = offset_verdict(&[], &[(-400, &m400)]);
+        assert!(v.text.starts_with("No verdict"), "{}", v.text);
+        assert_eq!(v.during_waits, None);
     }
 
     #[test]

@@ -88,6 +88,12 @@ struct Args {
     /// Cycles per row in the floor experiment.
     #[arg(long, default_value_t = 100)]
     floor_cycles: usize,
+    /// Offsets D (us, comma-separated, signed) of the floor experiment's table (g): whether
+    /// online's launch waits for a disable in progress. D > 0 issues the all-channel disable D us
+    /// after online's flag; D < 0 sets the flag -D us after the disable's issue. Each 0 < |D| <=
+    /// 2000 (0 is table (e)'s row); an empty string skips table (g).
+    #[arg(long, default_value = floor::DEFAULT_OFFSETS_US, value_parser = floor::parse_offsets, allow_hyphen_values = true)]
+    floor_offsets_us: floor::Offsets,
     /// Kernels per online burst in the floor experiment's (f) rows, back to back on one stream.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=trigger::MAX_BURST as i64))]
     floor_burst_kernels: u32,
@@ -253,7 +259,8 @@ fn run(args: &Args) -> Result<bool> {
 
     if args.only_floor {
         let burst = trigger::Burst::new(args.floor_burst_kernels, args.floor_burst_us)?;
-        floor::run(&ctl, &bins, g0, args.floor_cycles, burst, &mut r);
+        let plan = (burst, &args.floor_offsets_us);
+        floor::run(&ctl, &bins, g0, args.floor_cycles, plan, &mut r);
         return finish(args, r, t_start);
     }
     if args.only_ctx {
@@ -1052,6 +1059,27 @@ mod tests {
                 Args::try_parse_from(base.iter().chain(&bad)).is_err(),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn floor_offsets_default_parse_and_bounds() {
+        let a = parse(&["--only-floor"]);
+        assert_eq!(a.floor_offsets_us.0, [-400, -200, -100, 50, 150, 300]);
+        let a = parse(&["--floor-offsets-us", "-1500,20"]);
+        assert_eq!(a.floor_offsets_us.0, [-1500, 20]);
+        let a = parse(&["--floor-offsets-us=-2000, 2000"]);
+        assert_eq!(a.floor_offsets_us.0, [-2000, 2000]);
+        assert!(parse(&["--floor-offsets-us", ""])
+            .floor_offsets_us
+            .0
+            .is_empty());
+        let base = ["valve-hwtest", "--bins", "/b", "--out", "/o"];
+        for bad in ["-2001", "2500", "0", "50,x", "50,50", "50,,150"] {
+            let e = Args::try_parse_from(base.iter().chain(&["--floor-offsets-us", bad]))
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("--floor-offsets-us"), "{bad}: {e}");
         }
     }
 

@@ -317,10 +317,19 @@ impl Trigger {
     /// Fires the next shot, a burst as `b` says (`Burst::SINGLE`: one tiny kernel), and returns
     /// its number.
     pub fn fire(&mut self, b: Burst) -> u64 {
+        let n = self.prepare(b);
+        self.page.fire(n);
+        n
+    }
+
+    /// Sets what the next shot launches and reserves its number, without firing it: the caller
+    /// fires it with `page.fire(n)`, possibly from another thread (the page is `Sync`), and must
+    /// fire it before the next `idle`, which waits for its answer. A thread spawned after this
+    /// call sees the burst's stores, so its `fire` (a release) publishes them to the trigger.
+    pub fn prepare(&mut self, b: Burst) -> u64 {
         self.page.set_burst(b);
         let n = self.next;
         self.next += 1;
-        self.page.fire(n);
         n
     }
 
@@ -530,5 +539,29 @@ mod tests {
         }
         responder.join().unwrap();
         assert!(page.wait_done(4, Duration::from_millis(5)).is_none());
+    }
+
+    /// `prepare` reserves the number and sets the burst; a scoped thread fires it (the floor's
+    /// (g) rows with the flag after the disable's issue).
+    #[test]
+    fn prepare_then_fire_from_a_scoped_thread() {
+        let child = Command::new("true").spawn().expect("spawns `true`");
+        let mut t = Trigger {
+            child,
+            stdout: None,
+            page: temp_page("prepare"),
+            next: 1,
+        };
+        assert_eq!(t.fire(Burst::SINGLE), 1);
+        let b = Burst::new(3, 10).expect("valid");
+        let n = t.prepare(b);
+        assert_eq!((n, t.page.requested()), (2, 1), "not fired yet");
+        assert_eq!(t.page.burst(), b);
+        let page = &t.page;
+        std::thread::scope(|s| {
+            s.spawn(|| page.fire(n));
+        });
+        assert_eq!(t.page.requested(), 2);
+        assert_eq!(t.fire(Burst::SINGLE), 3);
     }
 }
