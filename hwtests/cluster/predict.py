@@ -182,6 +182,8 @@ class Bench:
                 "--alone-seconds", f"{a.profile_alone_seconds or 2 * a.profile_seconds}s", "--out", path]
         if caps:
             args += ["--caps", caps]
+            if a.profile_fresh_alone:
+                args += ["--fresh-alone", "true"]
         if a.preempt_every:
             args += ["--preempt-every", a.preempt_every, "--preempt-for", a.preempt_for]
         if kind == "cb" and a.reclaim_every:
@@ -320,6 +322,9 @@ def main() -> int:
                     help="profile-job --settle: longer than one offline request takes, so that a step measures the "
                          "new memory's rate, not the ramp to it (5 s read continuous batching 10%% low)")
     ap.add_argument("--profile-alone-seconds", type=int, help="profile-job --alone-seconds (default: twice --profile-seconds)")
+    ap.add_argument("--profile-fresh-alone", action="store_true",
+                    help="profile-job --fresh-alone: with --caps, T_alone from a second run started uncapped (the "
+                         "sixth check's run D, within 1%% at 0.5 requests/s)")
     ap.add_argument("--offline-batch-tokens", type=int, default=512)
     ap.add_argument("--cb-safety-margin", type=float, default=0.0,
                     help="continuous batching's scheduler safety margin (offline.py --safety-margin; transformers' "
