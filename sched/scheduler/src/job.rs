@@ -160,19 +160,28 @@ pub struct Measured {
     /// uncapped (`profile-job --fresh-alone`); the curve's points were scaled by T_alone over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capped_run_alone_per_s: Option<f64>,
+    /// The interruption costs as the profiling steps read them, where some were not charged
+    /// because the step's effect lay inside [`Measured::uninterrupted_spread`] (`profile-job
+    /// --keep-costs-within-noise` charges them all). Absent where every reading was charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs_as_read: Option<InterruptCosts>,
 }
 
 impl Measured {
     /// (highest - lowest) / mean of [`Measured::uninterrupted_per_s`]; `None` with fewer than
     /// two rates or a mean of 0.
     pub fn uninterrupted_spread(&self) -> Option<f64> {
-        let r = &self.uninterrupted_per_s;
-        let mean = r.iter().sum::<f64>() / r.len() as f64;
-        let (lo, hi) = r.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
-            (lo.min(x), hi.max(x))
-        });
-        (r.len() >= 2 && mean > 0.0).then(|| (hi - lo) / mean)
+        spread_of(&self.uninterrupted_per_s)
     }
+}
+
+/// (highest - lowest) / mean of `rates`; `None` with fewer than two rates or a mean of 0.
+pub fn spread_of(rates: &[f64]) -> Option<f64> {
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let (lo, hi) = rates.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
+        (lo.min(x), hi.max(x))
+    });
+    (rates.len() >= 2 && mean > 0.0).then(|| (hi - lo) / mean)
 }
 
 /// Why a profile or request was refused.
@@ -381,6 +390,7 @@ pub(crate) mod tests {
             alone_spread: None,
             uninterrupted_per_s: r.to_vec(),
             capped_run_alone_per_s: None,
+            costs_as_read: None,
         };
         // The fourth H200 check's run 5: T_alone 1,092, then 1,486 after the reclaim step.
         let s = m(&[1092.0, 1486.0]).uninterrupted_spread().unwrap();

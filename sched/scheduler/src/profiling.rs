@@ -1,7 +1,7 @@
 //! Turning measurements of a job run at several memory caps into its profile: T_alone and the
 //! memory-throughput curve T(m) (issue 28, part 2). `valve-scheduler profile-job` measures.
 
-use crate::job::{CurvePoint, InterruptCosts, JobProfile, Measured, PROFILE_VERSION};
+use crate::job::{CurvePoint, EpisodeCost, InterruptCosts, JobProfile, Measured, PROFILE_VERSION};
 
 /// One measured step.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -92,6 +92,108 @@ pub fn preemption_costs(
     Some((overlap, ((lost_s - held_s) / events).max(0.0)))
 }
 
+/// What one interrupted profiling step read, before [`costs_from`] decides what to keep.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepReading {
+    /// The preemption step, as [`preemption_costs`] reads it.
+    Preemption {
+        /// Share of the held time not lost.
+        held_overlap: f64,
+        /// Seconds lost per preemption beyond the held time.
+        preemption_s: f64,
+        /// [`step_effect`] of the step.
+        effect: f64,
+    },
+    /// One reclaim size's step.
+    Reclaim {
+        /// MiB per reclaim.
+        mib: u64,
+        /// Reclaims inside the measured seconds.
+        episodes: f64,
+        /// GiB they took back.
+        gib: f64,
+        /// Seconds of work the step lost, all reclaims together.
+        lost_s: f64,
+        /// [`step_effect`] of the step.
+        effect: f64,
+    },
+}
+
+impl StepReading {
+    fn effect(&self) -> f64 {
+        match self {
+            StepReading::Preemption { effect, .. } | StepReading::Reclaim { effect, .. } => *effect,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            StepReading::Preemption { .. } => "the preemption step".into(),
+            StepReading::Reclaim { mib, .. } => format!("the {mib}-MiB reclaim step"),
+        }
+    }
+}
+
+/// How far an interrupted step's rate `per_s` is from what it would be if the interruptions
+/// cost exactly their held time `held_s` of `seconds` and nothing more, at the baseline
+/// `base_per_s`: |per_s - expected| / expected. `None` where nothing was measured.
+pub fn step_effect(base_per_s: f64, per_s: f64, seconds: f64, held_s: f64) -> Option<f64> {
+    let expected = base_per_s * (1.0 - held_s / seconds);
+    (expected > 0.0 && seconds > 0.0 && per_s > 0.0).then(|| (per_s - expected).abs() / expected)
+}
+
+/// The interruption costs from the steps' readings. A step whose [`step_effect`] is no larger
+/// than `noise` (how far the job's uninterrupted rate moved while profiled) measured nothing the
+/// job's own drift could not make, so its costs are left at 0 and a note says so; `None` keeps
+/// every reading. Reclaim costs: seconds lost per GiB over the kept sizes, and per episode by
+/// size.
+pub fn costs_from(readings: &[StepReading], noise: Option<f64>) -> (InterruptCosts, Vec<String>) {
+    let mut costs = InterruptCosts::default();
+    let mut notes = Vec::new();
+    let (mut lost_all, mut gib_all) = (0.0, 0.0);
+    for r in readings {
+        if let Some(n) = noise.filter(|&n| r.effect() <= n) {
+            notes.push(format!(
+                "{} moved the job's rate {:.1}%, inside the {:.1}% its uninterrupted rate moved: \
+                 no cost charged for it",
+                r.name(),
+                100.0 * r.effect(),
+                100.0 * n
+            ));
+            continue;
+        }
+        match *r {
+            StepReading::Preemption {
+                held_overlap,
+                preemption_s,
+                ..
+            } => (costs.held_overlap, costs.preemption_s) = (held_overlap, preemption_s),
+            StepReading::Reclaim {
+                episodes,
+                gib,
+                lost_s,
+                ..
+            } => {
+                (lost_all, gib_all) = (lost_all + lost_s, gib_all + gib);
+                if episodes > 0.0 && gib > 0.0 {
+                    costs.reclaim_episodes.push(EpisodeCost {
+                        reclaimed_bytes: (gib / episodes * f64::from(1u32 << 30)) as u64,
+                        lost_s: lost_s / episodes,
+                    });
+                }
+            }
+        }
+    }
+    costs.reclaim_s_per_gib = if gib_all > 0.0 {
+        lost_all / gib_all
+    } else {
+        0.0
+    };
+    costs.reclaim_episodes.sort_by_key(|p| p.reclaimed_bytes);
+    costs.reclaim_episodes.dedup_by_key(|p| p.reclaimed_bytes);
+    (costs, notes)
+}
+
 /// The profile from `steps`. A step's memory is what the job held (the cap where that is
 /// unknown); steps at equal memory are averaged. T_alone is the uncapped step's rate, or the
 /// best rate where no step ran uncapped.
@@ -166,6 +268,7 @@ mod tests {
                 alone_spread: None,
                 uninterrupted_per_s: Vec::new(),
                 capped_run_alone_per_s: None,
+                costs_as_read: None,
             },
             deficit_penalty: 0.2,
             costs: InterruptCosts::default(),
@@ -203,6 +306,63 @@ mod tests {
         assert_eq!(none[0].per_s, 10.0, "left as it was");
         let mut zero = vec![step(None, 0.0)];
         assert_eq!(rebase_on_fresh_alone(&mut zero, 5.0), None, "a rate of 0");
+    }
+
+    /// The seventh check's run G (H100): uninterrupted 1,678, 1,723, then 1,504 tokens/s; the
+    /// preemption step (20 holds of 500 ms in 20 s) read 807.3 against a baseline of 1,700.7, the
+    /// 2-GiB reclaim step 1,474.5 against 1,613.7.
+    fn run_g() -> Vec<StepReading> {
+        let (base_p, per_p) = (1700.7, 807.3);
+        let (overlap, pre) = preemption_costs(base_p, per_p, 20.0, 10.0, 20.0).unwrap();
+        let (base_r, per_r) = (1613.7, 1474.5);
+        vec![
+            StepReading::Preemption {
+                held_overlap: overlap,
+                preemption_s: pre,
+                effect: step_effect(base_p, per_p, 20.0, 10.0).unwrap(),
+            },
+            StepReading::Reclaim {
+                mib: 2048,
+                episodes: 5.0,
+                gib: 10.0,
+                lost_s: interrupt_cost_s(base_r, per_r, 20.0, 0.0, 1.0).unwrap(),
+                effect: step_effect(base_r, per_r, 20.0, 0.0).unwrap(),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_step_inside_the_jobs_own_spread_charges_nothing() {
+        let g = run_g();
+        let effects: Vec<f64> = g.iter().map(StepReading::effect).collect();
+        assert!((effects[0] - 0.0506).abs() < 5e-4, "{effects:?}");
+        assert!((effects[1] - 0.0863).abs() < 5e-4, "{effects:?}");
+        let noise = crate::job::spread_of(&[1678.2, 1723.2, 1504.3]).unwrap();
+        assert!((noise - 0.134).abs() < 1e-3, "{noise}");
+
+        let (kept, notes) = costs_from(&g, Some(noise));
+        assert!(kept.is_zero(), "{kept:?}");
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[1].contains("2048-MiB reclaim step"), "{notes:?}");
+
+        // As read, the same steps charge what the profile of run G charged.
+        let (read, none) = costs_from(&g, None);
+        assert!(none.is_empty());
+        assert!((read.preemption_s - 0.0253).abs() < 5e-4, "{read:?}");
+        assert!((read.reclaim_s_per_gib - 0.1726).abs() < 5e-4, "{read:?}");
+        assert_eq!(read.reclaim_episodes.len(), 1);
+        assert_eq!(read.reclaim_episodes[0].reclaimed_bytes, 2 * GIB);
+
+        // The sixth check's run D: the preemption step lost 0.95 s beyond its held time (9.5%
+        // of the step) while the job's level moved 1.4%: charged.
+        let d = [StepReading::Preemption {
+            held_overlap: 0.0,
+            preemption_s: 0.0476,
+            effect: step_effect(1896.3, 1896.3 * (1.0 - 10.95 / 20.0), 20.0, 10.0).unwrap(),
+        }];
+        let (kept, notes) = costs_from(&d, Some(0.014));
+        assert_eq!(kept.preemption_s, 0.0476, "{notes:?}");
+        assert!(notes.is_empty());
     }
 
     #[test]
