@@ -40,7 +40,7 @@ def generate(a) -> int:
     if a.mode == "valve":
         import valve_transformers as vt
 
-        vt.install("offline", memory_wait_s=120)
+        vt.install("offline", memory_wait_s=120, **({"placement": "compact"} if a.placement == "compact" else {}))
     model, _ = common.load_model(a.model)
     rng = random.Random(3)
     prompts = [[rng.randrange(4, 4 + common.WORDS) for _ in range(rng.randint(*PROMPT_TOKENS))] for _ in range(PROMPTS)]
@@ -98,6 +98,8 @@ def main() -> int:
     g.add_argument("--max-batch-tokens", type=int, default=1)
     g.add_argument("--out", required=True)
     g.add_argument("--started", help="file to create when generation starts")
+    g.add_argument("--placement", choices=("default", "compact"), default="default",
+                   help="valve mode: the shim's block placement (compact: a request's blocks on as few handles as possible)")
     p = sub.add_parser("pressure")
     p.add_argument("--stop", required=True)
     p.add_argument("--out", required=True)

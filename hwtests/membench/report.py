@@ -579,6 +579,7 @@ def correctness_markdown(out: dict) -> str:
         label = "one token of one request" if str(mbt) == "1" else f"batched ({mbt} tokens)"
         lines.append(f"| {label} | {r.get('requests')} | {r.get('reclaims')} | {r.get('requeued')} | "
                      f"{r.get('invalidated_blocks')} | {r.get('identical')} {r.get('error') or ''} |")
+    lines.append(f"\nThe shim's block placement: {out.get('placement', 'default')}.")
     lines.append(f"\nBatched reference equals the one-token reference (batching alone keeps the tokens): "
                  f"{out.get('batch_invariant')}.")
     lines.append(f"\nNVML used memory: {out.get('gpu_used_mib_before')} MiB before, "
