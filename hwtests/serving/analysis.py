@@ -218,6 +218,46 @@ HOST_PATH = (("send_to_recv", "send_ns", "recv_ns"), ("recv_to_launch", "recv_ns
              ("launch_to_gpu_start", "launch_ns", "gpu_start_ns"))
 
 
+# Buckets of "host launch after the disable's issue" (us) for disable_split: the floor
+# experiment's table (g) found a launch that lands late in the disable waiting (+132 us on an
+# H100 at 400 us) and one at other offsets not.
+LAUNCH_AFTER_ISSUE_BUCKETS_US = (0, 200, 400, 600)
+
+
+def disable_split_rows(requests, trace):
+    """For each idle arrival that the gate stopped offline for (a whole-offline disable issued
+    after the send and before the request ended) and that has the server's launch and GPU-start
+    marks: the host launch's time after that disable's issue (us; negative: the server launched
+    first) and the launch -> GPU start (us)."""
+    issues = sorted(r["t_ns"] for r in trace
+                    if r["event"] == "disable" and r.get("pid", 0) == 0 and r.get("ok", True))
+    rows = []
+    for q in requests:
+        if not q.get("idle_at_send") or q.get("launch_ns") is None or q.get("gpu_start_ns") is None:
+            continue
+        i = bisect.bisect_left(issues, q["send_ns"])
+        if i == len(issues) or issues[i] >= q["end_ns"]:
+            continue
+        rows.append({"launch_after_issue_us": (q["launch_ns"] - issues[i]) / 1e3,
+                     "launch_to_gpu_start_us": (q["gpu_start_ns"] - q["launch_ns"]) / 1e3})
+    return rows
+
+
+def disable_split_stats(rows):
+    """disable_split_rows by bucket of launch after issue: per bucket (label, count, launch -> GPU
+    start p50 and p99 in us); empty buckets are left out."""
+    edges = LAUNCH_AFTER_ISSUE_BUCKETS_US
+    bounds = [(None, edges[0])] + list(zip(edges, edges[1:])) + [(edges[-1], None)]
+    out = []
+    for lo, hi in bounds:
+        xs = [r["launch_to_gpu_start_us"] for r in rows
+              if (lo is None or r["launch_after_issue_us"] >= lo) and (hi is None or r["launch_after_issue_us"] < hi)]
+        if xs:
+            label = f"< {hi}" if lo is None else f">= {lo}" if hi is None else f"{lo}-{hi}"
+            out.append({"bucket_us": label, "n": len(xs), "p50_us": percentile(xs, 50), "p99_us": percentile(xs, 99)})
+    return out
+
+
 def host_path_rows(requests):
     """Where an idle arrival's time went before its first kernel ran, from the graph servers'
     marks (ms; None where a mark is missing): the client's send -> the server got the request

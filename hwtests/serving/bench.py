@@ -544,6 +544,9 @@ def config_stats(group, rate_alone, stamped=False):
     per = [x for r in group if "trace" in r
            for x in analysis.per_request(r["records"], r["trace"], set(r["online_pids"]) or None)]
     s["per_request"] = per
+    split = [x for r in group if "trace" in r for x in analysis.disable_split_rows(r["records"], r["trace"])]
+    if split:
+        s["disable_split"] = analysis.disable_split_stats(split)
     s["decode"] = analysis.decode_summary([(r["records"], r["trace"]) for r in group if "trace" in r])
     judged = [x for x in per if x["arrival_to_kernel_ms"] is not None]
     s["stopped_first_share"] = sum(x["stopped_first"] for x in judged) / len(judged) if judged else None
@@ -631,6 +634,24 @@ def host_path_lines(rows):
     return lines
 
 
+def disable_split_lines(rows):
+    """Per gated configuration, its idle arrivals' host launch -> GPU start by when the server launched
+    after the disable's issue (the serving side of the floor experiment's table (g)); nothing where no
+    configuration has both the gate's trace and the server's marks."""
+    gated = {cfg: s["disable_split"] for cfg, s in rows.items() if s.get("disable_split")}
+    if not gated:
+        return []
+    lines = ["", "Host launch -> GPU start (us, p50 / p99) of idle arrivals, by how long after the gate's disable "
+             "was issued the server launched (negative: before it); the floor experiment's table (g) found a "
+             "launch late in the disable waiting:", "",
+             "| configuration | launch after issue (us) | idle arrivals | launch -> GPU start p50 / p99 |", "|---|---|---|---|"]
+    for cfg, buckets in gated.items():
+        for b in buckets:
+            lines.append(f"| {CONFIG_NAMES[cfg]} | {b['bucket_us']} | {b['n']} | {fmt(b['p50_us'], '.0f')} / "
+                         f"{fmt(b['p99_us'], '.0f')} |")
+    return lines
+
+
 def report_md(res, meta):
     mapping = res.get("stamp_mapping")
     lines = [f"# Serving benchmark: {res['server']} on {res['device']}", ""]
@@ -652,6 +673,7 @@ def report_md(res, meta):
         if mapping:
             lines += gpu_start_lines(e["rows"], mapping)
         lines += host_path_lines(e["rows"])
+        lines += disable_split_lines(e["rows"])
         decode = [(cfg, s["decode"]) for cfg, s in e["rows"].items() if s.get("decode")]
         if decode:
             lines += ["", "Offline running inside a request's decode (first token to end; 0 if the gate held it):", ""]

@@ -316,6 +316,39 @@ class GpuStart(unittest.TestCase):
 
 
 
+class DisableSplit(unittest.TestCase):
+    """Idle arrivals' launch -> GPU start by when the server launched after the gate's disable."""
+
+    @staticmethod
+    def marked(send, launch_us, gpu_us, idle=True):
+        r = req(send, send + MS, send + 2 * MS, idle=idle)
+        r.update(launch_ns=send + launch_us * 1_000, gpu_start_ns=send + gpu_us * 1_000)
+        return r
+
+    @staticmethod
+    def disable(t, pid=0, ok=True):
+        return {"event": "disable", "t_ns": t, "end_ns": t + 800_000, "pid": pid, "ok": ok}
+
+    def test_the_launch_is_timed_from_the_first_whole_offline_disable_in_the_request(self):
+        recs = [self.marked(0, 220, 400), self.marked(10 * MS, 220, 700), self.marked(20 * MS, 50, 250)]
+        trace = [self.disable(30_000), self.disable(10 * MS + 20_000),  # issued 30 and 20 us after the sends
+                 self.disable(20 * MS + 100_000, pid=9),  # one process's disable: not the gate's
+                 self.disable(20 * MS + 120_000)]  # after the third request's launch (at 50 us)
+        rows = a.disable_split_rows(recs, trace)
+        self.assertEqual([r["launch_after_issue_us"] for r in rows], [190.0, 200.0, -70.0])
+        self.assertEqual([r["launch_to_gpu_start_us"] for r in rows], [180.0, 480.0, 200.0])
+        stats = a.disable_split_stats(rows)
+        self.assertEqual([(b["bucket_us"], b["n"]) for b in stats], [("< 0", 1), ("0-200", 1), ("200-400", 1)])
+        self.assertEqual(stats[2]["p50_us"], 480.0)
+
+    def test_no_disable_in_the_request_busy_arrivals_and_missing_marks_give_no_row(self):
+        recs = [self.marked(0, 220, 400), self.marked(10 * MS, 220, 400, idle=False),
+                req(20 * MS, 21 * MS, 22 * MS)]
+        trace = [self.disable(3 * MS), self.disable(10 * MS + 1), self.disable(20 * MS + 1)]
+        self.assertEqual(a.disable_split_rows(recs, trace), [])  # the first disable came after the request
+        self.assertEqual(a.disable_split_stats([]), [])
+
+
 class HostPath(unittest.TestCase):
     """Where an idle arrival's time went: send -> recv -> host launch -> GPU start (graph servers' marks)."""
 

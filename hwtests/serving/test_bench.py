@@ -212,6 +212,12 @@ class HostPathReport(unittest.TestCase):
         self.assertIn("| send -> server got it | got it -> host launch | host launch -> GPU start |", md)
         self.assertIn("| online alone | 0.040 / 0.090 | 0.020 / 0.030 | 0.015 / 0.025 |", md)
 
+    def test_the_disable_split_table_only_where_a_configuration_has_it(self):
+        self.assertNotIn("after the gate's disable", self.report())
+        split = [{"bucket_us": "200-400", "n": 3, "p50_us": 452.0, "p99_us": 610.0}]
+        md = self.report(disable_split=split)
+        self.assertIn("| online alone | 200-400 | 3 | 452 / 610 |", md)
+
     def test_config_stats_adds_the_marks_only_where_records_have_them(self):
         rec = {"send_ns": 0, "first_ns": 10**6, "end_ns": 2 * 10**6, "tokens": 2, "error": None, "idle_at_send": True}
         plain = bench.config_stats([{"records": [dict(rec)], "progress": []}], None)
