@@ -5,6 +5,7 @@
 //! - [`cluster`]: nodes, online services and their load minute by minute.
 //! - [`jobs`]: offline profile classes, work and arrivals.
 //! - [`docs`]: the nodes' harvest documents, built from the load as an agent measures it.
+//! - [`drift`]: the drift of a running job's own level over minutes (ground truth only).
 //! - [`run`]: the loop, the policies and the ground truth of each job's minute.
 //! - [`counts`]: each policy's raw counts, minute by minute.
 //! - [`report`]: metrics, the targets and the tables.
@@ -15,6 +16,7 @@
 pub mod cluster;
 pub mod counts;
 pub mod docs;
+pub mod drift;
 pub mod jobs;
 pub mod report;
 pub mod run;
@@ -65,6 +67,15 @@ pub fn assumptions(cfg: &SimConfig) -> Vec<String> {
         "Monitor (all policies): 600 s window, 2 misses in a row to evict, 0.05 hysteresis, at most one eviction per 10 nodes a minute; jobs report progress every pass.".into(),
         "The oracle is Valve's placement fed with documents of the hour after each pass (what will happen on each GPU) and each job's true level relative to its profile (to 0.01); it does not see reclaim losses or preemption costs the profiles do not carry.".into(),
     ];
+    if cfg.level_drift_sd > 0.0 {
+        out.push(format!(
+            "Each run's true level also drifts: x (1 + d), d an AR(1) process with stationary sd {} and correlation time {} min (drawn afresh at each placement, 1 + d clamped to [{}, {}]). No policy knows it: the oracle knows each job's static level, not its drift.",
+            cfg.level_drift_sd,
+            cfg.level_drift_minutes,
+            drift::FACTOR_BOUNDS[0],
+            drift::FACTOR_BOUNDS[1]
+        ));
+    }
     if cfg.node_speed_sd > 0.0 {
         out.push(format!(
             "Each node runs every job at a true speed drawn once, lognormal with log-sd {} clamped to [{}, {}] (H100s of one model ran the same job 26-30% apart); the oracle knows it, Valve learns it from its running jobs (calibration: {}), the other policies do not see it.",
@@ -128,7 +139,11 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
         cfg.max_pending_per_stream,
     )
     .with_costs(cfg.costs)
-    .with_node_speeds(cfg.node_speed_sd, cfg.online.seed);
+    .with_node_speeds(cfg.node_speed_sd, cfg.online.seed)
+    .with_level_drift(
+        drift::LevelDrift::new(cfg.level_drift_sd, cfg.level_drift_minutes),
+        cfg.seed,
+    );
     let out = run::run_world(&world, cfg);
     let online = out.online_busy_gpu_min / out.gpu_minutes.max(1.0);
     let mut lo = 0.0;
@@ -166,6 +181,8 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
             threads: cfg.threads,
             node_speed_sd: cfg.node_speed_sd,
             profile_error_sd: cfg.profile_error_sd,
+            level_drift_sd: cfg.level_drift_sd,
+            level_drift_minutes: cfg.level_drift_minutes,
         },
         assumptions: assumptions(cfg),
         cluster: cluster_summary,

@@ -142,6 +142,10 @@ pub struct ConfigSummary {
     pub node_speed_sd: f64,
     /// Standard deviation of each job's true throughput relative to its profile.
     pub profile_error_sd: f64,
+    /// Stationary sd of the drift of each run's level around its static level (0: none).
+    pub level_drift_sd: f64,
+    /// The drift's correlation time (minutes).
+    pub level_drift_minutes: f64,
 }
 
 /// One profile class, for the results.
@@ -366,6 +370,12 @@ fn render_setting(r: &Results) -> String {
         r.arrivals.rate_per_min,
         c.max_pending_per_stream,
     );
+    if c.level_drift_sd > 0.0 {
+        s += &format!(
+            "Ground truth: each run's level drifts around its static level (sd {}, correlation time {} min), unknown to every policy, the oracle included.\n\n",
+            c.level_drift_sd, c.level_drift_minutes
+        );
+    }
     s += "Memory left to offline, share of GPU-minutes: ";
     s += &r
         .online_memory

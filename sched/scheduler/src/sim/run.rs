@@ -6,7 +6,8 @@
 //! Ground truth per running job and minute (what the model does not see): the time all its GPUs
 //! are idle (a product over its independent busy series), the worst of its GPUs' T(m)/T_alone at
 //! this minute's memory, a preemption cost per online idle-to-busy transition, a per-job profile
-//! error, and reclaim losses where memory falls below what the job held the minute before.
+//! error (optionally drifting over each run's minutes, [`super::drift`]), and reclaim losses
+//! where memory falls below what the job held the minute before.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use valve_harvest::{JobProgress, NodeHarvest, Rate};
 use super::cluster::{Cell, Cluster, OnlineConfig};
 use super::counts::{Metrics, SpeedCheck};
 use super::docs::{Dir, Ring, Templates};
+use super::drift::{self, LevelDrift};
 use super::jobs::{self, Arrival, Class};
 use crate::cycle::{self, JobInfo, NodeInfo, Params, Phase, Report, Snapshot};
 use crate::meta::{JobMeta, PlacedOn};
@@ -254,6 +256,10 @@ pub struct SimConfig {
     pub node_speed_sd: f64,
     /// Standard deviation of each job's true throughput relative to its profile.
     pub profile_error_sd: f64,
+    /// Stationary sd of the drift of each run's level around its static level (0: none).
+    pub level_drift_sd: f64,
+    /// The drift's correlation time (minutes).
+    pub level_drift_minutes: f64,
 }
 
 impl SimConfig {
@@ -277,6 +283,8 @@ impl SimConfig {
             costs: Costs::default(),
             node_speed_sd: 0.0,
             profile_error_sd: super::jobs::PROFILE_ERROR_SD,
+            level_drift_sd: 0.0,
+            level_drift_minutes: drift::DEFAULT_MINUTES,
         }
     }
 }
@@ -297,6 +305,10 @@ pub struct World {
     pub costs: Costs,
     /// Each node's true speed (see [`super::cluster::node_speeds`]); all 1.0 by default.
     pub node_speed: Vec<f64>,
+    /// The drift of each run's level ([`LevelDrift::OFF`] by default).
+    pub level_drift: LevelDrift,
+    /// The seed each run's drift generator is derived from ([`LevelDrift::rng`]).
+    pub drift_seed: u64,
 }
 
 impl World {
@@ -324,7 +336,17 @@ impl World {
             max_pending_per_stream,
             costs: Costs::default(),
             node_speed: vec![1.0; cluster_nodes],
+            level_drift: LevelDrift::OFF,
+            drift_seed: 0,
         }
+    }
+
+    /// The same world with each run's level drifting as `drift`, its generators derived from
+    /// `seed`.
+    pub fn with_level_drift(mut self, drift: LevelDrift, seed: u64) -> World {
+        self.level_drift = drift;
+        self.drift_seed = seed;
+        self
     }
 
     /// The same world with each node's true speed drawn with log-sd `sd` from `seed`.
@@ -379,6 +401,39 @@ struct Run {
     recent: [f32; 60],
     hour_sum: f64,
     out_of_step: bool,
+    /// Its level's drift this minute (`d`: the level is x (1 + d); 0 without drift).
+    drift: f64,
+    /// Its own generator of the drift ([`LevelDrift::rng`]).
+    drift_rng: fastrand::Rng,
+}
+
+impl Run {
+    /// The ground truth of this run's next minute for a job of `class` whose static error is
+    /// `error`, with the minute's cells `col`, in world `w`: its drift moves first.
+    fn minute(
+        &mut self,
+        w: &World,
+        class: &Class,
+        error: f64,
+        col: &[Cell],
+    ) -> (Minute, [Cell; 8]) {
+        self.drift = w.level_drift.step(self.drift, &mut self.drift_rng);
+        let mut cells = [Cell::default(); 8];
+        for (c, &s) in cells.iter_mut().zip(&self.series) {
+            *c = col[s as usize];
+        }
+        let n = self.series.len();
+        let mt = truth(
+            class,
+            &cells[..n],
+            &mut self.held,
+            self.alloc.as_deref(),
+            drift::with_drift(error, self.drift),
+            &w.costs,
+        )
+        .at_speed(w.node_speed[self.node as usize]);
+        (mt, cells)
+    }
 }
 
 /// One minute of a running job, as it truly went.
@@ -559,6 +614,8 @@ impl<'w> PolicySim<'w> {
         let class = self.class(slot);
         // The oracle knows each job's true level, as it knows the hour to come; to 0.01, so that
         // jobs of one class share a few profiles and the pass's per-profile caches still work.
+        // Only the static level: a run's drift (`--level-drift-sd`, [`super::drift`]) is
+        // unpredictable noise that no policy, the oracle included, is told.
         let level = ((1.0 + a.error) * 100.0).round() / 100.0;
         let profile = if self.policy.kind == PolicyKind::Oracle && level != 1.0 {
             class.profile.profile.at_level(level)
@@ -849,6 +906,8 @@ impl<'w> PolicySim<'w> {
                 .collect()
         });
         let out_of_step = series.len() > 1;
+        let mut drift_rng = LevelDrift::rng(self.w.drift_seed, self.job(slot).arrival, t + 1);
+        let drift = self.w.level_drift.start(&mut drift_rng);
         let stream = self.arrival(slot).stream();
         let arrival_minute = self.arrival(slot).minute;
         let k = series.len();
@@ -870,6 +929,8 @@ impl<'w> PolicySim<'w> {
             recent: [0.0; 60],
             hour_sum: 0.0,
             out_of_step,
+            drift,
+            drift_rng,
         });
         if first {
             self.m.first_starts += 1;
@@ -966,32 +1027,19 @@ impl<'w> PolicySim<'w> {
         }
         let mut killed = Vec::new();
         let mut done = Vec::new();
-        let classes = &self.w.classes;
-        let arrivals = &self.w.arrivals;
+        let w = self.w;
         for &slot in &self.running {
             let job = self.jobs[slot as usize].as_mut().expect("live job");
-            let a = &arrivals[job.arrival as usize];
-            let class = &classes[usize::from(a.class)];
+            let a = &w.arrivals[job.arrival as usize];
+            let class = &w.classes[usize::from(a.class)];
             let Some(run) = job.run.as_mut() else {
                 continue; // evicted this pass
             };
             if run.start > t {
                 continue;
             }
-            let mut cells = [Cell::default(); 8];
-            for (c, &s) in cells.iter_mut().zip(&run.series) {
-                *c = col[s as usize];
-            }
+            let (mt, cells) = run.minute(w, class, a.error, col);
             let n = run.series.len();
-            let mt = truth(
-                class,
-                &cells[..n],
-                &mut run.held,
-                run.alloc.as_deref(),
-                a.error,
-                &self.w.costs,
-            )
-            .at_speed(self.w.node_speed[run.node as usize]);
             if mt.killed {
                 killed.push(slot);
                 continue;

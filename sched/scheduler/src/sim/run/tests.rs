@@ -435,3 +435,92 @@ fn the_oracle_knows_a_jobs_level_and_leaves_a_job_that_would_miss_waiting() {
     assert_eq!(oracle.placements, 0, "the oracle knows it would miss");
     assert_eq!(oracle.harvested_gpu_h, 0.0);
 }
+
+/// `r` as JSON without what depends on the machine (wall and pass times) or on `cfg`'s drift
+/// correlation time.
+fn comparable(r: &crate::sim::report::Results) -> serde_json::Value {
+    let mut v = serde_json::to_value(r).unwrap();
+    v["wall_s"] = serde_json::Value::Null;
+    v["config"]["level_drift_minutes"] = serde_json::Value::Null;
+    for p in v["policies"].as_array_mut().unwrap() {
+        p["pass_ms_median"] = serde_json::Value::Null;
+        p["pass_ms_max"] = serde_json::Value::Null;
+    }
+    v
+}
+
+#[test]
+fn level_drift_is_recorded_and_changes_nothing_when_off() {
+    let base = SimConfig::small(3, 600, &["valve"]);
+    let plain = crate::sim::simulate(&base, "test", "given");
+    assert_eq!(plain.config.level_drift_sd, 0.0);
+    assert_eq!(plain.config.level_drift_minutes, 10.0);
+    assert!(plain.policies[0].counts.job_hours > 0, "jobs ran");
+    let off = SimConfig {
+        level_drift_minutes: 30.0,
+        ..base.clone()
+    };
+    let off = crate::sim::simulate(&off, "test", "given");
+    assert_eq!(comparable(&off), comparable(&plain), "sd 0 changes nothing");
+    assert!(!crate::sim::report::render(&off).contains("drifts"));
+    let on = SimConfig {
+        level_drift_sd: 0.1,
+        level_drift_minutes: 5.0,
+        ..base
+    };
+    let (a, b) = (
+        crate::sim::simulate(&on, "test", "given"),
+        crate::sim::simulate(&on, "test", "given"),
+    );
+    assert_eq!(comparable(&a), comparable(&b), "repeatable");
+    assert_eq!(
+        (a.config.level_drift_sd, a.config.level_drift_minutes),
+        (0.1, 5.0)
+    );
+    assert!(a.assumptions.iter().any(|s| s.contains("drifts")));
+    assert!(crate::sim::report::render(&a).contains("sd 0.1, correlation time 5 min"));
+    let (pa, pp) = (&a.policies[0], &plain.policies[0]);
+    assert_eq!(pa.counts.arrived, pp.counts.arrived, "the same arrivals");
+    assert_ne!(
+        pa.harvested_gpu_h, pp.harvested_gpu_h,
+        "the drift moved the truth"
+    );
+}
+
+#[test]
+fn a_runs_drift_moves_its_minutes_around_its_static_level() {
+    // One job alone on an idle node with all the memory it needs: every minute's share is its
+    // level, 1 + error without drift.
+    let mut rng = fastrand::Rng::with_seed(4);
+    let mut cluster = Cluster::assemble(&[vec![(1, true)]], 0.3, &mut rng);
+    cluster.custom = Some(Arc::new(|_s: usize, _m: i64| cell(0.0, 60.0)));
+    let job = Arrival {
+        minute: 0,
+        class: 0,
+        sla: 0,
+        work_s: 100.0 * 3600.0,
+        error: -0.2,
+    };
+    let minutes = 600;
+    let run = |sd: f64| {
+        let world = World::new(cluster.clone(), classes(), vec![job], minutes, 10)
+            .with_level_drift(LevelDrift::new(sd, 10.0), 9);
+        let mut cfg = SimConfig::small(1, minutes, &["oracle"]);
+        cfg.threads = 1;
+        run_world(&world, &cfg).policies.remove(0).1
+    };
+    let still = run(0.0);
+    let hours = still.job_hours as f64;
+    assert!(hours >= 9.0, "{still:?}");
+    assert!((still.harvested_gpu_h - 0.8 * (minutes - 1) as f64 / 60.0).abs() < 1e-9);
+    let moving = run(0.1);
+    assert_eq!(
+        moving.placements, 1,
+        "the oracle placed it on its static level"
+    );
+    let mean = moving.harvested_gpu_h / ((minutes - 1) as f64 / 60.0);
+    assert!(
+        (mean - 0.8).abs() < 0.05 && mean != 0.8,
+        "drift averages out: {mean}"
+    );
+}
