@@ -165,3 +165,18 @@ class Merge(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CpuSweepTable(unittest.TestCase):
+    """cpu_sweep.py's table (standard library only: torch is imported only to run)."""
+
+    def test_policies_side_by_side_and_algorithm_1_against_fifo(self):
+        import cpu_sweep
+
+        cell = dict(placement="default", every_steps=40, size_pct=5.0)
+        cells = [dict(cell, policy="alg1", loss=0.011, requeued_per_handle=0.03),
+                 dict(cell, policy="fifo", loss=0.2784, requeued_per_handle=0.4)]
+        md = cpu_sweep.table(cells)
+        self.assertIn("| default | 40 | 5% | 1.10% (0.03) | 27.84% (0.40) | - | +96% less |", md)
+        no_fifo_loss = [dict(c, loss=0.0) if c["policy"] == "fifo" else c for c in cells]
+        self.assertTrue(cpu_sweep.table(no_fifo_loss).rstrip().endswith("| - |"))
