@@ -179,6 +179,24 @@ pub struct Row<'a> {
     pub errors: &'a [String],
 }
 
+/// Shots whose online kernel (or burst) did not run within 500 ms.
+fn timeouts_cell(r: &Row) -> String {
+    r.samples
+        .iter()
+        .filter(|s| s.online_timeout)
+        .count()
+        .to_string()
+}
+
+/// Whether the hog was frozen in every hold, and resumed after every one.
+fn hog_cell(r: &Row) -> String {
+    format!(
+        "{} / {}",
+        all_hold(r.samples, |s| s.frozen),
+        all_hold(r.samples, |s| s.resumed)
+    )
+}
+
 /// "0", or the number of failed cycles and the first reason (markdown-safe, at most 120 chars).
 pub fn errors_cell(r: &Row) -> String {
     match r.errors.first() {
@@ -304,20 +322,8 @@ pub const TRIGGER_COLS: &[Column] = &[
             )
         },
     ),
-    ("no kernel within 500 ms", |r| {
-        r.samples
-            .iter()
-            .filter(|s| s.online_timeout)
-            .count()
-            .to_string()
-    }),
-    ("hog frozen / resumed", |r| {
-        format!(
-            "{} / {}",
-            all_hold(r.samples, |s| s.frozen),
-            all_hold(r.samples, |s| s.resumed)
-        )
-    }),
+    ("no kernel within 500 ms", timeouts_cell),
+    ("hog frozen / resumed", hog_cell),
     ("failed cycles", errors_cell),
 ];
 
@@ -342,20 +348,8 @@ pub const BURST_COLS: &[Column] = &[
     ("sync returned - flag p50", |r| {
         p50(r.samples, |s| s.online_synced_us)
     }),
-    ("no burst within 500 ms", |r| {
-        r.samples
-            .iter()
-            .filter(|s| s.online_timeout)
-            .count()
-            .to_string()
-    }),
-    ("hog frozen / resumed", |r| {
-        format!(
-            "{} / {}",
-            all_hold(r.samples, |s| s.frozen),
-            all_hold(r.samples, |s| s.resumed)
-        )
-    }),
+    ("no burst within 500 ms", timeouts_cell),
+    ("hog frozen / resumed", hog_cell),
     ("failed cycles", errors_cell),
 ];
 
@@ -393,20 +387,8 @@ pub const OFFSET_COLS: &[Column] = &[
     ("online started before the GPU stop", |r| {
         before_stop(r.samples)
     }),
-    ("no kernel within 500 ms", |r| {
-        r.samples
-            .iter()
-            .filter(|s| s.online_timeout)
-            .count()
-            .to_string()
-    }),
-    ("hog frozen / resumed", |r| {
-        format!(
-            "{} / {}",
-            all_hold(r.samples, |s| s.frozen),
-            all_hold(r.samples, |s| s.resumed)
-        )
-    }),
+    ("no kernel within 500 ms", timeouts_cell),
+    ("hog frozen / resumed", hog_cell),
     ("failed cycles", errors_cell),
 ];
 
