@@ -52,7 +52,7 @@ def main() -> int:
     try:
         b.start_daemon()
         kind = a.offline
-        off_env = dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER", VALVE_PROGRESS_DIR=b.progress,
+        off_env = dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER", VALVE_PROGRESS_DIR=b.progress,
                        SLURM_JOB_ID=kind)
         r.spawn(f"{kind}-offline", b.offline_argv(kind, os.path.join(r.out, f"{kind}-offline.json")), off_env)
         prog = os.path.join(b.progress, kind)
@@ -74,7 +74,7 @@ def main() -> int:
         open(go, "w").close()
         time.sleep(a.seconds + 2)
         res["next_to_idle_online"] = rate(prog, a.seconds)
-        r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", "batch")
+        r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", common.OFFLINE_LABEL)
         time.sleep(a.seconds + 2)
         res["next_to_idle_online_gated"] = rate(prog, a.seconds)
         res["gate"] = json.loads(r.valvectl("gate", "status", "--json"))

@@ -101,7 +101,7 @@ class GpuClocks:
         self.f.write("unix_s,sm_mhz,power_w,temp_c\n")
         try:
             self.p = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-                                       "-i", "0", "-lms", "1000"], stdout=subprocess.PIPE, text=True)
+                                       "-i", str(common.GPU), "-lms", "1000"], stdout=subprocess.PIPE, text=True)
         except OSError:
             self.p = None
             return
@@ -130,6 +130,11 @@ class GpuClocks:
             self.p.wait(timeout=10)
 
 
+def gpu_entry(doc: dict) -> dict:
+    """This run's GPU (common.GPU) in a harvest document."""
+    return next(g for g in doc["gpus"] if g["index"] == common.GPU)
+
+
 def error(pred: float, meas: float) -> float | None:
     return abs(pred - meas) / meas if meas > 0 else None
 
@@ -151,8 +156,9 @@ class Bench:
 
     def start_daemon(self) -> None:
         a = self.a
-        argv = [a.valvectl, "daemon", "--pool", "--pool-max-gib", str(a.pool_gib), "--pool-keep-free-mib", "2048",
-                "--metrics-addr", "127.0.0.1:9401", "--node-name", "bench", "--progress-dir", self.progress,
+        argv = [a.valvectl, "daemon", "--pool", "--pool-gpus", str(common.GPU), "--pool-max-gib", str(a.pool_gib),
+                "--pool-keep-free-mib", "2048", "--metrics-addr", f"127.0.0.1:{9401 + common.GPU}",
+                "--node-name", "bench", "--progress-dir", self.progress,
                 "--harvest-windows", f"{a.window}s,{2 * a.window}s,600s"]
         self.r.spawn("daemon", argv)
         deadline = time.monotonic() + 30
@@ -178,7 +184,8 @@ class Bench:
         a, path = self.a, os.path.join(self.r.out, f"profile-{kind}.json")
         caps = a.caps if kind == "cb" else ""
         args = ["profile-job", "--name", f"bench-{kind}", "--units", "tokens", "--valvectl", a.valvectl,
-                "--warmup", f"{a.profile_warmup}s", "--settle", f"{a.profile_settle}s", "--seconds", f"{a.profile_seconds}s",
+                "--gpu", str(common.GPU), "--warmup", f"{a.profile_warmup}s", "--settle", f"{a.profile_settle}s",
+                "--seconds", f"{a.profile_seconds}s",
                 "--alone-seconds", f"{a.profile_alone_seconds or 2 * a.profile_seconds}s", "--out", path]
         if caps:
             args += ["--caps", caps]
@@ -190,7 +197,7 @@ class Bench:
             args += ["--reclaim-every", a.reclaim_every, "--reclaim-mib", str(a.reclaim_mib)]
         # The job runs exactly as it will next to online: the same environment (cuBLAS's
         # deterministic workspace included: without it training ran 20% faster alone).
-        env = dict(self.r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER")
+        env = dict(self.r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER")
         t = time.monotonic()
         self.sched(*args, "--", *self.offline_argv(kind, os.path.join(self.r.out, f"profile-{kind}-run.json")),
                    env=env)
@@ -220,8 +227,8 @@ class Bench:
         trace = trace_for(plan, a.phase_s, a.lead_s, a.seed)
         trace_path = os.path.join(r.out, f"trace-{kind}.json")
         common.write_json(trace_path, trace)
-        off_env = dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER", VALVE_PROGRESS_DIR=self.progress,
-                       SLURM_JOB_ID=kind)
+        off_env = dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER",
+                       VALVE_PROGRESS_DIR=self.progress, SLURM_JOB_ID=kind)
         off = r.spawn(f"{kind}-offline", self.offline_argv(kind, os.path.join(r.out, f"{kind}-offline.json")), off_env)
         on = r.spawn(f"{kind}-online", python("online.py", "--model", r.model, "--mode", "valve", "--trace", trace_path,
                                               "--out", os.path.join(r.out, f"{kind}-online.json"), "--ready",
@@ -229,7 +236,7 @@ class Bench:
                                               "--attention", a.attention, "--gate-signals", "--reservation", "off",
                                               "--cuda-graphs"))
         wait_files([files["on-ready"]], [on, off], 400)
-        r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", "batch")
+        r.valvectl("gate", "start", "--online", str(on.pid), "--offline-label", common.OFFLINE_LABEL)
         t0 = time.time()
         open(files["go"], "w").close()
         rows = []
@@ -249,11 +256,11 @@ class Bench:
 
     def compare(self, kind: str, profile: str, path: str, doc: dict, load: float, pattern: str) -> dict:
         w = self.a.window
-        pred = json.loads(self.sched("--json", "predict", "--profile", profile, "--harvest", path, "--gpus", "0",
-                                     "--model-window", f"{w}s"))["prediction"]
+        pred = json.loads(self.sched("--json", "predict", "--profile", profile, "--harvest", path,
+                                     "--gpus", str(common.GPU), "--model-window", f"{w}s"))["prediction"]
         job = next((j for j in doc.get("jobs", []) if j["job"] == kind), None)
         rate = next((x for x in (job or {}).get("rates", []) if x["window_s"] == w), None)
-        gw = next(x for x in doc["gpus"][0]["windows"] if x["window_s"] == w)
+        gw = next(x for x in gpu_entry(doc)["windows"] if x["window_s"] == w)
         meas = rate["per_s"] if rate else 0.0
         made = doc["generated_unix_ms"] / 1000
         return dict(**{f"gpu_{k}": v for k, v in self.clocks.mean(made - w, made).items()},
@@ -273,7 +280,7 @@ class Bench:
 def markdown(rep: dict) -> str:
     lines = [f"# Cluster scheduler: predicted against measured offline throughput ({rep['device']})", "",
              f"Date {rep['date']}; window {rep['window_s']} s per phase; target |predicted - measured| / measured "
-             f"<= {TARGET_ERROR:.0%} in every run.", "",
+             f"<= {TARGET_ERROR:.0%} in every run. {common.lane_note()}".rstrip(), "",
              "| offline | load (req/s) | memory | online busy | preemptions/s | reclaimed GiB/s (GiB per episode) "
              "| offline memory mean / p5 (GiB) | (idle + held not lost - interrupted) x memory | predicted | measured | error "
              "| measured per idle second | SM MHz |",
@@ -306,7 +313,7 @@ def main() -> int:
     ap.add_argument("--valvectl", required=True)
     ap.add_argument("--scheduler", required=True, help="the valve-scheduler binary")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--workdir", default="/tmp/cluster-bench")
+    ap.add_argument("--workdir", default=f"/tmp/cluster-bench-gpu{common.GPU}")
     ap.add_argument("--offline", default="cb,train")
     ap.add_argument("--loads", default="0.5,1.5,3", help="online requests per second, one phase each")
     ap.add_argument("--patterns", default="steady,bursty")
@@ -383,7 +390,7 @@ def main() -> int:
             with open(path) as f:
                 profiles[kind] = json.load(f)
     rep = dict(device=common.device_name(), date=time.strftime("%Y-%m-%d"), window_s=a.window, rows=rows,
-               profiles=profiles,
+               profiles=profiles, lane=common.lane(),
                args=vars(a), met=bool(rows) and all(e is not None and e <= TARGET_ERROR for e in errs))
     common.write_json(os.path.join(b.r.out, "report.json"), rep)
     with open(os.path.join(b.r.out, "report.md"), "w") as f:

@@ -54,5 +54,23 @@ class ReportTest(unittest.TestCase):
         self.assertIn("Profile cb: T_alone 1092; uninterrupted rates 1092, 1486 (moved 30.6% while profiled).", md)
 
 
+class LaneTest(unittest.TestCase):
+    def test_a_lane_reads_its_own_gpu_from_the_harvest_document(self):
+        from unittest import mock
+        doc = dict(gpus=[dict(index=0, windows="gpu 0"), dict(index=2, windows="gpu 2")])
+        with mock.patch.object(predict.common, "GPU", 2):
+            self.assertEqual(predict.gpu_entry(doc)["windows"], "gpu 2")
+        with mock.patch.object(predict.common, "GPU", 0):
+            self.assertEqual(predict.gpu_entry(doc)["windows"], "gpu 0")
+
+    def test_a_report_says_when_other_benchmarks_shared_the_host(self):
+        from unittest import mock
+        with mock.patch.dict(os.environ, {"LANES": "4"}), mock.patch.object(predict.common, "GPU", 1):
+            self.assertEqual(predict.common.lane(), dict(gpu=1, lanes=4))
+            self.assertIn("GPU 1, one of 4 benchmarks", predict.common.lane_note())
+        with mock.patch.dict(os.environ, {"LANES": "1"}):
+            self.assertEqual(predict.common.lane_note(), "")
+
+
 if __name__ == "__main__":
     unittest.main()

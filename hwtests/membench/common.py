@@ -33,6 +33,11 @@ if os.environ.get("MEMBENCH_TINY") == "1":
     MODEL.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4)
 
+# The GPU this run uses, by Valve's index (`valvectl gpus`), and the label its offline processes
+# carry. hwtests/lanes.sh runs one benchmark per GPU at once and sets both; alone they are 0, batch.
+GPU = int(os.environ.get("VALVE_GPU", "0"))
+OFFLINE_LABEL = os.environ.get("VALVE_BENCH_LABEL", "batch")
+
 DAEMON_SOCKET = "/run/valve/valve.sock"
 POOL_SOCKET = "/run/valve/pool.sock"
 WORDS = 8000  # tokenizer vocabulary besides the special tokens
@@ -85,6 +90,18 @@ def cb_extra(attention: str) -> dict:
     """Continuous-batching settings an attention needs: varlen reads every key through the cache's
     read index, so no decode fast path (that one is flash-attn's block-table kernel)."""
     return dict(max_blocks_per_request=0) if attention == "varlen" else {}
+
+
+def lane() -> dict:
+    """Which GPU this run used and how many benchmarks ran at once on the host (hwtests/lanes.sh
+    sets LANES; a plain run is alone): a report says when others shared the CPUs."""
+    return dict(gpu=GPU, lanes=int(os.environ.get("LANES", "1")))
+
+
+def lane_note() -> str:
+    """The report line for lane(), empty for a run alone on its host."""
+    x = lane()
+    return "" if x["lanes"] <= 1 else f"GPU {x['gpu']}, one of {x['lanes']} benchmarks run at once on this host's GPUs."
 
 
 def device_name() -> str:
@@ -148,10 +165,10 @@ def daemon_request(op: dict, sock: str = DAEMON_SOCKET, timeout: float = 5.0) ->
 
 
 def gpu_used_mib() -> int | None:
-    """Device memory in use on GPU 0, as NVML (nvidia-smi) reports it; None without a GPU."""
+    """Device memory in use on this run's GPU, as NVML (nvidia-smi) reports it; None without a GPU."""
     if DEVICE != "cuda":
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(GPU)],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[0])
 

@@ -68,7 +68,7 @@ def pressure(a) -> int:
     from offline while offline's kernels run."""
     import valve
 
-    c = valve.Client("online", gpu=0)
+    c = valve.Client("online", gpu=common.GPU)
     info = c.kv_space(1, 0, 2 << 20)
     total = info["slots"]
     grows, errors = [], []

@@ -142,7 +142,7 @@ def daemon_argv(a, name: str, pool_gib: int | None, target_per_min: float, warm_
     """The daemon's command line for configuration `name` (see Run.start_daemon)."""
     argv = [a.valvectl, "daemon"]
     if pool_gib:
-        argv += ["--pool", "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
+        argv += ["--pool", "--pool-gpus", str(common.GPU), "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
                  "--pool-target-reclaims-per-min", str(target_per_min)]
         argv += ["--pool-reservation-state", warm_state] if warm_state else ["--pool-no-warm-start"]
     if name == "valve-churn" and getattr(a, "churn_keep_watchers", 0) > 0:
@@ -197,7 +197,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict, warm_state: str 
                 off_args += ["--num-blocks", str(sizes["offline_blocks"])]
             if name.endswith("-fifo"):
                 off_args.append("--fifo")
-            off_env = dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER")
+            off_env = dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER")
             off = r.spawn(f"{name}-offline", python("offline.py", *off_args), off_env)
             wait_files([files["off-ready"]], [off], 300)
         on_args = ["--model", r.model, "--mode", mode, "--trace", trace_path, "--out", on_out,
@@ -250,7 +250,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict, warm_state: str 
 
 def gate_start_args(online_pid: int) -> list[str]:
     """`valvectl gate start` as every configuration with offline runs it (valve-churn again and again)."""
-    return ["gate", "start", "--online", str(online_pid), "--offline-label", "batch"]
+    return ["gate", "start", "--online", str(online_pid), "--offline-label", common.OFFLINE_LABEL]
 
 
 def new_churn(r: Run, name: str, on: subprocess.Popen, trace_path: str, go_t: float) -> churn.Churn:
@@ -429,7 +429,7 @@ def sweep_run(r: Run) -> int:
                     "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
                     "--attention", a.attention, "--placement", a.placement, "--backlog", str(a.offline_backlog)]
         off = r.spawn("sweep-offline", python("offline.py", *off_args),
-                      dict(r.env, VALVE_LABEL="batch", CUDA_MODULE_LOADING="EAGER"))
+                      dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER"))
         wait_files([files["off-ready"]], [off], 300)
         time.sleep(a.settle)  # the cache fills and the batch reaches its steady size
         open(files["go"], "w").close()
@@ -446,7 +446,7 @@ def sweep_run(r: Run) -> int:
                 time.sleep(max(0.0, t0 + at - common.now()))
                 h = offline_handles(r)
                 n = max(1, round(w.size_pct / 100 * h))
-                out = r.valvectl("pool", "reclaim", "--gpu", "0", "--mib", str(n * common.HANDLE_BYTES >> 20), "--json")
+                out = r.valvectl("pool", "reclaim", "--gpu", str(common.GPU), "--mib", str(n * common.HANDLE_BYTES >> 20), "--json")
                 try:
                     got = json.loads(out).get("reclaimed_mib")
                 except ValueError:
@@ -475,6 +475,7 @@ def sweep_run(r: Run) -> int:
     off_res = common.read_json(off_out) if os.path.exists(off_out) else {}
     rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes", "generated")}
     rep["device"] = off_res.get("device")
+    rep["lane"] = common.lane()
     attach_requeues(rep["windows"], off_res.get("switches", []))
     rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [], off_res.get("generated"))
     if rep.get("error"):
@@ -527,7 +528,7 @@ def correctness(r: Run) -> int:
                                                          "--mode", "valve", "--max-batch-tokens", str(mbt),
                                                          "--out", got, "--started", started,
                                                          "--placement", r.a.placement),
-                          dict(r.env, VALVE_LABEL="batch"))
+                          dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL))
             wait_files([started], [gen], 300)
             time.sleep(2.0)  # the cache is built and generation under way
             pres_out = os.path.join(r.out, f"correct-pressure-{mbt}.json")
@@ -544,8 +545,10 @@ def correctness(r: Run) -> int:
         refs = [common.read_json(os.path.join(r.out, f"correct-plain-{m}.json"))["outputs"] for m in (1, 64)]
         out["batch_invariant"] = refs[0] == refs[1]  # whether batching alone changes the tokens here
     out["placement"] = r.a.placement
+    out["lane"] = common.lane()
     out["gpu_used_mib_before"], out["gpu_used_mib_after"] = mem_before, common.gpu_used_mib()
-    out["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+    out["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader",
+                                    "-i", str(common.GPU)],
                                    capture_output=True, text=True).stdout.strip()
     common.write_json(os.path.join(r.out, "correctness.json"), out)
     print(report.correctness_markdown(out))
@@ -564,7 +567,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--valvectl", required=True, help="the valvectl binary")
     ap.add_argument("--out", required=True, help="where results and logs go")
-    ap.add_argument("--workdir", default="/tmp/membench", help="model and scratch files")
+    ap.add_argument("--workdir", default=f"/tmp/membench-gpu{common.GPU}", help="model and scratch files")
     sub = ap.add_subparsers(dest="cmd", required=True)
     co = sub.add_parser("correctness")
     co.add_argument("--placement", choices=("default", "compact"), default="default",

@@ -117,6 +117,14 @@ class DaemonArgv(unittest.TestCase):
         plain = run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None)
         self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; sweep's args have no churn options")
 
+    def test_a_lane_pools_only_its_own_gpu(self):
+        from types import SimpleNamespace
+        from unittest import mock
+        with mock.patch.object(run.common, "GPU", 2):
+            argv = run.daemon_argv(SimpleNamespace(valvectl="v"), "valve-miad", 12, 6.0, None)
+            self.assertEqual(argv[argv.index("--pool-gpus") + 1], "2")
+            self.assertEqual(run.gate_start_args(7)[-2:], ["--offline-label", run.common.OFFLINE_LABEL])
+
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Several GPU benchmarks at once on a multi-GPU host, one per GPU ("lane"), so that one device
+# call measures what would otherwise take one call each.
+#
+#   hwtests/lanes.sh OUTDIR 'COMMAND FOR GPU 0' ['COMMAND FOR GPU 1' ...]
+#
+# Lane i runs its command with bash, as root, in its own mount namespace where /run/valve and
+# /var/lib/valve are empty tmpfs (its own daemon sockets, state file and saved reservations), with
+#   VALVE_GPU=i            the benchmarks' GPU by Valve's index: pool, reclaims, profiles, NVML
+#   CUDA_VISIBLE_DEVICES=i and CUDA_DEVICE_ORDER=PCI_BUS_ID: its processes' cuda:0 is that GPU
+#   VALVE_BENCH_LABEL=batch-gI   its offline label, so that no other lane's gate freezes its jobs
+#   LANE=i, LANES=N   this lane and how many run at once (reports record both)
+# The lanes share the host's CPUs (a benchmark's report should say it ran beside others). An empty
+# command leaves its GPU idle. Each lane's output goes to OUTDIR/lane-I.log; the exit status is
+# the number of lanes that failed. Before anything starts, Valve's GPU order (`valvectl gpus`,
+# PCI order) is checked against nvidia-smi's: a lane must not control one GPU and compute on another.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: $0 OUTDIR 'COMMAND FOR GPU 0' ['COMMAND FOR GPU 1' ...]}
+shift
+[ $# -ge 1 ] || { echo "lanes: no commands: give one per GPU" >&2; exit 2; }
+mkdir -p "$out"
+valvectl=${VALVECTL:-$([ -x .carry/valvectl ] && echo .carry/valvectl || echo target/release/valvectl)}
+
+# Valve numbers GPUs by PCI address; so do nvidia-smi and CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID.
+valve_pci=$("$valvectl" --json gpus | python3 -c 'import json,sys; [print(g["pci_bus_id"][-7:].lower()) for g in json.load(sys.stdin)["gpus"]]') \
+  || { echo "lanes: valvectl gpus failed" >&2; exit 2; }
+smi_pci=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sed 's/.*\(.......\)$/\1/' | tr A-F a-f)
+if [ "$valve_pci" != "$smi_pci" ]; then
+  printf 'lanes: Valve and nvidia-smi number the GPUs differently:\nvalve:\n%s\nnvidia-smi:\n%s\n' \
+    "$valve_pci" "$smi_pci" >&2
+  exit 2
+fi
+gpus=$(echo "$smi_pci" | wc -l)
+[ $# -le "$gpus" ] || { echo "lanes: $# commands for $gpus GPUs" >&2; exit 2; }
+
+lane_body='mount -t tmpfs valve-lane /run/valve && mount -t tmpfs valve-lane /var/lib/valve && exec bash -c "$LANE_COMMAND"'
+lanes=0
+for cmd in "$@"; do [ -z "$cmd" ] || lanes=$((lanes + 1)); done
+pids=()
+i=0
+for cmd in "$@"; do
+  if [ -n "$cmd" ]; then
+    mkdir -p /run/valve /var/lib/valve
+    echo "lane $i (GPU $i, $(echo "$smi_pci" | sed -n "$((i + 1))p")): $cmd" | tee "$out/lane-$i.log"
+    LANES=$lanes LANE=$i VALVE_GPU=$i CUDA_VISIBLE_DEVICES=$i CUDA_DEVICE_ORDER=PCI_BUS_ID VALVE_BENCH_LABEL=batch-g$i \
+      LANE_COMMAND="$cmd" unshare --mount --propagation private bash -c "$lane_body" >>"$out/lane-$i.log" 2>&1 &
+    pids[i]=$!
+  fi
+  i=$((i + 1))
+done
+failed=0
+for i in "${!pids[@]}"; do
+  if wait "${pids[i]}"; then status=0; else status=$?; fi
+  echo "lane $i: exit $status ($(date -u +%H:%M:%S))" | tee -a "$out/lane-$i.log"
+  [ "$status" -eq 0 ] || failed=$((failed + 1))
+done
+exit "$failed"
