@@ -434,8 +434,7 @@ def sweep_run(r: Run) -> int:
         time.sleep(a.settle)  # the cache fills and the batch reaches its steady size
         open(files["go"], "w").close()
         rep["pool_before"] = pool_status(r)
-        with open(files["selection"], "w") as f:
-            f.write(f"{windows[0].policy} {windows[0].seed}\n")
+        write_selection(files["selection"], f"{windows[0].policy} {windows[0].seed}")
         time.sleep(a.gap)
         for i, w in enumerate(windows):
             if off.poll() is not None:
@@ -456,8 +455,8 @@ def sweep_run(r: Run) -> int:
             # The next window's choice is set now, `gap` before it starts: no reclaim comes in between, so
             # the gap still counts as this window's (the tail of its recomputations).
             nxt = windows[i + 1] if i + 1 < len(windows) else None
-            with open(files["selection"], "w") as f:  # after the last window: closes its counters
-                f.write(f"{nxt.policy} {nxt.seed}\n" if nxt else "alg1 0\n")
+            # After the last window, "alg1 0" closes its counters.
+            write_selection(files["selection"], f"{nxt.policy} {nxt.seed}" if nxt else "alg1 0")
             time.sleep(a.gap)
             rec = dict(vars(w), t0=t0, t1=common.now(), reclaims=made, reclaimed_mib=sizes_mib, offline_handles=held)
             rep["windows"].append(rec)
@@ -476,7 +475,7 @@ def sweep_run(r: Run) -> int:
     rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes", "generated")}
     rep["device"] = off_res.get("device")
     rep["lane"] = common.lane()
-    attach_requeues(rep["windows"], off_res.get("switches", []))
+    sweep.attach_requeues(rep["windows"], off_res.get("switches", []))
     rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [], off_res.get("generated"))
     if rep.get("error"):
         rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
@@ -488,17 +487,12 @@ def sweep_run(r: Run) -> int:
     return 0 if not rep.get("error") else 1
 
 
-def attach_requeues(windows: list[dict], switches: list[dict]) -> None:
-    """Requests requeued during each window: the shim's counter between the switch made for it (a gap
-    before it) and the next one (offline notes one per window, in order, and one after the last)."""
-    marks = [s["shim"]["requeued"] for s in switches if s.get("shim")]
-    # One switch per window and a last one after them; before them, the initial `alg1 0` if offline saw it.
-    if len(marks) < len(windows) + 1:
-        return  # a switch was missed: the windows cannot be told apart
-    marks = marks[-(len(windows) + 1):]
-    for i, w in enumerate(windows):
-        if i + 1 < len(marks):
-            w["requeued"] = marks[i + 1] - marks[i]
+def write_selection(path: str, words: str) -> None:
+    """The sweep's next handle choice for offline.py --selection-file, written whole at once: offline
+    polls the file's mtime, and a write in two steps (truncate, then the text) was once seen twice."""
+    with open(path + ".new", "w") as f:
+        f.write(words + "\n")
+    os.replace(path + ".new", path)
 
 
 # ------------------------------------------------------------------------------ correctness

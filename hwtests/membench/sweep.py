@@ -57,7 +57,10 @@ class Window:
 def plan(sizes=SIZES, rates=RATES, policies=POLICIES, cell_seconds: float = 10.0, lead: float = 1.0,
          baseline_every: int = 6, seed: int = 30) -> list[Window]:
     """The windows in the order they run. Every cell's reclaim times are the same for each policy;
-    the policies' order rotates from one group to the next so none always runs first."""
+    the policies' order rotates from one group to the next so none always runs first, and with the
+    seed, so that runs of consecutive seeds (as many as policies) put each policy in each place of
+    every group once. A window's recomputation can spill into the next one: with one order, a policy
+    that always follows the worst one is charged part of its loss (seen on the H100, 2026-11-26)."""
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}: choose from {', '.join(POLICIES)}")
@@ -73,7 +76,7 @@ def plan(sizes=SIZES, rates=RATES, policies=POLICIES, cell_seconds: float = 10.0
             kinds.append(("direct", [r], [lead + k * gap for k in range(int((cell_seconds - lead) / gap) + 1)
                                           if lead + k * gap < cell_seconds]))
         for j, (kind, rs, at) in enumerate(kinds):
-            turn = (i + j) % len(policies)
+            turn = (i + j + seed) % len(policies)
             order = list(policies[turn:]) + list(policies[:turn])
             groups.append([Window(kind, p, cell_seconds, size, list(rs), list(at), seed + 100 * i + j)
                            for p in order])
@@ -113,41 +116,107 @@ def generated_between(timeline: list, start: float, end: float) -> int:
     return at(end) - at(start)
 
 
-def analyse(windows: list[dict], finishes: list, generated: list | None = None) -> dict:
+def analyse(windows: list[dict], finishes: list, generated: list | None = None, baseline: str = "trend") -> dict:
     """Per cell and policy, the throughput loss against the base windows, and the spread.
 
     `windows`: the plan's windows as run, each with `t0`, `t1` (CLOCK_MONOTONIC) and `reclaims`
     (how many were made); `generated`: offline's [time, tokens generated so far] at every step;
-    without it, `finishes` (offline's [time, tokens] of every finished request) are counted."""
+    without it, `finishes` (offline's [time, tokens] of every finished request) are counted; with
+    neither, the windows' own `tokens` (a report analysed again).
+
+    `baseline`: what a window is compared with.
+    - `trend` (default): the base windows' throughput interpolated to the window's middle. Offline's
+      rate drifts through a run (on the H100 it fell 6-20%, most after the largest reclaims), so one
+      mean would charge the drift to the last cells. The spread is then how far an inner base window
+      lies from its two neighbours' line (the largest such, over that line), the noise that is left.
+    - `mean`: the base windows' mean, and their range over it as the spread."""
+    if baseline not in ("trend", "mean"):
+        raise ValueError(f"unknown baseline {baseline!r}: trend or mean")
     base = []
     for w in windows:
-        w["tokens"] = (generated_between(generated, w["t0"], w["t1"]) if generated
-                       else window_tokens(finishes, w["t0"], w["t1"]))
+        if generated or finishes:
+            w["tokens"] = (generated_between(generated, w["t0"], w["t1"]) if generated
+                           else window_tokens(finishes, w["t0"], w["t1"]))
+        w.setdefault("tokens", 0)
         w["tok_s"] = w["tokens"] / (w["t1"] - w["t0"]) if w["t1"] > w["t0"] else 0.0
         if w["kind"] == "base":
-            base.append(w["tok_s"])
-    if not base or min(base) <= 0:
+            base.append(((w["t0"] + w["t1"]) / 2, w["tok_s"]))
+    if not base or min(x for _, x in base) <= 0:
         return dict(base_tok_s=None, spread=None, cells={}, error="no tokens in a base window")
-    mean = sum(base) / len(base)
-    spread = (max(base) - min(base)) / mean if len(base) >= 2 else None
+    base.sort()
+    mean = sum(x for _, x in base) / len(base)
+    spread_range = (max(x for _, x in base) - min(x for _, x in base)) / mean if len(base) >= 2 else None
+    trend = baseline == "trend" and len(base) >= 3
+    if trend:
+        spread = max(abs(base[i][1] - line(base[i - 1], base[i + 1], base[i][0])) / line(base[i - 1], base[i + 1], base[i][0])
+                     for i in range(1, len(base) - 1))
+    else:
+        spread = spread_range
     cells: dict = {}
     for w in windows:
         if w["kind"] == "base":
             continue
         n = w.get("reclaims", len(w["reclaims_at"]))
         secs = w["t1"] - w["t0"]
-        lost = (mean * secs - w["tokens"]) / n if n else None
+        ref = trend_at(base, (w["t0"] + w["t1"]) / 2) if trend else mean
+        w["base_tok_s"] = ref
+        lost = (ref * secs - w["tokens"]) / n if n else None
         for r in w["rates"]:
             key = cell_key(w["size_pct"], r)
             c = cells.setdefault(key, dict(size_pct=w["size_pct"], rate=r, policies={}))
-            loss = r / 60.0 * lost / mean if lost is not None else None
+            loss = r / 60.0 * lost / ref if lost is not None else None
             # The spread of one window's throughput, carried through the same scaling.
             noise = spread * (r / 60.0 * secs) / n if spread is not None and n else None
             c["policies"][w["policy"]] = dict(loss=loss, lost_tokens_per_reclaim=lost, reclaims=n,
                                               tok_s=w["tok_s"], kind=w["kind"], requeued=w.get("requeued"))
             c["spread"] = noise
-    return dict(base_tok_s=mean, base_windows=len(base), spread=spread, cells=cells,
-                counted="tokens generated" if generated else "tokens of finished requests")
+    return dict(base_tok_s=mean, base_windows=len(base), spread=spread, spread_range=spread_range,
+                baseline="trend" if trend else "mean",
+                cells=cells, counted="tokens generated" if generated else
+                "tokens of finished requests" if finishes else "the windows' tokens as reported")
+
+
+def line(p: tuple[float, float], q: tuple[float, float], t: float) -> float:
+    """The value at time `t` on the straight line through points p and q (time, value)."""
+    return p[1] + (q[1] - p[1]) * (t - p[0]) / (q[0] - p[0]) if q[0] != p[0] else (p[1] + q[1]) / 2
+
+
+def trend_at(base: list[tuple[float, float]], t: float) -> float:
+    """The base windows' throughput at time `t`: between the two around it on their line; before the
+    first or after the last, that window's own."""
+    if t <= base[0][0]:
+        return base[0][1]
+    for p, q in zip(base, base[1:]):
+        if t <= q[0]:
+            return line(p, q, t)
+    return base[-1][1]
+
+
+def distinct_switches(switches: list[dict], within_s: float = 1.0) -> list[dict]:
+    """Offline's switch notes, each once: a note with the same choice and seed as the one before it
+    and within `within_s` of it is the same switch seen twice (the file read while being written;
+    or the initial `alg1 0` just before the first window's), and the first note stands."""
+    out: list[dict] = []
+    for s in switches:
+        prev = out[-1] if out else None
+        if (prev and s.get("t") is not None and prev.get("t") is not None and s["t"] - prev["t"] < within_s
+                and (s.get("selection"), s.get("seed")) == (prev.get("selection"), prev.get("seed"))):
+            continue
+        out.append(s)
+    return out
+
+
+def attach_requeues(windows: list[dict], switches: list[dict]) -> None:
+    """Requests requeued during each window: the shim's counter between the switch made for it (a gap
+    before it) and the next one (offline notes one per window, in order, and one after the last)."""
+    marks = [s["shim"]["requeued"] for s in distinct_switches(switches) if s.get("shim")]
+    # One switch per window and a last one after them; before them, the initial `alg1 0` if offline saw it.
+    if len(marks) < len(windows) + 1:
+        return  # a switch was missed: the windows cannot be told apart
+    marks = marks[-(len(windows) + 1):]
+    for i, w in enumerate(windows):
+        if i + 1 < len(marks):
+            w["requeued"] = marks[i + 1] - marks[i]
 
 
 def merge(analyses: list[dict]) -> dict:
@@ -228,8 +297,8 @@ def markdown(rep: dict) -> str:
     lines = ["# Eviction sweep (issue 30)" + (f", {runs} runs merged" if runs else ""), "",
              f"Device: {rep.get('device')}. Block placement: "
              f"{rep['args'].get('placement', 'default')}. Offline without reclaims: "
-             f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; run-to-run spread "
-             f"(range / mean of those windows) {pct_s(a.get('spread'))}; counted: {a.get('counted')}. Windows of {rep['args'].get('cell_seconds')} s; "
+             f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; {baseline_words(a)}; "
+             f"counted: {a.get('counted')}. Windows of {rep['args'].get('cell_seconds')} s; "
              "loss = rate x tokens lost per reclaim / tokens per second without reclaims (sweep.py).", ""]
     if a.get("error"):
         lines += [f"**No result: {a['error']}**", ""]
@@ -259,12 +328,37 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def baseline_words(a: dict) -> str:
+    """What each window was compared with, and the spread, in words."""
+    if a.get("baseline") == "trend":
+        return (f"each window against the base windows' line at its time; spread (an inner base window off its "
+                f"neighbours' line, the largest) {pct_s(a.get('spread'))}, range / mean of the base windows "
+                f"{pct_s(a.get('spread_range'))}")
+    return f"run-to-run spread (range / mean of those windows) {pct_s(a.get('spread'))}"
+
+
 def fmt(x, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
 def pct_s(x) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def reanalyse(rep: dict, offline_json: str, baseline: str) -> None:
+    """A run's report analysed again from its windows' tokens against `baseline`, its requeues
+    attached again from offline's switch notes if `offline_json` exists, and its target checked."""
+    import json
+    import os
+
+    if os.path.exists(offline_json):
+        with open(offline_json) as f:
+            switches = json.load(f).get("switches", [])
+        for w in rep["windows"]:
+            w.pop("requeued", None)
+        attach_requeues(rep["windows"], switches)
+    rep["analysis"] = analyse(rep["windows"], [], None, baseline)
+    rep["target"] = target_check(rep["analysis"]["cells"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("merge", help="merge the report.json of several sweep runs")
     m.add_argument("reports", nargs="+")
     m.add_argument("--out", required=True, help="folder for the merged report.json and report.md")
+    m.add_argument("--baseline", choices=("trend", "mean", "as-run"), default="as-run",
+                   help="analyse each run again against this baseline (see analyse) before merging; as-run "
+                        "keeps each report's own analysis. Requeues are attached again from the "
+                        "sweep-offline.json beside a report where there is one.")
     a = ap.parse_args(argv)
     reps = []
     for path in a.reports:
@@ -289,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{path}: not a readable sweep report ({e})")
     if any("analysis" not in r for r in reps):
         ap.error("every file must be a sweep's report.json (it has an 'analysis' key)")
+    if a.baseline != "as-run":
+        for path, r in zip(a.reports, reps):
+            reanalyse(r, os.path.join(os.path.dirname(path), "sweep-offline.json"), a.baseline)
     devices = sorted({str(r.get("device")) for r in reps})
     rep = dict(device=", ".join(devices), args=reps[0].get("args", {}), sources=a.reports,
                analysis=merge([r["analysis"] for r in reps]))

@@ -25,17 +25,6 @@ class Sweep(unittest.TestCase):
     def test_sizes_and_rates_are_comma_separated_numbers(self):
         self.assertEqual(run.floats("5,10,25.5"), [5.0, 10.0, 25.5])
 
-    def test_requeues_per_window_come_from_the_switch_before_it_and_the_next(self):
-        wins = [{}, {}, {}]
-        marks = [0, 0, 3, 3, 10]  # the initial switch, one per window, the last one
-        run.attach_requeues(wins, [dict(shim=dict(requeued=m)) for m in marks])
-        self.assertEqual([w["requeued"] for w in wins], [3, 0, 7])
-
-    def test_a_missed_switch_leaves_the_requeues_unknown(self):
-        wins = [{}, {}]
-        run.attach_requeues(wins, [dict(shim=dict(requeued=1))])
-        self.assertEqual(wins, [{}, {}])
-
     def test_a_misspelt_policy_stops_the_sweep_before_anything_starts(self):
         import contextlib
         import io

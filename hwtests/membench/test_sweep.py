@@ -31,6 +31,13 @@ class Plan(unittest.TestCase):
             self.assertEqual(sorted(x.policy for x in g), sorted(sweep.POLICIES))
         self.assertNotEqual(groups[0][0].policy, groups[1][0].policy)
 
+    def test_consecutive_seeds_put_each_policy_in_each_place_of_every_group_once(self):
+        runs = [[x for x in sweep.plan(seed=s) if x.kind != "base"] for s in (30, 31, 32)]
+        for g in range(0, len(runs[0]), 3):
+            for place in range(3):
+                self.assertEqual(sorted(r[g + place].policy for r in runs), sorted(sweep.POLICIES))
+        self.assertEqual([x.policy for x in runs[0]], [x.policy for x in sweep.plan(seed=33) if x.kind != "base"])
+
     def test_a_misspelt_policy_is_refused(self):
         with self.assertRaises(ValueError):
             sweep.plan(policies=["alg1", "lru"])
@@ -84,6 +91,109 @@ class Loss(unittest.TestCase):
     def test_no_finished_request_in_base_windows_is_an_error_not_a_division(self):
         a = sweep.analyse([run_window("base", "alg1", 0, 10)], [])
         self.assertIn("error", a)
+
+
+class Trend(unittest.TestCase):
+    """The default baseline: the base windows' line at each window's time."""
+
+    def drifting(self, rates):
+        # Base windows of 10 s at 0, 40, 80 (and 120) s running at `rates` tok/s; between them, a cell
+        # window that ran exactly at the line's rate at its middle, and one that lost 100 tokens.
+        wins = []
+        for i, r in enumerate(rates):
+            w = run_window("base", "alg1", 40 * i, 10)
+            w["tokens"] = 10 * r
+            wins.append(w)
+        return wins
+
+    def test_a_drifting_rate_is_not_charged_to_the_cells_but_a_mean_would_charge_it(self):
+        wins = self.drifting([100, 90, 80])
+        ok = run_window("iso", "alg1", 20, 10, 5, [6], 1)  # middle 25 s: the line is at 95 there
+        ok["tokens"] = 950
+        lossy = run_window("iso", "fifo", 60, 10, 5, [6], 1)  # middle 65 s: the line is at 85
+        lossy["tokens"] = 850 - 100
+        a = sweep.analyse(wins + [ok, lossy], [], None)
+        self.assertEqual((a["baseline"], a["counted"]), ("trend", "the windows' tokens as reported"))
+        p = a["cells"]["5%@6/min"]["policies"]
+        self.assertAlmostEqual(p["alg1"]["loss"], 0.0)
+        self.assertAlmostEqual(p["fifo"]["lost_tokens_per_reclaim"], 100.0)
+        self.assertAlmostEqual(p["fifo"]["loss"], 6 / 60 * 100 / 85)
+        self.assertAlmostEqual(a["spread"], 0.0, msg="the inner base window lies on its neighbours' line")
+        self.assertAlmostEqual(a["spread_range"], 20 / 90)
+        m = sweep.analyse(wins + [ok, lossy], [], None, baseline="mean")
+        self.assertAlmostEqual(m["cells"]["5%@6/min"]["policies"]["alg1"]["loss"], 6 / 60 * (900 - 950) / 90)
+        self.assertAlmostEqual(m["spread"], 20 / 90)
+
+    def test_the_spread_is_the_inner_base_window_farthest_off_its_neighbours_line(self):
+        a = sweep.analyse(self.drifting([100, 99, 80, 70]), [], None)
+        # 99 against (100 + 80) / 2 = 90: 10% off; 80 against (99 + 70) / 2 = 84.5: 5.3% off.
+        self.assertAlmostEqual(a["spread"], 9 / 90)
+        self.assertEqual(a["base_windows"], 4)
+
+    def test_fewer_than_three_base_windows_fall_back_to_the_mean(self):
+        a = sweep.analyse(self.drifting([100, 80]), [], None)
+        self.assertEqual(a["baseline"], "mean")
+        self.assertAlmostEqual(a["spread"], 20 / 90)
+        with self.assertRaises(ValueError):
+            sweep.analyse(self.drifting([100, 80]), [], None, baseline="median")
+
+    def test_outside_the_base_windows_the_nearest_one_stands(self):
+        base = [(5.0, 100.0), (45.0, 80.0)]
+        self.assertEqual(sweep.trend_at(base, 0.0), 100.0)
+        self.assertEqual(sweep.trend_at(base, 99.0), 80.0)
+        self.assertAlmostEqual(sweep.trend_at(base, 25.0), 90.0)
+
+
+class Requeues(unittest.TestCase):
+    def test_requeues_per_window_come_from_the_switch_before_it_and_the_next(self):
+        wins = [{}, {}, {}]
+        marks = [0, 0, 3, 3, 10]  # the initial switch, one per window, the last one
+        sweep.attach_requeues(wins, [dict(shim=dict(requeued=m)) for m in marks])
+        self.assertEqual([w["requeued"] for w in wins], [3, 0, 7])
+
+    def test_a_missed_switch_leaves_the_requeues_unknown(self):
+        wins = [{}, {}]
+        sweep.attach_requeues(wins, [dict(shim=dict(requeued=1))])
+        self.assertEqual(wins, [{}, {}])
+
+    def test_a_switch_noted_twice_counts_once(self):
+        # The H100 run of 2026-11-26 (lane 2): the initial note was not seen, and one switch was noted
+        # twice 0.05 s apart, so the last notes fell one window late.
+        notes = [(1.0, "alg1", 0, 0), (13.0, "fifo", 30, 2), (25.0, "alg1", 30, 7), (25.05, "alg1", 30, 7),
+                 (37.0, "alg1", 0, 9)]
+        switches = [dict(t=t, selection=s, seed=k, shim=dict(requeued=q)) for t, s, k, q in notes]
+        self.assertEqual(len(sweep.distinct_switches(switches)), 4)
+        wins = [{}, {}, {}]
+        sweep.attach_requeues(wins, switches)
+        self.assertEqual([w["requeued"] for w in wins], [2, 5, 2])
+        # The same choice again a window later is a switch of its own.
+        later = switches[:3] + [dict(switches[3], t=37.0)]
+        self.assertEqual(len(sweep.distinct_switches(later)), 4)
+
+    def test_merge_analyses_each_run_again_with_the_requeues_from_the_notes_beside_it(self):
+        import json
+        import tempfile
+        wins = Trend().drifting([100, 90, 80])
+        cellw = run_window("iso", "fifo", 20, 10, 5, [6], 1, requeued=99)
+        cellw["tokens"] = 900
+        wins.insert(1, cellw)
+        notes = [dict(t=float(t), selection="alg1", seed=k, shim=dict(requeued=q))
+                 for t, k, q in ((0, 0, 0), (0.1, 0, 0), (18, 1, 0), (38, 2, 4), (78, 3, 4), (130, 0, 4))]
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "run"))
+            with open(os.path.join(d, "run", "report.json"), "w") as f:
+                json.dump(dict(device="H100", args=dict(policies=["alg1", "fifo"], cell_seconds=10), windows=wins,
+                               analysis=dict(cells={})), f)
+            with open(os.path.join(d, "run", "sweep-offline.json"), "w") as f:
+                json.dump(dict(switches=notes), f)
+            out = os.path.join(d, "m")
+            self.assertEqual(sweep.main(["merge", os.path.join(d, "run", "report.json"), "--out", out,
+                                         "--baseline", "trend"]), 0)
+            with open(os.path.join(out, "report.json")) as f:
+                m = json.load(f)["analysis"]
+        fifo = m["cells"]["5%@6/min"]["policies"]["fifo"]
+        self.assertEqual(fifo["requeued"], 4, "the notes' count, not the report's 99")
+        self.assertAlmostEqual(fifo["loss"], 6 / 60 * (950 - 900) / 95)
 
 
 def cell(size, a, f, spread):
