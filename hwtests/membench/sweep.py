@@ -241,9 +241,13 @@ def merge(analyses: list[dict]) -> dict:
         c["policies"] = {pol: pooled(qs) for pol, qs in c["policies"].items()}
     bases = [a["base_tok_s"] for a in runs if a.get("base_tok_s")]
     spreads = [a["spread"] for a in runs if a.get("spread") is not None]
+    ranges = [a["spread_range"] for a in runs if a.get("spread_range") is not None]
+    baselines = sorted({a.get("baseline", "mean") for a in runs})
     return dict(base_tok_s=sum(bases) / len(bases) if bases else None,
                 base_windows=sum(a.get("base_windows") or 0 for a in runs),
-                spread=sum(spreads) / len(spreads) if spreads else None, cells=cells, runs=len(runs),
+                spread=sum(spreads) / len(spreads) if spreads else None,
+                spread_range=sum(ranges) / len(ranges) if ranges else None,
+                baseline=baselines[0] if len(baselines) == 1 else "+".join(baselines), cells=cells, runs=len(runs),
                 counted=runs[0].get("counted"))
 
 
@@ -330,11 +334,12 @@ def markdown(rep: dict) -> str:
 
 def baseline_words(a: dict) -> str:
     """What each window was compared with, and the spread, in words."""
+    runs = " (the runs' mean)" if a.get("runs") else ""
     if a.get("baseline") == "trend":
-        return (f"each window against the base windows' line at its time; spread (an inner base window off its "
-                f"neighbours' line, the largest) {pct_s(a.get('spread'))}, range / mean of the base windows "
+        return (f"each window against the base windows' line at its time; spread{runs} (an inner base window off "
+                f"its neighbours' line, the largest) {pct_s(a.get('spread'))}, range / mean of the base windows "
                 f"{pct_s(a.get('spread_range'))}")
-    return f"run-to-run spread (range / mean of those windows) {pct_s(a.get('spread'))}"
+    return f"run-to-run spread{runs} (range / mean of those windows) {pct_s(a.get('spread'))}"
 
 
 def fmt(x, digits: int = 2) -> str:
