@@ -36,6 +36,7 @@ if [ -z "$bin" ]; then
 fi
 
 out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"  # bench.log goes there before bench.py makes it
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
 if compgen -G ".whl/*.whl" >/dev/null; then
