@@ -168,7 +168,8 @@ def analyse(windows: list[dict], finishes: list, generated: list | None = None, 
             # The spread of one window's throughput, carried through the same scaling.
             noise = spread * (r / 60.0 * secs) / n if spread is not None and n else None
             c["policies"][w["policy"]] = dict(loss=loss, lost_tokens_per_reclaim=lost, reclaims=n,
-                                              tok_s=w["tok_s"], kind=w["kind"], requeued=w.get("requeued"))
+                                              tok_s=w["tok_s"], kind=w["kind"], requeued=w.get("requeued"),
+                                              requeued_tokens=w.get("requeued_tokens"))
             c["spread"] = noise
     return dict(base_tok_s=mean, base_windows=len(base), spread=spread, spread_range=spread_range,
                 baseline="trend" if trend else "mean",
@@ -207,16 +208,20 @@ def distinct_switches(switches: list[dict], within_s: float = 1.0) -> list[dict]
 
 
 def attach_requeues(windows: list[dict], switches: list[dict]) -> None:
-    """Requests requeued during each window: the shim's counter between the switch made for it (a gap
-    before it) and the next one (offline notes one per window, in order, and one after the last)."""
-    marks = [s["shim"]["requeued"] for s in distinct_switches(switches) if s.get("shim")]
+    """Requests requeued during each window, and the tokens they had in the cache (what recomputing
+    them costs at most): the shim's counters between the switch made for the window (a gap before
+    it) and the next one (offline notes one per window, in order, and one after the last). A shim
+    without the token counter leaves `requeued_tokens` out."""
+    notes = [s["shim"] for s in distinct_switches(switches) if s.get("shim")]
     # One switch per window and a last one after them; before them, the initial `alg1 0` if offline saw it.
-    if len(marks) < len(windows) + 1:
+    if len(notes) < len(windows) + 1:
         return  # a switch was missed: the windows cannot be told apart
-    marks = marks[-(len(windows) + 1):]
-    for i, w in enumerate(windows):
-        if i + 1 < len(marks):
-            w["requeued"] = marks[i + 1] - marks[i]
+    notes = notes[-(len(windows) + 1):]
+    for key in ("requeued", "requeued_tokens"):
+        if any(key not in n for n in notes):
+            continue
+        for i, w in enumerate(windows):
+            w[key] = notes[i + 1][key] - notes[i][key]
 
 
 def merge(analyses: list[dict]) -> dict:
@@ -254,10 +259,13 @@ def merge(analyses: list[dict]) -> dict:
 def pooled(qs: list[dict]) -> dict:
     """One policy's result in one cell over several runs."""
     losses = [q["loss"] for q in qs if q.get("loss") is not None]
-    requeued = [q["requeued"] for q in qs if q.get("requeued") is not None]
+    def total(key: str) -> int | None:
+        xs = [q[key] for q in qs if q.get(key) is not None]
+        return sum(xs) if len(xs) == len(qs) else None
+
     return dict(loss=sum(losses) / len(losses) if losses else None, losses=losses,
-                reclaims=sum(q.get("reclaims") or 0 for q in qs),
-                requeued=sum(requeued) if len(requeued) == len(qs) else None, kind=qs[0].get("kind"))
+                reclaims=sum(q.get("reclaims") or 0 for q in qs), requeued=total("requeued"),
+                requeued_tokens=total("requeued_tokens"), kind=qs[0].get("kind"))
 
 
 def cell_key(size_pct: float, rate: float) -> str:
@@ -315,14 +323,11 @@ def markdown(rep: dict) -> str:
             row = [pct_s(a["cells"].get(cell_key(s, r), {}).get("policies", {}).get(pol, {}).get("loss")) for r in rates]
             lines.append(f"| {s:g}% | " + " | ".join(row) + " |")
         lines.append("")
-    lines += ["## Requeued requests per reclaim", "", "| cell | " + " | ".join(rep["args"].get("policies", POLICIES))
-              + " |", "|---|" + "---|" * len(rep["args"].get("policies", POLICIES))]
-    for key, c in a["cells"].items():
-        row = []
-        for pol in rep["args"].get("policies", POLICIES):
-            q = c["policies"].get(pol, {})
-            row.append(fmt(q["requeued"] / q["reclaims"], 1) if q.get("requeued") is not None and q.get("reclaims") else "-")
-        lines.append(f"| {key} | " + " | ".join(row) + " |")
+    lines += per_reclaim_table(a, rep["args"].get("policies", POLICIES), "requeued", "Requeued requests per reclaim", 1)
+    if any(q.get("requeued_tokens") is not None for c in a["cells"].values() for q in c["policies"].values()):
+        lines += [""] + per_reclaim_table(a, rep["args"].get("policies", POLICIES), "requeued_tokens",
+                                          "Tokens the requeued requests had in the cache, per reclaim (what "
+                                          "recomputing them costs at most; no run-to-run noise)", 0)
     t = rep["target"]
     lines += ["", f"## Target: {t['overall']}", "",
               f"Where one reclaim takes <= {TARGET['small_size_pct']:g}% of offline's memory, Algorithm 1's loss at "
@@ -330,6 +335,18 @@ def markdown(rep: dict) -> str:
               "", "| cell | verdict | why |", "|---|---|---|"]
     lines += [f"| {k} | {v['verdict']} | {v['why']} |" for k, v in t["cells"].items()]
     return "\n".join(lines) + "\n"
+
+
+def per_reclaim_table(a: dict, policies, key: str, title: str, digits: int) -> list[str]:
+    """A table of `key` per reclaim: a row per cell, a column per policy."""
+    lines = [f"## {title}", "", "| cell | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
+    for cell, c in a["cells"].items():
+        row = []
+        for pol in policies:
+            q = c["policies"].get(pol, {})
+            row.append(fmt(q[key] / q["reclaims"], digits) if q.get(key) is not None and q.get("reclaims") else "-")
+        lines.append(f"| {cell} | " + " | ".join(row) + " |")
+    return lines
 
 
 def baseline_words(a: dict) -> str:
@@ -361,6 +378,7 @@ def reanalyse(rep: dict, offline_json: str, baseline: str) -> None:
             switches = json.load(f).get("switches", [])
         for w in rep["windows"]:
             w.pop("requeued", None)
+            w.pop("requeued_tokens", None)
         attach_requeues(rep["windows"], switches)
     rep["analysis"] = analyse(rep["windows"], [], None, baseline)
     rep["target"] = target_check(rep["analysis"]["cells"])

@@ -151,6 +151,20 @@ class Requeues(unittest.TestCase):
         sweep.attach_requeues(wins, [dict(shim=dict(requeued=m)) for m in marks])
         self.assertEqual([w["requeued"] for w in wins], [3, 0, 7])
 
+    def test_the_requeued_requests_tokens_are_attached_and_pooled_where_the_shim_counts_them(self):
+        wins = [{}, {}]
+        notes = [dict(requeued=0, requeued_tokens=0), dict(requeued=2, requeued_tokens=3000),
+                 dict(requeued=3, requeued_tokens=3100)]
+        sweep.attach_requeues(wins, [dict(shim=n) for n in notes])
+        self.assertEqual([(w["requeued"], w["requeued_tokens"]) for w in wins], [(2, 3000), (1, 100)])
+        old = [{}, {}]  # an older shim: no token counter
+        sweep.attach_requeues(old, [dict(shim=dict(requeued=n["requeued"])) for n in notes])
+        self.assertEqual(old, [dict(requeued=2), dict(requeued=1)])
+        q = sweep.pooled([dict(loss=0.1, reclaims=1, requeued=2, requeued_tokens=3000),
+                          dict(loss=0.2, reclaims=1, requeued=1, requeued_tokens=100)])
+        self.assertEqual((q["requeued"], q["requeued_tokens"]), (3, 3100))
+        self.assertIsNone(sweep.pooled([dict(loss=0.1, reclaims=1, requeued=2)])["requeued_tokens"])
+
     def test_a_missed_switch_leaves_the_requeues_unknown(self):
         wins = [{}, {}]
         sweep.attach_requeues(wins, [dict(shim=dict(requeued=1))])
@@ -229,6 +243,13 @@ class Target(unittest.TestCase):
             self.assertIn(f"## {p}: offline throughput loss", md)
         self.assertIn("| 5% | 0.00% |", md)
         self.assertIn("5%@6/min | undecided", md)
+        self.assertIn("| 5%@6/min | 2.0 | 2.0 | 2.0 |", md)
+        self.assertNotIn("Tokens the requeued", md, "no token table from a shim that does not count them")
+        for i, w in enumerate(wins[2:]):
+            w["requeued_tokens"] = 1000 * (i + 1)
+        a = sweep.analyse(wins, fin)
+        md = sweep.markdown(dict(rep, analysis=a, target=sweep.target_check(a["cells"])))
+        self.assertIn("| 5%@6/min | 1000 | 2000 | 3000 |", md)
 
 class Merge(unittest.TestCase):
     @staticmethod

@@ -157,6 +157,10 @@ def test_reclaimed_requests_are_requeued_and_their_outputs_match_an_unreclaimed_
     assert stats["invalidated_blocks"] == 10 * 2
     if policy == "most":
         assert stats["requeued"] >= 3, stats
+    # What the requeued requests had in the cache: something, and no more than a whole request each.
+    longest = max(len(p) for p in PROMPTS) + MAX_NEW
+    assert (stats["requeued_tokens"] > 0) == (stats["requeued"] > 0), stats
+    assert stats["requeued_tokens"] <= stats["requeued"] * longest, stats
     assert got == ref
 
 

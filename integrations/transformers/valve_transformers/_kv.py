@@ -67,8 +67,10 @@ class ValveKV:
         self._random_at = float("-inf")
         self._seed_used = policy.get("selection_seed", 0)
         self._rng = random.Random(self._seed_used)
-        self.stats = {"requeued": 0, "invalidated_blocks": 0, "grown_handles": 0, "shrunk_handles": 0,
-                      "refusals": 0, "memory_waits": 0, "turns": 0}
+        # requeued_tokens: the tokens the requeued requests had in the cache, what recomputing them
+        # costs at most (their blocks left in the prefix cache are reused)
+        self.stats = {"requeued": 0, "requeued_tokens": 0, "invalidated_blocks": 0, "grown_handles": 0,
+                      "shrunk_handles": 0, "refusals": 0, "memory_waits": 0, "turns": 0}
 
     # ------------------------------------------------------------------ creation
 
@@ -291,6 +293,7 @@ class ValveKV:
                    if gone.intersection(table)}
         doomed = [state for rid, state in scheduler.active_requests.items() if rid in holders]
         self.stats["requeued"] += len(doomed)
+        self.stats["requeued_tokens"] += sum(int(getattr(state, "position_offset", 0)) for state in doomed)
         logger.info("Valve reclaimed %d block(s): %d request(s) go back to waiting", len(gone), len(doomed))
         return doomed
 
