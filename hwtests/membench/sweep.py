@@ -147,9 +147,9 @@ def analyse(windows: list[dict], finishes: list, generated: list | None = None, 
     mean = sum(x for _, x in base) / len(base)
     spread_range = (max(x for _, x in base) - min(x for _, x in base)) / mean if len(base) >= 2 else None
     trend = baseline == "trend" and len(base) >= 3
-    if trend:
-        spread = max(abs(base[i][1] - line(base[i - 1], base[i + 1], base[i][0])) / line(base[i - 1], base[i + 1], base[i][0])
-                     for i in range(1, len(base) - 1))
+    if trend:  # each inner base window against its neighbours' line, relative to that line
+        expected = [line(base[i - 1], base[i + 1], base[i][0]) for i in range(1, len(base) - 1)]
+        spread = max(abs(base[i][1] - e) / e for i, e in enumerate(expected, start=1))
     else:
         spread = spread_range
     cells: dict = {}
@@ -259,6 +259,7 @@ def merge(analyses: list[dict]) -> dict:
 def pooled(qs: list[dict]) -> dict:
     """One policy's result in one cell over several runs."""
     losses = [q["loss"] for q in qs if q.get("loss") is not None]
+
     def total(key: str) -> int | None:
         xs = [q[key] for q in qs if q.get(key) is not None]
         return sum(xs) if len(xs) == len(qs) else None
