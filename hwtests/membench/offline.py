@@ -281,7 +281,7 @@ def main() -> int:
     result = dict(mode=a.mode, fifo=a.fifo, cuda_graphs=a.cuda_graphs, placement=a.placement, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
                   steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name(),
-                  finishes=done if a.selection_file else None, switches=switches,
+                  finishes=done, switches=switches,
                   generated=generated.timeline if generated is not None else None)
     cache = manager.batch_processor.cache
     v = getattr(cache, "_valve", None)

@@ -262,6 +262,19 @@ def decode_vs(prof: dict | None, ref: dict | None) -> float | None:
     return sum(n * r for n, r in pairs) / total if total else None
 
 
+FIRST_S = 90.0  # issue 30: offline against static over the first 90 s after a daemon restart
+
+
+def first_tokens_per_s(off: dict, seconds: float = FIRST_S) -> float | None:
+    """Offline's tokens per second over its first `seconds` after online's go (offline's `t0`), by
+    the requests that finished in them; None for a run no longer than that (the whole run says it)
+    or without finish times."""
+    fin, t0, t1 = off.get("finishes"), off.get("t0"), off.get("t1")
+    if not fin or t0 is None or t1 is None or t1 - t0 < seconds + 5:
+        return None
+    return sum(n for t, n in fin if t0 <= t < t0 + seconds) / seconds
+
+
 def config_numbers(res: dict) -> dict:
     """The numbers of one configuration."""
     n: dict = dict(config=res.get("config"), error=res.get("error"),
@@ -280,7 +293,8 @@ def config_numbers(res: dict) -> dict:
     if not str(res.get("config")).startswith("alone"):
         n["offline_crashed"] = off is None or res.get("offline_exit") not in (0, None) or bool(off.get("error_count"))
     if off:
-        n.update(offline_tokens_per_s=off["tokens_per_s"], offline_finished=off["finished"],
+        n.update(offline_tokens_per_s=off["tokens_per_s"], offline_first_tokens_per_s=first_tokens_per_s(off),
+                 offline_finished=off["finished"],
                  offline_requeued=(off.get("shim") or {}).get("requeued", 0),
                  offline_invalidated_blocks=(off.get("shim") or {}).get("invalidated_blocks", 0))
         # Offline's steps while it ran alone (before the trace): with the gate, steps during the
@@ -324,10 +338,13 @@ def build(results: dict, sizes: dict, args: dict) -> dict:
             for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"):
                 n[f"{m}_vs_alone_pct"] = delta(n.get(m), alone.get(m))
             n["decode_step_vs_alone"] = decode_vs(n.get("step_profile"), alone.get("step_profile"))
-            n["offline_vs_static"] = None
+            n["offline_vs_static"] = n["offline_first_vs_static"] = None
             st = nums.get("static", {}).get("offline_tokens_per_s")
             if st and n.get("offline_tokens_per_s") is not None:
                 n["offline_vs_static"] = n["offline_tokens_per_s"] / st
+            st1 = nums.get("static", {}).get("offline_first_tokens_per_s")
+            if st1 and n.get("offline_first_tokens_per_s") is not None:
+                n["offline_first_vs_static"] = n["offline_first_tokens_per_s"] / st1
     checks = targets(nums, args)
     device = next((n.get("device") for n in nums.values() if n.get("device")), None)
     return dict(device=device, sizes=sizes, args={k: v for k, v in args.items() if k != "func"},
@@ -362,6 +379,11 @@ def targets(nums: dict, args: dict) -> list[dict]:
     for k in ("valve-miad", "valve-noreserve") + warm:
         v = nums.get(k, {}).get("offline_vs_static")
         check(f"{k}: offline throughput >= 1.5x static", v, v is not None and v >= TARGETS["offline_vs_static"])
+    for k in warm:  # a run longer than 90 s: the first 90 s after the restart, as the issue asks
+        v = nums[k].get("offline_first_vs_static")
+        if v is not None:
+            check(f"{k}: offline >= 1.5x static over the first {FIRST_S:.0f} s after the daemon's restart", v,
+                  v >= TARGETS["offline_vs_static"], "requests finished in each run's first 90 s")
     static = nums.get("static", {})
     for k in miads:
         for metric, label, limit in (("ttft_p99", "TTFT p99 <= +5%", "ttft_p99_pct"),

@@ -148,6 +148,27 @@ class Targets(unittest.TestCase):
         self.assertIn("static (no reclaims): +2.4%", ttft["detail"])
         self.assertTrue(checks["valve-miad-warm: TPOT p99 <= +2% vs alone"]["ok"])
 
+    def test_a_long_warm_run_is_judged_on_its_first_90_s_against_static_s(self):
+        def off(first, later, seconds):
+            # One request of `first` tokens a second for 90 s after go, then `later` a second.
+            fin = [(100.0 + t + 0.5, first if t < 90 else later) for t in range(int(seconds))]
+            return dict(t0=100.0, t1=100.0 + seconds, finishes=fin, tokens_per_s=1.0, finished=len(fin))
+
+        self.assertEqual(report.first_tokens_per_s(off(300, 900, 450)), 300.0)
+        self.assertIsNone(report.first_tokens_per_s(off(300, 900, 90)), "a 90-s run: the whole run says it")
+        self.assertIsNone(report.first_tokens_per_s(dict(t0=0.0, t1=400.0)), "no finish times")
+        runs = {"static": dict(config="static", offline=off(200, 200, 450), offline_exit=0),
+                "valve-miad-warm": dict(config="valve-miad-warm", offline=off(320, 900, 450), offline_exit=0)}
+        rep = report.build(runs, {}, dict(target_per_min=6.0))
+        self.assertAlmostEqual(rep["configs"]["valve-miad-warm"]["offline_first_vs_static"], 1.6)
+        checks = {c["check"]: c for c in rep["checks"]}
+        first = checks["valve-miad-warm: offline >= 1.5x static over the first 90 s after the daemon's restart"]
+        self.assertTrue(first["ok"])
+        runs["valve-miad-warm"]["offline"] = off(280, 900, 450)
+        rep = report.build(runs, {}, dict(target_per_min=6.0))
+        self.assertFalse({c["check"]: c for c in rep["checks"]}[
+            "valve-miad-warm: offline >= 1.5x static over the first 90 s after the daemon's restart"]["ok"])
+
 
 class Churn(unittest.TestCase):
     """valve-churn (issue 29): reclaims while the churn ran, its target, and its exclusion."""

@@ -94,6 +94,29 @@ class Generated(unittest.TestCase):
         self.assertEqual([n for _, n in g.timeline], [30, 35, 40])
 
 
+class WarmFrom(unittest.TestCase):
+    def test_a_saved_state_is_used_only_by_the_warm_run_and_instead_of_its_first_pass(self):
+        import json
+        import tempfile
+        from types import SimpleNamespace
+        with tempfile.TemporaryDirectory() as d:
+            saved = os.path.join(d, "saved.json")
+            with open(saved, "w") as f:
+                json.dump({"version": 1, "entries": []}, f)
+            self.assertIsNone(run.warm_from_problem(None, 0, ["alone"]))
+            self.assertIsNone(run.warm_from_problem(saved, 0, ["static", "valve-miad-warm"]))
+            self.assertIn("add it to --configs", run.warm_from_problem(saved, 0, ["valve-miad"]))
+            self.assertIn("drop --warm-prime-seconds", run.warm_from_problem(saved, 450, ["valve-miad-warm"]))
+            self.assertIn("not a readable", run.warm_from_problem(os.path.join(d, "none.json"), 0, ["valve-miad-warm"]))
+            out = os.path.join(d, "out")
+            os.makedirs(out)
+            r = SimpleNamespace(a=SimpleNamespace(warm_from=saved), out=out)
+            state = run.warm_start(r, {})
+            self.assertEqual(state, os.path.join(out, "reservations.json"))
+            with open(state) as f:
+                self.assertEqual(json.load(f), {"version": 1, "entries": []})
+
+
 class DaemonArgv(unittest.TestCase):
     def test_only_valve_churn_keeps_the_gate_watchers_and_zero_turns_it_off(self):
         from types import SimpleNamespace
