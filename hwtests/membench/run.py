@@ -42,7 +42,8 @@ the measured numbers, the device name and the targets. Configurations:
   plays the trace (docs/memory.md, "Warm start"). Its wall_s includes the first pass.
   `--warm-from FILE` starts the measured pass from a state an earlier run saved (its
   OUT/reservations.json) instead: a converged first pass (450 s) and a long measured pass do not
-  fit one 10-minute device call together. A measured pass longer than 90 s is also judged on its
+  fit one 10-minute device call together. Run both on the same GPU: a state is kept per GPU PCI
+  address and online process (a lane's VALVE_GPU). A measured pass longer than 90 s is also judged on its
   first 90 s against static's first 90 s (issue 30: "over the first 90 s after a daemon restart").
 - valve-churn: valve-noreserve while admin work churns (issue 29; docs/memory.md, "How a reclaim
   reaches the daemon's loop"): a thread restarts the gate every --churn-gate-every s (`gate stop`,
