@@ -206,6 +206,15 @@ fn a_thread_waiting_for_gpu_work_keeps_the_process_busy() {
     assert!(e.ts_ns - e.idle_ns == last, "{e:?} last {last}");
 }
 
+/// Watches `pid` and waits for the poll thread's word that its probes are in.
+fn wait_probed(w: &LaunchWatcher, pid: u32) {
+    w.watch_acked(pid)
+        .unwrap()
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the launch-watch thread answers")
+        .expect("the probes attach");
+}
+
 fn eventually(mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(2) {
@@ -226,9 +235,11 @@ fn other_processes_are_not_counted() {
     };
     call(&f, 100, 1);
     assert_eq!(w.counts(me).kernel_launches, 0);
-    w.watch(me).unwrap();
-    // Probing a newly watched process is the poll thread's (it does not hold up the caller).
-    assert!(eventually(|| first_byte(&f) == 0xcc));
+    // Probing a newly watched process is the poll thread's (it does not hold up the caller);
+    // its answer says the probes are in. The breakpoint byte alone is not enough: with one link
+    // per symbol it is written when the uprobe is created, before the program is attached.
+    wait_probed(&w, me);
+    assert_eq!(first_byte(&f), 0xcc);
     call(&f, 7, 0);
     assert_eq!(w.counts(me).kernel_launches, 7);
 }
@@ -370,11 +381,8 @@ fn only_watched_processes_carry_the_probes() {
     );
     call(&f, 10, 0);
     assert_eq!(w.counts(me).kernel_launches, 0);
-    w.watch(me).unwrap();
-    assert!(
-        eventually(|| first_byte(&f) == 0xcc),
-        "a watched process gets its probes"
-    );
+    wait_probed(&w, me);
+    assert_eq!(first_byte(&f), 0xcc, "a watched process gets its probes");
     call(&f, 10, 0);
     assert_eq!(w.counts(me).kernel_launches, 10);
     w.unwatch(me);
