@@ -51,7 +51,9 @@ import analysis  # noqa: E402
 import loadgen  # noqa: E402
 import stamp  # noqa: E402
 
-OFFLINE_LABEL = "valve-bench-offline"
+# hwtests/lanes.sh gives each lane its own label (and VALVE_GPU), so no lane's gate freezes
+# another lane's training.
+OFFLINE_LABEL = os.environ.get("VALVE_BENCH_LABEL", "valve-bench-offline")
 CONFIGS = ["alone", "timeslice", "gate-launch", "gate-arrival", "alone-2"]
 CONFIG_NAMES = {
     "alone": "online alone",
@@ -88,7 +90,8 @@ def device_name(dry):
         return "cpu (dry run)"
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"],
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i",
+             os.environ.get("VALVE_GPU", "0")],
             capture_output=True, text=True, timeout=20,
         ).stdout.strip()
         return out or "unknown GPU"
@@ -167,10 +170,11 @@ class Valve:
             return None
         return r.stdout
 
-    def gate_start(self, port, arrivals, waits=True, realtime=True, busy_poll=False):
+    def gate_start(self, port, arrivals, waits=True, realtime=True, busy_poll=False, fixed_cooldown=None):
         extra = ([] if arrivals else ["--no-arrivals"]) + ([] if waits else ["--no-waits"])
         extra += [] if realtime else ["--realtime-priority", "0"]
         extra += ["--arrival-busy-poll"] if busy_poll else []
+        extra += ["--fixed-cooldown", fixed_cooldown] if fixed_cooldown else []
         self.call(["gate", "start", "--online-port", str(port), "--offline-label", OFFLINE_LABEL, *extra])
 
     def gate_status(self):
@@ -395,7 +399,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
         if config.startswith("gate"):
             valve.gate_start(a.port, arrivals=config in ARRIVAL_CONFIGS,
                              waits=config != "gate-old", realtime=config != "gate-arrival-normal",
-                             busy_poll=config == "gate-arrival-spin")
+                             busy_poll=config == "gate-arrival-spin", fixed_cooldown=a.gate_fixed_cooldown)
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
@@ -743,6 +747,10 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=80, help="most requests per configuration and load")
     ap.add_argument("--min-requests", type=int, default=25, help="fewest requests per configuration and load")
     ap.add_argument("--run-s", type=float, default=40, help="aim for this many seconds of arrivals per configuration and load")
+    ap.add_argument("--gate-fixed-cooldown", metavar="DURATION",
+                    help="every gate configuration keeps offline frozen this long after online's last launch "
+                         "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: issue 29's trade "
+                         "of harvest for idle arrivals that find offline already off the GPU")
     ap.add_argument("--rounds", type=int, default=3,
                     help="split each configuration's requests into this many rounds, the configurations "
                          "taking turns (forward, then backward): host drift then weighs on all alike")
@@ -909,6 +917,7 @@ def main(argv=None):
                        + (f" (mean of {fmt(rate_start)} before the runs and {fmt(rate_end)} after: moved {100 * moved:.1f}%)"
                           if moved is not None else ""),
             "service time alone (s)": f"{s:.4f}",
+            "gate cooldown": f"fixed at {a.gate_fixed_cooldown}" if a.gate_fixed_cooldown else "learned (the default)",
             "duration (s)": f"{time.time() - t_start:.0f}",
         }
         res["meta"] = meta

@@ -76,6 +76,30 @@ class Measure(unittest.TestCase):
 
 
 
+class GateStart(unittest.TestCase):
+    def started_with(self, **k):
+        v = bench.Valve.__new__(bench.Valve)  # no daemon: only the command line is looked at
+        calls = []
+        v.call = lambda args, check=True: calls.append(args)
+        v.gate_start(8123, arrivals=True, **k)
+        return calls[0]
+
+    def test_a_fixed_cooldown_goes_to_gate_start_and_none_leaves_the_cooldown_learned(self):
+        self.assertNotIn("--fixed-cooldown", self.started_with())
+        args = self.started_with(fixed_cooldown="200ms")
+        self.assertEqual(args[args.index("--fixed-cooldown") + 1], "200ms")
+        self.assertEqual(args[args.index("--offline-label") + 1], bench.OFFLINE_LABEL)
+
+    def test_a_lane_s_label_and_gpu_come_from_the_environment(self):
+        import os
+        import subprocess
+        env = dict(os.environ, VALVE_BENCH_LABEL="batch-g2")
+        out = subprocess.run([sys.executable, "-c", "import sys, types; sys.modules['aiohttp'] = "
+                              "types.ModuleType('aiohttp'); import bench; print(bench.OFFLINE_LABEL)"],
+                             capture_output=True, text=True, env=env, cwd=os.path.dirname(bench.__file__))
+        self.assertEqual(out.stdout.strip(), "batch-g2", out.stderr)
+
+
 class ProbeHits(unittest.TestCase):
     def test_hits_are_the_rounds_differences_over_their_generated_tokens(self):
         hits = lambda k, g, s: {"online_probe_hits": {"kernel_launches": k, "graph_launches": g, "syncs": s}}
