@@ -45,6 +45,8 @@ the measured numbers, the device name and the targets. Configurations:
   fit one 10-minute device call together. Run both on the same GPU: a state is kept per GPU PCI
   address and online process (a lane's VALVE_GPU). A measured pass longer than 90 s is also judged on its
   first 90 s against static's first 90 s (issue 30: "over the first 90 s after a daemon restart").
+  `--configs valve-miad-warm --warm-prime-only` runs the first pass alone and stops once
+  DIR/reservations.json is saved: the call before the one that passes it to --warm-from.
 - valve-churn: valve-noreserve while admin work churns (issue 29; docs/memory.md, "How a reclaim
   reaches the daemon's loop"): a thread restarts the gate every --churn-gate-every s (`gate stop`,
   `gate start`), ending 5 s before online's last arrival, and --churn-flooders threads flood the
@@ -338,6 +340,17 @@ def warm_from_problem(path: str | None, prime_seconds: float, names: list[str]) 
     return None
 
 
+def prime_only_problem(prime_only: bool, warm_from: str | None, names: list[str]) -> str | None:
+    """Why --warm-prime-only cannot be used as given (None: it can, or it is not given)."""
+    if not prime_only:
+        return None
+    if names != ["valve-miad-warm"]:
+        return "--warm-prime-only runs valve-miad-warm's first pass alone: pass --configs valve-miad-warm"
+    if warm_from:
+        return "--warm-prime-only saves a state and --warm-from reads one: pass one of them"
+    return None
+
+
 def config_problem(names: list[str], have_sizes: bool) -> str | None:
     """Why `--configs` cannot run as given (None: it can), checked before anything starts: a
     misspelt name would otherwise run as some Valve configuration and be left out of the report,
@@ -361,6 +374,11 @@ def bench(r: Run) -> int:
     common.write_json(trace_path, trace)
     pool_blocks = a.pool_gib * 1024 // 32  # one block of every layer's K and V: 256 tokens x 128 KiB = 32 MiB
     sizes = dict(pool_blocks=pool_blocks)
+    if a.warm_prime_only:
+        state = prime_warm_start(r, sizes)
+        print(f"valve-miad-warm: first pass only; the measured pass: --warm-from {state}" if os.path.exists(state)
+              else "valve-miad-warm: the first pass saved nothing (see valve-miad-warm-prime.json)", flush=True)
+        return 0 if os.path.exists(state) else 1
     results = {}
     prev = os.path.join(r.out, "sizes.json")
     if os.path.exists(prev):
@@ -653,6 +671,9 @@ def main() -> int:
     b.add_argument("--warm-from", metavar="FILE",
                    help="valve-miad-warm: start the measured pass from this saved reservations file (an earlier "
                         "run's OUT/reservations.json) instead of running a first pass")
+    b.add_argument("--warm-prime-only", action="store_true",
+                   help="valve-miad-warm: run only the first pass (--warm-prime-seconds) and stop once it has saved "
+                        "OUT/reservations.json, for a later call's --warm-from on the same GPU")
     b.add_argument("--churn-gate-every", type=float, default=2.0,
                    help="valve-churn: seconds between two gate restarts (`gate stop`, then `gate start`)")
     b.add_argument("--churn-flooders", type=int, default=2,
@@ -682,6 +703,7 @@ def main() -> int:
             ap.error(f"{sizes} is not a readable sizes file ({e}): delete it and run alone again")
         problem = config_problem(names, have_sizes)
         problem = problem or warm_from_problem(a.warm_from, a.warm_prime_seconds, names)
+        problem = problem or prime_only_problem(a.warm_prime_only, a.warm_from, names)
         if a.churn_gate_every <= 0 or a.churn_flooders < 0:
             problem = "--churn-gate-every must be above 0 and --churn-flooders at least 0"
         if problem:

@@ -6,6 +6,10 @@
 #   hwtests/membench/run.sh OUTDIR bench [--configs ...] [--seconds 90]
 #   hwtests/membench/run.sh OUTDIR bench --configs alone,static,valve-miad,valve-miad-warm --seconds 90
 #     (valve-miad-warm: MIAD's first 90 s after a daemon restart, from a warm start)
+#   hwtests/membench/run.sh OUTA bench --configs valve-miad-warm --warm-prime-only --warm-prime-seconds 450 \
+#       --seed 12 --online-cuda-graphs        (one device call: a converged first pass, saved state only)
+#   hwtests/membench/run.sh OUTB bench --configs alone,static,valve-miad-warm --warm-from OUTA/reservations.json \
+#       --seconds 120 --seed 12 --online-cuda-graphs      (the next call, same GPU: the measured pass)
 #   hwtests/membench/run.sh OUTDIR bench --configs valve-churn --seconds 90 --seed 12 --online-cuda-graphs \
 #       [--churn-gate-every 2] [--churn-flooders 2]
 #     (issue 29: reclaims of up to 1 GiB while the gate restarts and the control socket is flooded)

@@ -117,6 +117,13 @@ class WarmFrom(unittest.TestCase):
                 self.assertEqual(json.load(f), {"version": 1, "entries": []})
 
 
+    def test_a_first_pass_alone_is_only_for_the_warm_run_and_not_with_a_saved_state(self):
+        self.assertIsNone(run.prime_only_problem(False, None, ["alone", "static"]))
+        self.assertIsNone(run.prime_only_problem(True, None, ["valve-miad-warm"]))
+        self.assertIn("--configs valve-miad-warm", run.prime_only_problem(True, None, ["alone", "valve-miad-warm"]))
+        self.assertIn("pass one of them", run.prime_only_problem(True, "saved.json", ["valve-miad-warm"]))
+
+
 class DaemonArgv(unittest.TestCase):
     def test_only_valve_churn_keeps_the_gate_watchers_and_zero_turns_it_off(self):
         from types import SimpleNamespace
