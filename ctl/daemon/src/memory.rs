@@ -8,6 +8,7 @@
 //! - [`reclaim`]: freeze offline, ask its client library for k handles, kill it past the
 //!   deadline, thaw.
 //! - [`server`]: the pool socket (`docs/memory.md`, "The pool protocol").
+//! - [`threads`]: what an offline process's threads are doing, logged before a kill.
 //!
 //! Why it is built this way, and the measurements behind the choices: `docs/memory.md`.
 
@@ -16,6 +17,7 @@ pub mod ledger;
 pub mod reclaim;
 pub mod reservation;
 pub mod server;
+pub mod threads;
 
 pub use server::warm::WarmSettings;
 

@@ -320,8 +320,15 @@ impl Reclaimer {
                     out.returned.push((t.client, h));
                 }
                 _ => {
+                    // Where its threads are stuck, read before the kill ends them: the log is
+                    // all an operator gets to tell a hung job from a slow one.
+                    let read_at = Instant::now();
+                    let threads = super::threads::summary(&super::threads::snapshot(t.pid));
                     tracing::error!(
                         pid = t.pid,
+                        answered = answer.is_some(),
+                        threads_read_us = read_at.elapsed().as_micros() as u64,
+                        threads = %threads,
                         "offline process did not give memory back in {:?}: killing it",
                         self.deadline
                     );
