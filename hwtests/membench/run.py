@@ -152,6 +152,8 @@ def daemon_argv(a, name: str, pool_gib: int | None, target_per_min: float, warm_
         argv += ["--pool", "--pool-gpus", str(common.GPU), "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
                  "--pool-target-reclaims-per-min", str(target_per_min)]
         argv += ["--pool-reservation-state", warm_state] if warm_state else ["--pool-no-warm-start"]
+        if warm_state and getattr(a, "warm_max_age", None):
+            argv += ["--pool-warm-max-age", a.warm_max_age]
     if name == "valve-churn" and getattr(a, "churn_keep_watchers", 0) > 0:
         argv += ["--gate-keep-watchers", str(a.churn_keep_watchers)]
     return argv
@@ -671,6 +673,10 @@ def main() -> int:
     b.add_argument("--warm-from", metavar="FILE",
                    help="valve-miad-warm: start the measured pass from this saved reservations file (an earlier "
                         "run's OUT/reservations.json) instead of running a first pass")
+    b.add_argument("--warm-max-age", metavar="DURATION", default="24h",
+                   help="valve-miad-warm: the daemon's --pool-warm-max-age (a saved state older than this starts "
+                        "cold; raise it, for example 720h, to start from a state a day-old call saved: its trace "
+                        "parameters, not its age, decide what it learned)")
     b.add_argument("--warm-prime-only", action="store_true",
                    help="valve-miad-warm: run only the first pass (--warm-prime-seconds) and stop once it has saved "
                         "OUT/reservations.json, for a later call's --warm-from on the same GPU")

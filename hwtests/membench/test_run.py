@@ -133,6 +133,10 @@ class DaemonArgv(unittest.TestCase):
         self.assertNotIn("--gate-keep-watchers", run.daemon_argv(a, "valve-miad", 12, 6.0, None))
         a.churn_keep_watchers = 0
         self.assertNotIn("--gate-keep-watchers", run.daemon_argv(a, "valve-churn", 12, 6.0, None))
+        warm = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="720h"), "valve-miad-warm", 12, 6.0, "s.json")
+        self.assertEqual(warm[warm.index("--pool-warm-max-age") + 1], "720h")
+        cold = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="720h"), "valve-miad", 12, 6.0, None)
+        self.assertNotIn("--pool-warm-max-age", cold, "a cold start saves nothing and reads nothing")
         plain = run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None)
         self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; sweep's args have no churn options")
 
