@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -339,6 +340,18 @@ def warm_from_problem(path: str | None, prime_seconds: float, names: list[str]) 
             json.load(f)
     except (OSError, ValueError) as e:
         return f"--warm-from {path}: not a readable saved reservations file ({e})"
+    return None
+
+
+def warm_max_age_problem(age: str) -> str | None:
+    """Why --warm-max-age would make the daemon refuse to start (None: it will not), checked before
+    anything runs: the daemon takes 0 to 7 days, in ms, s, m, min or h."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|min|h)", age.strip())
+    if not m:
+        return f"--warm-max-age {age}: give a duration such as 24h, 90m or 600s"
+    seconds = float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    if seconds > 7 * 24 * 3600:
+        return f"--warm-max-age {age}: the daemon takes at most 7 days (168h)"
     return None
 
 
@@ -675,8 +688,8 @@ def main() -> int:
                         "run's OUT/reservations.json) instead of running a first pass")
     b.add_argument("--warm-max-age", metavar="DURATION", default="24h",
                    help="valve-miad-warm: the daemon's --pool-warm-max-age (a saved state older than this starts "
-                        "cold; raise it, for example 720h, to start from a state a day-old call saved: its trace "
-                        "parameters, not its age, decide what it learned)")
+                        "cold; raise it, at most 168h (the daemon's limit), to start from a state a day-old call "
+                        "saved: its trace parameters, not its age, decide what it learned)")
     b.add_argument("--warm-prime-only", action="store_true",
                    help="valve-miad-warm: run only the first pass (--warm-prime-seconds) and stop once it has saved "
                         "OUT/reservations.json, for a later call's --warm-from on the same GPU")
@@ -710,6 +723,7 @@ def main() -> int:
         problem = config_problem(names, have_sizes)
         problem = problem or warm_from_problem(a.warm_from, a.warm_prime_seconds, names)
         problem = problem or prime_only_problem(a.warm_prime_only, a.warm_from, names)
+        problem = problem or warm_max_age_problem(a.warm_max_age)
         if a.churn_gate_every <= 0 or a.churn_flooders < 0:
             problem = "--churn-gate-every must be above 0 and --churn-flooders at least 0"
         if problem:

@@ -124,6 +124,14 @@ class WarmFrom(unittest.TestCase):
         self.assertIn("pass one of them", run.prime_only_problem(True, "saved.json", ["valve-miad-warm"]))
 
 
+    def test_a_warm_max_age_the_daemon_would_refuse_is_refused_first(self):
+        self.assertIsNone(run.warm_max_age_problem("24h"))
+        self.assertIsNone(run.warm_max_age_problem("168h"))
+        self.assertIsNone(run.warm_max_age_problem("90m"))
+        self.assertIn("at most 7 days", run.warm_max_age_problem("720h"))
+        self.assertIn("a duration such as", run.warm_max_age_problem("7d"))
+
+
 class DaemonArgv(unittest.TestCase):
     def test_only_valve_churn_keeps_the_gate_watchers_and_zero_turns_it_off(self):
         from types import SimpleNamespace
@@ -133,9 +141,9 @@ class DaemonArgv(unittest.TestCase):
         self.assertNotIn("--gate-keep-watchers", run.daemon_argv(a, "valve-miad", 12, 6.0, None))
         a.churn_keep_watchers = 0
         self.assertNotIn("--gate-keep-watchers", run.daemon_argv(a, "valve-churn", 12, 6.0, None))
-        warm = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="720h"), "valve-miad-warm", 12, 6.0, "s.json")
-        self.assertEqual(warm[warm.index("--pool-warm-max-age") + 1], "720h")
-        cold = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="720h"), "valve-miad", 12, 6.0, None)
+        warm = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="168h"), "valve-miad-warm", 12, 6.0, "s.json")
+        self.assertEqual(warm[warm.index("--pool-warm-max-age") + 1], "168h")
+        cold = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="168h"), "valve-miad", 12, 6.0, None)
         self.assertNotIn("--pool-warm-max-age", cold, "a cold start saves nothing and reads nothing")
         plain = run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None)
         self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; sweep's args have no churn options")
