@@ -476,7 +476,7 @@ def sweep_run(r: Run) -> int:
     shim; per window, the shim's handle choice is set, then `valvectl pool reclaim` takes the window's
     share of offline's handles at its times. No online model: only the eviction policy differs."""
     a = r.a
-    windows = sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed)
+    windows = sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed, a.repeat)
     est = sweep.plan_seconds(windows, a.gap)
     print(f"sweep: {len(windows)} windows of {a.cell_seconds:g} s, about {est / 60:.1f} min", flush=True)
     common.build_model(r.model)
@@ -652,6 +652,10 @@ def main() -> int:
     sw.add_argument("--settle", type=float, default=20.0, help="seconds offline runs before the first window")
     sw.add_argument("--baseline-every", type=int, default=6, help="a no-reclaim window after this many others")
     sw.add_argument("--seed", type=int, default=30, help="the random policy's seeds start here")
+    sw.add_argument("--repeat", type=int, default=1,
+                    help="run every cell this many times (each repeat with the policy order one step on), so a "
+                         "small cell's cost is a mean of that many windows: e.g. --sizes 5 --rates 2 --repeat 12 "
+                         "for the 5%% cell, whose loss one 10-s window cannot resolve")
     sw.add_argument("--pool-gib", type=int, default=12)
     sw.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
     sw.add_argument("--offline-batch-tokens", type=int, default=512)
@@ -731,7 +735,7 @@ def main() -> int:
         a.configs = ",".join(names)
     if a.cmd == "sweep":
         try:
-            sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed)
+            sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed, a.repeat)
         except ValueError as e:
             ap.error(str(e))
     if os.geteuid() != 0:

@@ -15,6 +15,8 @@
 #     (issue 29: reclaims of up to 1 GiB while the gate restarts and the control socket is flooded)
 #   hwtests/membench/run.sh OUTDIR sweep [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] \
 #       [--policies alg1,fifo,random] [--placement default|compact]
+#   hwtests/membench/run.sh OUTDIR sweep --sizes 5 --rates 2,6 --policies alg1,fifo --repeat 12 --gap 4
+#     (the 5% cells alone, each a mean of 12 windows: about 8.5 minutes; best on a host of its own)
 #     (issue 30: offline's throughput loss per reclaimed size x rate x handle choice, no online model;
 #      about 7.5 minutes with the defaults: 29 windows of 10 s + 2 s, after ~90 s of start;
 #      several runs, one per device call, merge into one report with narrower spreads:

@@ -51,16 +51,23 @@ class Window:
     size_pct: float | None = None
     rates: list[float] = field(default_factory=list)  # the cells' rates this window answers
     reclaims_at: list[float] = field(default_factory=list)  # seconds after the window starts
-    seed: int = 0  # the random policy's seed (the same for a cell in every repetition)
+    seed: int = 0  # the random policy's seed (the same for a cell's policies; new for each repeat)
+    rep: int = 0  # which repeat of its cell (--repeat): each repeat is analysed as a run of its own
 
 
 def plan(sizes=SIZES, rates=RATES, policies=POLICIES, cell_seconds: float = 10.0, lead: float = 1.0,
-         baseline_every: int = 6, seed: int = 30) -> list[Window]:
+         baseline_every: int = 6, seed: int = 30, repeat: int = 1) -> list[Window]:
     """The windows in the order they run. Every cell's reclaim times are the same for each policy;
     the policies' order rotates from one group to the next so none always runs first, and with the
     seed, so that runs of consecutive seeds (as many as policies) put each policy in each place of
     every group once. A window's recomputation can spill into the next one: with one order, a policy
-    that always follows the worst one is charged part of its loss (seen on the H100, 2026-11-26)."""
+    that always follows the worst one is charged part of its loss (seen on the H100, 2026-11-26).
+
+    `repeat`: every cell's group of windows runs that many times (all cells once, then again), the
+    order rotating one step further each time; a small cell's cost, under one window's noise, is
+    then measured as a mean of `repeat` windows."""
+    if repeat < 1:
+        raise ValueError("--repeat must be at least 1")
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}: choose from {', '.join(POLICIES)}")
@@ -69,17 +76,18 @@ def plan(sizes=SIZES, rates=RATES, policies=POLICIES, cell_seconds: float = 10.0
     slow = sorted(r for r in rates if 60.0 / r >= cell_seconds)
     fast = sorted(r for r in rates if 60.0 / r < cell_seconds)
     groups: list[list[Window]] = []
-    for i, size in enumerate(sizes):
-        kinds = [("iso", slow, [lead])] if slow else []
-        for r in fast:
-            gap = 60.0 / r
-            kinds.append(("direct", [r], [lead + k * gap for k in range(int((cell_seconds - lead) / gap) + 1)
-                                          if lead + k * gap < cell_seconds]))
-        for j, (kind, rs, at) in enumerate(kinds):
-            turn = (i + j + seed) % len(policies)
-            order = list(policies[turn:]) + list(policies[:turn])
-            groups.append([Window(kind, p, cell_seconds, size, list(rs), list(at), seed + 100 * i + j)
-                           for p in order])
+    for rep in range(repeat):
+        for i, size in enumerate(sizes):
+            kinds = [("iso", slow, [lead])] if slow else []
+            for r in fast:
+                gap = 60.0 / r
+                kinds.append(("direct", [r], [lead + k * gap for k in range(int((cell_seconds - lead) / gap) + 1)
+                                              if lead + k * gap < cell_seconds]))
+            for j, (kind, rs, at) in enumerate(kinds):
+                turn = (i + j + seed + rep) % len(policies)
+                order = list(policies[turn:]) + list(policies[:turn])
+                groups.append([Window(kind, p, cell_seconds, size, list(rs), list(at),
+                                      seed + 100 * i + j + 1000 * rep, rep) for p in order])
     out = [Window("base", "alg1", cell_seconds)]
     since = 0
     for g in groups:
@@ -132,6 +140,9 @@ def analyse(windows: list[dict], finishes: list, generated: list | None = None, 
     - `mean`: the base windows' mean, and their range over it as the spread."""
     if baseline not in ("trend", "mean"):
         raise ValueError(f"unknown baseline {baseline!r}: trend or mean")
+    reps = sorted({w.get("rep", 0) for w in windows if w["kind"] != "base"})
+    if len(reps) > 1:
+        return analyse_repeats(windows, finishes, generated, baseline, reps)
     base = []
     for w in windows:
         if generated or finishes:
@@ -175,6 +186,19 @@ def analyse(windows: list[dict], finishes: list, generated: list | None = None, 
                 baseline="trend" if trend else "mean",
                 cells=cells, counted="tokens generated" if generated else
                 "tokens of finished requests" if finishes else "the windows' tokens as reported")
+
+
+def analyse_repeats(windows: list[dict], finishes: list, generated: list | None, baseline: str,
+                    reps: list[int]) -> dict:
+    """A sweep whose cells ran several times (`plan(repeat=...)`): each repeat is analysed against
+    all the base windows, as a run of its own, and the repeats are merged as runs are (a cell's
+    spread narrows by the square root of their number)."""
+    bases = [w for w in windows if w["kind"] == "base"]
+    parts = [analyse(bases + [w for w in windows if w["kind"] != "base" and w.get("rep", 0) == r],
+                     finishes, generated, baseline) for r in reps]
+    out = merge(parts)
+    out.update(base_windows=len(bases), repeats=out.pop("runs", len(parts)))
+    return out
 
 
 def line(p: tuple[float, float], q: tuple[float, float], t: float) -> float:
@@ -306,8 +330,10 @@ def target_check(cells: dict, small: float = TARGET["small_size_pct"], better: f
 def markdown(rep: dict) -> str:
     """report.md: a table per policy (loss per size x rate), the spread, the target per cell."""
     a = rep["analysis"]
-    runs = a.get("runs")
-    lines = ["# Eviction sweep (issue 30)" + (f", {runs} runs merged" if runs else ""), "",
+    runs, repeats = a.get("runs"), a.get("repeats")
+    lines = ["# Eviction sweep (issue 30)" + (f", {runs} runs merged" if runs else "")
+             + (f", every cell {repeats} times (each cell's figures are means; spreads narrowed by the root)"
+                if repeats else ""), "",
              f"Device: {rep.get('device')}. Block placement: "
              f"{rep['args'].get('placement', 'default')}. Offline without reclaims: "
              f"{fmt(a.get('base_tok_s'), 1)} tok/s over {a.get('base_windows')} base windows; {baseline_words(a)}; "

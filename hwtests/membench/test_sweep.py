@@ -38,6 +38,17 @@ class Plan(unittest.TestCase):
                 self.assertEqual(sorted(r[g + place].policy for r in runs), sorted(sweep.POLICIES))
         self.assertEqual([x.policy for x in runs[0]], [x.policy for x in sweep.plan(seed=33) if x.kind != "base"])
 
+    def test_repeats_run_every_cell_again_with_the_order_one_step_on_and_new_random_seeds(self):
+        w = [x for x in sweep.plan(sizes=[5], rates=[2], repeat=3) if x.kind != "base"]
+        self.assertEqual([x.rep for x in w], [0] * 3 + [1] * 3 + [2] * 3)
+        groups = [w[i:i + 3] for i in range(0, 9, 3)]
+        self.assertEqual([g[0].policy for g in groups], [g[0].policy for g in groups][:1] + [
+            sweep.POLICIES[(sweep.POLICIES.index(groups[0][0].policy) + k) % 3] for k in (1, 2)])
+        self.assertEqual(len({g[0].seed for g in groups}), 3)
+        self.assertEqual(sweep.plan(sizes=[5], rates=[2]), sweep.plan(sizes=[5], rates=[2], repeat=1))
+        with self.assertRaises(ValueError):
+            sweep.plan(repeat=0)
+
     def test_a_misspelt_policy_is_refused(self):
         with self.assertRaises(ValueError):
             sweep.plan(policies=["alg1", "lru"])
@@ -91,6 +102,39 @@ class Loss(unittest.TestCase):
     def test_no_finished_request_in_base_windows_is_an_error_not_a_division(self):
         a = sweep.analyse([run_window("base", "alg1", 0, 10)], [])
         self.assertIn("error", a)
+
+
+class Repeats(unittest.TestCase):
+    def windows(self, base_rates):
+        base = []
+        for i, r in enumerate(base_rates):
+            w = run_window("base", "alg1", 100 * i, 10)
+            w["tokens"] = 10 * r
+            base.append(w)
+        cells = []
+        for rep, (t0, lost_alg1, lost_fifo) in enumerate([(20, 0, 60), (120, 20, 100), (220, -20, 20)]):
+            for k, (pol, lost) in enumerate((("alg1", lost_alg1), ("fifo", lost_fifo))):
+                w = run_window("iso", pol, t0 + 20 * k, 10, 5, [2], 1, requeued=rep)
+                w.update(rep=rep, tokens=1000 - lost, requeued_tokens=10 * rep)
+                cells.append(w)
+        return base, cells
+
+    def test_a_repeated_cell_is_the_mean_of_its_windows(self):
+        base, cells = self.windows([100, 100, 100])
+        a = sweep.analyse(base + cells, [], None)
+        self.assertEqual((a["repeats"], a["base_windows"]), (3, 3))
+        p = a["cells"]["5%@2/min"]["policies"]
+        self.assertAlmostEqual(p["fifo"]["loss"], 2 / 60 * 60 / 100)  # (60 + 100 + 20) / 3 tokens lost
+        self.assertAlmostEqual(p["alg1"]["loss"], 0.0)
+        self.assertEqual((p["fifo"]["reclaims"], p["fifo"]["requeued"], p["fifo"]["requeued_tokens"]), (3, 3, 30))
+
+    def test_a_repeated_cells_spread_narrows_by_the_root_of_the_repeats(self):
+        base, cells = self.windows([100, 110, 100])  # the inner base window 10% off its neighbours' line
+        a = sweep.analyse(base + cells, [], None)
+        one = sweep.analyse(base + [w for w in cells if w["rep"] == 0], [], None)
+        self.assertNotIn("repeats", one)
+        self.assertGreater(one["cells"]["5%@2/min"]["spread"], 0)
+        self.assertAlmostEqual(a["cells"]["5%@2/min"]["spread"], one["cells"]["5%@2/min"]["spread"] / 3 ** 0.5)
 
 
 class Trend(unittest.TestCase):
