@@ -10,7 +10,12 @@
 #   CUDA_VISIBLE_DEVICES=i and CUDA_DEVICE_ORDER=PCI_BUS_ID: its processes' cuda:0 is that GPU
 #   VALVE_BENCH_LABEL=batch-gI   its offline label, so that no other lane's gate freezes its jobs
 #   LANE=i, LANES=N   this lane and how many run at once (reports record both)
-# The lanes share the host's CPUs (a benchmark's report should say it ran beside others). An empty
+#   LANE_CPUS=a-b     the CPUs it is pinned to: the host's CPUs split into one block per GPU, so
+#                     a lane on a 64-core, 4-GPU host gets 16 cores, as a one-GPU host has, and
+#                     no lane's CPU work slows another's (sweeps beside other lanes were 3-5x
+#                     noisier unpinned). VALVE_LANES_SHARE_CPUS=1, or fewer CPUs than GPUs, shares
+#                     them all instead (LANE_CPUS=shared).
+# An empty
 # command leaves its GPU idle. Each lane's output goes to OUTDIR/lane-I.log; the exit status is
 # the number of lanes that failed. Before anything starts, Valve's GPU order (`valvectl gpus`,
 # PCI order) is checked against nvidia-smi's: a lane must not control one GPU and compute on another.
@@ -34,6 +39,25 @@ fi
 gpus=$(echo "$smi_pci" | wc -l)
 [ $# -le "$gpus" ] || { echo "lanes: $# commands for $gpus GPUs" >&2; exit 2; }
 
+# One block of CPUs per GPU (not per command, so GPU i's lane gets the same CPUs whichever lanes
+# run), as taskset lists ("0-15"); "shared" for every lane when there are fewer CPUs than GPUs.
+mapfile -t blocks < <(python3 - "$gpus" "${VALVE_LANES_SHARE_CPUS:-0}" <<'PY'
+import os, sys
+gpus, share = int(sys.argv[1]), sys.argv[2] == "1"
+cpus = sorted(os.sched_getaffinity(0))
+per = len(cpus) // gpus
+for g in range(gpus):
+    block = cpus[g * per:(g + 1) * per]
+    if share or per < 1:
+        print("shared")
+    elif block == list(range(block[0], block[-1] + 1)):
+        print(f"{block[0]}-{block[-1]}" if len(block) > 1 else str(block[0]))
+    else:
+        print(",".join(map(str, block)))
+PY
+)
+lane_cpus() { echo "${blocks[$1]:-shared}"; }
+
 lane_body='mount -t tmpfs valve-lane /run/valve && mount -t tmpfs valve-lane /var/lib/valve && exec bash -c "$LANE_COMMAND"'
 lanes=0
 for cmd in "$@"; do [ -z "$cmd" ] || lanes=$((lanes + 1)); done
@@ -42,9 +66,12 @@ i=0
 for cmd in "$@"; do
   if [ -n "$cmd" ]; then
     mkdir -p /run/valve /var/lib/valve
-    echo "lane $i (GPU $i, $(echo "$smi_pci" | sed -n "$((i + 1))p")): $cmd" | tee "$out/lane-$i.log"
+    mine=$(lane_cpus "$i")
+    pin=(); [ "$mine" = shared ] || pin=(taskset -c "$mine")
+    echo "lane $i (GPU $i, $(echo "$smi_pci" | sed -n "$((i + 1))p"), CPUs $mine): $cmd" | tee "$out/lane-$i.log"
     LANES=$lanes LANE=$i VALVE_GPU=$i CUDA_VISIBLE_DEVICES=$i CUDA_DEVICE_ORDER=PCI_BUS_ID VALVE_BENCH_LABEL=batch-g$i \
-      LANE_COMMAND="$cmd" unshare --mount --propagation private bash -c "$lane_body" >>"$out/lane-$i.log" 2>&1 &
+      LANE_CPUS=$mine LANE_COMMAND="$cmd" "${pin[@]}" unshare --mount --propagation private bash -c "$lane_body" \
+      >>"$out/lane-$i.log" 2>&1 &
     pids[i]=$!
   fi
   i=$((i + 1))

@@ -65,9 +65,13 @@ class LaneTest(unittest.TestCase):
 
     def test_a_report_says_when_other_benchmarks_shared_the_host(self):
         from unittest import mock
-        with mock.patch.dict(os.environ, {"LANES": "4"}), mock.patch.object(predict.common, "GPU", 1):
-            self.assertEqual(predict.common.lane(), dict(gpu=1, lanes=4))
+        with mock.patch.dict(os.environ, {"LANES": "4", "LANE_CPUS": "16-31"}), \
+                mock.patch.object(predict.common, "GPU", 1):
+            self.assertEqual(predict.common.lane(), dict(gpu=1, lanes=4, cpus="16-31"))
             self.assertIn("GPU 1, one of 4 benchmarks", predict.common.lane_note())
+            self.assertIn("pinned to CPUs 16-31", predict.common.lane_note())
+        with mock.patch.dict(os.environ, {"LANES": "4", "LANE_CPUS": "shared"}):
+            self.assertIn("sharing the host's CPUs", predict.common.lane_note())
         with mock.patch.dict(os.environ, {"LANES": "1"}):
             self.assertEqual(predict.common.lane_note(), "")
 

@@ -94,14 +94,18 @@ def cb_extra(attention: str) -> dict:
 
 def lane() -> dict:
     """Which GPU this run used and how many benchmarks ran at once on the host (hwtests/lanes.sh
-    sets LANES; a plain run is alone): a report says when others shared the CPUs."""
-    return dict(gpu=GPU, lanes=int(os.environ.get("LANES", "1")))
+    sets LANES and LANE_CPUS; a plain run is alone): a report says when others ran beside it, and
+    on which CPUs it ran."""
+    return dict(gpu=GPU, lanes=int(os.environ.get("LANES", "1")), cpus=os.environ.get("LANE_CPUS", "all"))
 
 
 def lane_note() -> str:
     """The report line for lane(), empty for a run alone on its host."""
     x = lane()
-    return "" if x["lanes"] <= 1 else f"GPU {x['gpu']}, one of {x['lanes']} benchmarks run at once on this host's GPUs."
+    if x["lanes"] <= 1:
+        return ""
+    cpus = "sharing the host's CPUs" if x["cpus"] in ("all", "shared") else f"pinned to CPUs {x['cpus']}"
+    return f"GPU {x['gpu']}, one of {x['lanes']} benchmarks run at once on this host's GPUs, {cpus}."
 
 
 def device_name() -> str:
