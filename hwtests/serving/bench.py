@@ -324,6 +324,40 @@ def stamp_choice(a, ap):
                             lambda msg: log(f"== {msg}"))
 
 
+def timeslice_choice(a, ap):
+    """The timeslice library offline is to preload, or None: checked before anything starts."""
+    if a.offline_timeslice_us is None:
+        if a.timeslice_lib:
+            ap.error("--timeslice-lib is for --offline-timeslice-us: give both, or neither")
+        return None
+    if not 1 <= a.offline_timeslice_us <= 10_000_000:
+        ap.error("--offline-timeslice-us must be 1 to 10000000 (microseconds)")
+    lib = a.timeslice_lib or (os.path.join(os.path.dirname(a.stamp_first_kernel), "libvalve_timeslice.so")
+                              if a.stamp_first_kernel else None)
+    if not lib or not os.path.isfile(lib):
+        ap.error(f"--offline-timeslice-us needs libvalve_timeslice.so: build it with hwtests/cuda/build.sh OUTDIR "
+                 f"and pass --timeslice-lib OUTDIR/libvalve_timeslice.so (not found: {lib})")
+    return os.path.abspath(lib)
+
+
+def offline_env(a):
+    """Offline's environment: its Valve label, and the timeslice library where asked for."""
+    env = dict(os.environ, VALVE_LABEL=OFFLINE_LABEL)
+    if a.timeslice_lib:
+        env["LD_PRELOAD"] = " ".join(x for x in (a.timeslice_lib, env.get("LD_PRELOAD")) if x)
+        env["VALVE_TSG_TIMESLICE_US"] = str(a.offline_timeslice_us)
+    return env
+
+
+def timeslice_lines(log_path, most=6):
+    """What libvalve_timeslice.so said in offline's log (one line per channel group)."""
+    try:
+        with open(log_path) as f:
+            return [line.strip() for line in f if line.startswith("valve-timeslice:")][:most]
+    except OSError:
+        return []
+
+
 def calibrate_server(url):
     """The server's fresh mapping of the GPU clock (POST /v1/valve/calibrate, or the raw protocol's
     calibrate message), or None, said why."""
@@ -751,6 +785,13 @@ def main(argv=None):
                     help="every gate configuration keeps offline frozen this long after online's last launch "
                          "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: issue 29's trade "
                          "of harvest for idle arrivals that find offline already off the GPU")
+    ap.add_argument("--offline-timeslice-us", type=int, metavar="US",
+                    help="offline's own channel groups get this GPU timeslice, set by the job itself through "
+                         "libvalve_timeslice.so (LD_PRELOAD; docs/gate.md, candidate 6): the GPU leaves offline "
+                         "after at most this long once online has work, before the gate's disable lands")
+    ap.add_argument("--timeslice-lib", metavar="SO",
+                    help="libvalve_timeslice.so from hwtests/cuda/build.sh OUTDIR (default: beside "
+                         "--stamp-first-kernel's file)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="split each configuration's requests into this many rounds, the configurations "
                          "taking turns (forward, then backward): host drift then weighs on all alike")
@@ -776,6 +817,7 @@ def main(argv=None):
                          "(stamp.ptx from hwtests/cuda/build.sh OUTDIR)")
     a = ap.parse_args(argv)
     a.stamp_first_kernel = stamp_choice(a, ap)
+    a.timeslice_lib = timeslice_choice(a, ap)
     a.loads = [float(x) for x in a.loads.split(",")]
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -803,7 +845,7 @@ def main(argv=None):
                 log(f"   {info}")
         valve = Valve(a.valvectl, work, a.out, a.dry_run)
         progress = os.path.join(work, "offline.progress")
-        env = dict(os.environ, VALVE_LABEL=OFFLINE_LABEL)
+        env = offline_env(a)
         off = Proc("offline", [sys.executable, os.path.join(HERE, "offline.py"), "--progress", progress,
                                "--size", a.offline_size, "--device", a.device], a.out, env=env)
         procs.append(off)
@@ -918,6 +960,9 @@ def main(argv=None):
                           if moved is not None else ""),
             "service time alone (s)": f"{s:.4f}",
             "gate cooldown": f"fixed at {a.gate_fixed_cooldown}" if a.gate_fixed_cooldown else "learned (the default)",
+            "offline TSG timeslice": (f"{a.offline_timeslice_us} us asked (libvalve_timeslice.so): "
+                                      + ("; ".join(timeslice_lines(off.log_path)) or "no channel group reported")
+                                      if a.timeslice_lib else "the driver's default"),
             "duration (s)": f"{time.time() - t_start:.0f}",
         }
         res["meta"] = meta
