@@ -204,6 +204,22 @@ pub struct ReclaimStats {
     pub freeze_failures: u64,
     /// Time from the start of a reclaim to the handles being transferable, last reclaim, us.
     pub last_us: u64,
+    /// The last process killed for missing the deadline, and where its threads were.
+    pub last_kill: Option<KillRecord>,
+}
+
+/// An offline process the pool killed, as `pool status` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct KillRecord {
+    /// Its pid.
+    pub pid: u32,
+    /// When (seconds since the Unix epoch).
+    pub unix_s: u64,
+    /// Whether it answered at all (late, or with handles it did not hold).
+    pub answered: bool,
+    /// Each thread's name, state, wait channel and system call just before the kill
+    /// ([`super::threads::summary`]).
+    pub threads: String,
 }
 
 /// Runs reclaims.
@@ -333,6 +349,14 @@ impl Reclaimer {
                         self.deadline
                     );
                     frozen.freezer.kill(t.pid);
+                    self.stats.last_kill = Some(KillRecord {
+                        pid: t.pid,
+                        unix_s: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs()),
+                        answered: answer.is_some(),
+                        threads,
+                    });
                     self.stats.killed += 1;
                     out.killed.push(t.client);
                 }

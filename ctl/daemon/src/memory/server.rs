@@ -1363,6 +1363,17 @@ mod tests {
         );
         let (st, _) = call(&on, json!({"op": "status"}));
         assert_eq!(st["reclaims"]["killed"], 1);
+        let kill = &st["reclaims"]["last_kill"];
+        assert_eq!(
+            (kill["pid"].as_u64(), &kill["answered"]),
+            (Some(me as u64), &json!(false)),
+            "{st}"
+        );
+        let threads = kill["threads"].as_str().unwrap_or("");
+        assert!(
+            threads.starts_with(&format!("{me} ")),
+            "the killed process's own threads, main first: {threads}"
+        );
         assert_eq!(
             st["gpus"][0]["offline"], 0,
             "the killed process holds nothing: {st}"

@@ -166,6 +166,20 @@ pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         "reclaims {}, handles taken from offline {}, offline killed for missing the deadline {}, last reclaim {} us",
         r["reclaims"], r["handles"], r["killed"], r["last_us"]
     )?;
+    let kill = &r["last_kill"];
+    if let Some(pid) = kill["pid"].as_u64() {
+        let answered = if kill["answered"] == true {
+            "answered too late or wrongly"
+        } else {
+            "did not answer"
+        };
+        writeln!(
+            out,
+            "last kill: pid {pid} ({answered}) at unix time {}; its threads then: {}",
+            kill["unix_s"],
+            kill["threads"].as_str().unwrap_or("?")
+        )?;
+    }
     Ok(())
 }
 
@@ -233,7 +247,9 @@ mod tests {
                                                              "event_rate_per_min": 0.0, "target_rate_per_min": 6.0,
                                                              "balance_events": 0.0, "events": 0, "online": "exe:/usr/bin/python3",
                                                              "start": {"warm": false, "why": "nothing saved for exe:/usr/bin/python3"}}}],
-                               "reclaims": {"reclaims": 1, "handles": 2, "killed": 0, "last_us": 1800}});
+                               "reclaims": {"reclaims": 1, "handles": 2, "killed": 1, "last_us": 1800,
+                                            "last_kill": {"pid": 44, "unix_s": 1795687000u64, "answered": false,
+                                                          "threads": "44 python3 S futex_wait_queue [202 0x7f10 0x80]"}}});
             wire::send(&s, &reply, &[]).unwrap();
         });
         let args = PoolArgs {
@@ -263,6 +279,10 @@ mod tests {
         );
         assert!(
             text.contains("started cold (exe:/usr/bin/python3): nothing saved for"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last kill: pid 44 (did not answer) at unix time 1795687000; its threads then: 44 python3 S futex_wait_queue"),
             "{text}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
