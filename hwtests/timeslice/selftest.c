@@ -1,4 +1,4 @@
-/* Tests libvalve_timeslice.so's decision with synthetic RM structs (no driver needed). */
+/* Tests libvalve_timeslice.so's decisions with synthetic RM structs (no driver needed). */
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -18,33 +18,58 @@ static void expect(const char *what, int ok) {
 struct nvos64 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params, p_rights; unsigned size, flags, status, pad; };
 struct nvos21 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params; unsigned size, status; };
 
-int main(void) {
+static void allocs(void) {
+  struct valve_alloc a;
+  struct nvos64 tsg = {0xc1d00002, 0x5c000001, 0x5c000010, 0xa06c, 0, 0, 0, 0, 0, 0};
+  expect("a TSG alloc (NVOS64) is read",
+         valve_rm_alloc(_IOWR('F', 0x2B, struct nvos64), &tsg, &a) && a.client == 0xc1d00002 &&
+             a.parent == 0x5c000001 && a.object == 0x5c000010 && a.cls == 0xa06c);
+  struct nvos21 ch = {0xc1d00003, 0x5c000010, 0x5c000011, 0xc86f, 0, 0, 0};
+  expect("a channel alloc (NVOS21) is read",
+         valve_rm_alloc(_IOWR('F', 0x2B, struct nvos21), &ch, &a) && a.parent == 0x5c000010 && a.cls == 0xc86f);
+  tsg.status = 0x1f;
+  expect("a failed alloc is not", !valve_rm_alloc(_IOWR('F', 0x2B, struct nvos64), &tsg, &a));
+  tsg.status = 0;
+  expect("a control is not", !valve_rm_alloc(_IOWR('F', 0x2A, struct nvos64), &tsg, &a));
+  expect("another ioctl type is not", !valve_rm_alloc(_IOWR('T', 0x2B, struct nvos64), &tsg, &a));
+  expect("an odd size is not", !valve_rm_alloc(_IOWR('F', 0x2B, int), &tsg, &a));
+}
+
+static void controls(void) {
   uint64_t us = 200;
   struct valve_nvos54 ctl;
-  struct nvos64 tsg = {0xc1d00002, 0x5c000001, 0x5c000010, 0xa06c, 0, 0, 0, 0, 0, 0};
-  int yes = valve_timeslice_control(_IOWR('F', 0x2B, struct nvos64), &tsg, VALVE_CMD_SET_TIMESLICE, &us, &ctl);
-  expect("a TSG alloc (NVOS64) is answered with a control", yes);
-  expect("the control names the TSG's client and handle", ctl.h_client == 0xc1d00002 && ctl.h_object == 0x5c000010);
-  expect("the control is SET_TIMESLICE with 8 bytes of params",
-         ctl.cmd == 0xa06c0103u && ctl.params_size == 8 && ctl.p_params == (unsigned long long)(size_t)&us);
-  struct nvos21 tsg21 = {0xc1d00003, 0x5c000001, 0x5c000011, 0xa06c, 0, 0, 0};
-  expect("a TSG alloc (NVOS21) too",
-         valve_timeslice_control(_IOWR('F', 0x2B, struct nvos21), &tsg21, VALVE_CMD_GET_TIMESLICE, &us, &ctl)
-             && ctl.h_object == 0x5c000011 && ctl.cmd == 0xa06c0104u);
-  tsg.status = 0x1f;
-  expect("a failed alloc is left alone",
-         !valve_timeslice_control(_IOWR('F', 0x2B, struct nvos64), &tsg, VALVE_CMD_SET_TIMESLICE, &us, &ctl));
-  tsg.status = 0;
-  tsg.h_class = 0xc86f;
-  expect("a channel alloc is left alone",
-         !valve_timeslice_control(_IOWR('F', 0x2B, struct nvos64), &tsg, VALVE_CMD_SET_TIMESLICE, &us, &ctl));
-  tsg.h_class = 0xa06c;
-  expect("a control is left alone",
-         !valve_timeslice_control(_IOWR('F', 0x2A, struct nvos64), &tsg, VALVE_CMD_SET_TIMESLICE, &us, &ctl));
-  expect("another ioctl type is left alone",
-         !valve_timeslice_control(_IOWR('T', 0x2B, struct nvos64), &tsg, VALVE_CMD_SET_TIMESLICE, &us, &ctl));
-  expect("an odd size is left alone",
-         !valve_timeslice_control(_IOWR('F', 0x2B, int), &tsg, VALVE_CMD_SET_TIMESLICE, &us, &ctl));
+  valve_tsg_control(&ctl, 0xc1d00002, 0x5c000010, VALVE_CMD_SET_TIMESLICE, &us);
+  expect("the control names the TSG and is SET_TIMESLICE with 8 bytes",
+         ctl.h_client == 0xc1d00002 && ctl.h_object == 0x5c000010 && ctl.cmd == 0xa06c0103u &&
+             ctl.params_size == 8 && ctl.p_params == (unsigned long long)(size_t)&us && ctl.status == 0);
+}
+
+static void pending(void) {
+  struct valve_pending p = {0};
+  struct valve_alloc child = {0xc1d00002, 0x5c000010, 0x5c000020, 0x9067};
+  expect("nothing pending at first", valve_pending_find(&p, &child) == -1);
+  valve_pending_add(&p, 0xc1d00002, 0x5c000010);
+  int i = valve_pending_find(&p, &child);
+  expect("a child of a refused TSG is found", i == 0);
+  struct valve_alloc other = {0xc1d00009, 0x5c000010, 0x5c000021, 0xc86f};
+  expect("the same handle under another client is not", valve_pending_find(&p, &other) == -1);
+  for (int t = 2; t < VALVE_TRIES_MAX; t++) valve_pending_after_try(&p, i, 0);
+  expect("still pending before its last try", valve_pending_find(&p, &child) == 0);
+  valve_pending_after_try(&p, i, 0);
+  expect("forgotten after its last try", valve_pending_find(&p, &child) == -1);
+  valve_pending_add(&p, 0xc1d00002, 0x5c000010);
+  valve_pending_after_try(&p, valve_pending_find(&p, &child), 1);
+  expect("forgotten once it took", p.n == 0);
+  for (int k = 0; k < VALVE_PENDING_MAX; k++) valve_pending_add(&p, 1, (uint32_t)k);
+  expect("no room beyond the cap", !valve_pending_add(&p, 1, 999) && p.n == VALVE_PENDING_MAX);
+  valve_pending_after_try(&p, -1, 1);
+  expect("a try at no index changes nothing", p.n == VALVE_PENDING_MAX);
+}
+
+int main(void) {
+  allocs();
+  controls();
+  pending();
   expect("200 parses", valve_timeslice_us("200") == 200);
   expect("0, -5, 2x, empty, 11 s and NULL do not",
          !valve_timeslice_us("0") && !valve_timeslice_us("-5") && !valve_timeslice_us("2x") &&

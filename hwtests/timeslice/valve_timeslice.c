@@ -2,7 +2,9 @@
  * gets the timeslice VALVE_TSG_TIMESLICE_US, set by the job itself right after RM allocated it
  * (NVA06C_CTRL_CMD_SET_TIMESLICE needs no privilege; docs/gate.md, candidate 6). When online has
  * work, the GPU then leaves the job after at most that slice, before the gate's disable lands.
- * Each TSG gets one line on stderr: its handles, the asked and the resulting timeslice, RM's status. */
+ * Each try gets one line on stderr: the TSG's handles, the asked and the resulting timeslice, RM's
+ * status. Where RM refuses it at the group's allocation (perhaps wanting the group populated), it
+ * is tried again at the group's next few child allocations (its context share, its channels). */
 #define _GNU_SOURCE
 #include "valve_timeslice.h"
 
@@ -28,27 +30,52 @@ _Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
 _Static_assert(sizeof(struct valve_nvos54) == 32, "NVOS54");
 _Static_assert(offsetof(struct valve_nvos54, p_params) == 16, "NVOS54 params");
 
-int valve_timeslice_control(unsigned long request, const void *arg, uint32_t cmd, uint64_t *params,
-                            struct valve_nvos54 *ctl) {
+int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *out) {
   if (arg == NULL || _IOC_TYPE(request) != 'F' || _IOC_NR(request) != VALVE_ESC_RM_ALLOC) return 0;
-  uint32_t root, obj, cls, status;
+  uint32_t status;
   if (_IOC_SIZE(request) == sizeof(struct nvos64)) {
     const struct nvos64 *a = arg;
-    root = a->h_root, obj = a->h_new, cls = a->h_class, status = a->status;
+    *out = (struct valve_alloc){a->h_root, a->h_parent, a->h_new, a->h_class};
+    status = a->status;
   } else if (_IOC_SIZE(request) == sizeof(struct nvos21)) {
     const struct nvos21 *a = arg;
-    root = a->h_root, obj = a->h_new, cls = a->h_class, status = a->status;
+    *out = (struct valve_alloc){a->h_root, a->h_parent, a->h_new, a->h_class};
+    status = a->status;
   } else {
     return 0;
   }
-  if (status != 0 || cls != VALVE_CLASS_TSG) return 0;
+  return status == 0;
+}
+
+void valve_tsg_control(struct valve_nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
+                       uint64_t *params) {
   memset(ctl, 0, sizeof *ctl);
-  ctl->h_client = root;
-  ctl->h_object = obj;
+  ctl->h_client = client;
+  ctl->h_object = object;
   ctl->cmd = cmd;
   ctl->p_params = (uint64_t)(uintptr_t)params;
   ctl->params_size = sizeof *params;
+}
+
+int valve_pending_add(struct valve_pending *p, uint32_t client, uint32_t tsg) {
+  if (p->n >= VALVE_PENDING_MAX) return 0;
+  p->at[p->n].client = client;
+  p->at[p->n].tsg = tsg;
+  p->at[p->n].tries = 1;
+  p->n++;
   return 1;
+}
+
+int valve_pending_find(const struct valve_pending *p, const struct valve_alloc *a) {
+  for (int i = 0; i < p->n; i++)
+    if (p->at[i].client == a->client && p->at[i].tsg == a->parent) return i;
+  return -1;
+}
+
+void valve_pending_after_try(struct valve_pending *p, int i, int took) {
+  if (i < 0 || i >= p->n) return;
+  if (!took && ++p->at[i].tries < VALVE_TRIES_MAX) return;
+  p->at[i] = p->at[--p->n];
 }
 
 uint64_t valve_timeslice_us(const char *text) {
@@ -74,18 +101,46 @@ static void init(void) {
     fprintf(stderr, "valve-timeslice: VALVE_TSG_TIMESLICE_US=%s is not 1-10000000 (us): left alone\n", text);
 }
 
-/* Sets, then reads back, the new TSG's timeslice on the fd RM allocated it on. */
-static void set_timeslice(int fd, const void *arg, unsigned long request) {
+static struct valve_pending pending;
+static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Sets, then reads back, a TSG's timeslice on the fd RM allocated it on; one line on stderr.
+ * Returns whether RM took it. */
+static int set_timeslice(int fd, uint32_t client, uint32_t tsg, const char *when) {
   uint64_t us = want_us, now = 0;
   struct valve_nvos54 set, get;
-  if (!valve_timeslice_control(request, arg, VALVE_CMD_SET_TIMESLICE, &us, &set)) return;
-  valve_timeslice_control(request, arg, VALVE_CMD_GET_TIMESLICE, &now, &get);
+  valve_tsg_control(&set, client, tsg, VALVE_CMD_SET_TIMESLICE, &us);
+  valve_tsg_control(&get, client, tsg, VALVE_CMD_GET_TIMESLICE, &now);
   unsigned long ctl_req = _IOWR('F', VALVE_ESC_RM_CONTROL, struct valve_nvos54);
   int r1 = real_ioctl(fd, ctl_req, &set);
-  int r2 = real_ioctl(fd, ctl_req, &get);
-  fprintf(stderr, "valve-timeslice: pid %d TSG %x/%x: asked %llu us, status 0x%x (ioctl %d); now %llu us "
-          "(status 0x%x)\n", (int)getpid(), set.h_client, set.h_object, (unsigned long long)want_us,
-          set.status, r1, (unsigned long long)(r2 == 0 && get.status == 0 ? now : 0), get.status);
+  int took = r1 == 0 && set.status == 0;
+  int r2 = took ? real_ioctl(fd, ctl_req, &get) : -1;
+  fprintf(stderr, "valve-timeslice: pid %d TSG %x/%x (%s): asked %llu us, status 0x%x (ioctl %d); now %llu us\n",
+          (int)getpid(), client, tsg, when, (unsigned long long)want_us, set.status, r1,
+          (unsigned long long)(r2 == 0 && get.status == 0 ? now : 0));
+  return took;
+}
+
+/* After a successful RM_ALLOC: a new TSG gets the timeslice; a child of one that RM refused at its
+ * allocation gets another try. */
+static void after_alloc(int fd, const struct valve_alloc *a) {
+  if (a->cls == VALVE_CLASS_TSG) {
+    if (!set_timeslice(fd, a->client, a->object, "allocated")) {
+      pthread_mutex_lock(&pending_mu);
+      valve_pending_add(&pending, a->client, a->object);
+      pthread_mutex_unlock(&pending_mu);
+    }
+    return;
+  }
+  pthread_mutex_lock(&pending_mu);
+  int i = valve_pending_find(&pending, a);
+  pthread_mutex_unlock(&pending_mu);
+  if (i < 0) return;
+  int took = set_timeslice(fd, a->client, a->parent, "after a child's allocation");
+  pthread_mutex_lock(&pending_mu);
+  i = valve_pending_find(&pending, a); /* another thread may have moved it meanwhile */
+  valve_pending_after_try(&pending, i, took);
+  pthread_mutex_unlock(&pending_mu);
 }
 
 int ioctl(int fd, unsigned long request, ...) {
@@ -99,9 +154,10 @@ int ioctl(int fd, unsigned long request, ...) {
     return -1;
   }
   int ret = real_ioctl(fd, request, arg);
-  if (ret == 0 && want_us != 0) {
+  struct valve_alloc a;
+  if (ret == 0 && want_us != 0 && valve_rm_alloc(request, arg, &a)) {
     int saved = errno;
-    set_timeslice(fd, arg, request);
+    after_alloc(fd, &a);
     errno = saved;
   }
   return ret;
