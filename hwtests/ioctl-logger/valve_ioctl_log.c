@@ -14,21 +14,12 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#define ESC_RM_FREE 0x29
-#define ESC_RM_ALLOC 0x2B
+#include "rm_abi.h"
+
+#define ESC_RM_FREE VALVE_ESC_RM_FREE
+#define ESC_RM_ALLOC VALVE_ESC_RM_ALLOC
 #define CLASS_DEVICE 0x80u
 #define CLASS_SUBDEVICE 0x2080u
-
-struct nvos00 { uint32_t h_root, h_parent, h_object, status; };
-struct nvos21 { uint32_t h_root, h_parent, h_new, h_class; uint64_t p_params; uint32_t params_size, status; };
-struct nvos64 {
-  uint32_t h_root, h_parent, h_new, h_class;
-  uint64_t p_params, p_rights;
-  uint32_t params_size, flags, status, pad;
-};
-_Static_assert(sizeof(struct nvos00) == 16, "NVOS00");
-_Static_assert(sizeof(struct nvos21) == 32, "NVOS21");
-_Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
 
 static size_t alloc_line(char *buf, size_t cap, int pid, uint32_t root, uint32_t parent,
                          uint32_t obj, uint32_t cls, uint64_t p_params, uint32_t params_size) {

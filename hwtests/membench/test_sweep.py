@@ -104,13 +104,19 @@ class Loss(unittest.TestCase):
         self.assertIn("error", a)
 
 
+def base_windows(rates, every):
+    """Base windows of 10 s, one every `every` s from 0, running at `rates` tok/s."""
+    wins = []
+    for i, r in enumerate(rates):
+        w = run_window("base", "alg1", every * i, 10)
+        w["tokens"] = 10 * r
+        wins.append(w)
+    return wins
+
+
 class Repeats(unittest.TestCase):
     def windows(self, base_rates):
-        base = []
-        for i, r in enumerate(base_rates):
-            w = run_window("base", "alg1", 100 * i, 10)
-            w["tokens"] = 10 * r
-            base.append(w)
+        base = base_windows(base_rates, 100)
         cells = []
         for rep, (t0, lost_alg1, lost_fifo) in enumerate([(20, 0, 60), (120, 20, 100), (220, -20, 20)]):
             for k, (pol, lost) in enumerate((("alg1", lost_alg1), ("fifo", lost_fifo))):
@@ -143,12 +149,7 @@ class Trend(unittest.TestCase):
     def drifting(self, rates):
         # Base windows of 10 s at 0, 40, 80 (and 120) s running at `rates` tok/s; between them, a cell
         # window that ran exactly at the line's rate at its middle, and one that lost 100 tokens.
-        wins = []
-        for i, r in enumerate(rates):
-            w = run_window("base", "alg1", 40 * i, 10)
-            w["tokens"] = 10 * r
-            wins.append(w)
-        return wins
+        return base_windows(rates, 40)
 
     def test_a_drifting_rate_is_not_charged_to_the_cells_but_a_mean_would_charge_it(self):
         wins = self.drifting([100, 90, 80])

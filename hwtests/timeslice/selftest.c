@@ -15,9 +15,6 @@ static void expect(const char *what, int ok) {
   }
 }
 
-struct nvos64 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params, p_rights; unsigned size, flags, status, pad; };
-struct nvos21 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params; unsigned size, status; };
-
 static void allocs(void) {
   struct valve_alloc a;
   struct nvos64 tsg = {0xc1d00002, 0x5c000001, 0x5c000010, 0xa06c, 0, 0, 0, 0, 0, 0};
@@ -37,7 +34,7 @@ static void allocs(void) {
 
 static void controls(void) {
   uint64_t us = 200;
-  struct valve_nvos54 ctl;
+  struct nvos54 ctl;
   valve_tsg_control(&ctl, 0xc1d00002, 0x5c000010, VALVE_CMD_SET_TIMESLICE, &us);
   expect("the control names the TSG and is SET_TIMESLICE with 8 bytes",
          ctl.h_client == 0xc1d00002 && ctl.h_object == 0x5c000010 && ctl.cmd == 0xa06c0103u &&

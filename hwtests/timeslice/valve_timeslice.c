@@ -18,18 +18,6 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-/* The two RM_ALLOC argument layouts (NVOS21, NVOS64): the handles sit at the same offsets. */
-struct nvos21 { uint32_t h_root, h_parent, h_new, h_class; uint64_t p_params; uint32_t params_size, status; };
-struct nvos64 {
-  uint32_t h_root, h_parent, h_new, h_class;
-  uint64_t p_params, p_rights;
-  uint32_t params_size, flags, status, pad;
-};
-_Static_assert(sizeof(struct nvos21) == 32, "NVOS21");
-_Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
-_Static_assert(sizeof(struct valve_nvos54) == 32, "NVOS54");
-_Static_assert(offsetof(struct valve_nvos54, p_params) == 16, "NVOS54 params");
-
 int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *out) {
   if (arg == NULL || _IOC_TYPE(request) != 'F' || _IOC_NR(request) != VALVE_ESC_RM_ALLOC) return 0;
   uint32_t status;
@@ -47,7 +35,7 @@ int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *o
   return status == 0;
 }
 
-void valve_tsg_control(struct valve_nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
+void valve_tsg_control(struct nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
                        uint64_t *params) {
   memset(ctl, 0, sizeof *ctl);
   ctl->h_client = client;
@@ -108,10 +96,10 @@ static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
  * Returns whether RM took it. */
 static int set_timeslice(int fd, uint32_t client, uint32_t tsg, const char *when) {
   uint64_t us = want_us, now = 0;
-  struct valve_nvos54 set, get;
+  struct nvos54 set, get;
   valve_tsg_control(&set, client, tsg, VALVE_CMD_SET_TIMESLICE, &us);
   valve_tsg_control(&get, client, tsg, VALVE_CMD_GET_TIMESLICE, &now);
-  unsigned long ctl_req = _IOWR('F', VALVE_ESC_RM_CONTROL, struct valve_nvos54);
+  unsigned long ctl_req = _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54);
   int r1 = real_ioctl(fd, ctl_req, &set);
   int took = r1 == 0 && set.status == 0;
   int r2 = took ? real_ioctl(fd, ctl_req, &get) : -1;

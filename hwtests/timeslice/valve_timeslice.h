@@ -4,20 +4,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* NVOS54_PARAMETERS (RM_CONTROL), as ioctl-bindings' Nvos54Control: 32 bytes. */
-struct valve_nvos54 {
-  uint32_t h_client, h_object, cmd, flags;
-  uint64_t p_params;
-  uint32_t params_size, status;
-};
+#include "../ioctl-logger/rm_abi.h"
 
 /* A successful RM_ALLOC, as the interposer sees it after the call. */
 struct valve_alloc {
   uint32_t client, parent, object, cls;
 };
 
-#define VALVE_ESC_RM_ALLOC 0x2B
-#define VALVE_ESC_RM_CONTROL 0x2A
 #define VALVE_CLASS_TSG 0xa06cu                 /* KEPLER_CHANNEL_GROUP_A: a channel group (TSG) */
 #define VALVE_CMD_SET_TIMESLICE 0xa06c0103u     /* NVA06C_CTRL_CMD_SET_TIMESLICE (non-privileged) */
 #define VALVE_CMD_GET_TIMESLICE 0xa06c0104u     /* NVA06C_CTRL_CMD_GET_TIMESLICE */
@@ -29,7 +22,7 @@ struct valve_alloc {
 int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *out);
 
 /* The RM_CONTROL `cmd` on channel group `object` of `client`; `params` points at a u64 of us. */
-void valve_tsg_control(struct valve_nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
+void valve_tsg_control(struct nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
                        uint64_t *params);
 
 /* TSGs to set again: one RM refused at their allocation (it may want the group populated first). */

@@ -1,0 +1,28 @@
+/* The RM ioctl argument structs the LD_PRELOAD libraries in hwtests read (ioctl-logger, timeslice),
+ * in one place: the layouts ioctl-bindings tests for Rust, written again for C with size checks. */
+#ifndef VALVE_RM_ABI_H
+#define VALVE_RM_ABI_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define VALVE_ESC_RM_FREE 0x29
+#define VALVE_ESC_RM_CONTROL 0x2A
+#define VALVE_ESC_RM_ALLOC 0x2B
+
+struct nvos00 { uint32_t h_root, h_parent, h_object, status; };                       /* RM_FREE */
+struct nvos21 { uint32_t h_root, h_parent, h_new, h_class; uint64_t p_params; uint32_t params_size, status; };
+struct nvos64 {                                                                        /* RM_ALLOC with rights */
+  uint32_t h_root, h_parent, h_new, h_class;
+  uint64_t p_params, p_rights;
+  uint32_t params_size, flags, status, pad;
+};
+struct nvos54 {                                                                        /* RM_CONTROL */
+  uint32_t h_client, h_object, cmd, flags;
+  uint64_t p_params;
+  uint32_t params_size, status;
+};
+_Static_assert(sizeof(struct nvos00) == 16, "NVOS00");
+_Static_assert(sizeof(struct nvos21) == 32, "NVOS21");
+_Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
+_Static_assert(sizeof(struct nvos54) == 32 && offsetof(struct nvos54, p_params) == 16, "NVOS54");
+#endif
