@@ -15,6 +15,12 @@
 #                     no lane's CPU work slows another's (sweeps beside other lanes were 3-5x
 #                     noisier unpinned). VALVE_LANES_SHARE_CPUS=1, or fewer CPUs than GPUs, shares
 #                     them all instead (LANE_CPUS=shared).
+#   VALVE_DAEMON_CPUS=a-b  where pinned: all the host's CPUs, for the lane's Valve daemon (the
+#                     benchmarks start it with this affinity). The kernel admits a SCHED_DEADLINE
+#                     thread only when its affinity spans its root domain, so a daemon pinned to a
+#                     lane's block would run its edge threads at normal priority (measured: the
+#                     gate's threads did so in pinned lanes, with SCHED_DEADLINE unpinned). The
+#                     daemon's threads sleep nearly always; they take no lane's CPU time worth noting.
 # An empty
 # command leaves its GPU idle. Each lane's output goes to OUTDIR/lane-I.log; the exit status is
 # the number of lanes that failed. Before anything starts, Valve's GPU order (`valvectl gpus`,
@@ -57,6 +63,7 @@ for g in range(gpus):
 PY
 )
 lane_cpus() { echo "${blocks[$1]:-shared}"; }
+all_cpus=$(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); print(",".join(map(str, c)))')
 
 lane_body='mount -t tmpfs valve-lane /run/valve && mount -t tmpfs valve-lane /var/lib/valve && exec bash -c "$LANE_COMMAND"'
 lanes=0
@@ -67,10 +74,11 @@ for cmd in "$@"; do
   if [ -n "$cmd" ]; then
     mkdir -p /run/valve /var/lib/valve
     mine=$(lane_cpus "$i")
-    pin=(); [ "$mine" = shared ] || pin=(taskset -c "$mine")
+    pin=(); daemon_cpus=
+    [ "$mine" = shared ] || { pin=(taskset -c "$mine"); daemon_cpus=$all_cpus; }
     echo "lane $i (GPU $i, $(echo "$smi_pci" | sed -n "$((i + 1))p"), CPUs $mine): $cmd" | tee "$out/lane-$i.log"
     LANES=$lanes LANE=$i VALVE_GPU=$i CUDA_VISIBLE_DEVICES=$i CUDA_DEVICE_ORDER=PCI_BUS_ID VALVE_BENCH_LABEL=batch-g$i \
-      LANE_CPUS=$mine LANE_COMMAND="$cmd" "${pin[@]}" unshare --mount --propagation private bash -c "$lane_body" \
+      LANE_CPUS=$mine VALVE_DAEMON_CPUS=$daemon_cpus LANE_COMMAND="$cmd" "${pin[@]}" unshare --mount --propagation private bash -c "$lane_body" \
       >>"$out/lane-$i.log" 2>&1 &
     pids[i]=$!
   fi

@@ -40,7 +40,8 @@ grep -q "lane 1: exit 3" "$tmp/out/lane-1.log" || fail "lane 1's log does not gi
 # Each lane runs on its own block of CPUs (LANE_CPUS), the same as its affinity; with fewer CPUs than
 # GPUs, or VALVE_LANES_SHARE_CPUS=1, every lane shares them all.
 ncpu=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
-cpuprobe='echo "$LANE_CPUS $(python3 -c "import os; print(sorted(os.sched_getaffinity(0)))")" > '"$tmp"'/cpu-$LANE'
+cpuprobe='echo "$LANE_CPUS $(python3 -c "import os; print(sorted(os.sched_getaffinity(0)))")" > '"$tmp"'/cpu-$LANE;
+  echo "${VALVE_DAEMON_CPUS:-unset}" > '"$tmp"'/dcpu-$LANE'
 lanes "$tmp/outc" "$cpuprobe" "$cpuprobe" >/dev/null || fail "the CPU probe lanes failed"
 if [ "$ncpu" -ge 2 ]; then
   read -r l0 a0 <"$tmp/cpu-0"; read -r l1 a1 <"$tmp/cpu-1"
@@ -52,9 +53,13 @@ a0, a1, n = set(ast.literal_eval(a0)), set(ast.literal_eval(a1)), int(sys.argv[3
 assert a0 and a1 and not (a0 & a1), "the blocks overlap"
 assert len(a0) == len(a1) == n // 2, "the blocks are not half the CPUs each"
 PY
+  # The lane's daemon gets every CPU back (SCHED_DEADLINE needs the whole root domain).
+  want=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+  [ "$(cat "$tmp/dcpu-0")" = "$want" ] || fail "a pinned lane's VALVE_DAEMON_CPUS: $(cat "$tmp/dcpu-0"), expected $want"
 fi
 VALVE_LANES_SHARE_CPUS=1 lanes "$tmp/outs" "$cpuprobe" >/dev/null || fail "the shared-CPU lane failed"
 [ "$(cut -d' ' -f1 "$tmp/cpu-0")" = shared ] || fail "VALVE_LANES_SHARE_CPUS=1 still pinned: $(cat "$tmp/cpu-0")"
+[ "$(cat "$tmp/dcpu-0")" = unset ] || fail "a shared lane set VALVE_DAEMON_CPUS=$(cat "$tmp/dcpu-0")"
 
 # An empty command leaves its GPU idle and is not counted.
 lanes "$tmp/out2" "" "$probe" >/dev/null || fail "an idle lane and a passing one: exit $?"

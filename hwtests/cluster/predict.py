@@ -38,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 MEMBENCH = os.path.join(REPO, "hwtests", "membench")
 sys.path.insert(0, MEMBENCH)
 import common  # noqa: E402
-from run import Run, python, wait_files  # noqa: E402
+from run import Run, daemon_cpus_prefix, python, wait_files  # noqa: E402
 
 AZURE = os.path.join(REPO, "sched", "data", "azure-llm-2023-conv-per-second-hour0.csv")
 TARGET_ERROR = 0.10
@@ -156,8 +156,8 @@ class Bench:
 
     def start_daemon(self) -> None:
         a = self.a
-        argv = [a.valvectl, "daemon", "--pool", "--pool-gpus", str(common.GPU), "--pool-max-gib", str(a.pool_gib),
-                "--pool-keep-free-mib", "2048", "--metrics-addr", f"127.0.0.1:{9401 + common.GPU}",
+        argv = [*daemon_cpus_prefix(), a.valvectl, "daemon", "--pool", "--pool-gpus", str(common.GPU),
+                "--pool-max-gib", str(a.pool_gib), "--pool-keep-free-mib", "2048", "--metrics-addr", f"127.0.0.1:{9401 + common.GPU}",
                 "--node-name", "bench", "--progress-dir", self.progress,
                 "--harvest-windows", f"{a.window}s,{2 * a.window}s,600s"]
         self.r.spawn("daemon", argv)

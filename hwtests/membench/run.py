@@ -146,9 +146,16 @@ class Run:
         self.procs.clear()
 
 
+def daemon_cpus_prefix(env=os.environ) -> list[str]:
+    """`taskset -c CPUS` where hwtests/lanes.sh gives the lane's daemon every CPU back
+    (VALVE_DAEMON_CPUS): pinned to the lane's block, its edge threads lose SCHED_DEADLINE."""
+    cpus = env.get("VALVE_DAEMON_CPUS", "")
+    return ["taskset", "-c", cpus] if cpus else []
+
+
 def daemon_argv(a, name: str, pool_gib: int | None, target_per_min: float, warm_state: str | None) -> list[str]:
     """The daemon's command line for configuration `name` (see Run.start_daemon)."""
-    argv = [a.valvectl, "daemon"]
+    argv = [*daemon_cpus_prefix(), a.valvectl, "daemon"]
     if pool_gib:
         argv += ["--pool", "--pool-gpus", str(common.GPU), "--pool-max-gib", str(pool_gib), "--pool-keep-free-mib", "2048",
                  "--pool-target-reclaims-per-min", str(target_per_min)]

@@ -148,6 +148,15 @@ class DaemonArgv(unittest.TestCase):
         plain = run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None)
         self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; sweep's args have no churn options")
 
+    def test_a_pinned_lanes_daemon_gets_every_cpu_back(self):
+        from types import SimpleNamespace
+        from unittest import mock
+        with mock.patch.dict(run.os.environ, {"VALVE_DAEMON_CPUS": "0-63"}):
+            self.assertEqual(run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None),
+                             ["taskset", "-c", "0-63", "v", "daemon"])
+        for unpinned in ({}, {"VALVE_DAEMON_CPUS": ""}):
+            self.assertEqual(run.daemon_cpus_prefix(unpinned), [], "a shared lane or no lane: as it is")
+
     def test_a_lane_pools_only_its_own_gpu(self):
         from types import SimpleNamespace
         from unittest import mock

@@ -139,6 +139,13 @@ class Proc:
         self.log.close()
 
 
+def daemon_cpus_prefix(env=os.environ):
+    """`taskset -c CPUS` where hwtests/lanes.sh gives the lane's daemon every CPU back
+    (VALVE_DAEMON_CPUS): pinned to the lane's block, its edge threads lose SCHED_DEADLINE."""
+    cpus = env.get("VALVE_DAEMON_CPUS", "")
+    return ["taskset", "-c", cpus] if cpus else []
+
+
 class Valve:
     """The daemon and `valvectl gate` (absent in a dry run)."""
 
@@ -152,7 +159,8 @@ class Valve:
         state = os.path.join(workdir, "state")
         os.makedirs(state, exist_ok=True)
         self.daemon = Proc(
-            "daemon", [valvectl, "--socket", self.sock, "daemon", "--state-dir", state], logdir
+            "daemon", [*daemon_cpus_prefix(), valvectl, "--socket", self.sock, "daemon", "--state-dir", state],
+            logdir,
         )
         deadline = time.time() + 30
         while time.time() < deadline and self.call(["status"], check=False) is None:

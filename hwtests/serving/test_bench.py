@@ -90,6 +90,21 @@ class GateStart(unittest.TestCase):
         self.assertEqual(args[args.index("--fixed-cooldown") + 1], "200ms")
         self.assertEqual(args[args.index("--offline-label") + 1], bench.OFFLINE_LABEL)
 
+    def test_a_pinned_lane_s_daemon_starts_on_every_cpu(self):
+        from unittest import mock
+        started = []
+
+        class Recorder:
+            def __init__(self, name, argv, logdir, env=None):
+                started.append(argv)
+
+        with tempfile.TemporaryDirectory() as work, mock.patch.object(bench, "Proc", Recorder), \
+                mock.patch.object(bench.Valve, "call", lambda self, args, check=True: {}), \
+                mock.patch.dict(bench.os.environ, {"VALVE_DAEMON_CPUS": "0,1,2"}):
+            bench.Valve("/x/valvectl", work, work, False)
+        self.assertEqual(started[0][:5], ["taskset", "-c", "0,1,2", "/x/valvectl", "--socket"])
+        self.assertEqual(bench.daemon_cpus_prefix({"VALVE_DAEMON_CPUS": ""}), [], "a shared lane: as it is")
+
     def test_a_lane_s_label_and_gpu_come_from_the_environment(self):
         import os
         import subprocess
