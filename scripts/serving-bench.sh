@@ -14,6 +14,8 @@
 #   --stamp-first-kernel PTX  graph, graph-raw: time each request's first kernel on the GPU
 #   --offline-timeslice-us US the training offline sets its own channel groups' GPU timeslice
 #                             (libvalve_timeslice.so from hwtests/cuda/build.sh, beside the stamp)
+#   --offline-compute-preempt report|wfi|cta|cilp
+#                             the training reads (and sets) its channels' compute preemption mode
 #   --loads 0.3,0.7           online busy shares to run
 #   VALVE_BIN=DIR             prebuilt valvectl (default: .carry/bin, else target/release, else cargo)
 # Without an NVIDIA driver it prints SKIP and exits 0. It never loads, unloads or resets anything.

@@ -63,10 +63,52 @@ static void pending(void) {
   expect("a try at no index changes nothing", p.n == VALVE_PENDING_MAX);
 }
 
+static void preempt(void) {
+  expect("report, wfi, cta and cilp parse",
+         valve_compute_preempt("report") == VALVE_PREEMPT_REPORT && valve_compute_preempt("wfi") == 0 &&
+             valve_compute_preempt("cta") == 1 && valve_compute_preempt("cilp") == 2);
+  expect("unset or empty is off", valve_compute_preempt(NULL) == VALVE_PREEMPT_OFF &&
+                                      valve_compute_preempt("") == VALVE_PREEMPT_OFF);
+  expect("CILP, 2 and cilp2 are refused", valve_compute_preempt("CILP") == VALVE_PREEMPT_BAD &&
+                                              valve_compute_preempt("2") == VALVE_PREEMPT_BAD &&
+                                              valve_compute_preempt("cilp2") == VALVE_PREEMPT_BAD);
+  expect("mode names", !strcmp(valve_compute_mode_name(0), "WFI") && !strcmp(valve_compute_mode_name(2), "CILP") &&
+                           !strcmp(valve_compute_mode_name(7), "?"));
+  expect("Volta to Blackwell compute classes are compute",
+         valve_is_compute_class(0xc3c0) && valve_is_compute_class(0xc7c0) && valve_is_compute_class(0xcbc0) &&
+             valve_is_compute_class(0xcdc0));
+  expect("a TSG, a channel, a copy engine, a subdevice and Pascal compute are not",
+         !valve_is_compute_class(0xa06c) && !valve_is_compute_class(0xc86f) && !valve_is_compute_class(0xc8b5) &&
+             !valve_is_compute_class(0x2080) && !valve_is_compute_class(0xc1c0) && !valve_is_compute_class(0x1cbc0));
+
+  struct valve_set_preemption_mode set = {.flags = VALVE_PREEMPT_FLAGS_CILP_SET, .h_channel = 0x5c000011,
+                                          .cilp_preempt_mode = 2};
+  struct nvos54 ctl;
+  valve_control(&ctl, 0xc1d00002, 0x5c000003, VALVE_CMD_SET_CTXSW_PREEMPTION_MODE, &set, sizeof set);
+  expect("the set goes to the subdevice with 32 bytes naming the channel",
+         ctl.h_object == 0x5c000003 && ctl.cmd == 0x20801210u && ctl.params_size == 32 &&
+             ctl.p_params == (unsigned long long)(size_t)&set);
+  unsigned char *raw = (unsigned char *)&set;
+  expect("flags, channel and compute mode at offsets 0, 4 and 12; the route zero",
+         raw[0] == 1 && raw[4] == 0x11 && raw[7] == 0x5c && raw[12] == 2 && set.route == 0 && set.route_flags == 0);
+
+  struct valve_subdevices subs = {0};
+  expect("no subdevice at first", valve_subdevice_of(&subs, 0xc1d00002) == 0);
+  valve_subdevice_add(&subs, 0xc1d00002, 0x5c000003);
+  valve_subdevice_add(&subs, 0xc1d00002, 0x5c000099);
+  valve_subdevice_add(&subs, 0xc1d00007, 0x5c000004);
+  expect("each client keeps its first subdevice", valve_subdevice_of(&subs, 0xc1d00002) == 0x5c000003 &&
+                                                      valve_subdevice_of(&subs, 0xc1d00007) == 0x5c000004 &&
+                                                      subs.n == 2);
+  for (uint32_t k = 0; k < VALVE_SUBDEVICES_MAX; k++) valve_subdevice_add(&subs, 100 + k, 1);
+  expect("no room beyond the cap", !valve_subdevice_add(&subs, 999, 1) && subs.n == VALVE_SUBDEVICES_MAX);
+}
+
 int main(void) {
   allocs();
   controls();
   pending();
+  preempt();
   expect("200 parses", valve_timeslice_us("200") == 200);
   expect("0, -5, 2x, empty, 11 s and NULL do not",
          !valve_timeslice_us("0") && !valve_timeslice_us("-5") && !valve_timeslice_us("2x") &&

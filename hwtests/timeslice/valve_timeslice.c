@@ -1,10 +1,13 @@
-/* LD_PRELOAD library for an offline job: every channel group (TSG) the job's CUDA context creates
- * gets the timeslice VALVE_TSG_TIMESLICE_US, set by the job itself right after RM allocated it
- * (NVA06C_CTRL_CMD_SET_TIMESLICE needs no privilege; docs/gate.md, candidate 6). When online has
- * work, the GPU then leaves the job after at most that slice, before the gate's disable lands.
- * Each try gets one line on stderr: the TSG's handles, the asked and the resulting timeslice, RM's
- * status. Where RM refuses it at the group's allocation (perhaps wanting the group populated), it
- * is tried again at the group's next few child allocations (its context share, its channels). */
+/* LD_PRELOAD library for an offline job: the job sets its own GPU scheduling controls, right after
+ * RM allocates the objects they apply to (docs/gate.md, candidates 6 and 7). Both need no privilege.
+ * - VALVE_TSG_TIMESLICE_US: every channel group (TSG) the job's CUDA context creates gets this
+ *   timeslice (NVA06C_CTRL_CMD_SET_TIMESLICE). One line on stderr per try: the TSG's handles, the
+ *   asked and the resulting timeslice, RM's status. Where RM refuses it at the group's allocation
+ *   (perhaps wanting the group populated), it is tried again at the group's next few child
+ *   allocations (its context share, its channels).
+ * - VALVE_COMPUTE_PREEMPT=report|wfi|cta|cilp: after each compute object (the channel's GR context
+ *   then exists), the channel's compute preemption mode is read back (NV2080_CTRL_CMD_GR_GET_CTXSW_MODES),
+ *   after setting it first unless "report". One line on stderr per channel. */
 #define _GNU_SOURCE
 #include "valve_timeslice.h"
 
@@ -35,14 +38,51 @@ int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *o
   return status == 0;
 }
 
-void valve_tsg_control(struct nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
-                       uint64_t *params) {
+void valve_control(struct nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd, void *params,
+                   uint32_t size) {
   memset(ctl, 0, sizeof *ctl);
   ctl->h_client = client;
   ctl->h_object = object;
   ctl->cmd = cmd;
   ctl->p_params = (uint64_t)(uintptr_t)params;
-  ctl->params_size = sizeof *params;
+  ctl->params_size = size;
+}
+
+void valve_tsg_control(struct nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd,
+                       uint64_t *params) {
+  valve_control(ctl, client, object, cmd, params, sizeof *params);
+}
+
+int valve_compute_preempt(const char *text) {
+  if (text == NULL || *text == '\0') return VALVE_PREEMPT_OFF;
+  static const char *const names[] = {"wfi", "cta", "cilp", "report"};
+  for (int i = 0; i < 4; i++)
+    if (strcmp(text, names[i]) == 0) return i;
+  return VALVE_PREEMPT_BAD;
+}
+
+const char *valve_compute_mode_name(uint32_t mode) {
+  static const char *const names[] = {"WFI", "CTA", "CILP"};
+  return mode < 3 ? names[mode] : "?";
+}
+
+int valve_is_compute_class(uint32_t cls) {
+  return cls <= 0xffffu && (cls & 0xffu) == 0xc0u && (cls >> 8) >= 0xc3u;
+}
+
+int valve_subdevice_add(struct valve_subdevices *s, uint32_t client, uint32_t subdevice) {
+  if (valve_subdevice_of(s, client) != 0) return 1;
+  if (s->n >= VALVE_SUBDEVICES_MAX) return 0;
+  s->at[s->n].client = client;
+  s->at[s->n].subdevice = subdevice;
+  s->n++;
+  return 1;
+}
+
+uint32_t valve_subdevice_of(const struct valve_subdevices *s, uint32_t client) {
+  for (int i = 0; i < s->n; i++)
+    if (s->at[i].client == client) return s->at[i].subdevice;
+  return 0;
 }
 
 int valve_pending_add(struct valve_pending *p, uint32_t client, uint32_t tsg) {
@@ -81,16 +121,25 @@ static ioctl_fn real_ioctl;
 static uint64_t want_us;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+static int preempt_mode = VALVE_PREEMPT_OFF;
+
 static void init(void) {
   real_ioctl = (ioctl_fn)dlsym(RTLD_NEXT, "ioctl");
   const char *text = getenv("VALVE_TSG_TIMESLICE_US");
   want_us = valve_timeslice_us(text);
   if (text && *text && want_us == 0)
     fprintf(stderr, "valve-timeslice: VALVE_TSG_TIMESLICE_US=%s is not 1-10000000 (us): left alone\n", text);
+  const char *mode = getenv("VALVE_COMPUTE_PREEMPT");
+  preempt_mode = valve_compute_preempt(mode);
+  if (preempt_mode == VALVE_PREEMPT_BAD) {
+    fprintf(stderr, "valve-preempt: VALVE_COMPUTE_PREEMPT=%s is not wfi, cta, cilp or report: left alone\n", mode);
+    preempt_mode = VALVE_PREEMPT_OFF;
+  }
 }
 
 static struct valve_pending pending;
-static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct valve_subdevices subdevices;
+static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER; /* guards both */
 
 /* Sets, then reads back, a TSG's timeslice on the fd RM allocated it on; one line on stderr.
  * Returns whether RM took it. */
@@ -109,9 +158,42 @@ static int set_timeslice(int fd, uint32_t client, uint32_t tsg, const char *when
   return took;
 }
 
-/* After a successful RM_ALLOC: a new TSG gets the timeslice; a child of one that RM refused at its
- * allocation gets another try. */
-static void after_alloc(int fd, const struct valve_alloc *a) {
+/* After a compute object under channel a->parent: sets the channel's compute preemption mode where
+ * asked, then reads it back through the client's subdevice; one line on stderr. */
+static void compute_preempt(int fd, const struct valve_alloc *a) {
+  pthread_mutex_lock(&pending_mu);
+  uint32_t sub = valve_subdevice_of(&subdevices, a->client);
+  pthread_mutex_unlock(&pending_mu);
+  if (sub == 0) {
+    fprintf(stderr, "valve-preempt: pid %d channel %x/%x: no subdevice of this client seen: not read\n",
+            (int)getpid(), a->client, a->parent);
+    return;
+  }
+  unsigned long ctl_req = _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54);
+  struct nvos54 ctl;
+  char asked[80] = "read only";
+  if (preempt_mode >= 0 && preempt_mode <= 2) {
+    struct valve_set_preemption_mode set = {.flags = VALVE_PREEMPT_FLAGS_CILP_SET, .h_channel = a->parent,
+                                            .cilp_preempt_mode = (uint32_t)preempt_mode};
+    valve_control(&ctl, a->client, sub, VALVE_CMD_SET_CTXSW_PREEMPTION_MODE, &set, sizeof set);
+    int r = real_ioctl(fd, ctl_req, &ctl);
+    snprintf(asked, sizeof asked, "asked %s, status 0x%x (ioctl %d)",
+             valve_compute_mode_name((uint32_t)preempt_mode), ctl.status, r);
+  }
+  struct valve_get_ctxsw_modes get = {.h_channel = a->parent};
+  valve_control(&ctl, a->client, sub, VALVE_CMD_GET_CTXSW_MODES, &get, sizeof get);
+  int r = real_ioctl(fd, ctl_req, &ctl);
+  if (r == 0 && ctl.status == 0)
+    fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; now compute %s (%u), graphics %u\n",
+            (int)getpid(), a->client, a->parent, a->cls, asked, valve_compute_mode_name(get.cilp_preempt_mode),
+            get.cilp_preempt_mode, get.gfxp_preempt_mode);
+  else
+    fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; read refused: status 0x%x (ioctl %d)\n",
+            (int)getpid(), a->client, a->parent, a->cls, asked, ctl.status, r);
+}
+
+/* The timeslice's part of after_alloc. */
+static void timeslice_after_alloc(int fd, const struct valve_alloc *a) {
   if (a->cls == VALVE_CLASS_TSG) {
     if (!set_timeslice(fd, a->client, a->object, "allocated")) {
       pthread_mutex_lock(&pending_mu);
@@ -131,6 +213,20 @@ static void after_alloc(int fd, const struct valve_alloc *a) {
   pthread_mutex_unlock(&pending_mu);
 }
 
+/* After a successful RM_ALLOC: a subdevice is remembered, a compute object gets its channel's
+ * preemption mode read (and set), a new TSG gets the timeslice, and a child of a TSG that RM refused
+ * at its allocation gets another try. */
+static void after_alloc(int fd, const struct valve_alloc *a) {
+  if (a->cls == VALVE_CLASS_SUBDEVICE) {
+    pthread_mutex_lock(&pending_mu);
+    valve_subdevice_add(&subdevices, a->client, a->object);
+    pthread_mutex_unlock(&pending_mu);
+    return;
+  }
+  if (preempt_mode != VALVE_PREEMPT_OFF && valve_is_compute_class(a->cls)) compute_preempt(fd, a);
+  if (want_us != 0) timeslice_after_alloc(fd, a);
+}
+
 int ioctl(int fd, unsigned long request, ...) {
   va_list ap;
   va_start(ap, request);
@@ -143,7 +239,7 @@ int ioctl(int fd, unsigned long request, ...) {
   }
   int ret = real_ioctl(fd, request, arg);
   struct valve_alloc a;
-  if (ret == 0 && want_us != 0 && valve_rm_alloc(request, arg, &a)) {
+  if (ret == 0 && (want_us != 0 || preempt_mode != VALVE_PREEMPT_OFF) && valve_rm_alloc(request, arg, &a)) {
     int saved = errno;
     after_alloc(fd, &a);
     errno = saved;
