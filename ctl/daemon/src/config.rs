@@ -132,6 +132,8 @@ struct RawGate {
     gap_factor: Option<f64>,
     gap_memory: Option<String>,
     fixed_cooldown: Option<String>,
+    /// Percent of online's idle time a hold for likely arrivals may cost (`--hold-budget`).
+    hold_budget: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -268,6 +270,7 @@ impl FileConfig {
                 .map(|d| d.as_millis() as u64),
             fixed_cooldown_us: duration("gate.fixed_cooldown", &g.fixed_cooldown)?
                 .map(|d| d.as_micros() as u64),
+            hold_budget_pct: g.hold_budget,
             ..GateSpec::default()
         };
         check_gate(&gate_defaults, g.autostart).map_err(|(k, p)| err(k, p))?;
@@ -390,6 +393,20 @@ fn check_gate(spec: &GateSpec, autostart: bool) -> Result<(), (&'static str, Str
             "gate.gap_memory",
             "0: must be at least 1ms (the cooldown is learned from the gaps it remembers)".into(),
         ));
+    }
+    if let Some(pct) = spec.hold_budget_pct {
+        if !(pct.is_finite() && pct > 0.0 && pct <= 50.0) {
+            return Err((
+                "gate.hold_budget",
+                format!("{pct}: must be a percentage above 0 and at most 50"),
+            ));
+        }
+        if spec.fixed_cooldown_us.is_some() {
+            return Err((
+                "gate.hold_budget",
+                "adds to the learned cooldown, which gate.fixed_cooldown replaces: drop one".into(),
+            ));
+        }
     }
     if spec.online_label.is_some() && spec.online_label == spec.offline_label {
         return Err((

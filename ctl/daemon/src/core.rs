@@ -313,7 +313,7 @@ impl<D: RmDriver> DaemonCore<D> {
             } => self.preempt(pid, gpu.as_deref(), max_hold_ms.map(Duration::from_millis)),
             Request::Resume { pid } => self.resume_to_gate(pid),
             Request::ResumeAll => self.resume_all(),
-            Request::GateStart(spec) => self.gate_start(spec),
+            Request::GateStart(spec) => self.gate_start(*spec),
             Request::GateStop => self.gate_stop(),
             Request::GateStatus => self.gate_status(),
             Request::OnlineBusy => self.gate_signal(true),

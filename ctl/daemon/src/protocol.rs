@@ -46,7 +46,7 @@ pub enum Request {
     /// Enable everything the daemon disabled.
     ResumeAll,
     /// Start gating: offline runs only while online is idle.
-    GateStart(GateSpec),
+    GateStart(Box<GateSpec>),
     /// Stop gating (offline is resumed); the reply is the final status.
     GateStop,
     /// The gate's status (`running: false` when there is none).
@@ -110,6 +110,10 @@ pub struct GateSpec {
     /// A fixed cooldown instead of the learned one, us.
     #[serde(default)]
     pub fixed_cooldown_us: Option<u64>,
+    /// The share (%) of online's idle time offline may give up to a hold after the cooldown, so
+    /// that arrivals find it frozen already (`gate start --hold-budget`).
+    #[serde(default)]
+    pub hold_budget_pct: Option<f64>,
     /// Online processes by the TCP port they listen on.
     #[serde(default)]
     pub online_ports: Vec<u16>,
@@ -206,11 +210,11 @@ mod tests {
         assert!(serde_json::from_str::<Request>(r#"{"op":"metrics"}"#).is_err());
         assert_eq!(
             g,
-            Request::GateStart(GateSpec {
+            Request::GateStart(Box::new(GateSpec {
                 online: vec![1],
                 offline_label: Some("batch".into()),
                 ..GateSpec::default()
-            })
+            }))
         );
     }
 }

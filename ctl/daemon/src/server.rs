@@ -260,7 +260,7 @@ impl<'a> Server<'a> {
         core: &mut DaemonCore<D>,
         spec: GateSpec,
     ) -> Result<(), DaemonError> {
-        let event = Audit::event_of(&Request::GateStart(spec.clone()));
+        let event = Audit::event_of(&Request::GateStart(Box::new(spec.clone())));
         match core.begin_gate_start(spec, self.waker()) {
             Ok(()) => {
                 self.gate_waiter = Some(GateWaiter::Autostart { event });
@@ -615,7 +615,7 @@ impl<'a> Server<'a> {
         };
         let event = Audit::event_of(&parsed);
         let reply = match parsed {
-            Request::GateStart(spec) => match core.begin_gate_start(spec, self.waker()) {
+            Request::GateStart(spec) => match core.begin_gate_start(*spec, self.waker()) {
                 Ok(()) => {
                     self.conns[i].waiting = true;
                     self.gate_waiter = Some(GateWaiter::Conn {

@@ -91,6 +91,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     valve_daemon::config::parse_duration_with(s, true)
 }
 
+/// A share given in percent, with or without the sign ("10%", "2.5"): more than 0, at most 50.
+pub fn parse_percent(s: &str) -> Result<f64, String> {
+    let number = s.trim().trim_end_matches('%');
+    let pct: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage (e.g. 10%)"))?;
+    if !(pct.is_finite() && pct > 0.0 && pct <= 50.0) {
+        return Err(format!("{s} is outside more than 0% and at most 50%"));
+    }
+    Ok(pct)
+}
+
 impl TargetArgs {
     /// Checks the combinations clap cannot express.
     pub fn validate(&self) -> Result<(), CliError> {

@@ -90,7 +90,7 @@ pub enum Command {
     /// Run the discovery daemon (root): watches CUDA processes' RM objects with eBPF and serves
     /// ps/preempt --pid/resume over a Unix socket. Everything it disabled is resumed on exit, and
     /// re-enabled from its state file if a previous run died.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// List the GPU processes the daemon knows: GPUs, client, TSGs, channels, state.
     Ps(PsArgs),
     /// Check what this node supports: driver (open module?), GSP, device-file exposure, root,
@@ -307,6 +307,28 @@ mod tests {
             Some(10),
             "SCHED_FIFO 10 unless told"
         );
+        assert_eq!(spec.hold_budget_pct, None, "no hold unless told");
+        // A hold budget, with or without the sign; not with a fixed cooldown, nor out of range.
+        let hold = |pct: &str, extra: &[&str]| {
+            let mut args = vec!["gate", "start", "--online", "10", "--offline", "5"];
+            args.extend_from_slice(&["--hold-budget", pct]);
+            args.extend_from_slice(extra);
+            let cli = parse(&args).map_err(|e| e.to_string())?;
+            let Command::Gate(GateArgs { action }) = &cli.command else {
+                panic!()
+            };
+            match gate::request(action).map_err(|e| e.to_string())? {
+                Request::GateStart(spec) => Ok::<_, String>(spec.hold_budget_pct),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(hold("10%", &[]), Ok(Some(10.0)));
+        assert_eq!(hold("2.5", &[]), Ok(Some(2.5)));
+        assert!(hold("60%", &[]).unwrap_err().contains("at most 50%"));
+        assert!(hold("ten", &[]).unwrap_err().contains("not a percentage"));
+        assert!(hold("10%", &["--fixed-cooldown", "5ms"])
+            .unwrap_err()
+            .contains("drop one"));
         // The service by port, arrivals off, serial issue; the trace request.
         let cli = parse(&[
             "gate",

@@ -172,6 +172,19 @@ pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Resul
         v["preempted_s"].as_f64().unwrap_or(0.0),
         v["cooldown_us"].as_f64().unwrap_or(0.0) / 1e3
     )?;
+    if let Some(budget) = v["hold_budget_pct"].as_f64() {
+        writeln!(
+            out,
+            "hold for likely arrivals {:.1} ms of it (budget {budget}% of idle time, over {} gaps between requests{})",
+            v["hold_us"].as_f64().unwrap_or(0.0) / 1e3,
+            v["hold_gaps"],
+            if v["hold_gaps"].as_u64().unwrap_or(0) < valve_daemon::gate::policy::HOLD_MIN_GAPS as u64 {
+                "; none before 8"
+            } else {
+                ""
+            }
+        )?;
+    }
     writeln!(
         out,
         "disable p50/p99 {:.0}/{:.0} us, enable {:.0}/{:.0} us, online launch -> offline stopped {:.0}/{:.0} us",
@@ -346,6 +359,21 @@ mod tests {
             !text.contains("arrivals"),
             "no arrival line from an older daemon: {text}"
         );
+        let mut held = v.clone();
+        held["hold_budget_pct"] = serde_json::json!(10.0);
+        held["hold_us"] = serde_json::json!(2500.0);
+        held["hold_gaps"] = serde_json::json!(40);
+        let mut out = Vec::new();
+        gate_status(&mut out, &held).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("hold for likely arrivals 2.5 ms of it (budget 10% of idle time, over 40 gaps between requests)"),
+            "{text}"
+        );
+        held["hold_gaps"] = serde_json::json!(3);
+        let mut out = Vec::new();
+        gate_status(&mut out, &held).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("; none before 8)"));
         let mut with_arrivals = v.clone();
         with_arrivals["arrivals"] = serde_json::json!(12);
         with_arrivals["online_ports"] = serde_json::json!([8000]);

@@ -21,6 +21,7 @@ cooldown_floor = "1ms"
 cooldown_ceiling = "200ms"
 gap_factor = 2.5
 gap_memory = "30s"
+hold_budget = 10
 
 [offline]
 labels = ["batch"]
@@ -53,6 +54,7 @@ fn a_full_config_is_read_into_typed_settings() {
     assert_eq!(c.gate_defaults.cooldown_ceiling_us, Some(200_000));
     assert_eq!(c.gate_defaults.gap_factor, Some(2.5));
     assert_eq!(c.gate_defaults.gap_memory_ms, Some(30_000));
+    assert_eq!(c.gate_defaults.hold_budget_pct, Some(10.0));
     assert_eq!(c.offline.uids, vec![1000, 1001]);
     assert_eq!(
         c.offline.cgroups,
@@ -97,6 +99,12 @@ fn errors_name_the_file_the_key_and_the_problem() {
             "above gate.cooldown_ceiling",
         ),
         ("[gate]\ngap_factor = 0.5", "gate.gap_factor", "at least 1"),
+        ("[gate]\nhold_budget = 75", "gate.hold_budget", "at most 50"),
+        (
+            "[gate]\nhold_budget = 5\nfixed_cooldown = \"10ms\"",
+            "gate.hold_budget",
+            "drop one",
+        ),
         (
             "[gate]\ngap_memory = \"0s\"",
             "gate.gap_memory",

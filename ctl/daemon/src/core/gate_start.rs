@@ -324,6 +324,10 @@ impl<D: RmDriver> DaemonCore<D> {
         spec.gap_factor = spec.gap_factor.or(d.gap_factor);
         spec.gap_memory_ms = spec.gap_memory_ms.or(d.gap_memory_ms);
         spec.fixed_cooldown_us = spec.fixed_cooldown_us.or(d.fixed_cooldown_us);
+        if spec.fixed_cooldown_us.is_none() {
+            // A fixed cooldown asked for now replaces the learned one the config's hold adds to.
+            spec.hold_budget_pct = spec.hold_budget_pct.or(d.hold_budget_pct);
+        }
         if spec.online.is_empty() && spec.online_label.is_none() {
             spec.online_label = d.online_label.clone();
         }

@@ -503,11 +503,11 @@ pub(crate) fn gated_core(
 }
 
 pub(crate) fn gate_spec(online: u32, offline: u32) -> Request {
-    Request::GateStart(crate::protocol::GateSpec {
+    Request::GateStart(Box::new(crate::protocol::GateSpec {
         online: vec![online],
         offline: vec![offline],
         ..Default::default()
-    })
+    }))
 }
 
 #[test]
@@ -522,10 +522,10 @@ fn the_gate_freezes_only_offline_and_records_it_first() {
     }
     // Bad specs are refused with their exit codes, and nothing starts.
     let code = |r: Reply| r.error.map(|e| e.code);
-    let only_online = Request::GateStart(crate::protocol::GateSpec {
+    let only_online = Request::GateStart(Box::new(crate::protocol::GateSpec {
         online: vec![1],
         ..Default::default()
-    });
+    }));
     assert_eq!(code(c.handle(only_online)), Some(2));
     assert_eq!(code(c.handle(gate_spec(1, 1))), Some(2));
     assert_eq!(code(c.handle(gate_spec(1, 4_199_999))), Some(EXIT_PROCESS));
@@ -603,11 +603,11 @@ fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
     for e in cuda_process(&rm, kid, 0xc1d0_0030, &[0], 3) {
         c.on_event(&e);
     }
-    let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
+    let r = c.handle(Request::GateStart(Box::new(crate::protocol::GateSpec {
         online: vec![me],
         offline_label: Some("batch".into()),
         ..Default::default()
-    }));
+    })));
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data["offline_pids"], serde_json::json!([kid]));
     assert_eq!(r.data["offline_channels"], 3);
@@ -617,11 +617,11 @@ fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
     assert!(c.handle(Request::GateStop).error.is_none());
     assert!(rm.disabled().is_empty());
     // A process labelled offline but named online is never frozen.
-    let r = c.handle(Request::GateStart(crate::protocol::GateSpec {
+    let r = c.handle(Request::GateStart(Box::new(crate::protocol::GateSpec {
         online: vec![kid],
         offline_label: Some("batch".into()),
         ..Default::default()
-    }));
+    })));
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data["offline_channels"], 0);
     assert!(c.handle(Request::GateStop).error.is_none());
@@ -777,11 +777,11 @@ fn gate_defaults_fill_what_a_gate_start_leaves_out() {
     let e = c.handle(gate_spec(1, me)).error.expect("refused");
     assert!(e.message.contains("at least 1"), "{}", e.message);
     // ...and a request's own value wins.
-    let own = Request::GateStart(GateSpec {
+    let own = Request::GateStart(Box::new(GateSpec {
         online: vec![1],
         gap_factor: Some(2.0),
         ..GateSpec::default()
-    });
+    }));
     let r = c.handle(own);
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data["offline_label"], "batch", "{r:?}");

@@ -43,6 +43,11 @@ pub struct GateConfig {
     /// A fixed cooldown instead of the learned one (`Some(0)`: resume as soon as a tick finds
     /// online idle, i.e. preempt on every burst of launches and resume at once).
     pub fixed_cooldown: Option<Duration>,
+    /// The share of online's idle time (after the learned cooldown) that offline may give up so
+    /// that arrivals find it frozen already: the gate holds offline for the longest extra time
+    /// that would have cost at most this share over the recent gaps between requests (see
+    /// [`hold_within_budget`]). `None`: no hold.
+    pub hold_budget: Option<f64>,
     /// Request arrivals on the online ports preempt (launch edges always do).
     pub arrivals: bool,
     /// How several offline GPUs are issued (`None`: measured once on the offline channels).
@@ -67,6 +72,7 @@ impl Default for GateConfig {
             gap_memory: Duration::from_secs(60),
             delay_window: 512,
             fixed_cooldown: None,
+            hold_budget: None,
             arrivals: true,
             issue: None,
             waits: true,
@@ -116,6 +122,39 @@ impl RecentMax {
     }
 }
 
+/// How many recent gaps between requests the hold is chosen over.
+pub const HOLD_GAPS: usize = 256;
+/// Fewer gaps than this: no hold yet (a share of a handful of gaps says little).
+pub const HOLD_MIN_GAPS: usize = 8;
+/// The longest hold, whatever the gaps say.
+pub const HOLD_MAX: Duration = Duration::from_secs(10);
+
+/// The longest extra time `c` that offline could have been held after each of `gaps` (idle
+/// times, ns, after the learned cooldown) while giving up at most `budget` of their sum:
+/// the largest `c` with `sum(min(g, c)) <= budget * sum(g)`. An arrival whose gap was shorter
+/// than `c` would have found offline frozen. With Poisson arrivals the share caught equals the
+/// budget; where arrivals cluster, many gaps are short and a small budget catches most of them.
+pub fn hold_within_budget(gaps: &[u64], budget: f64) -> u64 {
+    if gaps.is_empty() || budget <= 0.0 {
+        return 0;
+    }
+    let mut sorted = gaps.to_vec();
+    sorted.sort_unstable();
+    let total: f64 = sorted.iter().map(|&g| g as f64).sum();
+    let allowed = budget.min(1.0) * total;
+    let n = sorted.len();
+    let mut below = 0.0; // the sum of the gaps shorter than the candidate c
+    for (k, &g) in sorted.iter().enumerate() {
+        // For c in [previous gap, g]: sum(min(gi, c)) = below + (n - k) * c.
+        let c = (allowed - below) / (n - k) as f64;
+        if c <= g as f64 {
+            return c.max(0.0) as u64;
+        }
+        below += g as f64;
+    }
+    sorted[n - 1]
+}
+
 /// What the gate wants done now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -153,6 +192,12 @@ pub struct GatePolicy {
     /// The first launch of an arrived request whose host has not yet waited for GPU work since:
     /// the prefill's kernels may still be queued on the GPU, however long the host is quiet.
     first_wait_pending: Option<u64>,
+    /// Recent gaps between requests past the learned cooldown (ns), for the hold.
+    idle_gaps: VecDeque<u64>,
+    /// The hold chosen over them (ns), and whether a gap came since it was chosen: it is chosen
+    /// again on the next tick, off the arrival's path to the disable.
+    hold_ns: u64,
+    hold_stale: bool,
 }
 
 impl GatePolicy {
@@ -173,6 +218,9 @@ impl GatePolicy {
             arrival_in_gap: false,
             arrivals: 0,
             first_wait_pending: None,
+            idle_gaps: VecDeque::new(),
+            hold_ns: 0,
+            hold_stale: false,
         }
     }
 
@@ -219,8 +267,59 @@ impl GatePolicy {
         self.preemptions
     }
 
-    /// The current cooldown: factor x the longest recent inter-iteration gap, clamped.
+    /// The current cooldown: the learned one plus the hold (see [`GateConfig::hold_budget`]).
     pub fn cooldown(&self) -> Duration {
+        self.learned_cooldown() + self.hold()
+    }
+
+    /// The hold chosen for [`GateConfig::hold_budget`] (zero without one, or before
+    /// [`HOLD_MIN_GAPS`] gaps between requests).
+    pub fn hold(&self) -> Duration {
+        Duration::from_nanos(self.hold_ns)
+    }
+
+    /// Recent gaps between requests the hold is chosen over.
+    pub fn idle_gaps(&self) -> usize {
+        self.idle_gaps.len()
+    }
+
+    /// A request's first activity at `ts_ns`: the gap since online's last activity, past the
+    /// learned cooldown, is idle time offline ran in (or would have). Kept for the hold.
+    fn note_request_gap(&mut self, ts_ns: u64) {
+        if self.cfg.hold_budget.is_none() || !self.learned {
+            return;
+        }
+        let Some(last) = self.last_launch_ns else {
+            return;
+        };
+        let cooldown = self.learned_cooldown().as_nanos() as u64;
+        let idle = ts_ns.saturating_sub(last).saturating_sub(cooldown);
+        if idle > 0 {
+            self.idle_gaps.push_back(idle);
+            if self.idle_gaps.len() > HOLD_GAPS {
+                self.idle_gaps.pop_front();
+            }
+            self.hold_stale = true;
+        }
+    }
+
+    /// Chooses the hold again where a gap came since (on ticks: sorting the gaps stays off the
+    /// arrival's path).
+    fn refresh_hold(&mut self) {
+        if !std::mem::take(&mut self.hold_stale) {
+            return;
+        }
+        let budget = self.cfg.hold_budget.unwrap_or(0.0);
+        self.hold_ns = if self.idle_gaps.len() < HOLD_MIN_GAPS {
+            0
+        } else {
+            let gaps: Vec<u64> = self.idle_gaps.iter().copied().collect();
+            hold_within_budget(&gaps, budget).min(HOLD_MAX.as_nanos() as u64)
+        };
+    }
+
+    /// The learned cooldown: factor x the longest recent inter-iteration gap, clamped.
+    pub fn learned_cooldown(&self) -> Duration {
         if let Some(fixed) = self.cfg.fixed_cooldown {
             return fixed;
         }
@@ -267,6 +366,9 @@ impl GatePolicy {
         // A newer arrival: an expired one launched nothing (a health check), so it teaches nothing.
         self.expired_arrival_ns = None;
         self.pending_arrival_ns.get_or_insert(ts_ns);
+        if !self.arrival_in_gap {
+            self.note_request_gap(ts_ns);
+        }
         self.arrival_in_gap = true;
         self.saw_activity(ts_ns);
         self.preempt()
@@ -316,6 +418,10 @@ impl GatePolicy {
             if !between && gap < ceiling {
                 let memory = self.cfg.gap_memory.as_nanos() as u64;
                 self.gaps.push(ts_ns, gap, ts_ns.saturating_sub(memory));
+            }
+            if between && !self.arrival_in_gap {
+                // Without arrivals, a request's first launch ends the gap between requests.
+                self.note_request_gap(ts_ns);
             }
         }
         self.resumed_in_gap = false;
@@ -436,6 +542,7 @@ impl GatePolicy {
 
     /// Time passes (`now_ns`). Returns [`Action::Resume`] once online has been idle for the cooldown.
     pub fn on_tick(&mut self, now_ns: u64) -> Option<Action> {
+        self.refresh_hold();
         let due = self.resume_due_ns()?;
         (now_ns >= due && !self.hold_for_first_wait(now_ns)).then(|| self.resume())
     }
@@ -891,5 +998,155 @@ mod tests {
         }
         assert_eq!(preemptions, 10);
         assert_eq!(g.cooldown(), Duration::ZERO);
+    }
+
+    /// Pseudo-random gaps (ns): exponential with the given mean, from a fixed LCG.
+    fn exponential_gaps(n: usize, mean_ns: f64) -> Vec<u64> {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                (-u.ln() * mean_ns) as u64
+            })
+            .collect()
+    }
+
+    fn cost_and_caught(gaps: &[u64], hold: u64) -> (f64, f64) {
+        let total: f64 = gaps.iter().map(|&g| g as f64).sum();
+        let held: f64 = gaps.iter().map(|&g| g.min(hold) as f64).sum();
+        let caught = gaps.iter().filter(|&&g| g < hold).count() as f64 / gaps.len() as f64;
+        (held / total, caught)
+    }
+
+    #[test]
+    fn the_hold_is_the_longest_within_the_budget() {
+        for gaps in [
+            exponential_gaps(256, 1e9),
+            vec![
+                5 * MS,
+                5 * MS,
+                7 * MS,
+                2_000 * MS,
+                9 * MS,
+                3_000 * MS,
+                6 * MS,
+                8 * MS,
+            ],
+            vec![100 * MS; 10],
+        ] {
+            for budget in [0.02, 0.1, 0.3] {
+                let hold = hold_within_budget(&gaps, budget);
+                let (cost, _) = cost_and_caught(&gaps, hold);
+                assert!(cost <= budget + 1e-9, "{budget}: costs {cost}");
+                let (more, _) = cost_and_caught(&gaps, hold + 1_000);
+                assert!(
+                    more > budget - 1e-6,
+                    "{budget}: 1 us longer would still fit ({more})"
+                );
+            }
+        }
+        assert_eq!(hold_within_budget(&[], 0.1), 0);
+        assert_eq!(hold_within_budget(&[MS, MS], 0.0), 0);
+    }
+
+    #[test]
+    fn random_arrivals_are_caught_at_the_budget_clustered_ones_far_more() {
+        // Evenly random (Poisson) gaps: the share caught is the share given up.
+        let poisson = exponential_gaps(256, 1e9);
+        let (cost, caught) = cost_and_caught(&poisson, hold_within_budget(&poisson, 0.1));
+        assert!(
+            (caught - cost).abs() < 0.03,
+            "caught {caught} at cost {cost}"
+        );
+        // Arrivals in bursts (nine in ten gaps 20-60 ms, the rest 5-15 s): most are caught.
+        let clustered: Vec<u64> = exponential_gaps(256, 1e9)
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| {
+                if i % 10 == 0 {
+                    5_000 * MS + 10 * g
+                } else {
+                    20 * MS + g / 25
+                }
+            })
+            .collect();
+        let (cost, caught) = cost_and_caught(&clustered, hold_within_budget(&clustered, 0.1));
+        assert!(
+            cost <= 0.1 + 1e-9 && caught > 0.85,
+            "caught {caught} at cost {cost}"
+        );
+    }
+
+    /// A gate with `budget` after requests whose idle gaps (after the 2-ms learned cooldown) are
+    /// `gaps`: each request arrives, launches 1 ms later and runs 5 decode steps 1 ms apart.
+    fn after_requests(budget: Option<f64>, gaps: &[u64]) -> (GatePolicy, u64) {
+        let mut g = learned(GateConfig {
+            hold_budget: budget,
+            ..GateConfig::default()
+        });
+        let mut t = 10 * MS;
+        for &gap in gaps {
+            g.on_arrival(t);
+            for step in 1..=6 {
+                g.on_edge(t + step * MS, Some(MS));
+                // Its first token comes back through a wait for the GPU.
+                g.saw_wait_end(t + step * MS + 500 * US);
+            }
+            let end = t + 6 * MS;
+            let mut now = end;
+            let next = end + 2 * MS + gap;
+            while now < next {
+                g.on_tick(now);
+                now += 500 * US;
+            }
+            t = next;
+        }
+        (g, t)
+    }
+
+    #[test]
+    fn a_hold_budget_keeps_offline_frozen_for_clustered_arrivals_and_none_without_it() {
+        // Nine in ten gaps 30 ms, one in ten 5 s: a 10% budget holds past the short ones.
+        let gaps: Vec<u64> = (0..40)
+            .map(|i| if i % 10 == 9 { 5_000 * MS } else { 30 * MS })
+            .collect();
+        let (mut g, t) = after_requests(Some(0.1), &gaps);
+        g.on_tick(t);
+        assert!(g.idle_gaps() >= HOLD_MIN_GAPS, "{} gaps", g.idle_gaps());
+        assert!(g.hold() > Duration::from_millis(30), "hold {:?}", g.hold());
+        assert_eq!(g.cooldown(), g.learned_cooldown() + g.hold());
+        // The next request 30 ms after the last one's cooldown finds offline frozen already.
+        let preemptions = g.preemptions();
+        g.on_arrival(t);
+        for step in 1..=6 {
+            g.on_edge(t + step * MS, Some(MS));
+            g.saw_wait_end(t + step * MS + 500 * US);
+        }
+        let mut now = t + 6 * MS;
+        let next = now + 2 * MS + 30 * MS;
+        while now < next {
+            assert_eq!(g.on_tick(now), None, "resumed at {now} inside the hold");
+            now += 500 * US;
+        }
+        assert_eq!(
+            g.on_arrival(next),
+            None,
+            "an arrival within the hold: offline already off"
+        );
+        assert_eq!(g.preemptions(), preemptions + 1);
+        // Without a budget: no gaps kept, no hold, every such arrival preempts.
+        let (g, _) = after_requests(None, &gaps);
+        assert_eq!((g.idle_gaps(), g.hold()), (0, Duration::ZERO));
+    }
+
+    #[test]
+    fn no_hold_before_enough_gaps_nor_past_the_longest() {
+        let (mut g, t) = after_requests(Some(0.5), &[30 * MS; HOLD_MIN_GAPS - 1]);
+        g.on_tick(t);
+        assert_eq!(g.hold(), Duration::ZERO, "{} gaps", g.idle_gaps());
+        let (mut g, t) = after_requests(Some(0.5), &[60_000 * MS; 2 * HOLD_MIN_GAPS]);
+        g.on_tick(t);
+        assert_eq!(g.hold(), HOLD_MAX);
     }
 }

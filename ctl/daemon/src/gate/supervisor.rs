@@ -94,6 +94,7 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
             .unwrap_or(d.gap_memory),
         delay_window: d.delay_window,
         fixed_cooldown: spec.fixed_cooldown_us.map(Duration::from_micros),
+        hold_budget: spec.hold_budget_pct.map(|pct| pct / 100.0),
         arrivals: spec.arrivals.unwrap_or(true),
         waits: spec.waits.unwrap_or(true),
         arrival_busy_poll: spec.arrival_busy_poll.unwrap_or(false),
@@ -143,6 +144,20 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
             "--gap-factor must be at least 1 (the cooldown must outlast one gap), got {}",
             cfg.gap_factor
         ));
+    }
+    if let Some(pct) = spec.hold_budget_pct {
+        if !(pct.is_finite() && pct > 0.0 && pct <= 50.0) {
+            return Err(format!(
+                "--hold-budget must be more than 0% and at most 50% of online's idle time, got {pct}%"
+            ));
+        }
+        if cfg.fixed_cooldown.is_some() {
+            return Err(
+                "--hold-budget adds to the learned cooldown, which --fixed-cooldown \
+                 replaces: drop one of the two"
+                    .into(),
+            );
+        }
     }
     Ok(cfg)
 }
@@ -533,6 +548,21 @@ mod tests {
             ..GateSpec::default()
         };
         assert_eq!(config_of(&ok).unwrap().fixed_cooldown, Some(Duration::ZERO));
+        let hold = |pct, fixed| {
+            config_of(&GateSpec {
+                hold_budget_pct: Some(pct),
+                fixed_cooldown_us: fixed,
+                ..GateSpec::default()
+            })
+        };
+        assert_eq!(hold(10.0, None).unwrap().hold_budget, Some(0.1));
+        for bad in [0.0, -5.0, 51.0, f64::NAN] {
+            assert!(
+                hold(bad, None).unwrap_err().contains("at most 50%"),
+                "{bad}"
+            );
+        }
+        assert!(hold(10.0, Some(0)).unwrap_err().contains("drop one"));
         let rt = |p: Option<u8>| {
             config_of(&GateSpec {
                 realtime_priority: p,

@@ -26,6 +26,7 @@ Settings come from --config FILE (TOML; every key is optional), and a flag given
 the file's key of the same meaning. Example file: deploy/kubernetes/valve.yaml (its ConfigMap);
 keys: group, max_hold, state_dir, audit_log, log_format, [metrics] address, [gate] autostart,
 online_label, offline_label, cooldown_floor, cooldown_ceiling, gap_factor, gap_memory, fixed_cooldown,
+hold_budget (percent),
 [offline] labels, uids, cgroups (who may ever be frozen), [kubernetes] pod_label, [harvest]
 node_name, progress_dir, windows (a list, e.g. [\"60s\", \"10m\", \"1h\"]).
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use valve_daemon::protocol::{GateSpec, Request};
 
-use crate::args::{parse_duration, Globals};
+use crate::args::{parse_duration, parse_percent, Globals};
 use crate::client::{daemon_call, daemon_call_within};
 use crate::error::CliError;
 use crate::print;
@@ -38,68 +38,9 @@ pub enum GateCommand {
   valvectl gate start --online-label serving --offline-label batch
   valvectl gate start --online 4242 --offline 5151 --no-arrivals  # launch edges only
   valvectl gate start --online-port 8000 --offline-label batch --realtime-priority 0  # no SCHED_FIFO
-  valvectl gate start --online 4242 --offline 5151 --cooldown-floor 2ms --cooldown-ceiling 100ms")]
-    Start {
-        /// Online (latency-critical) processes by pid; the TCP ports they listen on count as
-        /// the service's ports.
-        #[arg(long, value_delimiter = ',', value_name = "PID")]
-        online: Vec<u32>,
-        /// Online processes by label (VALVE_LABEL in their environment); their listening ports
-        /// count too.
-        #[arg(long, value_name = "LABEL")]
-        online_label: Option<String>,
-        /// The online service by the TCP port it listens on (any network namespace); the
-        /// processes listening on it are online.
-        #[arg(long, value_delimiter = ',', value_name = "PORT")]
-        online_port: Vec<u16>,
-        /// Do not preempt on request arrivals, only on GPU launch edges.
-        #[arg(long)]
-        no_arrivals: bool,
-        /// Ignore online threads waiting for their GPU work (the gate before issue 11: launch
-        /// gaps alone decide when online is idle; for comparison).
-        #[arg(long)]
-        no_waits: bool,
-        /// How several offline GPUs are issued: auto measures serial against parallel once on
-        /// the offline channels (the stock driver serialises them, so serial wins there).
-        #[arg(long, value_enum, default_value_t = IssueArg::Auto, value_name = "MODE")]
-        issue: IssueArg,
-        /// SCHED_FIFO priority (1-99) of the gate thread and the threads that carry arrival and
-        /// launch edges to it; 0 keeps them on the normal scheduler. Under EEVDF a woken normal
-        /// thread can wait ~4 ms for a busy CPU, which would land on an online request.
-        #[arg(long, default_value_t = 10, value_name = "PRIORITY",
-              value_parser = clap::value_parser!(u8).range(0..=99))]
-        realtime_priority: u8,
-        /// While offline runs, the gate thread spins on the arrival program's counters and its
-        /// inputs instead of sleeping, at the cost of one CPU then (it runs on the normal
-        /// scheduler). For hosts where waking an idle CPU takes milliseconds (VMs whose vCPUs
-        /// halt): there a sleeping thread can miss the request's first kernel.
-        #[arg(long, conflicts_with = "no_arrivals")]
-        arrival_busy_poll: bool,
-        /// Offline (preemptible) processes by pid; they must have started after the daemon.
-        #[arg(long, value_delimiter = ',', value_name = "PID")]
-        offline: Vec<u32>,
-        /// Offline processes by label (VALVE_LABEL in their environment).
-        #[arg(long, value_name = "LABEL")]
-        offline_label: Option<String>,
-        /// The shortest cooldown before offline is resumed.
-        #[arg(long, value_parser = parse_duration, default_value = "1ms", value_name = "DURATION")]
-        cooldown_floor: Duration,
-        /// The longest cooldown; also the one used until a first online request has been seen
-        /// to end, and gaps this long count as "between requests".
-        #[arg(long, value_parser = parse_duration, default_value = "200ms", value_name = "DURATION")]
-        cooldown_ceiling: Duration,
-        /// Cooldown = this factor x the longest recent gap between online iterations.
-        #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
-        gap_factor: f64,
-        /// How long a gap between online iterations counts as recent: a rare long host pause
-        /// keeps the cooldown above it this long [default: the daemon's gate.gap_memory, else 60s]
-        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-        gap_memory: Option<Duration>,
-        /// Use this cooldown instead of learning it (0ms: preempt on every burst of launches
-        /// and resume at once; for comparison, it hurts online latency).
-        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-        fixed_cooldown: Option<Duration>,
-    },
+  valvectl gate start --online 4242 --offline 5151 --cooldown-floor 2ms --cooldown-ceiling 100ms
+  valvectl gate start --online-port 8000 --offline-label batch --hold-budget 10%  # bursty arrivals")]
+    Start(Box<StartArgs>),
     /// Stop gating; offline is resumed. Prints the final counts.
     Stop,
     /// What the gate has done: preemptions, resumes, cooldown, latencies.
@@ -124,6 +65,77 @@ pub enum GateCommand {
     Idle,
 }
 
+/// `valvectl gate start`'s arguments.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// Online (latency-critical) processes by pid; the TCP ports they listen on count as
+    /// the service's ports.
+    #[arg(long, value_delimiter = ',', value_name = "PID")]
+    online: Vec<u32>,
+    /// Online processes by label (VALVE_LABEL in their environment); their listening ports
+    /// count too.
+    #[arg(long, value_name = "LABEL")]
+    online_label: Option<String>,
+    /// The online service by the TCP port it listens on (any network namespace); the
+    /// processes listening on it are online.
+    #[arg(long, value_delimiter = ',', value_name = "PORT")]
+    online_port: Vec<u16>,
+    /// Do not preempt on request arrivals, only on GPU launch edges.
+    #[arg(long)]
+    no_arrivals: bool,
+    /// Ignore online threads waiting for their GPU work (the gate before issue 11: launch
+    /// gaps alone decide when online is idle; for comparison).
+    #[arg(long)]
+    no_waits: bool,
+    /// How several offline GPUs are issued: auto measures serial against parallel once on
+    /// the offline channels (the stock driver serialises them, so serial wins there).
+    #[arg(long, value_enum, default_value_t = IssueArg::Auto, value_name = "MODE")]
+    issue: IssueArg,
+    /// SCHED_FIFO priority (1-99) of the gate thread and the threads that carry arrival and
+    /// launch edges to it; 0 keeps them on the normal scheduler. Under EEVDF a woken normal
+    /// thread can wait ~4 ms for a busy CPU, which would land on an online request.
+    #[arg(long, default_value_t = 10, value_name = "PRIORITY",
+          value_parser = clap::value_parser!(u8).range(0..=99))]
+    realtime_priority: u8,
+    /// While offline runs, the gate thread spins on the arrival program's counters and its
+    /// inputs instead of sleeping, at the cost of one CPU then (it runs on the normal
+    /// scheduler). For hosts where waking an idle CPU takes milliseconds (VMs whose vCPUs
+    /// halt): there a sleeping thread can miss the request's first kernel.
+    #[arg(long, conflicts_with = "no_arrivals")]
+    arrival_busy_poll: bool,
+    /// Offline (preemptible) processes by pid; they must have started after the daemon.
+    #[arg(long, value_delimiter = ',', value_name = "PID")]
+    offline: Vec<u32>,
+    /// Offline processes by label (VALVE_LABEL in their environment).
+    #[arg(long, value_name = "LABEL")]
+    offline_label: Option<String>,
+    /// The shortest cooldown before offline is resumed.
+    #[arg(long, value_parser = parse_duration, default_value = "1ms", value_name = "DURATION")]
+    cooldown_floor: Duration,
+    /// The longest cooldown; also the one used until a first online request has been seen
+    /// to end, and gaps this long count as "between requests".
+    #[arg(long, value_parser = parse_duration, default_value = "200ms", value_name = "DURATION")]
+    cooldown_ceiling: Duration,
+    /// Cooldown = this factor x the longest recent gap between online iterations.
+    #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
+    gap_factor: f64,
+    /// How long a gap between online iterations counts as recent: a rare long host pause
+    /// keeps the cooldown above it this long [default: the daemon's gate.gap_memory, else 60s]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    gap_memory: Option<Duration>,
+    /// Use this cooldown instead of learning it (0ms: preempt on every burst of launches
+    /// and resume at once; for comparison, it hurts online latency).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    fixed_cooldown: Option<Duration>,
+    /// Hold offline frozen past the cooldown so that arrivals likely soon find it off the
+    /// GPU already, giving up at most this share of online's idle time (e.g. 10%). The hold
+    /// is the longest that would have cost that share over the last 256 gaps between
+    /// requests: with bursty arrivals it catches many at a small cost, with evenly random
+    /// ones about the budget's share. Shown in `gate status` once 8 gaps are seen.
+    #[arg(long, value_parser = parse_percent, value_name = "PERCENT")]
+    hold_budget: Option<f64>,
+}
+
 /// `--issue`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum IssueArg {
@@ -139,23 +151,32 @@ pub enum IssueArg {
 pub fn request(action: &GateCommand) -> Result<Request, CliError> {
     let us = |d: &Duration| d.as_micros() as u64;
     Ok(match action {
-        GateCommand::Start {
-            online,
-            online_label,
-            online_port,
-            no_arrivals,
-            no_waits,
-            issue,
-            realtime_priority,
-            arrival_busy_poll,
-            offline,
-            offline_label,
-            cooldown_floor,
-            cooldown_ceiling,
-            gap_factor,
-            gap_memory,
-            fixed_cooldown,
-        } => {
+        GateCommand::Start(start) => {
+            let StartArgs {
+                online,
+                online_label,
+                online_port,
+                no_arrivals,
+                no_waits,
+                issue,
+                realtime_priority,
+                arrival_busy_poll,
+                offline,
+                offline_label,
+                cooldown_floor,
+                cooldown_ceiling,
+                gap_factor,
+                gap_memory,
+                fixed_cooldown,
+                hold_budget,
+            } = start.as_ref();
+            if hold_budget.is_some() && fixed_cooldown.is_some() {
+                return Err(CliError::Usage(
+                    "--hold-budget adds to the learned cooldown, which --fixed-cooldown replaces: \
+                     drop one of the two"
+                        .into(),
+                ));
+            }
             if online.is_empty() && online_label.is_none() && online_port.is_empty() {
                 return Err(CliError::Usage(
                     "name the online service: --online PID[,PID...], --online-label LABEL or \
@@ -173,7 +194,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                         .into(),
                 ));
             }
-            Request::GateStart(GateSpec {
+            Request::GateStart(Box::new(GateSpec {
                 online: online.clone(),
                 online_label: online_label.clone(),
                 offline: offline.clone(),
@@ -183,6 +204,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                 gap_factor: Some(*gap_factor),
                 gap_memory_ms: gap_memory.map(|d| d.as_millis() as u64),
                 fixed_cooldown_us: fixed_cooldown.as_ref().map(us),
+                hold_budget_pct: *hold_budget,
                 online_ports: online_port.clone(),
                 arrivals: Some(!no_arrivals),
                 waits: Some(!no_waits),
@@ -196,7 +218,7 @@ pub fn request(action: &GateCommand) -> Result<Request, CliError> {
                     }
                     .into(),
                 ),
-            })
+            }))
         }
         GateCommand::Stop => Request::GateStop,
         GateCommand::Status => Request::GateStatus,

@@ -127,6 +127,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             s.scheduling = scheduling;
             s.fast_wakeups = fast_wakeups;
             s.online_probes_attached = true;
+            s.hold_budget_pct = cfg.hold_budget.map(|b| b * 100.0);
         });
         rt
     }
@@ -147,6 +148,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         g.status.preemptions = self.policy.preemptions();
         g.status.arrivals = self.policy.arrivals();
         g.status.cooldown_us = self.policy.cooldown().as_secs_f64() * 1e6;
+        g.status.hold_us = self.policy.hold().as_secs_f64() * 1e6;
+        g.status.hold_gaps = self.policy.idle_gaps();
         g.status.arrival_hold_us = self.policy.arrival_hold().as_secs_f64() * 1e6;
     }
 

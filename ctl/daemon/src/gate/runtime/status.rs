@@ -40,8 +40,14 @@ pub struct GateStatus {
     pub offline_channels: usize,
     /// GPUs they use.
     pub offline_gpus: usize,
-    /// The cooldown in force now.
+    /// The cooldown in force now (the hold included).
     pub cooldown_us: f64,
+    /// The part of it that holds offline for arrivals likely soon (`--hold-budget`; 0 without).
+    pub hold_us: f64,
+    /// The share of online's idle time the hold may cost (`--hold-budget`).
+    pub hold_budget_pct: Option<f64>,
+    /// The gaps between requests the hold was chosen over.
+    pub hold_gaps: usize,
     /// How long an arrival holds offline while no launch follows it.
     pub arrival_hold_us: f64,
     /// How the offline GPUs are issued: "serial", "parallel", or "serial (calibrating)".
