@@ -178,11 +178,13 @@ class Valve:
             return None
         return r.stdout
 
-    def gate_start(self, port, arrivals, waits=True, realtime=True, busy_poll=False, fixed_cooldown=None):
+    def gate_start(self, port, arrivals, waits=True, realtime=True, busy_poll=False, fixed_cooldown=None,
+                   hold_budget=None):
         extra = ([] if arrivals else ["--no-arrivals"]) + ([] if waits else ["--no-waits"])
         extra += [] if realtime else ["--realtime-priority", "0"]
         extra += ["--arrival-busy-poll"] if busy_poll else []
         extra += ["--fixed-cooldown", fixed_cooldown] if fixed_cooldown else []
+        extra += ["--hold-budget", f"{hold_budget}%"] if hold_budget else []
         self.call(["gate", "start", "--online-port", str(port), "--offline-label", OFFLINE_LABEL, *extra])
 
     def gate_status(self):
@@ -426,8 +428,21 @@ def prompt_text(model_dir, tokens):
 MODEL_NAME = ["bench"]
 
 
+TRACE_ARRIVALS = {  # --arrivals: sched/data's arrival times of Azure's 2023 LLM inference traces
+    "azure-code": "azure-llm-2023-code-arrivals-first20min.csv",  # bursty (gaps' CV 14.7)
+    "azure-conv": "azure-llm-2023-conv-arrivals-first20min.csv",  # nearly Poisson (CV 1.06)
+}
+TRACE = [None]  # the arrival times replayed, when --arrivals names a trace
+
+
+def trace_path(name):
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sched", "data",
+                        TRACE_ARRIVALS[name])
+
+
 def run_load(url, rate, n, seed, prompt, max_tokens):
-    return asyncio.run(loadgen.run(url, rate, n, seed, prompt, max_tokens, model=MODEL_NAME[0]))
+    return asyncio.run(loadgen.run(url, rate, n, seed, prompt, max_tokens, model=MODEL_NAME[0],
+                                   trace=TRACE[0]))
 
 
 def settle(url, prompt, max_tokens, gap_s):
@@ -452,7 +467,8 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
         if config.startswith("gate"):
             valve.gate_start(a.port, arrivals=config in ARRIVAL_CONFIGS,
                              waits=config != "gate-old", realtime=config != "gate-arrival-normal",
-                             busy_poll=config == "gate-arrival-spin", fixed_cooldown=a.gate_fixed_cooldown)
+                             busy_poll=config == "gate-arrival-spin", fixed_cooldown=a.gate_fixed_cooldown,
+                             hold_budget=a.gate_hold_budget)
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
@@ -804,6 +820,13 @@ def main(argv=None):
                     help="every gate configuration keeps offline frozen this long after online's last launch "
                          "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: issue 29's trade "
                          "of harvest for idle arrivals that find offline already off the GPU")
+    ap.add_argument("--gate-hold-budget", type=float, metavar="PCT",
+                    help="every gate configuration holds offline frozen past the cooldown for arrivals likely "
+                         "soon, giving up at most this share of online's idle time (`gate start --hold-budget`)")
+    ap.add_argument("--arrivals", choices=["poisson", *TRACE_ARRIVALS], default="poisson",
+                    help="request arrival times: Poisson (default), or replayed from Azure's 2023 LLM inference "
+                         "traces at the same mean rate: azure-code (bursty), azure-conv (nearly Poisson); each "
+                         "round replays its own stretch of the trace, every configuration the same ones")
     ap.add_argument("--offline-timeslice-us", type=int, metavar="US",
                     help="offline's own channel groups get this GPU timeslice, set by the job itself through "
                          "libvalve_timeslice.so (LD_PRELOAD; docs/gate.md, candidate 6): the GPU leaves offline "
@@ -841,6 +864,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     a.stamp_first_kernel = stamp_choice(a, ap)
     a.timeslice_lib = timeslice_choice(a, ap)
+    if a.gate_hold_budget is not None and not 0 < a.gate_hold_budget <= 50:
+        ap.error("--gate-hold-budget must be more than 0 and at most 50 (percent of online's idle time)")
+    if a.gate_hold_budget is not None and a.gate_fixed_cooldown:
+        ap.error("--gate-hold-budget adds to the learned cooldown, which --gate-fixed-cooldown replaces: drop one")
+    TRACE[0] = loadgen.load_trace(trace_path(a.arrivals)) if a.arrivals != "poisson" else None
     a.loads = [float(x) for x in a.loads.split(",")]
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -982,7 +1010,10 @@ def main(argv=None):
                        + (f" (mean of {fmt(rate_start)} before the runs and {fmt(rate_end)} after: moved {100 * moved:.1f}%)"
                           if moved is not None else ""),
             "service time alone (s)": f"{s:.4f}",
-            "gate cooldown": f"fixed at {a.gate_fixed_cooldown}" if a.gate_fixed_cooldown else "learned (the default)",
+            "gate cooldown": (f"fixed at {a.gate_fixed_cooldown}" if a.gate_fixed_cooldown else "learned (the default)")
+                             + (f", hold budget {a.gate_hold_budget:g}% of idle time" if a.gate_hold_budget else ""),
+            "arrivals": ("Poisson" if a.arrivals == "poisson" else
+                         f"{a.arrivals} ({TRACE_ARRIVALS[a.arrivals]}, scaled to each load's rate)"),
             "offline TSG timeslice": (f"{a.offline_timeslice_us} us asked (libvalve_timeslice.so): "
                                       + ("; ".join(timeslice_lines(off.log_path)) or "no channel group reported")
                                       if a.offline_timeslice_us is not None else "the driver's default"),

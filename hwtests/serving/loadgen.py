@@ -1,4 +1,5 @@
-"""An open-loop load generator for streaming completions: Poisson arrivals (fixed seed), over HTTP
+"""An open-loop load generator for streaming completions: Poisson arrivals (fixed seed) or a real
+trace's (sched/data/azure-llm-2023-*-arrivals-first20min.csv, scaled to the rate), over HTTP
 (OpenAI-style, aiohttp) or over rawserver.py's plain TCP protocol (a `raw://host:port` url).
 
 It records per request the send time, the first streamed token (TTFT), the end, the token count and
@@ -21,14 +22,45 @@ import urllib.parse
 import rawserver
 
 
-def arrivals(rate, n, seed):
-    """Offsets (s) of n Poisson arrivals at `rate` per second."""
+def arrivals(rate, n, seed, trace=None):
+    """Offsets (s) of n arrivals at `rate` per second on average: Poisson, or n consecutive ones of
+    `trace` (sorted arrival times, s) from a place the seed picks, time stretched by the trace's
+    mean rate over `rate` (its bursts and lulls kept as they are)."""
+    if trace:
+        return trace_window(trace, rate, n, seed)
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
         out.append(t)
     return out
+
+
+def trace_window(trace, rate, n, seed):
+    """n consecutive arrivals of `trace` starting after arrival `seed` (mod its length, wrapping
+    around with the trace shifted by its span), from the arrival before them, scaled to `rate`."""
+    if len(trace) < 2:
+        raise ValueError("a trace needs at least two arrivals")
+    span = trace[-1] - trace[0]
+    scale = (len(trace) - 1) / span / rate
+    first = seed % (len(trace) - 1)
+
+    def at(i):  # arrival i of the trace repeated end to end
+        laps, k = divmod(i, len(trace) - 1)
+        return trace[k] + laps * span
+
+    return [(at(first + 1 + i) - at(first)) * scale for i in range(n)]
+
+
+def load_trace(path):
+    """Arrival times (s) from a CSV with an offset_us column (sched/data's arrivals files)."""
+    import csv
+
+    with open(path) as f:
+        times = sorted(int(r["offset_us"]) / 1e6 for r in csv.DictReader(f))
+    if len(times) < 2:
+        raise ValueError(f"{path}: fewer than two arrivals")
+    return times
 
 
 async def one(session, url, body, rec, state):
@@ -81,9 +113,10 @@ async def open_loop(offsets, recs, start_ns, send):
     await asyncio.gather(*tasks)
 
 
-async def run(url, rate, n, seed, prompt, max_tokens, start_ns=None, model="bench"):
-    """Sends n requests at Poisson times from start_ns (default: now); returns their records."""
-    offsets = arrivals(rate, n, seed)
+async def run(url, rate, n, seed, prompt, max_tokens, start_ns=None, model="bench", trace=None):
+    """Sends n requests at Poisson times (or `trace`'s, see arrivals) from start_ns (default: now);
+    returns their records."""
+    offsets = arrivals(rate, n, seed, trace)
     state = {"in_flight": 0}
     recs = [{"i": i, "tokens": 0, "error": None} for i in range(n)]
     if url.startswith("raw://"):

@@ -84,6 +84,18 @@ class GateStart(unittest.TestCase):
         v.gate_start(8123, arrivals=True, **k)
         return calls[0]
 
+    def test_a_hold_budget_goes_to_gate_start_as_a_percentage(self):
+        self.assertNotIn("--hold-budget", self.started_with())
+        args = self.started_with(hold_budget=7.5)
+        self.assertEqual(args[args.index("--hold-budget") + 1], "7.5%")
+
+    def test_a_hold_budget_out_of_range_or_with_a_fixed_cooldown_is_refused_first(self):
+        for bad in (["--gate-hold-budget", "0"], ["--gate-hold-budget", "60"],
+                    ["--gate-hold-budget", "10", "--gate-fixed-cooldown", "200ms"]):
+            with tempfile.TemporaryDirectory() as out, self.assertRaises(SystemExit) as e:
+                bench.main([*bad, "--dry-run", "--out", out])
+            self.assertEqual(e.exception.code, 2, bad)
+
     def test_a_fixed_cooldown_goes_to_gate_start_and_none_leaves_the_cooldown_learned(self):
         self.assertNotIn("--fixed-cooldown", self.started_with())
         args = self.started_with(fixed_cooldown="200ms")
@@ -335,3 +347,34 @@ class HostPathReport(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TraceArrivals(unittest.TestCase):
+    def test_a_window_keeps_the_trace_s_gaps_scaled_to_the_rate(self):
+        import loadgen
+        trace = [0.0, 0.01, 0.02, 1.0, 1.01, 3.0]  # 5 gaps over 3 s: 1.67 a second
+        got = loadgen.arrivals(0.5, 5, 0, trace)  # a third as fast: time stretched 3.33x
+        scale = (5 / 3.0) / 0.5
+        self.assertEqual(len(got), 5)
+        for want, have in zip([0.01, 0.02, 1.0, 1.01, 3.0], got):
+            self.assertAlmostEqual(have, want * scale)
+        # Another seed starts elsewhere and wraps around the end with the trace shifted by its span.
+        wrapped = loadgen.arrivals(0.5, 3, 4, trace)
+        self.assertEqual(len(wrapped), 3)
+        for want, have in zip([3.0 - 1.01, 3.01 - 1.01, 3.02 - 1.01], wrapped):
+            self.assertAlmostEqual(have, want * scale)
+        self.assertTrue(all(b > a for a, b in zip(wrapped, wrapped[1:])))
+        with self.assertRaises(ValueError):
+            loadgen.arrivals(1.0, 3, 0, [5.0])
+
+    def test_the_committed_traces_load_and_differ_in_burstiness(self):
+        import loadgen
+
+        def cv(path):
+            t = loadgen.load_trace(path)
+            gaps = [b - a for a, b in zip(t, t[1:])]
+            mean = sum(gaps) / len(gaps)
+            return (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+
+        self.assertGreater(cv(bench.trace_path("azure-code")), 5)
+        self.assertLess(cv(bench.trace_path("azure-conv")), 1.5)

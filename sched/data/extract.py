@@ -5,7 +5,9 @@ Standard library only.  Two sub-commands:
 
   azure    Bin an Azure LLM inference trace (TIMESTAMP,ContextTokens,
            GeneratedTokens; one row per request) into per-minute sums over
-           the whole trace and per-second sums over its busiest hour.
+           the whole trace and per-second sums over its busiest hour, and
+           keep the arrival times (only) of its first minutes, to the
+           microsecond, for replaying arrivals.
 
   alibaba  Summarise the node list and the pod mix (counts and lifetime
            quantiles per QoS and GPU class) of Alibaba's
@@ -76,6 +78,13 @@ class SecondParser:
         return base + int(text[14:16]) * 60 + int(text[17:19]) - offset
 
 
+def fraction_us(text):
+    """The sub-second part of a trace timestamp in whole microseconds (digits past the sixth
+    dropped; none: 0). Added to SecondParser's whole second, it gives the arrival to the us."""
+    match = re.match(r"[^.]*\.(\d+)", text.strip())
+    return int((match.group(1) + "000000")[:6]) if match else 0
+
+
 def iso(unix_seconds):
     return datetime.fromtimestamp(unix_seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -92,6 +101,7 @@ def cmd_azure(args):
     parse = SecondParser()
     # Sums keyed by absolute Unix second: [requests, context, generated].
     per_sec = defaultdict(lambda: [0, 0, 0])
+    arrivals_us = []
     n_rows = 0
     with open_text(args.trace) as fh:
         reader = csv.reader(fh)
@@ -101,7 +111,9 @@ def cmd_azure(args):
         for row in reader:
             if not row:
                 continue
-            cell = per_sec[parse(row[0])]
+            second = parse(row[0])
+            arrivals_us.append(second * 1_000_000 + fraction_us(row[0]))
+            cell = per_sec[second]
             cell[0] += 1
             cell[1] += int(row[1])
             cell[2] += int(row[2])
@@ -151,6 +163,11 @@ def cmd_azure(args):
                ([s] + list(per_sec.get(h_start + s, zero)) for s in range(h_len)))
     print(f"  per-second window: hour {busy} from {iso(h_start)}, {h_len} s, "
           f"{sum(per_sec.get(h_start + s, zero)[0] for s in range(h_len))} requests")
+    # Arrival times alone (no token counts) over the first minutes, from the first request.
+    arrivals_us.sort()
+    first, until = arrivals_us[0], arrivals_us[0] + args.arrival_minutes * 60_000_000
+    write_rows(os.path.join(args.outdir, f"{stem}-arrivals-first{args.arrival_minutes}min.csv"),
+               ["offset_us"], ([t - first] for t in arrivals_us if t < until))
 
 
 def cmd_alibaba(args):
@@ -203,6 +220,8 @@ def main():
     az.add_argument("--hour", type=int, default=None,
                     help="hour index (from trace start) for the per-second file; "
                          "default: the busiest whole hour")
+    az.add_argument("--arrival-minutes", type=int, default=20,
+                    help="minutes of arrival times (from the first request) to keep, to the us")
     az.add_argument("--outdir", default=os.path.dirname(os.path.abspath(__file__)))
     az.set_defaults(func=cmd_azure)
 

@@ -1,0 +1,247 @@
+//! What the gate's hold (`gate start --hold-budget`) catches and costs on replayed arrivals: the
+//! real `GatePolicy`, fed by a simulated server that serves requests one at a time.
+//!
+//! Each request launches a prefill 0.15 ms after its service starts and then `--steps` decode
+//! steps spread over `--service-ms`, each followed by a wait for the GPU 0.1 ms later (as the
+//! graph server does). Ticks come every 0.5 ms. An idle arrival is one that finds no request in
+//! service; it is caught when offline is already frozen then. Harvest is the share of the
+//! server's idle time in which offline ran.
+//!
+//!     cargo run --release -p valve-daemon --example gate_hold -- \
+//!         sched/data/azure-llm-2023-code-arrivals-first20min.csv --rate 1.01
+//!     cargo run --release -p valve-daemon --example gate_hold -- poisson --rate 1.01
+
+use std::time::Duration;
+
+use valve_daemon::gate::policy::{Action, GateConfig, GatePolicy};
+
+const MS: u64 = 1_000_000;
+const US: u64 = 1_000;
+const TICK: u64 = 500 * US;
+
+struct Args {
+    source: String,
+    rate: f64,
+    service_ns: u64,
+    steps: u64,
+    budgets: Vec<f64>,
+    fixed_ms: Vec<u64>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: gate_hold (ARRIVALS.csv | poisson) [--rate PER_S] [--service-ms MS] [--steps N] \
+         [--budgets PCT,...] [--fixed-ms MS,...]\n  ARRIVALS.csv: one column offset_us \
+         (sched/data/azure-llm-2023-*-arrivals-first20min.csv)"
+    );
+    std::process::exit(2)
+}
+
+fn list<T: std::str::FromStr>(text: &str) -> Vec<T> {
+    text.split(',')
+        .map(|x| x.trim().parse().unwrap_or_else(|_| usage()))
+        .collect()
+}
+
+fn parse_args() -> Args {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        source: it.next().unwrap_or_else(|| usage()),
+        rate: 1.01,
+        service_ns: 353_500 * US,
+        steps: 64,
+        budgets: vec![0.0, 5.0, 10.0, 20.0],
+        fixed_ms: vec![50, 200, 500],
+    };
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--rate" => a.rate = value.parse().unwrap_or_else(|_| usage()),
+            "--service-ms" => {
+                a.service_ns = (value.parse::<f64>().unwrap_or_else(|_| usage()) * 1e6) as u64
+            }
+            "--steps" => a.steps = value.parse().unwrap_or_else(|_| usage()),
+            "--budgets" => a.budgets = list(&value),
+            "--fixed-ms" => a.fixed_ms = list(&value),
+            _ => usage(),
+        }
+    }
+    a
+}
+
+/// Arrival times (ns), scaled so that they come at `rate` a second on average.
+fn arrivals(a: &Args) -> Vec<u64> {
+    let offsets: Vec<f64> = if a.source == "poisson" {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut t = 0.0;
+        (0..4000)
+            .map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                t += -(((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64).ln();
+                t
+            })
+            .collect()
+    } else {
+        let text = std::fs::read_to_string(&a.source).unwrap_or_else(|e| {
+            eprintln!("gate_hold: {}: {e}", a.source);
+            std::process::exit(2)
+        });
+        text.lines()
+            .skip(1)
+            .filter_map(|l| l.trim().parse::<f64>().ok())
+            .map(|us| us / 1e6)
+            .collect()
+    };
+    let span = offsets.last().copied().unwrap_or(0.0) - offsets[0];
+    // Time is stretched (or squeezed) by the trace's own rate over the one asked for.
+    let scale = (offsets.len() - 1).max(1) as f64 / span / a.rate;
+    offsets
+        .iter()
+        .map(|t| ((t - offsets[0]) * scale * 1e9) as u64 + MS)
+        .collect()
+}
+
+/// What happens at an instant; at equal times in this order (a request ends before the next
+/// one, queued behind it, starts).
+#[derive(Clone, Copy, PartialEq, PartialOrd)]
+enum Kind {
+    Arrival,
+    End,
+    Start,
+    Launch,
+    WaitEnd,
+}
+
+/// The events of a FIFO server serving every request for `service_ns`.
+fn events(arrivals: &[u64], a: &Args) -> Vec<(u64, Kind)> {
+    let mut out = Vec::new();
+    let mut free = 0;
+    for &t in arrivals {
+        out.push((t, Kind::Arrival));
+        let start = t.max(free);
+        let end = start + a.service_ns;
+        out.push((start, Kind::Start));
+        let step = (a.service_ns - 150 * US) / a.steps.max(1);
+        for k in 0..=a.steps {
+            let launch = start + 150 * US + k * step;
+            out.push((launch, Kind::Launch));
+            out.push((launch + 100 * US, Kind::WaitEnd));
+        }
+        out.push((end, Kind::End));
+        free = end;
+    }
+    out.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    out
+}
+
+#[derive(Default)]
+struct Outcome {
+    idle_arrivals: u64,
+    caught: u64,
+    idle_ns: u64,
+    offline_in_idle_ns: u64,
+    preemptions: u64,
+    hold: Duration,
+    cooldown: Duration,
+}
+
+fn run(events: &[(u64, Kind)], cfg: GateConfig) -> Outcome {
+    let mut g = GatePolicy::new(cfg);
+    let mut o = Outcome::default();
+    let (mut running, mut busy, mut now) = (true, false, 0u64);
+    let apply = |action: Option<Action>, running: &mut bool| match action {
+        Some(Action::Preempt) => *running = false,
+        Some(Action::Resume) => *running = true,
+        None => {}
+    };
+    for &(t, kind) in events {
+        // Ticks up to the event, counting offline's time while the server is idle.
+        while now < t {
+            let next = (now / TICK + 1) * TICK;
+            let until = next.min(t);
+            if !busy {
+                o.idle_ns += until - now;
+                o.offline_in_idle_ns += if running { until - now } else { 0 };
+            }
+            now = until;
+            if now == next {
+                apply(g.on_tick(now), &mut running);
+            }
+        }
+        match kind {
+            Kind::Arrival => {
+                if !busy {
+                    o.idle_arrivals += 1;
+                    o.caught += u64::from(!running);
+                }
+                apply(g.on_arrival(t), &mut running);
+            }
+            Kind::Start => busy = true,
+            Kind::Launch => apply(g.on_launch(t), &mut running),
+            Kind::WaitEnd => g.saw_wait_end(t),
+            Kind::End => busy = false,
+        }
+    }
+    o.preemptions = g.preemptions();
+    o.hold = g.hold();
+    o.cooldown = g.learned_cooldown();
+    o
+}
+
+fn main() {
+    let a = parse_args();
+    let arrivals = arrivals(&a);
+    let events = events(&arrivals, &a);
+    let span_s = *arrivals.last().unwrap() as f64 / 1e9;
+    println!(
+        "{}: {} requests over {:.0} s ({:.2}/s), service {:.1} ms in {} steps",
+        a.source,
+        arrivals.len(),
+        span_s,
+        arrivals.len() as f64 / span_s,
+        a.service_ns as f64 / 1e6,
+        a.steps
+    );
+    println!("| gate | idle arrivals | caught (offline already off) | harvest (offline ran in idle time) | preemptions | learned cooldown / hold at the end |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let mut rows: Vec<(String, GateConfig)> = a
+        .budgets
+        .iter()
+        .map(|&pct| {
+            let name = if pct == 0.0 {
+                "learned cooldown".to_string()
+            } else {
+                format!("hold budget {pct}%")
+            };
+            let budget = (pct > 0.0).then_some(pct / 100.0);
+            (
+                name,
+                GateConfig {
+                    hold_budget: budget,
+                    ..GateConfig::default()
+                },
+            )
+        })
+        .collect();
+    rows.extend(a.fixed_ms.iter().map(|&ms| {
+        (
+            format!("fixed cooldown {ms} ms"),
+            GateConfig {
+                fixed_cooldown: Some(Duration::from_millis(ms)),
+                ..GateConfig::default()
+            },
+        )
+    }));
+    for (name, cfg) in rows {
+        let o = run(&events, cfg);
+        println!(
+            "| {name} | {} | {:.1}% | {:.1}% | {} | {:.1} / {:.0} ms |",
+            o.idle_arrivals,
+            100.0 * o.caught as f64 / o.idle_arrivals.max(1) as f64,
+            100.0 * o.offline_in_idle_ns as f64 / o.idle_ns.max(1) as f64,
+            o.preemptions,
+            o.cooldown.as_secs_f64() * 1e3,
+            o.hold.as_secs_f64() * 1e3
+        );
+    }
+}
