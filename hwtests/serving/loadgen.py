@@ -24,8 +24,8 @@ import rawserver
 
 def arrivals(rate, n, seed, trace=None):
     """Offsets (s) of n arrivals at `rate` per second on average: Poisson, or n consecutive ones of
-    `trace` (sorted arrival times, s) from a place the seed picks, time stretched by the trace's
-    mean rate over `rate` (its bursts and lulls kept as they are)."""
+    `trace` (sorted arrival times, s) from a place the seed picks, their times scaled so that the
+    n take n / rate seconds (the bursts and lulls inside them kept in proportion)."""
     if trace:
         return trace_window(trace, rate, n, seed)
     rng = random.Random(seed)
@@ -38,17 +38,22 @@ def arrivals(rate, n, seed, trace=None):
 
 def trace_window(trace, rate, n, seed):
     """n consecutive arrivals of `trace` starting after arrival `seed` (mod its length, wrapping
-    around with the trace shifted by its span), from the arrival before them, scaled to `rate`."""
+    around with the trace shifted by its span), timed from the arrival before them and scaled so
+    that the last comes at n / rate s. Scaled by the window's own rate, not the trace's: a bursty
+    trace's windows of n requests span from seconds to hours, and a run must end."""
     if len(trace) < 2:
         raise ValueError("a trace needs at least two arrivals")
     span = trace[-1] - trace[0]
-    scale = (len(trace) - 1) / span / rate
     first = seed % (len(trace) - 1)
 
     def at(i):  # arrival i of the trace repeated end to end
         laps, k = divmod(i, len(trace) - 1)
         return trace[k] + laps * span
 
+    length = at(first + n) - at(first)
+    if length <= 0:
+        raise ValueError(f"{n} arrivals from {first} of the trace come at one instant")
+    scale = n / rate / length
     return [(at(first + 1 + i) - at(first)) * scale for i in range(n)]
 
 

@@ -350,22 +350,29 @@ if __name__ == "__main__":
 
 
 class TraceArrivals(unittest.TestCase):
-    def test_a_window_keeps_the_trace_s_gaps_scaled_to_the_rate(self):
+    def test_a_window_keeps_the_trace_s_gaps_in_proportion_at_the_rate(self):
         import loadgen
-        trace = [0.0, 0.01, 0.02, 1.0, 1.01, 3.0]  # 5 gaps over 3 s: 1.67 a second
-        got = loadgen.arrivals(0.5, 5, 0, trace)  # a third as fast: time stretched 3.33x
-        scale = (5 / 3.0) / 0.5
+        trace = [0.0, 0.01, 0.02, 1.0, 1.01, 3.0]
+        got = loadgen.arrivals(0.5, 5, 0, trace)  # 5 arrivals over 3 s, replayed over 10 s
         self.assertEqual(len(got), 5)
         for want, have in zip([0.01, 0.02, 1.0, 1.01, 3.0], got):
-            self.assertAlmostEqual(have, want * scale)
+            self.assertAlmostEqual(have, want * 10 / 3.0)
         # Another seed starts elsewhere and wraps around the end with the trace shifted by its span.
-        wrapped = loadgen.arrivals(0.5, 3, 4, trace)
-        self.assertEqual(len(wrapped), 3)
+        wrapped = loadgen.arrivals(0.5, 3, 4, trace)  # 3 arrivals over 2.01 s, replayed over 6 s
         for want, have in zip([3.0 - 1.01, 3.01 - 1.01, 3.02 - 1.01], wrapped):
-            self.assertAlmostEqual(have, want * scale)
+            self.assertAlmostEqual(have, want * 6 / 2.01)
         self.assertTrue(all(b > a for a, b in zip(wrapped, wrapped[1:])))
         with self.assertRaises(ValueError):
             loadgen.arrivals(1.0, 3, 0, [5.0])
+        with self.assertRaises(ValueError):
+            loadgen.arrivals(1.0, 1, 0, [1.0, 1.0, 2.0])
+
+    def test_every_window_of_the_code_trace_ends_when_the_rate_says(self):
+        import loadgen
+        trace = loadgen.load_trace(bench.trace_path("azure-code"))
+        for seed in (10, 30, 1010, 2010):
+            got = loadgen.arrivals(0.283, 57, seed, trace)
+            self.assertAlmostEqual(got[-1], 57 / 0.283)
 
     def test_the_committed_traces_load_and_differ_in_burstiness(self):
         import loadgen
