@@ -30,6 +30,14 @@ static void allocs(void) {
   expect("a control is not", !valve_rm_alloc(_IOWR('F', 0x2A, struct nvos64), &tsg, &a));
   expect("another ioctl type is not", !valve_rm_alloc(_IOWR('T', 0x2B, struct nvos64), &tsg, &a));
   expect("an odd size is not", !valve_rm_alloc(_IOWR('F', 0x2B, int), &tsg, &a));
+  struct nvos64 compute = {0xc1d00002, 0x5c000011, 0x5c000012, 0xcbc0, 0, 0, 0, 0, 0, 0};
+  uint32_t status = 7;
+  expect("a compute alloc is read before the call (its status still unset by RM)",
+         valve_rm_alloc_args(_IOWR('F', 0x2B, struct nvos64), &compute, &a, &status) && status == 0 &&
+             a.parent == 0x5c000011 && valve_is_compute_class(a.cls));
+  compute.status = 0x1f;
+  expect("and its status given as it is",
+         valve_rm_alloc_args(_IOWR('F', 0x2B, struct nvos64), &compute, &a, &status) && status == 0x1f);
 }
 
 static void controls(void) {

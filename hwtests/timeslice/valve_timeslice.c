@@ -5,9 +5,9 @@
  *   asked and the resulting timeslice, RM's status. Where RM refuses it at the group's allocation
  *   (perhaps wanting the group populated), it is tried again at the group's next few child
  *   allocations (its context share, its channels).
- * - VALVE_COMPUTE_PREEMPT=report|wfi|cta|cilp: after each compute object (the channel's GR context
- *   then exists), the channel's compute preemption mode is read back (NV2080_CTRL_CMD_GR_GET_CTXSW_MODES),
- *   after setting it first unless "report". One line on stderr per channel. */
+ * - VALVE_COMPUTE_PREEMPT=report|wfi|cta|cilp: the mode is set on a channel just before a compute
+ *   object is allocated under it (unless "report"), and read back after it (the GR context then
+ *   exists; NV2080_CTRL_CMD_GR_GET_CTXSW_MODES). One line on stderr per channel. */
 #define _GNU_SOURCE
 #include "valve_timeslice.h"
 
@@ -21,21 +21,25 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *out) {
+int valve_rm_alloc_args(unsigned long request, const void *arg, struct valve_alloc *out, uint32_t *status) {
   if (arg == NULL || _IOC_TYPE(request) != 'F' || _IOC_NR(request) != VALVE_ESC_RM_ALLOC) return 0;
-  uint32_t status;
   if (_IOC_SIZE(request) == sizeof(struct nvos64)) {
     const struct nvos64 *a = arg;
     *out = (struct valve_alloc){a->h_root, a->h_parent, a->h_new, a->h_class};
-    status = a->status;
+    *status = a->status;
   } else if (_IOC_SIZE(request) == sizeof(struct nvos21)) {
     const struct nvos21 *a = arg;
     *out = (struct valve_alloc){a->h_root, a->h_parent, a->h_new, a->h_class};
-    status = a->status;
+    *status = a->status;
   } else {
     return 0;
   }
-  return status == 0;
+  return 1;
+}
+
+int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *out) {
+  uint32_t status;
+  return valve_rm_alloc_args(request, arg, out, &status) && status == 0;
 }
 
 void valve_control(struct nvos54 *ctl, uint32_t client, uint32_t object, uint32_t cmd, void *params,
@@ -158,9 +162,31 @@ static int set_timeslice(int fd, uint32_t client, uint32_t tsg, const char *when
   return took;
 }
 
-/* After a compute object under channel a->parent: sets the channel's compute preemption mode where
- * asked, then reads it back through the client's subdevice; one line on stderr. */
-static void compute_preempt(int fd, const struct valve_alloc *a) {
+/* Before a compute object is allocated under channel a->parent: sets the channel's compute
+ * preemption mode (RM applies the mode when it sets the GR context up, so it is asked before, as
+ * NVIDIA's own CILP test does), through the client's subdevice. What happened goes in `said`. */
+static void set_before_compute(int fd, const struct valve_alloc *a, char *said, size_t size) {
+  pthread_mutex_lock(&pending_mu);
+  uint32_t sub = valve_subdevice_of(&subdevices, a->client);
+  pthread_mutex_unlock(&pending_mu);
+  if (sub == 0) {
+    snprintf(said, size, "not set: no subdevice of this client seen");
+    return;
+  }
+  struct valve_set_preemption_mode set = {.flags = VALVE_PREEMPT_FLAGS_CILP_SET, .h_channel = a->parent,
+                                          .cilp_preempt_mode = (uint32_t)preempt_mode};
+  struct nvos54 ctl;
+  valve_control(&ctl, a->client, sub, VALVE_CMD_SET_CTXSW_PREEMPTION_MODE, &set, sizeof set);
+  int r = real_ioctl(fd, _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54), &ctl);
+  snprintf(said, size, "asked %s before the compute object, status 0x%x (ioctl %d)",
+           valve_compute_mode_name((uint32_t)preempt_mode), ctl.status, r);
+}
+
+/* After a compute object under channel a->parent: reads the channel's compute preemption mode back
+ * through the client's subdevice; one line on stderr with what set_before_compute said. Where one
+ * client drives several GPUs, only its first subdevice is known, and RM refuses the others' channels
+ * (the line says so). */
+static void compute_preempt(int fd, const struct valve_alloc *a, const char *said) {
   pthread_mutex_lock(&pending_mu);
   uint32_t sub = valve_subdevice_of(&subdevices, a->client);
   pthread_mutex_unlock(&pending_mu);
@@ -169,27 +195,17 @@ static void compute_preempt(int fd, const struct valve_alloc *a) {
             (int)getpid(), a->client, a->parent);
     return;
   }
-  unsigned long ctl_req = _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54);
-  struct nvos54 ctl;
-  char asked[80] = "read only";
-  if (preempt_mode >= 0 && preempt_mode <= 2) {
-    struct valve_set_preemption_mode set = {.flags = VALVE_PREEMPT_FLAGS_CILP_SET, .h_channel = a->parent,
-                                            .cilp_preempt_mode = (uint32_t)preempt_mode};
-    valve_control(&ctl, a->client, sub, VALVE_CMD_SET_CTXSW_PREEMPTION_MODE, &set, sizeof set);
-    int r = real_ioctl(fd, ctl_req, &ctl);
-    snprintf(asked, sizeof asked, "asked %s, status 0x%x (ioctl %d)",
-             valve_compute_mode_name((uint32_t)preempt_mode), ctl.status, r);
-  }
   struct valve_get_ctxsw_modes get = {.h_channel = a->parent};
+  struct nvos54 ctl;
   valve_control(&ctl, a->client, sub, VALVE_CMD_GET_CTXSW_MODES, &get, sizeof get);
-  int r = real_ioctl(fd, ctl_req, &ctl);
+  int r = real_ioctl(fd, _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54), &ctl);
   if (r == 0 && ctl.status == 0)
     fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; now compute %s (%u), graphics %u\n",
-            (int)getpid(), a->client, a->parent, a->cls, asked, valve_compute_mode_name(get.cilp_preempt_mode),
+            (int)getpid(), a->client, a->parent, a->cls, said, valve_compute_mode_name(get.cilp_preempt_mode),
             get.cilp_preempt_mode, get.gfxp_preempt_mode);
   else
     fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; read refused: status 0x%x (ioctl %d)\n",
-            (int)getpid(), a->client, a->parent, a->cls, asked, ctl.status, r);
+            (int)getpid(), a->client, a->parent, a->cls, said, ctl.status, r);
 }
 
 /* The timeslice's part of after_alloc. */
@@ -216,14 +232,14 @@ static void timeslice_after_alloc(int fd, const struct valve_alloc *a) {
 /* After a successful RM_ALLOC: a subdevice is remembered, a compute object gets its channel's
  * preemption mode read (and set), a new TSG gets the timeslice, and a child of a TSG that RM refused
  * at its allocation gets another try. */
-static void after_alloc(int fd, const struct valve_alloc *a) {
+static void after_alloc(int fd, const struct valve_alloc *a, const char *said) {
   if (a->cls == VALVE_CLASS_SUBDEVICE) {
     pthread_mutex_lock(&pending_mu);
     valve_subdevice_add(&subdevices, a->client, a->object);
     pthread_mutex_unlock(&pending_mu);
     return;
   }
-  if (preempt_mode != VALVE_PREEMPT_OFF && valve_is_compute_class(a->cls)) compute_preempt(fd, a);
+  if (preempt_mode != VALVE_PREEMPT_OFF && valve_is_compute_class(a->cls)) compute_preempt(fd, a, said);
   if (want_us != 0) timeslice_after_alloc(fd, a);
 }
 
@@ -237,11 +253,19 @@ int ioctl(int fd, unsigned long request, ...) {
     errno = ENOSYS;
     return -1;
   }
-  int ret = real_ioctl(fd, request, arg);
+  char said[96] = "read only";
   struct valve_alloc a;
+  uint32_t status;
+  if (preempt_mode >= 0 && preempt_mode <= 2 && valve_rm_alloc_args(request, arg, &a, &status) &&
+      valve_is_compute_class(a.cls)) {
+    int saved = errno;
+    set_before_compute(fd, &a, said, sizeof said);
+    errno = saved;
+  }
+  int ret = real_ioctl(fd, request, arg);
   if (ret == 0 && (want_us != 0 || preempt_mode != VALVE_PREEMPT_OFF) && valve_rm_alloc(request, arg, &a)) {
     int saved = errno;
-    after_alloc(fd, &a);
+    after_alloc(fd, &a, said);
     errno = saved;
   }
   return ret;

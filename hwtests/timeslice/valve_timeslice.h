@@ -17,8 +17,10 @@ struct valve_alloc {
 #define VALVE_PENDING_MAX 64                    /* TSGs whose first SET_TIMESLICE RM refused, retried */
 #define VALVE_TRIES_MAX 4                       /* ... at their next few child allocations */
 
-/* Whether `request` with `arg` (after the call) was a successful RM_ALLOC (NVOS21 or NVOS64); if
- * so, fills `out`. */
+/* Whether `request` with `arg` is an RM_ALLOC (NVOS21 or NVOS64); if so, fills `out` and its status
+ * (read before the call too: the handles and class are the caller's). */
+int valve_rm_alloc_args(unsigned long request, const void *arg, struct valve_alloc *out, uint32_t *status);
+/* Whether `request` with `arg` (after the call) was a successful RM_ALLOC; if so, fills `out`. */
 int valve_rm_alloc(unsigned long request, const void *arg, struct valve_alloc *out);
 
 /* The RM_CONTROL `cmd` on channel group `object` of `client`; `params` points at a u64 of us. */

@@ -116,6 +116,11 @@ impl RecentMax {
             .map(|&(_, v)| v)
     }
 
+    /// The largest value kept, however old (what the last push left).
+    fn largest(&self) -> Option<u64> {
+        self.entries.front().map(|&(_, v)| v)
+    }
+
     #[cfg(test)]
     fn clear(&mut self) {
         self.entries.clear();
@@ -303,9 +308,9 @@ impl GatePolicy {
         }
     }
 
-    /// Chooses the hold again where a gap came since (on ticks: sorting the gaps stays off the
-    /// arrival's path).
-    fn refresh_hold(&mut self) {
+    /// Chooses the hold again where a gap came since. The runtime calls it before it reads the
+    /// due time on each tick (sorting the gaps stays off the arrival's path to the disable).
+    pub fn refresh_hold(&mut self) {
         if !std::mem::take(&mut self.hold_stale) {
             return;
         }
@@ -330,7 +335,13 @@ impl GatePolicy {
             .last_launch_ns
             .unwrap_or(0)
             .saturating_sub(self.cfg.gap_memory.as_nanos() as u64);
-        let longest = self.gaps.max_since(since).unwrap_or(0);
+        // After a lull longer than the memory, the last gaps known still stand until the next
+        // request teaches new ones (the floor would resume against its first decode step).
+        let longest = self
+            .gaps
+            .max_since(since)
+            .or_else(|| self.gaps.largest())
+            .unwrap_or(0);
         let ns = (longest as f64 * self.cfg.gap_factor) as u64;
         Duration::from_nanos(ns).clamp(self.cfg.cooldown_floor, self.cfg.cooldown_ceiling)
     }
@@ -366,9 +377,9 @@ impl GatePolicy {
         // A newer arrival: an expired one launched nothing (a health check), so it teaches nothing.
         self.expired_arrival_ns = None;
         self.pending_arrival_ns.get_or_insert(ts_ns);
-        if !self.arrival_in_gap {
-            self.note_request_gap(ts_ns);
-        }
+        // Any arrival past the cooldown (a health check that launched nothing too: the request
+        // after it is noted from it).
+        self.note_request_gap(ts_ns);
         self.arrival_in_gap = true;
         self.saw_activity(ts_ns);
         self.preempt()
@@ -414,12 +425,18 @@ impl GatePolicy {
             // an iteration gap longer than the cooldown looks the same). Once arrivals are seen,
             // a resumed gap without one was inside a request: it is learned, or the cooldown
             // would never grow past it and every such gap would cost a preemption.
-            let between = self.arrival_in_gap || (self.resumed_in_gap && self.arrivals == 0);
+            // With a hold, a gap between requests may end with offline still held (no resume):
+            // one past the learned cooldown is taken to be between requests all the same, or
+            // the cooldown would learn it and grow to the ceiling.
+            let held =
+                self.cfg.hold_budget.is_some() && gap > self.learned_cooldown().as_nanos() as u64;
+            let launches_only = self.arrivals == 0;
+            let between = self.arrival_in_gap || ((self.resumed_in_gap || held) && launches_only);
             if !between && gap < ceiling {
                 let memory = self.cfg.gap_memory.as_nanos() as u64;
                 self.gaps.push(ts_ns, gap, ts_ns.saturating_sub(memory));
             }
-            if between && !self.arrival_in_gap {
+            if between && launches_only {
                 // Without arrivals, a request's first launch ends the gap between requests.
                 self.note_request_gap(ts_ns);
             }
@@ -1148,5 +1165,90 @@ mod tests {
         let (mut g, t) = after_requests(Some(0.5), &[60_000 * MS; 2 * HOLD_MIN_GAPS]);
         g.on_tick(t);
         assert_eq!(g.hold(), HOLD_MAX);
+    }
+
+    #[test]
+    fn without_arrivals_a_held_gap_between_requests_is_not_learned_as_an_iteration_gap() {
+        // Launch edges only: requests of 6 steps 1 ms apart, 30 ms or 3 s apart.
+        let mut g = learned(GateConfig {
+            hold_budget: Some(0.1),
+            ..GateConfig::default()
+        });
+        let mut t = 10 * MS;
+        let mut last = None;
+        for i in 0..40 {
+            for step in 0..6 {
+                g.on_edge(t + step * MS, last.map(|l| t + step * MS - l));
+                last = Some(t + step * MS);
+            }
+            let next = t + 5 * MS + if i % 10 == 9 { 3_000 * MS } else { 30 * MS };
+            let mut now = t + 5 * MS;
+            while now < next {
+                g.on_tick(now);
+                now += 500 * US;
+            }
+            t = next;
+        }
+        // 35 gaps of 28 ms and 3 of 2,998 ms past the cooldown: 10% of them is a hold of 25.6 ms.
+        assert_eq!(g.idle_gaps(), 38 + 1);
+        assert!(g.hold() > Duration::from_millis(25), "hold {:?}", g.hold());
+        assert!(
+            g.learned_cooldown() < Duration::from_millis(5),
+            "the held 30-ms gaps were learned: cooldown {:?}",
+            g.learned_cooldown()
+        );
+    }
+
+    #[test]
+    fn after_a_lull_longer_than_the_gap_memory_the_last_gaps_still_hold_a_request() {
+        let mut g = learned(GateConfig::default());
+        let run = |g: &mut GatePolicy, t: u64| {
+            let mut actions = vec![g.on_arrival(t)];
+            for step in 1..=20 {
+                actions.push(g.on_edge(t + step * 5 * MS, Some(5 * MS)));
+                g.saw_wait_end(t + step * 5 * MS + 100 * US);
+                let mut now = t + step * 5 * MS + 100 * US;
+                while now < t + (step + 1) * 5 * MS {
+                    actions.push(g.on_tick(now));
+                    now += 100 * US;
+                }
+            }
+            actions.into_iter().flatten().collect::<Vec<_>>()
+        };
+        run(&mut g, 10 * MS);
+        let mut now = 200 * MS;
+        while now < 121_000 * MS {
+            g.on_tick(now);
+            now += 10 * MS;
+        }
+        assert_eq!(
+            g.learned_cooldown(),
+            Duration::from_millis(10),
+            "2 x 5 ms, kept"
+        );
+        assert_eq!(
+            run(&mut g, 121_000 * MS),
+            vec![Action::Preempt],
+            "one preemption, no resume inside"
+        );
+    }
+
+    #[test]
+    fn a_health_check_that_launches_nothing_does_not_hide_the_next_request_s_gap() {
+        let (mut g, t) = after_requests(Some(0.1), &[30 * MS; 8]);
+        g.on_tick(t);
+        let before = g.idle_gaps();
+        g.on_arrival(t + 500 * MS); // a health check: no launch follows
+        let mut now = t + 500 * MS;
+        while now < t + 2_000 * MS {
+            g.on_tick(now);
+            now += MS;
+        }
+        g.on_arrival(t + 2_000 * MS); // the next request
+        assert_eq!(
+            g.idle_gaps(),
+            before + 2,
+            "the gap to the check and the one after it"
+        );
     }
 }

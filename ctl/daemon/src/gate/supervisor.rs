@@ -153,8 +153,8 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
         }
         if cfg.fixed_cooldown.is_some() {
             return Err(
-                "--hold-budget adds to the learned cooldown, which --fixed-cooldown \
-                 replaces: drop one of the two"
+                "--hold-budget adds to the learned cooldown, which a fixed cooldown \
+                 (--fixed-cooldown, or the config's gate.fixed_cooldown) replaces: drop one"
                     .into(),
             );
         }

@@ -102,6 +102,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// in this second reading (which pushes the resume out). So no online launch runs beside
     /// resumed offline work without the gate hearing of it, whatever its idle gap.
     pub fn tick(&mut self, now_ns: u64) {
+        // The hold (--hold-budget) first, so that every due time below is the same one.
+        self.policy.refresh_hold();
         // Later activity can only push the due time out, so before it nothing needs reading.
         if !self.resume_due(now_ns) {
             return;
