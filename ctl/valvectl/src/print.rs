@@ -175,14 +175,15 @@ pub fn gate_status(out: &mut dyn Write, v: &serde_json::Value) -> std::io::Resul
     if let Some(budget) = v["hold_budget_pct"].as_f64() {
         writeln!(
             out,
-            "hold for likely arrivals {:.1} ms of it (budget {budget}% of idle time, over {} gaps between requests{})",
+            "hold for likely arrivals {:.1} ms of it (budget {budget}% of idle time, over {} gaps between requests{}); {} arrivals found offline held",
             v["hold_us"].as_f64().unwrap_or(0.0) / 1e3,
             v["hold_gaps"],
             if v["hold_gaps"].as_u64().unwrap_or(0) < valve_daemon::gate::policy::HOLD_MIN_GAPS as u64 {
                 "; none before 8"
             } else {
                 ""
-            }
+            },
+            v["arrivals_held"].as_u64().unwrap_or(0)
         )?;
     }
     writeln!(
@@ -363,11 +364,12 @@ mod tests {
         held["hold_budget_pct"] = serde_json::json!(10.0);
         held["hold_us"] = serde_json::json!(2500.0);
         held["hold_gaps"] = serde_json::json!(40);
+        held["arrivals_held"] = serde_json::json!(31);
         let mut out = Vec::new();
         gate_status(&mut out, &held).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
-            text.contains("hold for likely arrivals 2.5 ms of it (budget 10% of idle time, over 40 gaps between requests)"),
+            text.contains("hold for likely arrivals 2.5 ms of it (budget 10% of idle time, over 40 gaps between requests); 31 arrivals found offline held"),
             "{text}"
         );
         held["hold_gaps"] = serde_json::json!(3);

@@ -283,6 +283,17 @@ impl GatePolicy {
         Duration::from_nanos(self.hold_ns)
     }
 
+    /// Whether an arrival at `ts_ns` finds offline frozen only because of the hold: online has
+    /// been idle past the learned cooldown, and no busy signal pins it.
+    pub fn held_at(&self, ts_ns: u64) -> bool {
+        let cooldown = self.learned_cooldown().as_nanos() as u64;
+        self.preempted
+            && !self.pinned
+            && self
+                .last_launch_ns
+                .is_some_and(|last| ts_ns.saturating_sub(last) > cooldown)
+    }
+
     /// Recent gaps between requests the hold is chosen over.
     pub fn idle_gaps(&self) -> usize {
         self.idle_gaps.len()
@@ -1146,15 +1157,24 @@ mod tests {
             assert_eq!(g.on_tick(now), None, "resumed at {now} inside the hold");
             now += 500 * US;
         }
+        assert!(
+            g.held_at(next),
+            "within the hold, past the learned cooldown"
+        );
         assert_eq!(
             g.on_arrival(next),
             None,
             "an arrival within the hold: offline already off"
         );
+        assert!(
+            !g.held_at(next + MS),
+            "inside the request it started: not the hold's"
+        );
         assert_eq!(g.preemptions(), preemptions + 1);
         // Without a budget: no gaps kept, no hold, every such arrival preempts.
-        let (g, _) = after_requests(None, &gaps);
+        let (g, t) = after_requests(None, &gaps);
         assert_eq!((g.idle_gaps(), g.hold()), (0, Duration::ZERO));
+        assert!(!g.held_at(t), "resumed after the cooldown");
     }
 
     #[test]

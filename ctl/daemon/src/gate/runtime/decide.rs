@@ -60,10 +60,11 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                     e.idle_ns,
                     e.read_ns,
                 );
+                let held = self.policy.held_at(e.ts_ns);
                 if self.policy.on_arrival(e.ts_ns) == Some(Action::Preempt) {
                     self.disable(Cause::Arrival(e.ts_ns));
                 }
-                self.update(|_| {});
+                self.update(|s| s.arrivals_held += u64::from(held));
             }
             GateInput::Busy => {
                 self.trace(TraceKind::Busy, now_ns, 0, 0, 0);

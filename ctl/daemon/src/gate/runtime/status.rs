@@ -25,6 +25,9 @@ pub struct GateStatus {
     pub edges: u64,
     /// Arrival edges (request data on an online port after idling) received.
     pub arrivals: u64,
+    /// Of them, arrivals after online had been idle past the learned cooldown that found
+    /// offline frozen already: the hold (`--hold-budget`) caught them.
+    pub arrivals_held: u64,
     /// Online processes watched.
     pub online_pids: Vec<u32>,
     /// Whether each online process's probes are in: the gate sees its launches only once they
