@@ -37,6 +37,14 @@ class Latencies(unittest.TestCase):
         self.assertIsNone(common.pct([], 50))
 
 
+class CountNoise(unittest.TestCase):
+    def test_a_short_run_s_rate_states_what_counting_alone_moves_it_by(self):
+        self.assertEqual(report.count_noise(6.0, 3.83), "; 23 expected at the target, so +-21% from counting alone")
+        self.assertEqual(report.count_noise(6.0, 10.0), "; 60 expected at the target, so +-13% from counting alone")
+        self.assertEqual(report.count_noise(None, 3.0), "")
+        self.assertEqual(report.count_noise(6.0, None), "")
+
+
 class ReclaimWindows(unittest.TestCase):
     def test_rates_per_window_count_only_grows_that_reclaimed(self):
         # (t, latency, handles, reclaimed): 3 reclaims in the first 120 s, 1 in the second, a no-reclaim grow
