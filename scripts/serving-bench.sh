@@ -16,6 +16,9 @@
 #                             (libvalve_timeslice.so from hwtests/cuda/build.sh, beside the stamp)
 #   --offline-compute-preempt report|wfi|cta|cilp
 #                             the training reads (and sets) its channels' compute preemption mode
+#   --arrivals azure-code|azure-conv
+#                             replay Azure's 2023 arrival times (sched/data) instead of Poisson
+#   --gate-hold-budget PCT    the gate holds offline for likely arrivals (`gate start --hold-budget`)
 #   --loads 0.3,0.7           online busy shares to run
 #   VALVE_BIN=DIR             prebuilt valvectl (default: .carry/bin, else target/release, else cargo)
 # Without an NVIDIA driver it prints SKIP and exits 0. It never loads, unloads or resets anything.
