@@ -345,9 +345,12 @@ mod tests {
             "enable_us": {"p50_us": 400.0, "p99_us": 450.0},
             "edge_to_disable_us": {"p50_us": 700.0, "p99_us": 800.0}, "errors": 0,
             "last_error": null});
-        let mut out = Vec::new();
-        gate_status(&mut out, &v).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let render = |v: &serde_json::Value| {
+            let mut out = Vec::new();
+            gate_status(&mut out, v).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let text = render(&v);
         assert!(text.contains("offline PREEMPTED"), "{text}");
         assert!(
             text.contains("[20,21] (label batch): 40 channel(s) on 2 GPU(s)"),
@@ -365,17 +368,13 @@ mod tests {
         held["hold_us"] = serde_json::json!(2500.0);
         held["hold_gaps"] = serde_json::json!(40);
         held["arrivals_held"] = serde_json::json!(31);
-        let mut out = Vec::new();
-        gate_status(&mut out, &held).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = render(&held);
         assert!(
             text.contains("hold for likely arrivals 2.5 ms of it (budget 10% of idle time, over 40 gaps between requests); 31 arrivals found offline held"),
             "{text}"
         );
         held["hold_gaps"] = serde_json::json!(3);
-        let mut out = Vec::new();
-        gate_status(&mut out, &held).unwrap();
-        assert!(String::from_utf8(out).unwrap().contains("; none before 8)"));
+        assert!(render(&held).contains("; none before 8)"));
         let mut with_arrivals = v.clone();
         with_arrivals["arrivals"] = serde_json::json!(12);
         with_arrivals["online_ports"] = serde_json::json!([8000]);
@@ -387,9 +386,7 @@ mod tests {
             serde_json::json!("gate SCHED_FIFO 10, launch-watch SCHED_FIFO 10");
         with_arrivals["online_probe_hits"] =
             serde_json::json!({"kernel_launches": 900, "graph_launches": 30, "syncs": 31});
-        let mut out = Vec::new();
-        gate_status(&mut out, &with_arrivals).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = render(&with_arrivals);
         assert!(
             text.contains("online ports [8000], arrivals 12 (hold 6.00 ms), request arrival -> offline stopped 1100/1300 us; issue serial (forced)"),
             "{text}"

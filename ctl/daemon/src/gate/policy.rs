@@ -203,6 +203,9 @@ pub struct GatePolicy {
     /// again on the next tick, off the arrival's path to the disable.
     hold_ns: u64,
     hold_stale: bool,
+    /// The learned cooldown as the last tick read it (ns). The arrival and edge paths compare
+    /// with it for the hold, so that nothing before the disable scans the gap memory.
+    hold_cooldown_ns: u64,
 }
 
 impl GatePolicy {
@@ -223,9 +226,11 @@ impl GatePolicy {
             arrival_in_gap: false,
             arrivals: 0,
             first_wait_pending: None,
-            idle_gaps: VecDeque::new(),
+            // Never grows past this: nothing allocates on the arrival's path.
+            idle_gaps: VecDeque::with_capacity(HOLD_GAPS + 1),
             hold_ns: 0,
             hold_stale: false,
+            hold_cooldown_ns: cfg.cooldown_ceiling.as_nanos() as u64,
         }
     }
 
@@ -283,15 +288,15 @@ impl GatePolicy {
         Duration::from_nanos(self.hold_ns)
     }
 
-    /// Whether an arrival at `ts_ns` finds offline frozen only because of the hold: online has
-    /// been idle past the learned cooldown, and no busy signal pins it.
+    /// Whether an arrival at `ts_ns` finds offline frozen only because of the hold: a hold is
+    /// on, online has been idle past the learned cooldown, and no busy signal pins it.
     pub fn held_at(&self, ts_ns: u64) -> bool {
-        let cooldown = self.learned_cooldown().as_nanos() as u64;
-        self.preempted
+        self.cfg.hold_budget.is_some()
+            && self.preempted
             && !self.pinned
             && self
                 .last_launch_ns
-                .is_some_and(|last| ts_ns.saturating_sub(last) > cooldown)
+                .is_some_and(|last| ts_ns.saturating_sub(last) > self.hold_cooldown_ns)
     }
 
     /// Recent gaps between requests the hold is chosen over.
@@ -308,8 +313,9 @@ impl GatePolicy {
         let Some(last) = self.last_launch_ns else {
             return;
         };
-        let cooldown = self.learned_cooldown().as_nanos() as u64;
-        let idle = ts_ns.saturating_sub(last).saturating_sub(cooldown);
+        let idle = ts_ns
+            .saturating_sub(last)
+            .saturating_sub(self.hold_cooldown_ns);
         if idle > 0 {
             self.idle_gaps.push_back(idle);
             if self.idle_gaps.len() > HOLD_GAPS {
@@ -322,15 +328,18 @@ impl GatePolicy {
     /// Chooses the hold again where a gap came since. The runtime calls it before it reads the
     /// due time on each tick (sorting the gaps stays off the arrival's path to the disable).
     pub fn refresh_hold(&mut self) {
+        let Some(budget) = self.cfg.hold_budget else {
+            return;
+        };
+        self.hold_cooldown_ns = self.learned_cooldown().as_nanos() as u64;
         if !std::mem::take(&mut self.hold_stale) {
             return;
         }
-        let budget = self.cfg.hold_budget.unwrap_or(0.0);
         self.hold_ns = if self.idle_gaps.len() < HOLD_MIN_GAPS {
             0
         } else {
-            let gaps: Vec<u64> = self.idle_gaps.iter().copied().collect();
-            hold_within_budget(&gaps, budget).min(HOLD_MAX.as_nanos() as u64)
+            hold_within_budget(self.idle_gaps.make_contiguous(), budget)
+                .min(HOLD_MAX.as_nanos() as u64)
         };
     }
 
@@ -439,8 +448,7 @@ impl GatePolicy {
             // With a hold, a gap between requests may end with offline still held (no resume):
             // one past the learned cooldown is taken to be between requests all the same, or
             // the cooldown would learn it and grow to the ceiling.
-            let held =
-                self.cfg.hold_budget.is_some() && gap > self.learned_cooldown().as_nanos() as u64;
+            let held = self.cfg.hold_budget.is_some() && gap > self.hold_cooldown_ns;
             let launches_only = self.arrivals == 0;
             let between = self.arrival_in_gap || ((self.resumed_in_gap || held) && launches_only);
             if !between && gap < ceiling {
