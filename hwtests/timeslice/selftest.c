@@ -110,6 +110,22 @@ static void preempt(void) {
                                                       subs.n == 2);
   for (uint32_t k = 0; k < VALVE_SUBDEVICES_MAX; k++) valve_subdevice_add(&subs, 100 + k, 1);
   expect("no room beyond the cap", !valve_subdevice_add(&subs, 999, 1) && subs.n == VALVE_SUBDEVICES_MAX);
+
+  expect("Volta to Blackwell GPFIFO classes are channels",
+         valve_is_gpfifo_class(0xc36f) && valve_is_gpfifo_class(0xc86f) && valve_is_gpfifo_class(0xca6f));
+  expect("a TSG, compute, Pascal's GPFIFO and a wide class are not",
+         !valve_is_gpfifo_class(0xa06c) && !valve_is_gpfifo_class(0xc8c0) && !valve_is_gpfifo_class(0xc06f) &&
+             !valve_is_gpfifo_class(0x1c86f));
+  struct valve_channels ch = {0};
+  valve_channel_add(&ch, 0xc1d00002, 0x5c00002e, 0x5c00002a);
+  valve_channel_add(&ch, 0xc1d00007, 0x5c00002e, 0x5c000030);
+  expect("a channel's TSG, by client", valve_tsg_of(&ch, 0xc1d00002, 0x5c00002e) == 0x5c00002a &&
+                                           valve_tsg_of(&ch, 0xc1d00007, 0x5c00002e) == 0x5c000030 &&
+                                           valve_tsg_of(&ch, 0xc1d00002, 0x5c000031) == 0);
+  valve_channel_add(&ch, 0xc1d00002, 0x5c00002e, 0x5c000040);
+  expect("a reused handle answers its newest TSG", valve_tsg_of(&ch, 0xc1d00002, 0x5c00002e) == 0x5c000040);
+  while (ch.n < VALVE_CHANNELS_MAX) valve_channel_add(&ch, 1, (uint32_t)ch.n, 2);
+  expect("no room beyond the cap", !valve_channel_add(&ch, 1, 9999, 2) && ch.n == VALVE_CHANNELS_MAX);
 }
 
 int main(void) {

@@ -7,7 +7,8 @@
  *   allocations (its context share, its channels).
  * - VALVE_COMPUTE_PREEMPT=report|wfi|cta|cilp: the mode is set on a channel just before a compute
  *   object is allocated under it (unless "report"), and read back after it (the GR context then
- *   exists; NV2080_CTRL_CMD_GR_GET_CTXSW_MODES). One line on stderr per channel. */
+ *   exists; NV2080_CTRL_CMD_GR_GET_CTXSW_MODES). One line on stderr per channel. Where RM does not
+ *   find the channel's handle, both are asked again naming its TSG. */
 #define _GNU_SOURCE
 #include "valve_timeslice.h"
 
@@ -89,6 +90,25 @@ uint32_t valve_subdevice_of(const struct valve_subdevices *s, uint32_t client) {
   return 0;
 }
 
+int valve_is_gpfifo_class(uint32_t cls) {
+  return cls <= 0xffffu && (cls & 0xffu) == 0x6fu && (cls >> 8) >= 0xc3u;
+}
+
+int valve_channel_add(struct valve_channels *c, uint32_t client, uint32_t channel, uint32_t tsg) {
+  if (c->n >= VALVE_CHANNELS_MAX) return 0;
+  c->at[c->n].client = client;
+  c->at[c->n].channel = channel;
+  c->at[c->n].tsg = tsg;
+  c->n++;
+  return 1;
+}
+
+uint32_t valve_tsg_of(const struct valve_channels *c, uint32_t client, uint32_t channel) {
+  for (int i = c->n - 1; i >= 0; i--) /* the newest first: RM may reuse a freed handle */
+    if (c->at[i].client == client && c->at[i].channel == channel) return c->at[i].tsg;
+  return 0;
+}
+
 int valve_pending_add(struct valve_pending *p, uint32_t client, uint32_t tsg) {
   if (p->n >= VALVE_PENDING_MAX) return 0;
   p->at[p->n].client = client;
@@ -162,24 +182,57 @@ static int set_timeslice(int fd, uint32_t client, uint32_t tsg, const char *when
   return took;
 }
 
+static struct valve_channels channels; /* guarded by pending_mu too */
+
+/* One GR control on the client's subdevice `sub` about channel a->parent. `handle` points at the
+ * params' channel handle. Where RM answers NOT_FOUND, it is asked once more naming the channel's
+ * TSG. Returns the ioctl's result; `ctl` holds RM's status; `tried` says what was named. */
+static int gr_control(int fd, const struct valve_alloc *a, uint32_t sub, uint32_t cmd, void *params,
+                      uint32_t size, uint32_t *handle, struct nvos54 *ctl, char *tried, size_t tried_size) {
+  unsigned long req = _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54);
+  *handle = a->parent;
+  valve_control(ctl, a->client, sub, cmd, params, size);
+  int r = real_ioctl(fd, req, ctl);
+  snprintf(tried, tried_size, "channel");
+  if (r != 0 || ctl->status != VALVE_STATUS_OBJECT_NOT_FOUND) return r;
+  pthread_mutex_lock(&pending_mu);
+  uint32_t tsg = valve_tsg_of(&channels, a->client, a->parent);
+  pthread_mutex_unlock(&pending_mu);
+  if (tsg == 0) {
+    snprintf(tried, tried_size, "channel (its TSG unknown)");
+    return r;
+  }
+  *handle = tsg;
+  valve_control(ctl, a->client, sub, cmd, params, size);
+  r = real_ioctl(fd, req, ctl);
+  snprintf(tried, tried_size, "channel: not found; its TSG %x", tsg);
+  return r;
+}
+
+static uint32_t subdevice_of(uint32_t client) {
+  pthread_mutex_lock(&pending_mu);
+  uint32_t sub = valve_subdevice_of(&subdevices, client);
+  pthread_mutex_unlock(&pending_mu);
+  return sub;
+}
+
 /* Before a compute object is allocated under channel a->parent: sets the channel's compute
  * preemption mode (RM applies the mode when it sets the GR context up, so it is asked before, as
  * NVIDIA's own CILP test does), through the client's subdevice. What happened goes in `said`. */
 static void set_before_compute(int fd, const struct valve_alloc *a, char *said, size_t size) {
-  pthread_mutex_lock(&pending_mu);
-  uint32_t sub = valve_subdevice_of(&subdevices, a->client);
-  pthread_mutex_unlock(&pending_mu);
+  uint32_t sub = subdevice_of(a->client);
   if (sub == 0) {
     snprintf(said, size, "not set: no subdevice of this client seen");
     return;
   }
-  struct valve_set_preemption_mode set = {.flags = VALVE_PREEMPT_FLAGS_CILP_SET, .h_channel = a->parent,
+  struct valve_set_preemption_mode set = {.flags = VALVE_PREEMPT_FLAGS_CILP_SET,
                                           .cilp_preempt_mode = (uint32_t)preempt_mode};
   struct nvos54 ctl;
-  valve_control(&ctl, a->client, sub, VALVE_CMD_SET_CTXSW_PREEMPTION_MODE, &set, sizeof set);
-  int r = real_ioctl(fd, _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54), &ctl);
-  snprintf(said, size, "asked %s before the compute object, status 0x%x (ioctl %d)",
-           valve_compute_mode_name((uint32_t)preempt_mode), ctl.status, r);
+  char tried[64];
+  int r = gr_control(fd, a, sub, VALVE_CMD_SET_CTXSW_PREEMPTION_MODE, &set, sizeof set, &set.h_channel, &ctl,
+                     tried, sizeof tried);
+  snprintf(said, size, "asked %s before the compute object naming the %s, status 0x%x (ioctl %d)",
+           valve_compute_mode_name((uint32_t)preempt_mode), tried, ctl.status, r);
 }
 
 /* After a compute object under channel a->parent: reads the channel's compute preemption mode back
@@ -187,25 +240,24 @@ static void set_before_compute(int fd, const struct valve_alloc *a, char *said, 
  * client drives several GPUs, only its first subdevice is known, and RM refuses the others' channels
  * (the line says so). */
 static void compute_preempt(int fd, const struct valve_alloc *a, const char *said) {
-  pthread_mutex_lock(&pending_mu);
-  uint32_t sub = valve_subdevice_of(&subdevices, a->client);
-  pthread_mutex_unlock(&pending_mu);
+  uint32_t sub = subdevice_of(a->client);
   if (sub == 0) {
     fprintf(stderr, "valve-preempt: pid %d channel %x/%x: no subdevice of this client seen: not read\n",
             (int)getpid(), a->client, a->parent);
     return;
   }
-  struct valve_get_ctxsw_modes get = {.h_channel = a->parent};
+  struct valve_get_ctxsw_modes get = {0};
   struct nvos54 ctl;
-  valve_control(&ctl, a->client, sub, VALVE_CMD_GET_CTXSW_MODES, &get, sizeof get);
-  int r = real_ioctl(fd, _IOWR('F', VALVE_ESC_RM_CONTROL, struct nvos54), &ctl);
+  char tried[64];
+  int r = gr_control(fd, a, sub, VALVE_CMD_GET_CTXSW_MODES, &get, sizeof get, &get.h_channel, &ctl, tried,
+                     sizeof tried);
   if (r == 0 && ctl.status == 0)
-    fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; now compute %s (%u), graphics %u\n",
-            (int)getpid(), a->client, a->parent, a->cls, said, valve_compute_mode_name(get.cilp_preempt_mode),
+    fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; read naming the %s: compute %s (%u), graphics %u\n",
+            (int)getpid(), a->client, a->parent, a->cls, said, tried, valve_compute_mode_name(get.cilp_preempt_mode),
             get.cilp_preempt_mode, get.gfxp_preempt_mode);
   else
-    fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; read refused: status 0x%x (ioctl %d)\n",
-            (int)getpid(), a->client, a->parent, a->cls, said, ctl.status, r);
+    fprintf(stderr, "valve-preempt: pid %d channel %x/%x (compute class %x): %s; read naming the %s refused: status 0x%x (ioctl %d)\n",
+            (int)getpid(), a->client, a->parent, a->cls, said, tried, ctl.status, r);
 }
 
 /* The timeslice's part of after_alloc. */
@@ -229,7 +281,7 @@ static void timeslice_after_alloc(int fd, const struct valve_alloc *a) {
   pthread_mutex_unlock(&pending_mu);
 }
 
-/* After a successful RM_ALLOC: a subdevice is remembered, a compute object gets its channel's
+/* After a successful RM_ALLOC: a subdevice or a channel's TSG is remembered, a compute object gets its channel's
  * preemption mode read (and set), a new TSG gets the timeslice, and a child of a TSG that RM refused
  * at its allocation gets another try. */
 static void after_alloc(int fd, const struct valve_alloc *a, const char *said) {
@@ -238,6 +290,11 @@ static void after_alloc(int fd, const struct valve_alloc *a, const char *said) {
     valve_subdevice_add(&subdevices, a->client, a->object);
     pthread_mutex_unlock(&pending_mu);
     return;
+  }
+  if (preempt_mode != VALVE_PREEMPT_OFF && valve_is_gpfifo_class(a->cls)) {
+    pthread_mutex_lock(&pending_mu);
+    valve_channel_add(&channels, a->client, a->object, a->parent);
+    pthread_mutex_unlock(&pending_mu);
   }
   if (preempt_mode != VALVE_PREEMPT_OFF && valve_is_compute_class(a->cls)) compute_preempt(fd, a, said);
   if (want_us != 0) timeslice_after_alloc(fd, a);
@@ -253,7 +310,7 @@ int ioctl(int fd, unsigned long request, ...) {
     errno = ENOSYS;
     return -1;
   }
-  char said[96] = "read only";
+  char said[160] = "read only";
   struct valve_alloc a;
   uint32_t status;
   if (preempt_mode >= 0 && preempt_mode <= 2 && valve_rm_alloc_args(request, arg, &a, &status) &&

@@ -89,4 +89,21 @@ struct valve_subdevices {
 int valve_subdevice_add(struct valve_subdevices *s, uint32_t client, uint32_t subdevice);
 /* The client's subdevice, or 0. */
 uint32_t valve_subdevice_of(const struct valve_subdevices *s, uint32_t client);
+
+/* Whether `cls` is a GPFIFO channel class (VOLTA_CHANNEL_GPFIFO_A 0xc36f and later: 0xXX6f): its
+ * parent is the channel group (TSG) it runs in. */
+int valve_is_gpfifo_class(uint32_t cls);
+/* Each channel's TSG, for the GR controls' second try: RM on GSP answered NV_ERR_OBJECT_NOT_FOUND
+ * (0x57) to a channel handle on the H100 (580.159.04), and RM's own GR routing takes a TSG handle
+ * where a channel handle is not found (kgrmgrCtrlRouteKGRWithDevice, 580.95.05). */
+#define VALVE_CHANNELS_MAX 256
+#define VALVE_STATUS_OBJECT_NOT_FOUND 0x57u
+struct valve_channels {
+  struct { uint32_t client, channel, tsg; } at[VALVE_CHANNELS_MAX];
+  int n;
+};
+/* Remembers a channel's TSG (no room: forgotten, returns 0). */
+int valve_channel_add(struct valve_channels *c, uint32_t client, uint32_t channel, uint32_t tsg);
+/* The channel's TSG, or 0. */
+uint32_t valve_tsg_of(const struct valve_channels *c, uint32_t client, uint32_t channel);
 #endif
