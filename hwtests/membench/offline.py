@@ -111,20 +111,24 @@ class Timeline:
         self.path, self.manager, self.offloads = path, manager, offloads
         self.rows: list[list] = []
         self.next = time.monotonic()
+        self.error: str | None = None
 
     def sample(self, tokens: int) -> None:
-        if not self.path or time.monotonic() < self.next:
+        if not self.path or self.error or time.monotonic() < self.next:
             return
         self.next += 1.0
-        sched = self.manager.batch_processor.scheduler
-        cache = self.manager.batch_processor.cache
-        self.rows.append([round(now(), 3), tokens, self.offloads[0], len(sched.active_requests),
-                          len(sched.waiting_requests), cache.get_num_free_blocks()])
+        try:  # transformers' internals: a change there ends the timeline, never the job
+            sched = self.manager.batch_processor.scheduler
+            cache = self.manager.batch_processor.cache
+            self.rows.append([round(now(), 3), tokens, self.offloads[0], len(sched.active_requests),
+                              len(sched.waiting_requests), cache.get_num_free_blocks()])
+        except Exception as e:  # noqa: BLE001
+            self.error = f"{type(e).__name__}: {e}"
 
     def write(self) -> None:
         if self.path:
             common.write_json(self.path, {"columns": ["t", "tokens", "evicted", "active", "waiting", "free_blocks"],
-                                          "rows": self.rows})
+                                          "rows": self.rows, "error": self.error})
 
 
 class Progress:

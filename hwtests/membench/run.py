@@ -492,6 +492,7 @@ def sweep_run(r: Run) -> int:
         if os.path.exists(f):
             os.remove(f)
     off_out = os.path.join(r.out, "sweep-offline.json")
+    timeline_out = os.path.join(r.out, "sweep-timeline.json")
     rep: dict = dict(args=dict(vars(a), policies=list(a.policies)), windows=[], gpu_used_mib_before=common.gpu_used_mib())
     try:
         r.start_daemon("sweep", a.pool_gib, a.target_per_min)
@@ -501,7 +502,8 @@ def sweep_run(r: Run) -> int:
                     "--go", files["go"], "--stop", files["stop"], "--selection-file", files["selection"],
                     "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
                     "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
-                    "--attention", a.attention, "--placement", a.placement, "--backlog", str(a.offline_backlog)]
+                    "--attention", a.attention, "--placement", a.placement, "--backlog", str(a.offline_backlog),
+                    "--timeline", timeline_out]
         off = r.spawn("sweep-offline", python("offline.py", *off_args),
                       dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER"))
         wait_files([files["off-ready"]], [off], 300)
@@ -550,6 +552,7 @@ def sweep_run(r: Run) -> int:
     rep["device"] = off_res.get("device")
     rep["lane"] = common.lane()
     sweep.attach_requeues(rep["windows"], off_res.get("switches", []))
+    sweep.attach_offline_state(rep["windows"], common.read_json(timeline_out) if os.path.exists(timeline_out) else None)
     rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [], off_res.get("generated"))
     if rep.get("error"):
         rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")

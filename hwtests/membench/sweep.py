@@ -248,6 +248,51 @@ def attach_requeues(windows: list[dict], switches: list[dict]) -> None:
             w[key] = notes[i + 1][key] - notes[i][key]
 
 
+def attach_offline_state(windows: list[dict], timeline: dict | None) -> None:
+    """What offline was doing in each window, from offline.py's --timeline (a row a second: time,
+    tokens, transformers' own offloads so far, active and waiting requests, free cache blocks):
+    `active` and `free_blocks` as means over the window's rows, `cb_offloads` as the requests
+    transformers itself offloaded for want of cache in it. Tells a window that ran a smaller batch
+    from one that lost work. A window without rows gets none."""
+    if not timeline or not timeline.get("rows"):
+        return
+    col = {c: i for i, c in enumerate(timeline["columns"])}
+    rows = sorted(timeline["rows"], key=lambda r: r[col["t"]])
+    for w in windows:
+        inside = [r for r in rows if w["t0"] <= r[col["t"]] < w["t1"]]
+        if not inside:
+            continue
+        before = [r for r in rows if r[col["t"]] < w["t0"]]
+        evicted_before = before[-1][col["evicted"]] if before else inside[0][col["evicted"]]
+        w["active"] = sum(r[col["active"]] for r in inside) / len(inside)
+        w["free_blocks"] = sum(r[col["free_blocks"]] for r in inside) / len(inside)
+        w["cb_offloads"] = inside[-1][col["evicted"]] - evicted_before
+
+
+def offline_state_table(windows: list[dict]) -> list[str]:
+    """report.md's table of offline's state by kind of window: base windows, then each policy's
+    windows with a reclaim (means over the windows). Empty where the windows carry no state."""
+    groups: dict[str, list[dict]] = {}
+    for w in windows:
+        if w.get("active") is None:
+            continue
+        key = "base (no reclaim)" if w["kind"] == "base" else f"{w['policy']}, with a reclaim"
+        groups.setdefault(key, []).append(w)
+    if not groups:
+        return []
+
+    def mean(ws: list[dict], k: str) -> float:
+        return sum(w[k] for w in ws) / len(ws)
+
+    lines = ["## Offline's state by kind of window (means over the windows)", "",
+             "| windows | n | tok/s | active requests | free cache blocks | transformers' own offloads per window |",
+             "|---|---|---|---|---|---|"]
+    for key, ws in groups.items():
+        lines.append(f"| {key} | {len(ws)} | {fmt(mean(ws, 'tok_s'), 0)} | {fmt(mean(ws, 'active'), 1)} | "
+                     f"{fmt(mean(ws, 'free_blocks'), 0)} | {fmt(mean(ws, 'cb_offloads'), 2)} |")
+    return lines + [""]
+
+
 def merge(analyses: list[dict]) -> dict:
     """Several sweeps' analyses (each against its own base windows) as one: per cell and policy the
     mean loss and the summed reclaims and requeues; the cell's spread is the runs' mean spread over
@@ -355,6 +400,9 @@ def markdown(rep: dict) -> str:
         lines += [""] + per_reclaim_table(a, rep["args"].get("policies", POLICIES), "requeued_tokens",
                                           "Tokens the requeued requests had in the cache, per reclaim (what "
                                           "recomputing them costs at most; no run-to-run noise)", 0)
+    state = offline_state_table(rep.get("windows", []))
+    if state:
+        lines += [""] + state[:-1]
     t = rep["target"]
     lines += ["", f"## Target: {t['overall']}", "",
               f"Where one reclaim takes <= {TARGET['small_size_pct']:g}% of offline's memory, Algorithm 1's loss at "

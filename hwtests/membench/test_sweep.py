@@ -259,6 +259,31 @@ def cell(size, a, f, spread):
     return dict(size_pct=size, rate=6, spread=spread, policies=dict(alg1=dict(loss=a), fifo=dict(loss=f)))
 
 
+class OfflineState(unittest.TestCase):
+    TIMELINE = {"columns": ["t", "tokens", "evicted", "active", "waiting", "free_blocks"],
+                "rows": [[t, 0, 0 if t < 12 else 3, 40 if t < 10 else 30, 5, 10 if t < 10 else 50] for t in range(20)]}
+
+    def test_each_window_gets_the_means_of_its_rows_and_the_offloads_made_in_it(self):
+        wins = [dict(kind="base", policy="alg1", t0=0, t1=10), dict(kind="iso", policy="fifo", t0=10, t1=20),
+                dict(kind="iso", policy="alg1", t0=30, t1=40)]
+        sweep.attach_offline_state(wins, self.TIMELINE)
+        self.assertEqual((wins[0]["active"], wins[0]["free_blocks"], wins[0]["cb_offloads"]), (40, 10, 0))
+        self.assertEqual((wins[1]["active"], wins[1]["free_blocks"], wins[1]["cb_offloads"]), (30, 50, 3))
+        self.assertNotIn("active", wins[2], "no rows in the window: no state made up")
+
+    def test_no_timeline_changes_nothing_and_the_table_groups_base_and_policies(self):
+        wins = [dict(kind="base", policy="alg1", t0=0, t1=10, tok_s=1000.0),
+                dict(kind="iso", policy="fifo", t0=10, t1=20, tok_s=900.0)]
+        sweep.attach_offline_state(wins, None)
+        sweep.attach_offline_state(wins, {"columns": [], "rows": []})
+        self.assertNotIn("active", wins[0])
+        self.assertEqual(sweep.offline_state_table(wins), [])
+        sweep.attach_offline_state(wins, self.TIMELINE)
+        table = "\n".join(sweep.offline_state_table(wins))
+        self.assertIn("| base (no reclaim) | 1 | 1000 | 40.0 | 10 | 0.00 |", table)
+        self.assertIn("| fifo, with a reclaim | 1 | 900 | 30.0 | 50 | 3.00 |", table)
+
+
 class Target(unittest.TestCase):
     def test_small_cells_need_alg1_twenty_percent_below_fifo(self):
         t = sweep.target_check({"a": cell(10, 0.08, 0.10, 0.01), "b": cell(25, 0.085, 0.10, 0.01)})
