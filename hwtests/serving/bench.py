@@ -827,6 +827,10 @@ def main(argv=None):
                     help="request arrival times: Poisson (default), or replayed from Azure's 2023 LLM inference "
                          "traces at the same mean rate: azure-code (bursty), azure-conv (nearly Poisson); each "
                          "round replays its own stretch of the trace, every configuration the same ones")
+    ap.add_argument("--arrival-seed", type=int, default=0, metavar="N",
+                    help="with --arrivals from a trace: round r at load L replays the window starting after "
+                         "arrival N + 100 L + 1000 r (default N 0). trace_windows.py says how many requests "
+                         "each window has that find the server idle, and which N gives the median window")
     ap.add_argument("--offline-timeslice-us", type=int, metavar="US",
                     help="offline's own channel groups get this GPU timeslice, set by the job itself through "
                          "libvalve_timeslice.so (LD_PRELOAD; docs/gate.md, candidate 6): the GPU leaves offline "
@@ -866,6 +870,10 @@ def main(argv=None):
     a.timeslice_lib = timeslice_choice(a, ap)
     if a.gate_hold_budget is not None and not 0 < a.gate_hold_budget <= 50:
         ap.error("--gate-hold-budget must be more than 0 and at most 50 (percent of online's idle time)")
+    if a.arrival_seed < 0:
+        ap.error("--arrival-seed must be 0 or more (it picks where in the trace the replayed windows start)")
+    if a.arrival_seed and a.arrivals == "poisson":
+        ap.error("--arrival-seed picks a trace's window: give --arrivals azure-code or azure-conv too")
     if a.gate_hold_budget is not None and a.gate_fixed_cooldown:
         ap.error("--gate-hold-budget adds to the learned cooldown, which --gate-fixed-cooldown replaces: drop one")
     TRACE[0] = loadgen.load_trace(trace_path(a.arrivals)) if a.arrivals != "poisson" else None
@@ -950,7 +958,7 @@ def main(argv=None):
                     log(f"== load {load:.0%} ({rate:.2f}/s) round {rnd + 1}/{a.rounds}: {CONFIG_NAMES[cfg]}, {n} requests")
                     t_run = time.time()
                     try:
-                        r = measure(a, valve, url, prompt, off, rate, cfg, int(load * 100) + 1000 * rnd, n)
+                        r = measure(a, valve, url, prompt, off, rate, cfg, a.arrival_seed + int(load * 100) + 1000 * rnd, n)
                     except Terminated:
                         log("== SIGTERM: reporting the runs done so far")
                         stopped = True
@@ -1013,7 +1021,8 @@ def main(argv=None):
             "gate cooldown": (f"fixed at {a.gate_fixed_cooldown}" if a.gate_fixed_cooldown else "learned (the default)")
                              + (f", hold budget {a.gate_hold_budget:g}% of idle time" if a.gate_hold_budget else ""),
             "arrivals": ("Poisson" if a.arrivals == "poisson" else
-                         f"{a.arrivals} ({TRACE_ARRIVALS[a.arrivals]}, scaled to each load's rate)"),
+                         f"{a.arrivals} ({TRACE_ARRIVALS[a.arrivals]}, scaled to each load's rate"
+                         + (f"; windows from arrival seed {a.arrival_seed}" if a.arrival_seed else "") + ")"),
             "offline TSG timeslice": (f"{a.offline_timeslice_us} us asked (libvalve_timeslice.so): "
                                       + ("; ".join(timeslice_lines(off.log_path)) or "no channel group reported")
                                       if a.offline_timeslice_us is not None else "the driver's default"),

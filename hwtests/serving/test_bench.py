@@ -2,6 +2,8 @@
 
 aiohttp (the load generator's) is not needed: no request is sent."""
 
+import math
+import os
 import sys
 import tempfile
 import types
@@ -92,6 +94,12 @@ class GateStart(unittest.TestCase):
     def test_a_hold_budget_out_of_range_or_with_a_fixed_cooldown_is_refused_first(self):
         for bad in (["--gate-hold-budget", "0"], ["--gate-hold-budget", "60"],
                     ["--gate-hold-budget", "10", "--gate-fixed-cooldown", "200ms"]):
+            with tempfile.TemporaryDirectory() as out, self.assertRaises(SystemExit) as e:
+                bench.main([*bad, "--dry-run", "--out", out])
+            self.assertEqual(e.exception.code, 2, bad)
+
+    def test_an_arrival_seed_without_a_trace_or_below_zero_is_refused_first(self):
+        for bad in (["--arrival-seed", "5"], ["--arrival-seed", "-1", "--arrivals", "azure-code"]):
             with tempfile.TemporaryDirectory() as out, self.assertRaises(SystemExit) as e:
                 bench.main([*bad, "--dry-run", "--out", out])
             self.assertEqual(e.exception.code, 2, bad)
@@ -373,6 +381,33 @@ class TraceArrivals(unittest.TestCase):
         for seed in (10, 30, 1010, 2010):
             got = loadgen.arrivals(0.283, 57, seed, trace)
             self.assertAlmostEqual(got[-1], 57 / 0.283)
+
+    def test_trace_windows_counts_idle_arrivals_as_a_one_at_a_time_server_meets_them(self):
+        import trace_windows as tw
+        self.assertEqual(tw.idle_arrivals([0.0, 0.1, 0.2, 5.0], 1.0), 2)  # a burst queues, a lull is idle
+        self.assertEqual(tw.idle_arrivals([0.0, 1.0, 2.5], 1.0), 3)  # each after the last one's end
+        self.assertEqual(tw.idle_arrivals([0.0, 0.5, 2.5], 1.0), 2)  # the queue ends at 2.0, before 2.5
+        self.assertEqual(tw.median_seeds([5, 1, 3, 3, 9]), (3, [2, 3]))
+        self.assertAlmostEqual(tw.rate_at(0.1, 0.345), -math.log(0.9) / 0.345)
+
+    def test_trace_windows_replays_the_window_the_benchmark_replays(self):
+        import loadgen
+        import trace_windows as tw
+        trace = loadgen.load_trace(tw.trace_file("azure-code"))
+        self.assertEqual(trace, loadgen.load_trace(bench.trace_path("azure-code")))
+        rate, n = tw.rate_at(0.1, 0.345), 56
+        counts = tw.window_counts(trace[:200], rate, n, 0.345, 10)
+        self.assertEqual(counts[7], tw.idle_arrivals(loadgen.arrivals(rate, n, 7 + 10, trace[:200]), 0.345))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "w.csv")
+            offsets = loadgen.arrivals(rate, n, 17, trace)
+            r = tw.write_window(path, offsets)
+            back = loadgen.load_trace(path)
+            self.assertEqual(len(back), n)
+            self.assertAlmostEqual(back[-1], offsets[-1], places=5)
+            self.assertAlmostEqual(r, (n - 1) / (offsets[-1] - offsets[0]))
+            with self.assertRaises(SystemExit):
+                tw.main(["azure-code", "--load", "1.5", "--run-s", "200"])
 
     def test_the_committed_traces_load_and_differ_in_burstiness(self):
         import loadgen

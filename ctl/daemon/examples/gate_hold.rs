@@ -7,6 +7,9 @@
 //! service; it is caught when offline is already frozen then. Harvest is the share of the
 //! server's idle time in which offline ran.
 //!
+//! `--restart-every S` starts a fresh gate every S seconds of the replay (as a gate restart, or a
+//! benchmark run of S seconds, would): what the hold catches before it has a long history.
+//!
 //!     cargo run --release -p valve-daemon --example gate_hold -- \
 //!         sched/data/azure-llm-2023-code-arrivals-first20min.csv --rate 1.01
 //!     cargo run --release -p valve-daemon --example gate_hold -- poisson --rate 1.01
@@ -26,12 +29,13 @@ struct Args {
     steps: u64,
     budgets: Vec<f64>,
     fixed_ms: Vec<u64>,
+    restart_every_ns: Option<u64>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: gate_hold (ARRIVALS.csv | poisson) [--rate PER_S] [--service-ms MS] [--steps N] \
-         [--budgets PCT,...] [--fixed-ms MS,...]\n  ARRIVALS.csv: one column offset_us \
+         [--budgets PCT,...] [--fixed-ms MS,...] [--restart-every S]\n  ARRIVALS.csv: one column offset_us \
          (sched/data/azure-llm-2023-*-arrivals-first20min.csv)"
     );
     std::process::exit(2)
@@ -52,6 +56,7 @@ fn parse_args() -> Args {
         steps: 64,
         budgets: vec![0.0, 5.0, 10.0, 20.0],
         fixed_ms: vec![50, 200, 500],
+        restart_every_ns: None,
     };
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| usage());
@@ -63,6 +68,13 @@ fn parse_args() -> Args {
             "--steps" => a.steps = value.parse().unwrap_or_else(|_| usage()),
             "--budgets" => a.budgets = list(&value),
             "--fixed-ms" => a.fixed_ms = list(&value),
+            "--restart-every" => {
+                let s: f64 = value.parse().unwrap_or_else(|_| usage());
+                if s.is_nan() || s < 1.0 {
+                    usage()
+                }
+                a.restart_every_ns = Some((s * 1e9) as u64)
+            }
             _ => usage(),
         }
     }
@@ -145,10 +157,11 @@ struct Outcome {
     cooldown: Duration,
 }
 
-fn run(events: &[(u64, Kind)], cfg: GateConfig) -> Outcome {
+fn run(events: &[(u64, Kind)], cfg: GateConfig, restart_every_ns: Option<u64>) -> Outcome {
     let mut g = GatePolicy::new(cfg);
     let mut o = Outcome::default();
     let (mut running, mut busy, mut now) = (true, false, 0u64);
+    let mut next_restart = restart_every_ns.unwrap_or(u64::MAX);
     let apply = |action: Option<Action>, running: &mut bool| match action {
         Some(Action::Preempt) => *running = false,
         Some(Action::Resume) => *running = true,
@@ -167,6 +180,13 @@ fn run(events: &[(u64, Kind)], cfg: GateConfig) -> Outcome {
             if now == next {
                 apply(g.on_tick(now), &mut running);
             }
+            if now >= next_restart {
+                // A stopped gate resumes offline; the new one knows nothing yet.
+                o.preemptions += g.preemptions();
+                g = GatePolicy::new(cfg);
+                running = true;
+                next_restart = next_restart.saturating_add(restart_every_ns.unwrap_or(u64::MAX));
+            }
         }
         match kind {
             Kind::Arrival => {
@@ -182,7 +202,7 @@ fn run(events: &[(u64, Kind)], cfg: GateConfig) -> Outcome {
             Kind::End => busy = false,
         }
     }
-    o.preemptions = g.preemptions();
+    o.preemptions += g.preemptions();
     o.hold = g.hold();
     o.cooldown = g.learned_cooldown();
     o
@@ -194,13 +214,16 @@ fn main() {
     let events = events(&arrivals, &a);
     let span_s = *arrivals.last().unwrap() as f64 / 1e9;
     println!(
-        "{}: {} requests over {:.0} s ({:.2}/s), service {:.1} ms in {} steps",
+        "{}: {} requests over {:.0} s ({:.2}/s), service {:.1} ms in {} steps{}",
         a.source,
         arrivals.len(),
         span_s,
         arrivals.len() as f64 / span_s,
         a.service_ns as f64 / 1e6,
-        a.steps
+        a.steps,
+        a.restart_every_ns
+            .map(|ns| format!(", a fresh gate every {:.0} s", ns as f64 / 1e9))
+            .unwrap_or_default()
     );
     println!("| gate | idle arrivals | caught (offline already off) | harvest (offline ran in idle time) | preemptions | learned cooldown / hold at the end |");
     println!("| --- | --- | --- | --- | --- | --- |");
@@ -233,7 +256,7 @@ fn main() {
         )
     }));
     for (name, cfg) in rows {
-        let o = run(&events, cfg);
+        let o = run(&events, cfg, a.restart_every_ns);
         println!(
             "| {name} | {} | {:.1}% | {:.1}% | {} | {:.1} / {:.0} ms |",
             o.idle_arrivals,
