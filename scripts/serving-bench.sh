@@ -18,6 +18,8 @@
 #                             the training reads (and sets) its channels' compute preemption mode
 #   --arrivals azure-code|azure-conv
 #                             replay Azure's 2023 arrival times (sched/data) instead of Poisson
+#   --arrival-seed N          which windows of the trace (hwtests/serving/trace_windows.py counts
+#                             each window's idle arrivals)
 #   --gate-hold-budget PCT    the gate holds offline for likely arrivals (`gate start --hold-budget`)
 #   --loads 0.3,0.7           online busy shares to run
 #   VALVE_BIN=DIR             prebuilt valvectl (default: .carry/bin, else target/release, else cargo)
