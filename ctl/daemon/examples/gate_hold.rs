@@ -9,6 +9,8 @@
 //!
 //! `--restart-every S` starts a fresh gate every S seconds of the replay (as a gate restart, or a
 //! benchmark run of S seconds, would): what the hold catches before it has a long history.
+//! With `--keep-history` each new gate starts from the gaps the last one learned, as the daemon
+//! does for a gate started again on the same online service.
 //!
 //!     cargo run --release -p valve-daemon --example gate_hold -- \
 //!         sched/data/azure-llm-2023-code-arrivals-first20min.csv --rate 1.01
@@ -30,12 +32,13 @@ struct Args {
     budgets: Vec<f64>,
     fixed_ms: Vec<u64>,
     restart_every_ns: Option<u64>,
+    keep_history: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: gate_hold (ARRIVALS.csv | poisson) [--rate PER_S] [--service-ms MS] [--steps N] \
-         [--budgets PCT,...] [--fixed-ms MS,...] [--restart-every S]\n  ARRIVALS.csv: one column offset_us \
+         [--budgets PCT,...] [--fixed-ms MS,...] [--restart-every S [--keep-history]]\n  ARRIVALS.csv: one column offset_us \
          (sched/data/azure-llm-2023-*-arrivals-first20min.csv)"
     );
     std::process::exit(2)
@@ -57,8 +60,13 @@ fn parse_args() -> Args {
         budgets: vec![0.0, 5.0, 10.0, 20.0],
         fixed_ms: vec![50, 200, 500],
         restart_every_ns: None,
+        keep_history: false,
     };
     while let Some(flag) = it.next() {
+        if flag == "--keep-history" {
+            a.keep_history = true;
+            continue;
+        }
         let value = it.next().unwrap_or_else(|| usage());
         match flag.as_str() {
             "--rate" => a.rate = value.parse().unwrap_or_else(|_| usage()),
@@ -157,7 +165,8 @@ struct Outcome {
     cooldown: Duration,
 }
 
-fn run(events: &[(u64, Kind)], cfg: GateConfig, restart_every_ns: Option<u64>) -> Outcome {
+fn run(events: &[(u64, Kind)], cfg: GateConfig, a: &Args) -> Outcome {
+    let restart_every_ns = a.restart_every_ns;
     let mut g = GatePolicy::new(cfg);
     let mut o = Outcome::default();
     let (mut running, mut busy, mut now) = (true, false, 0u64);
@@ -183,7 +192,11 @@ fn run(events: &[(u64, Kind)], cfg: GateConfig, restart_every_ns: Option<u64>) -
             if now >= next_restart {
                 // A stopped gate resumes offline; the new one knows nothing yet.
                 o.preemptions += g.preemptions();
+                let history = g.hold_history();
                 g = GatePolicy::new(cfg);
+                if a.keep_history {
+                    g.seed_hold_history(&history);
+                }
                 running = true;
                 next_restart = next_restart.saturating_add(restart_every_ns.unwrap_or(u64::MAX));
             }
@@ -222,7 +235,15 @@ fn main() {
         a.service_ns as f64 / 1e6,
         a.steps,
         a.restart_every_ns
-            .map(|ns| format!(", a fresh gate every {:.0} s", ns as f64 / 1e9))
+            .map(|ns| format!(
+                ", a fresh gate every {:.0} s{}",
+                ns as f64 / 1e9,
+                if a.keep_history {
+                    " (keeping the last one's gaps)"
+                } else {
+                    ""
+                }
+            ))
             .unwrap_or_default()
     );
     println!("| gate | idle arrivals | caught (offline already off) | harvest (offline ran in idle time) | preemptions | learned cooldown / hold at the end |");
@@ -256,7 +277,7 @@ fn main() {
         )
     }));
     for (name, cfg) in rows {
-        let o = run(&events, cfg, a.restart_every_ns);
+        let o = run(&events, cfg, &a);
         println!(
             "| {name} | {} | {:.1}% | {:.1}% | {} | {:.1} / {:.0} ms |",
             o.idle_arrivals,

@@ -20,7 +20,7 @@ use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::config::OfflinePolicy;
-use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan, PROBES_WITHIN};
+use crate::gate::supervisor::{ActiveGate, GateStarter, HoldHistories, Rescan, PROBES_WITHIN};
 use crate::harvest::{HarvestShared, ProcessView};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
@@ -81,6 +81,8 @@ pub struct DaemonCore<D: RmDriver> {
     /// Set when the state file did not parse at start and was moved aside.
     pub state_salvage: Option<Salvage>,
     gate: Option<ActiveGate>,
+    /// The hold's gaps left by stopped gates, for the next gate on the same service.
+    hold_histories: HoldHistories,
     /// A `gate start` whose gate thread is starting off the loop, or not yet synced.
     gate_pending: Option<PendingGate>,
     gate_starter: Option<GateStarter>,
@@ -162,6 +164,7 @@ impl<D: RmDriver> DaemonCore<D> {
             state_salvage: leftover.salvage,
             gate: None,
             gate_pending: None,
+            hold_histories: HoldHistories::default(),
             gate_starter: None,
             probes_within: PROBES_WITHIN,
             metrics: None,
@@ -734,7 +737,9 @@ impl<D: RmDriver> DaemonCore<D> {
                 "no gate is running (start one with `valvectl gate start`)",
             );
         };
-        let status = g.stop(&self.ctl);
+        let key = g.history_key();
+        let (status, history) = g.stop(&self.ctl);
+        self.hold_histories.keep(key, history, Instant::now());
         if let Some(m) = &self.metrics {
             m.gate_stopped();
         }

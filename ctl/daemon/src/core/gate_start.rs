@@ -95,12 +95,17 @@ impl<D: RmDriver> DaemonCore<D> {
             return Err(Reply::err(1, "this daemon cannot run a gate"));
         };
         let offline_label = spec.offline_label.clone();
+        let history = self.kept_hold_history(&spec);
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("valve-gate-start".into())
             .spawn(move || {
+                let started = ActiveGate::launch(spec, cfg, &starter);
+                if let (Ok(gate), Some(history)) = (&started, history) {
+                    gate.seed_hold(history);
+                }
                 // If the core is gone, the gate goes with the message (its handle's drop stops it).
-                let _ = tx.send(ActiveGate::launch(spec, cfg, &starter));
+                let _ = tx.send(started);
                 done();
             })
             .map_err(|e| Reply::err(1, format!("starting the gate: {e}")))?;
@@ -111,6 +116,20 @@ impl<D: RmDriver> DaemonCore<D> {
             began: Instant::now(),
         });
         Ok(())
+    }
+
+    /// The gaps a stopped gate on the same service left, for a gate with a hold to start from.
+    fn kept_hold_history(&self, spec: &GateSpec) -> Option<crate::gate::policy::HoldHistory> {
+        spec.hold_budget_pct?;
+        let key = ActiveGate::history_key_of(spec);
+        let (history, age) = self.hold_histories.for_service(&key, Instant::now())?;
+        tracing::info!(
+            gaps = history.gaps.len(),
+            stopped_s_ago = age.as_secs(),
+            service = %key,
+            "gate start: the hold starts from the gaps the last gate on this service learned"
+        );
+        Some(history)
     }
 
     /// Moves a begun `gate start` on without waiting; its reply once it is finished.

@@ -763,6 +763,57 @@ fn the_configs_offline_rules_decide_who_may_be_frozen_by_hand_and_by_the_gate() 
 }
 
 #[test]
+fn a_gate_started_again_for_the_same_service_starts_its_hold_from_the_last_one_s_gaps() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    let spec = |hold: Option<f64>| GateSpec {
+        online: vec![1],
+        offline: vec![me],
+        hold_budget_pct: hold,
+        ..GateSpec::default()
+    };
+    let key = ActiveGate::history_key_of(&spec(None));
+    let history = crate::gate::policy::HoldHistory {
+        gaps: (1..=20).map(|i| i * 1_000_000).collect(),
+        last_activity_ns: None,
+    };
+    // Kept an hour ago (within the 24 h they are good for).
+    let hour_ago = Instant::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap();
+    c.hold_histories
+        .keep(key.clone(), history.clone(), hour_ago);
+    let gaps_now =
+        |c: &mut DaemonCore<Arc<FakeRm>>| c.handle(Request::GateStatus).data["hold_gaps"].clone();
+
+    // Without a hold the gaps are not handed over (and stay kept).
+    let r = c.handle(Request::GateStart(Box::new(spec(None))));
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(gaps_now(&mut c), 0);
+    assert!(c.handle(Request::GateStop).error.is_none());
+    assert_eq!(
+        c.hold_histories
+            .for_service(&key, Instant::now())
+            .unwrap()
+            .0,
+        history
+    );
+
+    // With one, the new gate starts from them, and hands them back when it stops.
+    let r = c.handle(Request::GateStart(Box::new(spec(Some(8.0)))));
+    assert!(r.error.is_none(), "{r:?}");
+    wait_for("the gaps handed over", || gaps_now(&mut c) == 20);
+    assert!(c.handle(Request::GateStop).error.is_none());
+    let (kept, age) = c.hold_histories.for_service(&key, Instant::now()).unwrap();
+    assert_eq!(kept.gaps, history.gaps);
+    assert!(
+        age < Duration::from_secs(60),
+        "kept again by the stop: {age:?}"
+    );
+}
+
+#[test]
 fn gate_defaults_fill_what_a_gate_start_leaves_out() {
     let rm = Arc::new(FakeRm::host(1));
     let dir = tempfile::tempdir().unwrap();

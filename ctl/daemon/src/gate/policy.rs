@@ -169,6 +169,18 @@ pub enum Action {
     Resume,
 }
 
+/// What a gate's hold has learned, handed from a stopped gate to the next one on the same
+/// online service ([`GatePolicy::seed_hold_history`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HoldHistory {
+    /// Gaps between requests past the cooldown (ns), oldest first.
+    pub gaps: Vec<u64>,
+    /// Online's last activity under the stopped gate (CLOCK_MONOTONIC ns): the gap that spans the
+    /// restart is measured from it. Long lulls are the likeliest to span one, and they are most of
+    /// the idle time a hold's budget is a share of.
+    pub last_activity_ns: Option<u64>,
+}
+
 /// The gate's state.
 #[derive(Clone, Debug)]
 pub struct GatePolicy {
@@ -206,6 +218,8 @@ pub struct GatePolicy {
     /// The learned cooldown as the last tick read it (ns). The arrival and edge paths compare
     /// with it for the hold, so that nothing before the disable scans the gap memory.
     hold_cooldown_ns: u64,
+    /// An earlier gate's last online activity, until this gate's first request gap is noted.
+    carried_activity_ns: Option<u64>,
 }
 
 impl GatePolicy {
@@ -231,6 +245,7 @@ impl GatePolicy {
             hold_ns: 0,
             hold_stale: false,
             hold_cooldown_ns: cfg.cooldown_ceiling.as_nanos() as u64,
+            carried_activity_ns: None,
         }
     }
 
@@ -304,13 +319,49 @@ impl GatePolicy {
         self.idle_gaps.len()
     }
 
+    /// What the hold has learned: the daemon keeps it when the gate stops, for the next gate on
+    /// the same online service.
+    pub fn hold_history(&self) -> HoldHistory {
+        HoldHistory {
+            gaps: self.idle_gaps.iter().copied().collect(),
+            last_activity_ns: self.last_launch_ns,
+        }
+    }
+
+    /// Starts the hold from what an earlier gate learned ([`Self::hold_history`]), as if this gate
+    /// had seen it before its own: the newest [`HOLD_GAPS`] gaps are kept, zeros dropped, the hold
+    /// is chosen again at the next tick, and the gap from the earlier gate's last activity to this
+    /// gate's first request is noted too. A hold needs a long history (docs/gate.md: about 20
+    /// minutes of a bursty trace), which a restarted gate would otherwise start without.
+    pub fn seed_hold_history(&mut self, history: &HoldHistory) {
+        if self.last_launch_ns.is_none() {
+            self.carried_activity_ns = history.last_activity_ns;
+        }
+        let kept: Vec<u64> = history.gaps.iter().copied().filter(|&g| g > 0).collect();
+        let own = std::mem::take(&mut self.idle_gaps);
+        let start = kept.len().saturating_sub(HOLD_GAPS);
+        self.idle_gaps
+            .extend(kept[start..].iter().copied().chain(own));
+        while self.idle_gaps.len() > HOLD_GAPS {
+            self.idle_gaps.pop_front();
+        }
+        self.hold_stale = true;
+    }
+
     /// A request's first activity at `ts_ns`: the gap since online's last activity, past the
     /// learned cooldown, is idle time offline ran in (or would have). Kept for the hold.
     fn note_request_gap(&mut self, ts_ns: u64) {
-        if self.cfg.hold_budget.is_none() || !self.learned {
+        if self.cfg.hold_budget.is_none() {
             return;
         }
-        let Some(last) = self.last_launch_ns else {
+        // This gate's first request: the gap since the earlier gate's last activity, if any.
+        let carried = self.carried_activity_ns.take();
+        let last = match (self.learned, self.last_launch_ns) {
+            (true, last) => last,
+            (false, None) => carried.filter(|&c| c <= ts_ns),
+            (false, Some(_)) => None,
+        };
+        let Some(last) = last else {
             return;
         };
         let idle = ts_ns
@@ -1183,6 +1234,53 @@ mod tests {
         let (g, t) = after_requests(None, &gaps);
         assert_eq!((g.idle_gaps(), g.hold()), (0, Duration::ZERO));
         assert!(!g.held_at(t), "resumed after the cooldown");
+    }
+
+    #[test]
+    fn a_gate_seeded_with_an_earlier_gate_s_gaps_holds_from_its_first_tick() {
+        let gaps: Vec<u64> = (0..40)
+            .map(|i| if i % 10 == 9 { 5_000 * MS } else { 30 * MS })
+            .collect();
+        let cfg = GateConfig {
+            hold_budget: Some(0.1),
+            ..GateConfig::default()
+        };
+        let (old, t) = after_requests(Some(0.1), &gaps);
+        let history = old.hold_history();
+        assert_eq!(history.gaps.len(), old.idle_gaps());
+        assert!(history.last_activity_ns.is_some_and(|last| last < t));
+        let mut fresh = GatePolicy::new(cfg);
+        fresh.on_tick(t);
+        assert_eq!(fresh.hold(), Duration::ZERO, "nothing learned yet");
+        fresh.seed_hold_history(&history);
+        fresh.on_tick(t + MS);
+        assert_eq!(fresh.idle_gaps(), history.gaps.len());
+        assert_eq!(fresh.hold(), old.hold(), "the same gaps, the same hold");
+        // The lull that spans the restart counts, from the old gate's last activity, once.
+        let first = history.last_activity_ns.unwrap() + 60_000 * MS;
+        fresh.on_arrival(first);
+        assert_eq!(fresh.idle_gaps(), history.gaps.len() + 1);
+        let ceiling = cfg.cooldown_ceiling.as_nanos() as u64;
+        assert_eq!(
+            fresh.hold_history().gaps.last(),
+            Some(&(60_000 * MS - ceiling))
+        );
+        fresh.on_arrival(first + 10_000 * MS);
+        assert_eq!(
+            fresh.idle_gaps(),
+            history.gaps.len() + 1,
+            "then its own, once it has learned"
+        );
+        // The newest HOLD_GAPS are kept, its own gaps after them; zeros are dropped.
+        let mut g = GatePolicy::new(cfg);
+        let many = HoldHistory {
+            gaps: (1..=(HOLD_GAPS as u64 + 10)).chain([0]).collect(),
+            last_activity_ns: None,
+        };
+        g.seed_hold_history(&many);
+        assert_eq!(g.hold_history().gaps.first(), Some(&11));
+        assert_eq!(g.hold_history().gaps.last(), Some(&(HOLD_GAPS as u64 + 10)));
+        assert_eq!(g.idle_gaps(), HOLD_GAPS);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use valve::driver::RmDriver;
 use valve::state::{reenable, DisabledRecord};
 use valve_ebpf::Registry;
 
-use super::policy::GateConfig;
+use super::policy::{GateConfig, HoldHistory};
 use super::ports::{listening_ports, port_owners};
 use super::runtime::{ChannelSet, GateHandle, GateInput, GateShared, ProbeState};
 use crate::procfs::{alive, all_pids};
@@ -48,6 +48,48 @@ const LABEL_RESCAN: Duration = Duration::from_secs(1);
 /// The uprobe launch watcher reports idle->busy edges after this much silence; each carries its
 /// gap, which is what the policy learns iteration gaps from.
 pub const GATE_EDGE_GAP: Duration = Duration::from_micros(200);
+
+/// The hold's gaps between requests left by stopped gates, by the service each served
+/// ([`ActiveGate::history_key`]): a new gate for the same service starts its hold from them
+/// instead of from nothing (the hold's worth grows with its history: docs/gate.md). Kept in the
+/// daemon's memory only.
+#[derive(Debug, Default)]
+pub struct HoldHistories {
+    kept: BTreeMap<String, (Instant, HoldHistory)>,
+}
+
+impl HoldHistories {
+    /// Gaps older than this start no gate.
+    pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+    /// The most services kept; past it the one kept longest ago goes.
+    pub const MAX_SERVICES: usize = 16;
+
+    /// Keeps a stopped gate's gaps for `key` (none learned: the earlier ones stay).
+    pub fn keep(&mut self, key: String, history: HoldHistory, now: Instant) {
+        if history.gaps.is_empty() {
+            return;
+        }
+        self.kept.insert(key, (now, history));
+        while self.kept.len() > Self::MAX_SERVICES {
+            let oldest = self
+                .kept
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => self.kept.remove(&k),
+                None => break,
+            };
+        }
+    }
+
+    /// The gaps kept for `key` and how long ago, unless older than [`Self::MAX_AGE`].
+    pub fn for_service(&self, key: &str, now: Instant) -> Option<(HoldHistory, Duration)> {
+        let (at, history) = self.kept.get(key)?;
+        let age = now.saturating_duration_since(*at);
+        (age <= Self::MAX_AGE).then(|| (history.clone(), age))
+    }
+}
 
 /// A running gate as the daemon sees it.
 pub struct ActiveGate {
@@ -302,16 +344,48 @@ impl ActiveGate {
         v
     }
 
-    /// Stops the gate thread (it enables offline) and returns its final status. If the thread
-    /// had panicked, offline is re-enabled here.
-    pub fn stop<D: RmDriver>(self, ctl: &Controller<D>) -> serde_json::Value {
+    /// Stops the gate thread (it enables offline) and returns its final status, and the hold's
+    /// gaps between requests as it left them ([`Self::history_key`] names the service they belong
+    /// to). If the thread had panicked, offline is re-enabled here.
+    pub fn stop<D: RmDriver>(self, ctl: &Controller<D>) -> (serde_json::Value, HoldHistory) {
+        let shared = self.handle.shared();
         let (status, panicked) = self.handle.stop();
         if let Some(e) = panicked {
             // Its Drop has run during the unwind; make sure anyway.
             let (_, failures) = reenable(ctl, &self.records);
             tracing::error!("{e}; re-enabled offline from the daemon, failures: {failures:?}");
         }
-        json!(status)
+        (json!(status), shared.hold_history())
+    }
+
+    /// Hands the gate the gaps between requests an earlier gate on the same service learned, so
+    /// that its hold starts from them.
+    pub fn seed_hold(&self, history: HoldHistory) {
+        self.handle.send(GateInput::HoldHistory(history));
+    }
+
+    /// This gate's [`Self::history_key_of`].
+    pub fn history_key(&self) -> String {
+        Self::history_key_of(&self.spec)
+    }
+
+    /// The online service a gate serves, as far as its hold's history goes: its ports, label and
+    /// pids as asked. A gate asked for the same ones serves the same traffic.
+    pub fn history_key_of(spec: &GateSpec) -> String {
+        let mut ports = spec.online_ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        let mut pids = spec.online.clone();
+        pids.sort_unstable();
+        pids.dedup();
+        let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let ports: Vec<u32> = ports.into_iter().map(u32::from).collect();
+        format!(
+            "ports={} label={} pids={}",
+            list(&ports),
+            spec.online_label.as_deref().unwrap_or(""),
+            list(&pids)
+        )
     }
 
     /// Passes a busy (`true`) or idle signal of the serving framework to the gate thread.
@@ -500,6 +574,67 @@ fn offline_records(offline: &BTreeSet<u32>, registry: &Registry) -> Vec<Disabled
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopped_gate_s_gaps_go_to_the_next_gate_on_the_same_service_only() {
+        let spec = |ports: Vec<u16>, pids: Vec<u32>, label: Option<&str>| GateSpec {
+            online_ports: ports,
+            online: pids,
+            online_label: label.map(str::to_string),
+            ..GateSpec::default()
+        };
+        let a = ActiveGate::history_key_of(&spec(vec![8001, 8000, 8000], vec![], None));
+        assert_eq!(
+            a,
+            ActiveGate::history_key_of(&spec(vec![8000, 8001], vec![], None))
+        );
+        assert_ne!(
+            a,
+            ActiveGate::history_key_of(&spec(vec![8000], vec![], None))
+        );
+        assert_ne!(
+            a,
+            ActiveGate::history_key_of(&spec(vec![8000, 8001], vec![7], None))
+        );
+        assert_ne!(
+            a,
+            ActiveGate::history_key_of(&spec(vec![8000, 8001], vec![], Some("x")))
+        );
+
+        let t0 = Instant::now();
+        let mut h = HoldHistories::default();
+        assert!(h.for_service(&a, t0).is_none());
+        let gaps = |g: Vec<u64>| HoldHistory {
+            gaps: g,
+            last_activity_ns: Some(7),
+        };
+        h.keep(a.clone(), gaps(vec![5, 6]), t0);
+        h.keep(a.clone(), gaps(vec![]), t0 + Duration::from_secs(1));
+        let (kept, age) = h.for_service(&a, t0 + Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            (kept, age),
+            (gaps(vec![5, 6]), Duration::from_secs(10)),
+            "a stop with no gaps keeps the earlier ones"
+        );
+        assert!(h.for_service("ports= label= pids=", t0).is_none());
+        assert!(
+            h.for_service(&a, t0 + HoldHistories::MAX_AGE + Duration::from_secs(1))
+                .is_none(),
+            "too old"
+        );
+        for i in 0..HoldHistories::MAX_SERVICES {
+            h.keep(
+                format!("k{i}"),
+                gaps(vec![1]),
+                t0 + Duration::from_secs(100 + i as u64),
+            );
+        }
+        assert!(
+            h.for_service(&a, t0).is_none(),
+            "the one kept longest ago went"
+        );
+        assert!(h.for_service("k0", t0 + Duration::from_secs(100)).is_some());
+    }
 
     #[test]
     fn a_preemptions_refresh_never_scans_proc_even_when_a_scan_is_due() {

@@ -131,7 +131,10 @@ pub struct StartArgs {
     /// GPU already, giving up at most this share of online's idle time (e.g. 10%). The hold
     /// is the longest that would have cost that share over the last 256 gaps between
     /// requests: with bursty arrivals it catches many at a small cost, with evenly random
-    /// ones about the budget's share. Shown in `gate status` once 8 gaps are seen.
+    /// ones about the budget's share. Shown in `gate status` once 8 gaps are seen. It is
+    /// worth what it has seen (about 20 minutes of bursty traffic): a gate started again for
+    /// the same --online-port/--online/--online-label starts from the gaps the last one
+    /// learned (kept by the daemon, in memory, for 24 h).
     #[arg(long, value_parser = parse_percent, value_name = "PERCENT")]
     hold_budget: Option<f64>,
 }

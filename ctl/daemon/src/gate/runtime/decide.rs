@@ -85,6 +85,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Online(pids) => self.set_online(pids),
             GateInput::Ports(ports) => self.set_ports(ports),
             GateInput::Adopt(records) => self.adopt = channel_set(&records),
+            GateInput::HoldHistory(gaps) => {
+                self.policy.seed_hold_history(&gaps);
+                self.update(|_| {});
+            }
             GateInput::Sync(ack) => {
                 self.adopt.clear();
                 self.refresh_probes();

@@ -30,6 +30,9 @@ pub enum GateInput {
     /// the gate keeps them disabled if it holds offline, else enables them (never an enable
     /// followed at once by a disable). Forgotten at the next [`GateInput::Sync`].
     Adopt(Vec<DisabledRecord>),
+    /// Gaps between requests an earlier gate on the same online service learned, for the hold
+    /// to start from ([`GatePolicy::seed_hold_history`](crate::gate::policy::GatePolicy::seed_hold_history)).
+    HoldHistory(crate::gate::policy::HoldHistory),
     /// Answer on this channel once every earlier input has been applied.
     Sync(mpsc::SyncSender<()>),
     /// Enable everything and end the thread.

@@ -9,6 +9,7 @@ use valve::state::DisabledRecord;
 use valve::stats::summarize_us;
 
 use super::status::{GateStatus, SharedStatus};
+use crate::gate::policy::HoldHistory;
 use crate::gate::trace::{TraceRing, TRACE_CAPACITY};
 
 /// What the gate thread shares with the daemon: status and samples behind a lock (written after
@@ -26,6 +27,8 @@ pub struct GateShared {
     /// Offline sets sent to the gate thread so far
     /// ([`GateInput::Offline`](super::GateInput::Offline)).
     pub(super) offline_sent: AtomicU64,
+    /// The hold's gaps between requests as the runtime left them (its `Drop`), for the next gate.
+    pub(super) hold_history: Mutex<HoldHistory>,
 }
 
 /// The hand-over of offline processes from the gate to the daemon (a manual preempt, the memory
@@ -85,11 +88,20 @@ impl Default for GateShared {
             trace: TraceRing::new(TRACE_CAPACITY),
             claims: Mutex::default(),
             offline_sent: AtomicU64::new(0),
+            hold_history: Mutex::default(),
         }
     }
 }
 
 impl GateShared {
+    /// The hold's gaps between requests as the gate thread left them (empty while it runs).
+    pub fn hold_history(&self) -> HoldHistory {
+        self.hold_history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The decision trace.
     pub fn trace(&self) -> &TraceRing {
         &self.trace

@@ -225,6 +225,12 @@ impl<D: RmDriver, L: LaunchSource> Drop for GateRuntime<D, L> {
         self.shared
             .panicked
             .store(std::thread::panicking(), Ordering::SeqCst);
+        // Before `ended`: the daemon reads the gaps once the gate has stopped.
+        *self
+            .shared
+            .hold_history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = self.policy.hold_history();
         drop(g);
         self.shared.ended.notify_all();
     }
@@ -311,6 +317,44 @@ mod tests {
         assert_eq!(snapshot(&shared).online_probe_hits, want);
         rt.handle(GateInput::Online([2].into()), 0);
         assert_eq!(snapshot(&shared).online_probe_hits.kernel_launches, 200);
+    }
+
+    #[test]
+    fn a_hold_history_handed_in_is_in_the_status_and_goes_back_out_when_the_gate_ends() {
+        struct Quiet;
+        impl LaunchSource for Quiet {
+            fn watch(&mut self, _: u32) -> Result<(), String> {
+                Ok(())
+            }
+            fn unwatch(&mut self, _: u32) {}
+            fn last_launch_ns(&self, _: u32) -> u64 {
+                0
+            }
+        }
+        let rm = Arc::new(FakeRm::host(1));
+        let shared = Arc::new(GateShared::default());
+        let cfg = GateConfig {
+            hold_budget: Some(0.08),
+            ..GateConfig::default()
+        };
+        let mut rt = GateRuntime::new(
+            Controller::with_driver(rm).unwrap(),
+            Quiet,
+            cfg,
+            shared.clone(),
+        );
+        let history = crate::gate::policy::HoldHistory {
+            gaps: (1..=20).map(|i| i * 1_000_000).collect(),
+            last_activity_ns: None,
+        };
+        assert!(rt.handle(GateInput::HoldHistory(history.clone()), 0));
+        assert_eq!(snapshot(&shared).hold_gaps, 20);
+        assert!(
+            shared.hold_history().gaps.is_empty(),
+            "not before the gate ends"
+        );
+        drop(rt);
+        assert_eq!(shared.hold_history(), history);
     }
 
     #[test]

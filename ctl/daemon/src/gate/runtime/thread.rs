@@ -122,6 +122,11 @@ impl GateHandle {
         self.shared.clone()
     }
 
+    /// The hold's gaps between requests as the gate left them (empty until it has stopped).
+    pub fn hold_history(&self) -> crate::gate::policy::HoldHistory {
+        self.shared.hold_history()
+    }
+
     /// Whether the thread has ended (it should only after [`Self::stop`]).
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(|t| t.is_finished())
