@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,8 @@ use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::config::OfflinePolicy;
-use crate::gate::supervisor::{ActiveGate, GateStarter, HoldHistories, Rescan, PROBES_WITHIN};
+use crate::gate::hold_history::{self, HoldHistories};
+use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan, PROBES_WITHIN};
 use crate::harvest::{HarvestShared, ProcessView};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
@@ -81,8 +82,10 @@ pub struct DaemonCore<D: RmDriver> {
     /// Set when the state file did not parse at start and was moved aside.
     pub state_salvage: Option<Salvage>,
     gate: Option<ActiveGate>,
-    /// The hold's gaps left by stopped gates, for the next gate on the same service.
+    /// The hold's gaps left by stopped gates, for the next gate on the same service, and the
+    /// file in the state directory that keeps them across daemon restarts.
     hold_histories: HoldHistories,
+    hold_histories_path: PathBuf,
     /// A `gate start` whose gate thread is starting off the loop, or not yet synced.
     gate_pending: Option<PendingGate>,
     gate_starter: Option<GateStarter>,
@@ -141,6 +144,11 @@ impl<D: RmDriver> DaemonCore<D> {
             .parent()
             .unwrap_or(Path::new("."))
             .to_path_buf();
+        let hold_histories_path = dir.join(hold_history::FILE_NAME);
+        let (hold_histories, warning) = HoldHistories::load(&hold_histories_path);
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
         let mut journal = Journal::in_dir(&dir, start_time);
         let mut registry = Registry::new();
         let restored = journal.restore(&mut registry)?;
@@ -164,7 +172,8 @@ impl<D: RmDriver> DaemonCore<D> {
             state_salvage: leftover.salvage,
             gate: None,
             gate_pending: None,
-            hold_histories: HoldHistories::default(),
+            hold_histories,
+            hold_histories_path,
             gate_starter: None,
             probes_within: PROBES_WITHIN,
             metrics: None,
@@ -739,7 +748,7 @@ impl<D: RmDriver> DaemonCore<D> {
         };
         let key = g.history_key();
         let (status, history) = g.stop(&self.ctl);
-        self.hold_histories.keep(key, history, Instant::now());
+        self.keep_hold_history(key, history);
         if let Some(m) = &self.metrics {
             m.gate_stopped();
         }
@@ -748,6 +757,22 @@ impl<D: RmDriver> DaemonCore<D> {
             tracing::error!("updating the state file: {e}");
         }
         Reply::ok(status)
+    }
+
+    /// Keeps a stopped gate's hold history, in memory and in the state directory.
+    fn keep_hold_history(&mut self, service: String, history: crate::gate::policy::HoldHistory) {
+        if history.gaps.is_empty() {
+            return;
+        }
+        self.hold_histories
+            .keep(service, history, crate::memory::server::warm::unix_now());
+        if let Err(e) = self.hold_histories.save(&self.hold_histories_path) {
+            tracing::error!(
+                "writing {}: {e}; the next gate keeps the hold's history only while this \
+                 daemon runs",
+                self.hold_histories_path.display()
+            );
+        }
     }
 
     fn gate_signal(&mut self, busy: bool) -> Reply {

@@ -122,10 +122,11 @@ impl<D: RmDriver> DaemonCore<D> {
     fn kept_hold_history(&self, spec: &GateSpec) -> Option<crate::gate::policy::HoldHistory> {
         spec.hold_budget_pct?;
         let key = ActiveGate::history_key_of(spec);
-        let (history, age) = self.hold_histories.for_service(&key, Instant::now())?;
+        let now = crate::memory::server::warm::unix_now();
+        let (history, age_s) = self.hold_histories.for_service(&key, now)?;
         tracing::info!(
             gaps = history.gaps.len(),
-            stopped_s_ago = age.as_secs(),
+            stopped_s_ago = age_s,
             service = %key,
             "gate start: the hold starts from the gaps the last gate on this service learned"
         );

@@ -778,39 +778,43 @@ fn a_gate_started_again_for_the_same_service_starts_its_hold_from_the_last_one_s
         gaps: (1..=20).map(|i| i * 1_000_000).collect(),
         last_activity_ns: None,
     };
+    let now = crate::memory::server::warm::unix_now;
     // Kept an hour ago (within the 24 h they are good for).
-    let hour_ago = Instant::now()
-        .checked_sub(Duration::from_secs(3600))
-        .unwrap();
     c.hold_histories
-        .keep(key.clone(), history.clone(), hour_ago);
+        .keep(key.clone(), history.clone(), now() - 3600);
     let gaps_now =
         |c: &mut DaemonCore<Arc<FakeRm>>| c.handle(Request::GateStatus).data["hold_gaps"].clone();
+    let file = dir.path().join(crate::gate::hold_history::FILE_NAME);
 
-    // Without a hold the gaps are not handed over (and stay kept).
+    // Without a hold the gaps are not handed over, and stay as they were.
     let r = c.handle(Request::GateStart(Box::new(spec(None))));
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(gaps_now(&mut c), 0);
     assert!(c.handle(Request::GateStop).error.is_none());
     assert_eq!(
-        c.hold_histories
-            .for_service(&key, Instant::now())
-            .unwrap()
-            .0,
+        c.hold_histories.for_service(&key, now()).unwrap().0,
         history
     );
+    assert!(!file.exists(), "a gate that learned nothing writes nothing");
 
     // With one, the new gate starts from them, and hands them back when it stops.
     let r = c.handle(Request::GateStart(Box::new(spec(Some(8.0)))));
     assert!(r.error.is_none(), "{r:?}");
     wait_for("the gaps handed over", || gaps_now(&mut c) == 20);
     assert!(c.handle(Request::GateStop).error.is_none());
-    let (kept, age) = c.hold_histories.for_service(&key, Instant::now()).unwrap();
+    let (kept, age_s) = c.hold_histories.for_service(&key, now()).unwrap();
     assert_eq!(kept.gaps, history.gaps);
-    assert!(
-        age < Duration::from_secs(60),
-        "kept again by the stop: {age:?}"
-    );
+    assert!(age_s < 60, "kept again by the stop: {age_s} s");
+
+    // A daemon started again on the same state directory has them.
+    drop(c);
+    let (mut c, _, _) = gated_core(&rm, dir.path(), false);
+    let r = c.handle(Request::GateStart(Box::new(spec(Some(8.0)))));
+    assert!(r.error.is_none(), "{r:?}");
+    wait_for("the gaps handed over after a restart", || {
+        gaps_now(&mut c) == 20
+    });
+    assert!(c.handle(Request::GateStop).error.is_none());
 }
 
 #[test]

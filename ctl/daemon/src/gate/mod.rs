@@ -12,6 +12,7 @@
 //! and offline, their channels from the registry, recorded in the state file before the gate
 //! thread may disable them.
 
+pub mod hold_history;
 pub mod policy;
 pub mod ports;
 pub mod runtime;

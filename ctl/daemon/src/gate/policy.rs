@@ -171,7 +171,8 @@ pub enum Action {
 
 /// What a gate's hold has learned, handed from a stopped gate to the next one on the same
 /// online service ([`GatePolicy::seed_hold_history`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HoldHistory {
     /// Gaps between requests past the cooldown (ns), oldest first.
     pub gaps: Vec<u64>,

@@ -49,48 +49,6 @@ const LABEL_RESCAN: Duration = Duration::from_secs(1);
 /// gap, which is what the policy learns iteration gaps from.
 pub const GATE_EDGE_GAP: Duration = Duration::from_micros(200);
 
-/// The hold's gaps between requests left by stopped gates, by the service each served
-/// ([`ActiveGate::history_key`]): a new gate for the same service starts its hold from them
-/// instead of from nothing (the hold's worth grows with its history: docs/gate.md). Kept in the
-/// daemon's memory only.
-#[derive(Debug, Default)]
-pub struct HoldHistories {
-    kept: BTreeMap<String, (Instant, HoldHistory)>,
-}
-
-impl HoldHistories {
-    /// Gaps older than this start no gate.
-    pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
-    /// The most services kept; past it the one kept longest ago goes.
-    pub const MAX_SERVICES: usize = 16;
-
-    /// Keeps a stopped gate's gaps for `key` (none learned: the earlier ones stay).
-    pub fn keep(&mut self, key: String, history: HoldHistory, now: Instant) {
-        if history.gaps.is_empty() {
-            return;
-        }
-        self.kept.insert(key, (now, history));
-        while self.kept.len() > Self::MAX_SERVICES {
-            let oldest = self
-                .kept
-                .iter()
-                .min_by_key(|(_, (at, _))| *at)
-                .map(|(k, _)| k.clone());
-            match oldest {
-                Some(k) => self.kept.remove(&k),
-                None => break,
-            };
-        }
-    }
-
-    /// The gaps kept for `key` and how long ago, unless older than [`Self::MAX_AGE`].
-    pub fn for_service(&self, key: &str, now: Instant) -> Option<(HoldHistory, Duration)> {
-        let (at, history) = self.kept.get(key)?;
-        let age = now.saturating_duration_since(*at);
-        (age <= Self::MAX_AGE).then(|| (history.clone(), age))
-    }
-}
-
 /// A running gate as the daemon sees it.
 pub struct ActiveGate {
     handle: GateHandle,
@@ -576,7 +534,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stopped_gate_s_gaps_go_to_the_next_gate_on_the_same_service_only() {
+    fn a_gate_s_service_is_its_online_ports_pids_and_label_as_asked() {
         let spec = |ports: Vec<u16>, pids: Vec<u32>, label: Option<&str>| GateSpec {
             online_ports: ports,
             online: pids,
@@ -600,40 +558,6 @@ mod tests {
             a,
             ActiveGate::history_key_of(&spec(vec![8000, 8001], vec![], Some("x")))
         );
-
-        let t0 = Instant::now();
-        let mut h = HoldHistories::default();
-        assert!(h.for_service(&a, t0).is_none());
-        let gaps = |g: Vec<u64>| HoldHistory {
-            gaps: g,
-            last_activity_ns: Some(7),
-        };
-        h.keep(a.clone(), gaps(vec![5, 6]), t0);
-        h.keep(a.clone(), gaps(vec![]), t0 + Duration::from_secs(1));
-        let (kept, age) = h.for_service(&a, t0 + Duration::from_secs(10)).unwrap();
-        assert_eq!(
-            (kept, age),
-            (gaps(vec![5, 6]), Duration::from_secs(10)),
-            "a stop with no gaps keeps the earlier ones"
-        );
-        assert!(h.for_service("ports= label= pids=", t0).is_none());
-        assert!(
-            h.for_service(&a, t0 + HoldHistories::MAX_AGE + Duration::from_secs(1))
-                .is_none(),
-            "too old"
-        );
-        for i in 0..HoldHistories::MAX_SERVICES {
-            h.keep(
-                format!("k{i}"),
-                gaps(vec![1]),
-                t0 + Duration::from_secs(100 + i as u64),
-            );
-        }
-        assert!(
-            h.for_service(&a, t0).is_none(),
-            "the one kept longest ago went"
-        );
-        assert!(h.for_service("k0", t0 + Duration::from_secs(100)).is_some());
     }
 
     #[test]

@@ -134,7 +134,7 @@ pub struct StartArgs {
     /// ones about the budget's share. Shown in `gate status` once 8 gaps are seen. It is
     /// worth what it has seen (about 20 minutes of bursty traffic): a gate started again for
     /// the same --online-port/--online/--online-label starts from the gaps the last one
-    /// learned (kept by the daemon, in memory, for 24 h).
+    /// learned (kept 24 h in the daemon's state directory, gate-hold-history.json).
     #[arg(long, value_parser = parse_percent, value_name = "PERCENT")]
     hold_budget: Option<f64>,
 }
