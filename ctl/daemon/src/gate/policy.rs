@@ -140,11 +140,17 @@ pub const HOLD_MAX: Duration = Duration::from_secs(10);
 /// than `c` would have found offline frozen. With Poisson arrivals the share caught equals the
 /// budget; where arrivals cluster, many gaps are short and a small budget catches most of them.
 pub fn hold_within_budget(gaps: &[u64], budget: f64) -> u64 {
-    if gaps.is_empty() || budget <= 0.0 {
-        return 0;
-    }
     let mut sorted = gaps.to_vec();
     sorted.sort_unstable();
+    hold_within_budget_sorted(&sorted, budget)
+}
+
+/// [`hold_within_budget`] of gaps sorted ascending (the gate sorts into a buffer it keeps, so
+/// that its thread never allocates for it).
+fn hold_within_budget_sorted(sorted: &[u64], budget: f64) -> u64 {
+    if sorted.is_empty() || budget <= 0.0 {
+        return 0;
+    }
     let total: f64 = sorted.iter().map(|&g| g as f64).sum();
     let allowed = budget.min(1.0) * total;
     let n = sorted.len();
@@ -221,6 +227,8 @@ pub struct GatePolicy {
     hold_cooldown_ns: u64,
     /// An earlier gate's last online activity, until this gate's first request gap is noted.
     carried_activity_ns: Option<u64>,
+    /// The gaps sorted, when the hold is chosen again (allocated once, as `idle_gaps`).
+    hold_sorted: Vec<u64>,
 }
 
 impl GatePolicy {
@@ -247,6 +255,7 @@ impl GatePolicy {
             hold_stale: false,
             hold_cooldown_ns: cfg.cooldown_ceiling.as_nanos() as u64,
             carried_activity_ns: None,
+            hold_sorted: Vec::with_capacity(HOLD_GAPS),
         }
     }
 
@@ -390,8 +399,10 @@ impl GatePolicy {
         self.hold_ns = if self.idle_gaps.len() < HOLD_MIN_GAPS {
             0
         } else {
-            hold_within_budget(self.idle_gaps.make_contiguous(), budget)
-                .min(HOLD_MAX.as_nanos() as u64)
+            self.hold_sorted.clear();
+            self.hold_sorted.extend(self.idle_gaps.iter().copied());
+            self.hold_sorted.sort_unstable();
+            hold_within_budget_sorted(&self.hold_sorted, budget).min(HOLD_MAX.as_nanos() as u64)
         };
     }
 
