@@ -141,14 +141,21 @@ impl HoldHistories {
         })
     }
 
-    /// Writes the file at `path` atomically (a reader sees the old one or the new one).
+    /// Writes the file at `path` (a temporary file beside it, renamed over it: a reader sees the
+    /// old one or the new one). No fsync, as for the state file and the registry journal: it is
+    /// written on the daemon's loop, and a crash that loses it costs only the hold's history.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let file = FileV1 {
             version: FORMAT_VERSION,
             services: self.kept.clone(),
         };
         let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
-        crate::memory::server::warm::write_atomic(path, &bytes)
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)
     }
 }
 
