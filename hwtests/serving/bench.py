@@ -428,16 +428,11 @@ def prompt_text(model_dir, tokens):
 MODEL_NAME = ["bench"]
 
 
-TRACE_ARRIVALS = {  # --arrivals: sched/data's arrival times of Azure's 2023 LLM inference traces
-    "azure-code": "azure-llm-2023-code-arrivals-first20min.csv",  # bursty (gaps' CV 14.7)
-    "azure-conv": "azure-llm-2023-conv-arrivals-first20min.csv",  # nearly Poisson (CV 1.06)
-}
+TRACE_ARRIVALS = loadgen.TRACES  # --arrivals: sched/data's arrival times (Azure, 2023)
 TRACE = [None]  # the arrival times replayed, when --arrivals names a trace
 
 
-def trace_path(name):
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sched", "data",
-                        TRACE_ARRIVALS[name])
+trace_path = loadgen.trace_path
 
 
 def run_load(url, rate, n, seed, prompt, max_tokens):
@@ -941,8 +936,7 @@ def main(argv=None):
         for load in a.loads:
             if stopped:
                 break
-            # Poisson arrivals; with overlapping requests the busy share is about 1 - exp(-rate * s).
-            rate = -math.log(1 - load) / s
+            rate = loadgen.rate_at(load, s)
             # An unrecorded run at this load first: the first measured run was slower than the same
             # configuration run again last, whatever it was (alone TPOT p99 105 ms, again 47 ms).
             log(f"== load {load:.0%} ({rate:.2f}/s): warm-up run, not recorded")

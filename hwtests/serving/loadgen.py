@@ -13,6 +13,8 @@ an HTTP chunk, or in the raw protocol's final line): recv_ns, launch_ns and the 
 import argparse
 import asyncio
 import json
+import math
+import os
 import random
 import socket
 import sys
@@ -55,6 +57,23 @@ def trace_window(trace, rate, n, seed):
         raise ValueError(f"{n} arrivals from {first} of the trace come at one instant")
     scale = n / rate / length
     return [(at(first + 1 + i) - at(first)) * scale for i in range(n)]
+
+
+TRACES = {  # sched/data's arrival times of Azure's 2023 LLM inference traces, by --arrivals name
+    "azure-code": "azure-llm-2023-code-arrivals-first20min.csv",  # bursty (gaps' CV 14.7)
+    "azure-conv": "azure-llm-2023-conv-arrivals-first20min.csv",  # nearly Poisson (CV 1.06)
+}
+
+
+def trace_path(name):
+    """The committed arrival times of trace `name` (a key of TRACES)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sched", "data", TRACES[name])
+
+
+def rate_at(load, service_s):
+    """Requests a second that keep a server of `service_s` per request busy a share `load` of the
+    time (with overlapping Poisson requests the busy share is about 1 - exp(-rate * s))."""
+    return -math.log(1 - load) / service_s
 
 
 def load_trace(path):

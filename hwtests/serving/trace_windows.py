@@ -14,27 +14,14 @@ requests the GPU run will replay. No GPU, standard library only."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loadgen  # noqa: E402
 
-TRACES = {
-    "azure-code": "azure-llm-2023-code-arrivals-first20min.csv",
-    "azure-conv": "azure-llm-2023-conv-arrivals-first20min.csv",
-}
-
-
-def trace_file(name: str) -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(here, "..", "..", "sched", "data", TRACES[name])
-
-
-def rate_at(load: float, service_s: float) -> float:
-    """Requests a second at a busy share `load`, as bench.py sets it."""
-    return -math.log(1 - load) / service_s
+trace_file = loadgen.trace_path
+rate_at = loadgen.rate_at  # requests a second at a busy share, as bench.py sets it
 
 
 def idle_arrivals(offsets: list[float], service_s: float) -> int:
@@ -75,7 +62,7 @@ def write_window(path: str, offsets: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", choices=sorted(TRACES))
+    ap.add_argument("trace", choices=sorted(loadgen.TRACES))
     ap.add_argument("--load", type=float, required=True, help="the benchmark's --loads value, e.g. 0.1")
     ap.add_argument("--run-s", type=float, required=True, help="the benchmark's --run-s (one round)")
     ap.add_argument("--service-s", type=float, default=0.345,
