@@ -761,11 +761,10 @@ impl<D: RmDriver> DaemonCore<D> {
 
     /// Keeps a stopped gate's hold history, in memory and in the state directory.
     fn keep_hold_history(&mut self, service: String, history: crate::gate::policy::HoldHistory) {
-        if history.gaps.is_empty() {
+        let now = crate::memory::server::warm::unix_now();
+        if !self.hold_histories.keep(service, history, now) {
             return;
         }
-        self.hold_histories
-            .keep(service, history, crate::memory::server::warm::unix_now());
         if let Err(e) = self.hold_histories.save(&self.hold_histories_path) {
             tracing::error!(
                 "writing {}: {e}; the next gate keeps the hold's history only while this \

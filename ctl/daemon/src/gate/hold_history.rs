@@ -48,11 +48,11 @@ impl HoldHistories {
     /// The most services kept; past it the one kept longest ago goes.
     pub const MAX_SERVICES: usize = 16;
 
-    /// Keeps a stopped gate's history for `service` at `now_unix_s` (no gaps learned: the
-    /// earlier history stays).
-    pub fn keep(&mut self, service: String, history: HoldHistory, now_unix_s: u64) {
+    /// Keeps a stopped gate's history for `service` at `now_unix_s`; whether it did (no gaps
+    /// learned, or a service name too long: the earlier history stays).
+    pub fn keep(&mut self, service: String, history: HoldHistory, now_unix_s: u64) -> bool {
         if history.gaps.is_empty() || service.chars().count() > MAX_SERVICE_CHARS {
-            return;
+            return false;
         }
         let kept = Kept {
             saved_unix_s: now_unix_s,
@@ -71,6 +71,7 @@ impl HoldHistories {
                 None => break,
             };
         }
+        true
     }
 
     /// The history kept for `service` and its age in seconds, unless older than
@@ -181,8 +182,8 @@ mod tests {
     fn a_history_is_kept_by_service_for_a_day_and_the_most_recent_services_only() {
         let mut h = HoldHistories::default();
         assert!(h.for_service("a", 1000).is_none());
-        h.keep("a".into(), history(vec![5, 6]), 1000);
-        h.keep("a".into(), history(vec![]), 1001);
+        assert!(h.keep("a".into(), history(vec![5, 6]), 1000));
+        assert!(!h.keep("a".into(), history(vec![]), 1001));
         assert_eq!(
             h.for_service("a", 1010),
             Some((history(vec![5, 6]), 10)),
@@ -194,7 +195,7 @@ mod tests {
                 .is_none(),
             "too old"
         );
-        h.keep("x".repeat(MAX_SERVICE_CHARS + 1), history(vec![1]), 1000);
+        assert!(!h.keep("x".repeat(MAX_SERVICE_CHARS + 1), history(vec![1]), 1000));
         assert!(h
             .for_service(&"x".repeat(MAX_SERVICE_CHARS + 1), 1000)
             .is_none());
