@@ -351,9 +351,7 @@ impl Reclaimer {
                     frozen.freezer.kill(t.pid);
                     self.stats.last_kill = Some(KillRecord {
                         pid: t.pid,
-                        unix_s: std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_secs()),
+                        unix_s: crate::memory::server::warm::unix_now(),
                         answered: answer.is_some(),
                         threads,
                     });
