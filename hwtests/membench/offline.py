@@ -52,6 +52,11 @@ class Generated:
             self.seen.pop(rid, None)
             self.timeline.append((now(), self.total))
 
+    def forget(self, rid: str) -> None:
+        """A cancelled request: it will never finish, so its count is dropped (the tokens stay counted)."""
+        with self.lock:
+            self.seen.pop(rid, None)
+
     def _add(self, rid: str, n: int) -> None:
         d = n - self.seen.get(rid, 0)
         if d > 0:
@@ -166,6 +171,8 @@ def main() -> int:
                     help="paged|sdpa (cost grows with the batch squared) or PyTorch's varlen flash kernel")
     ap.add_argument("--max-requests", type=int, default=96, help="requests per forward pass at most")
     ap.add_argument("--backlog", type=int, default=256, help="requests kept queued")
+    ap.add_argument("--episode-requests", type=int, default=400,
+                    help="--episodes: the fixed list's length (an episode that runs out of it fails)")
     ap.add_argument("--safety-margin", type=float, default=0.0,
                     help="transformers' FIFO scheduler admits no new prefill while fewer than this share of the "
                          "whole cache's blocks is free (its own default is 0.2); through the shim the whole cache is "
@@ -180,6 +187,9 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=900)
     ap.add_argument("--timeline", help="write one row a second (tokens, evictions, active/waiting requests, free "
                                        "blocks) to this JSON file: what the cache did where the rate moved")
+    ap.add_argument("--episodes", metavar="DIR",
+                    help="run fixed episodes instead of an endless backlog (episodes.py; run.py episodes): each "
+                         "DIR/episode-K.json starts one, DIR/episode-K.done.json says how it went, DIR/stop ends")
     a = ap.parse_args()
     faulthandler.enable()  # a fatal signal prints the Python stacks into the log
 
@@ -202,7 +212,7 @@ def main() -> int:
         policy = dict(placement="compact") if a.placement == "compact" else {}
         vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo), **policy)
     steps: list[float] = []
-    generated = Generated() if a.selection_file else None
+    generated = Generated() if a.selection_file or a.episodes else None
     log_steps(steps, generated)
     offloads = [0]
     count_offloads(offloads)
@@ -215,6 +225,8 @@ def main() -> int:
                                    **common.cb_extra(a.attention))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
     manager.start()
+    if a.episodes:
+        return serve_episodes(a, manager, tok, generated, offloads, steps)
     added = 0
 
     def top_up(n: int) -> None:
@@ -299,6 +311,127 @@ def main() -> int:
     timeline.write()
     manager.stop(block=True, timeout=30, hard_stop=True)  # not FLUSH_AND_STOP: the backlog is endless
     return 0 if not errors else 3
+
+
+def serve_episodes(a, manager, tok, generated: Generated, offloads: list, steps: list) -> int:
+    """--episodes: the same requests in every episode (request i's prompt is the backlog's request i),
+    run when the driver asks for one; writes what each episode did and what offline is at the end."""
+    prompts = [tok(common.text(random.Random(i), common.offline_prompt_len(i, tuple(a.prompt))))["input_ids"]
+               for i in range(a.episode_requests)]
+    if a.ready:
+        open(a.ready, "w").close()
+    k, status = 1, 0
+    while not os.path.exists(os.path.join(a.episodes, "stop")):
+        path = os.path.join(a.episodes, f"episode-{k}.json")
+        if not os.path.exists(path):
+            time.sleep(0.01)
+            continue
+        spec = common.read_json(path)
+        res = run_episode(spec, manager, prompts, a, generated, offloads)
+        res.update(episode_steps(steps, res["t0"], res["seconds"]))
+        common.write_json(os.path.join(a.episodes, f"episode-{k}.done.json.new"), res)
+        os.replace(os.path.join(a.episodes, f"episode-{k}.done.json.new"),
+                   os.path.join(a.episodes, f"episode-{k}.done.json"))
+        if res["errors"] or not res["drained"]:
+            status = 3
+            break
+        k += 1
+    manager.stop(block=True, timeout=30, hard_stop=True)
+    return status
+
+
+def shim_stats(manager) -> dict | None:
+    v = getattr(manager.batch_processor.cache, "_valve", None)
+    return dict(v.stats) if v is not None else None
+
+
+def run_episode(spec: dict, manager, prompts: list, a, generated: Generated, offloads: list) -> dict:
+    """One episode (episodes.py): from spec["start_at"] (CLOCK_MONOTONIC), `backlog` of the prompts in
+    the system, a finished one replaced by the next, until offline has generated spec["tokens"] tokens
+    (or for spec["measure_s"] seconds); then what is left is cancelled and the cache drains."""
+    import episodes
+
+    if a.mode == "valve":
+        import valve_transformers as vt
+
+        vt.set_policy(selection=spec.get("selection", "alg1"), selection_seed=int(spec.get("seed", 0)))
+    shim0, off0 = shim_stats(manager), offloads[0]
+    time.sleep(max(0.0, spec["start_at"] - now()))
+    t0 = now()
+    with generated.lock:
+        g0, mark = generated.total, len(generated.timeline)
+    in_system: set[str] = set()
+    nxt, finished, errors = 0, 0, []
+
+    def fill() -> None:
+        nonlocal nxt
+        while len(in_system) < spec["backlog"] and nxt < len(prompts):
+            rid = f"e{spec['k']}-{nxt}"
+            manager.add_request(prompts[nxt], rid, max_new_tokens=a.new_tokens)
+            in_system.add(rid)
+            nxt += 1
+
+    def reached() -> bool:
+        if spec.get("tokens"):
+            return generated.total - g0 >= spec["tokens"]
+        return now() - t0 >= spec["measure_s"]
+
+    fill()
+    deadline = t0 + spec.get("max_s", 300)
+    while not reached():
+        if now() > deadline or not manager.is_running() or nxt >= len(prompts) and not in_system:
+            errors.append("the episode ran out of time, requests or its generation loop before its count "
+                          f"({generated.total - g0} tokens in {now() - t0:.1f} s, {nxt} requests used)")
+            break
+        out = manager.get_result(timeout=0.01)
+        if out is None or out.request_id not in in_system:
+            continue  # nothing yet, or a cancelled request of an earlier episode
+        in_system.discard(out.request_id)
+        if out.error:
+            errors.append(str(out.error))
+        else:
+            finished += 1
+            generated.finished(out.request_id, len(out.generated_tokens))
+        fill()
+    t_stop, shim1, off1 = now(), shim_stats(manager), offloads[0]
+    with generated.lock:
+        line = [(t, n - g0) for t, n in generated.timeline[mark:]]
+    for rid in in_system:
+        manager.cancel_request(rid)
+        generated.forget(rid)
+    drained = wait_drained(manager, 60)
+    tokens = spec.get("tokens") or episodes.tokens_by(line, t0, spec["measure_s"])
+    res = dict(k=spec["k"], t0=t0, late_s=t0 - spec["start_at"], t_stop=t_stop, tokens=tokens,
+               seconds=episodes.time_to_tokens(line, t0, tokens), finished=finished, used=nxt,
+               cb_offloads=off1 - off0, errors=errors[:10], drained=drained)
+    if shim0 is not None and shim1 is not None:
+        res.update({key: shim1[key] - shim0[key] for key in ("requeued", "requeued_tokens", "grown_handles")
+                    if key in shim0 and key in shim1})
+    return res
+
+
+def episode_steps(steps: list, t0: float, seconds: float | None) -> dict:
+    """The continuous-batching steps an episode took to its count, and their median length: without
+    CUDA graphs a step's length is the host's Python, which drifts with the host, while the count
+    of steps is the work (episodes.py)."""
+    import bisect
+
+    if seconds is None:
+        return {}
+    i0, i1 = bisect.bisect_right(steps, t0), bisect.bisect_right(steps, t0 + seconds + 1e-6)
+    gaps = sorted(b - a for a, b in zip(steps[i0:i1], steps[i0 + 1:i1]))
+    return dict(steps=i1 - i0, step_ms_median=1000 * gaps[len(gaps) // 2] if gaps else None)
+
+
+def wait_drained(manager, timeout: float) -> bool:
+    """Waits until transformers' scheduler holds no request (cancelled ones leave at its next step)."""
+    sched = manager.batch_processor.scheduler
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not sched.active_requests and not sched.waiting_requests:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 if __name__ == "__main__":

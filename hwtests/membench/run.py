@@ -16,6 +16,10 @@ offline batch generation, with a static split and with Valve's pool; and the cor
         [--placement default|compact]
         (issue 30, offline only: `valvectl pool reclaim` takes a share of offline's memory at a rate
         for each handle choice; sweep.py says how the cells fit ~7.5 minutes; report.md/report.json)
+    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR episodes \
+        [--sizes 10] [--rates 2,6] [--policies alg1,fifo] [--repeat 4] [--measure-s 20]
+        (the same cells as episodes of one fixed offline workload, each timed to a token count:
+        episodes.py; report.md/report.json)
 
 Compare online latency with `--online-cuda-graphs`: without CUDA graphs the online decode step is
 bound by the host's Python (20-40 ms whatever its GPU work, +-30% between bursts), and two alone
@@ -80,6 +84,7 @@ sys.path.insert(0, HERE)
 import churn  # noqa: E402
 import common  # noqa: E402
 import report  # noqa: E402
+import episodes  # noqa: E402
 import sweep  # noqa: E402
 
 
@@ -478,6 +483,18 @@ def offline_handles(r: Run) -> int:
     return sum(c.get("handles", 0) for c in st.get("clients", []) if c.get("role") == "offline")
 
 
+def reclaim_share(r: Run, size_pct: float) -> tuple[int | None, int]:
+    """`valvectl pool reclaim` of `size_pct`% of the handles offline holds now (at least one): the MiB
+    the daemon says it reclaimed, and the handles offline held before."""
+    h = offline_handles(r)
+    n = max(1, round(size_pct / 100 * h))
+    out = r.valvectl("pool", "reclaim", "--gpu", str(common.GPU), "--mib", str(n * common.HANDLE_BYTES >> 20), "--json")
+    try:
+        return json.loads(out).get("reclaimed_mib"), h
+    except ValueError:
+        return None, h
+
+
 def sweep_run(r: Run) -> int:
     """Issue 30's eviction sweep (sweep.py): one daemon with a pool and one offline process through the
     shim; per window, the shim's handle choice is set, then `valvectl pool reclaim` takes the window's
@@ -519,13 +536,7 @@ def sweep_run(r: Run) -> int:
             made, sizes_mib, held = 0, [], []
             for at in w.reclaims_at:
                 time.sleep(max(0.0, t0 + at - common.now()))
-                h = offline_handles(r)
-                n = max(1, round(w.size_pct / 100 * h))
-                out = r.valvectl("pool", "reclaim", "--gpu", str(common.GPU), "--mib", str(n * common.HANDLE_BYTES >> 20), "--json")
-                try:
-                    got = json.loads(out).get("reclaimed_mib")
-                except ValueError:
-                    got = None
+                got, h = reclaim_share(r, w.size_pct)
                 made, sizes_mib, held = made + 1, sizes_mib + [got], held + [h]
             time.sleep(max(0.0, t0 + w.seconds - common.now()))
             # The next window's choice is set now, `gap` before it starts: no reclaim comes in between, so
@@ -562,6 +573,104 @@ def sweep_run(r: Run) -> int:
         f.write(sweep.markdown(rep))
     print(sweep.markdown(rep))
     return 0 if not rep.get("error") else 1
+
+
+def episodes_run(r: Run) -> int:
+    """Issue 30's cells as episodes (episodes.py): one daemon with a pool and one offline process
+    (offline.py --episodes) that runs the same requests from an empty cache whenever asked; reclaims
+    at the episode's times; each episode's time to the warm-up's token count, against the base line."""
+    a = r.a
+    plan = episodes.plan(a.sizes, a.rates, a.policies, a.lead, a.measure_s, a.tail, a.repeat, a.seed, a.warm)
+    print(f"episodes: {len(plan)} of about {a.measure_s:g} s, about "
+          f"{(90 + len(plan) * (a.measure_s + a.drain_s)) / 60:.1f} min", flush=True)
+    common.build_model(r.model)
+    d = os.path.join(r.work, "episodes")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    off_out = os.path.join(r.out, "episodes-offline.json")
+    rep: dict = dict(args=dict(vars(a), policies=list(a.policies)), episodes=[], gpu_used_mib_before=common.gpu_used_mib())
+    tokens = None
+    try:
+        r.start_daemon("episodes", a.pool_gib, a.target_per_min)
+        off_args = ["--model", r.model, "--mode", "valve", "--out", off_out, "--ready", os.path.join(d, "ready"),
+                    "--episodes", d, "--episode-requests", str(a.episode_requests),
+                    "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
+                    "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
+                    "--attention", a.attention, "--placement", a.placement]
+        off = r.spawn("episodes-offline", python("offline.py", *off_args),
+                      dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER"))
+        wait_files([os.path.join(d, "ready")], [off], 300)
+        started, k = time.monotonic(), 0
+        for i, e in enumerate(plan):
+            if e.kind == "base" and i < len(plan) - 1 and out_of_budget(a, rep["episodes"], started):
+                # whole groups only; the plan's last base episode still runs, for the line
+                rep["budget_note"] = f"--budget-s {a.budget_s:g} reached: {len(plan) - 1 - i} episodes not run"
+                print(f"episodes: {rep['budget_note']}", flush=True)
+                e = plan[-1]
+                del plan[i + 1:]
+            k += 1
+            rec = run_one_episode(r, d, k, e, tokens, off)
+            tokens = rec["tokens"] if e.kind == "warm" else tokens
+            rep["episodes"].append(rec)
+            print(f"episodes: {i + 1}/{len(plan)} {e.kind} {e.policy} size {e.size_pct} rates {e.rates}: "
+                  f"{episodes_fmt(rec.get('seconds'))} s, {rec.get('steps')} steps to {rec.get('tokens')} tokens, "
+                  f"reclaims {rec['reclaims']} "
+                  f"requeued {rec.get('requeued')} ({rec.get('requeued_tokens')} tokens)", flush=True)
+            if rec.get("errors") or not rec.get("drained", True):
+                raise RuntimeError(f"episode {k}: {rec.get('errors') or 'did not drain'}")
+        open(os.path.join(d, "stop"), "w").close()
+        rep["offline_exit"] = off.wait(timeout=120)
+    except Exception as e:  # noqa: BLE001 - the report says what went wrong, with what was measured
+        rep["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        r.stop_all()
+        time.sleep(2)
+        rep["gpu_used_mib_after"] = common.gpu_used_mib()
+    rep.update(device=common.device_name(), lane=common.lane(), tokens=tokens)
+    rep["analysis"] = episodes.analyse(rep["episodes"], "steps")
+    rep["analysis_seconds"] = episodes.analyse(rep["episodes"], "seconds")
+    if rep.get("error"):
+        rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
+    rep["target"] = sweep.target_check(rep["analysis"]["cells"])
+    common.write_json(os.path.join(r.out, "report.json"), rep)
+    text = episodes.markdown(rep)
+    with open(os.path.join(r.out, "report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0 if not rep.get("error") else 1
+
+
+def out_of_budget(a, done: list[dict], started: float) -> bool:
+    """Whether a base episode, a group of the policies and the last base episode would overrun
+    --budget-s, at the longest episode so far."""
+    if not a.budget_s:
+        return False
+    longest = max((x["t_stop"] - x["t0"] for x in done), default=a.measure_s) + a.drain_s + 1
+    return time.monotonic() - started + (len(a.policies) + 2) * longest > a.budget_s
+
+
+def run_one_episode(r: Run, d: str, k: int, e, tokens: int | None, off: subprocess.Popen) -> dict:
+    """Asks offline for episode `k`, makes its reclaims at their times, and returns what offline
+    reported with the reclaims made."""
+    a = r.a
+    start_at = common.now() + 0.5
+    spec = dict(k=k, start_at=start_at, backlog=a.offline_backlog, selection=e.policy, seed=e.seed,
+                max_s=4 * a.measure_s + 30)
+    spec.update(dict(measure_s=a.measure_s) if e.kind == "warm" or not tokens else dict(tokens=tokens))
+    common.write_json(os.path.join(d, f"episode-{k}.json.new"), spec)
+    os.replace(os.path.join(d, f"episode-{k}.json.new"), os.path.join(d, f"episode-{k}.json"))
+    made, sizes_mib, held = 0, [], []
+    for at in e.reclaims_at:
+        time.sleep(max(0.0, start_at + at - common.now()))
+        got, h = reclaim_share(r, e.size_pct)
+        made, sizes_mib, held = made + 1, sizes_mib + [got], held + [h]
+    done = os.path.join(d, f"episode-{k}.done.json")
+    wait_files([done], [off], spec["max_s"] + 90)
+    return dict(vars(e), **common.read_json(done), reclaims=made, reclaimed_mib=sizes_mib, offline_handles=held)
+
+
+def episodes_fmt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def write_selection(path: str, words: str) -> None:
@@ -676,6 +785,35 @@ def main() -> int:
     sw.add_argument("--placement", choices=("default", "compact"), default="default",
                     help="the shim's block placement (compact: a request's blocks on as few handles as possible; "
                          "docs/memory.md); run the sweep once per placement to compare")
+    ep = sub.add_parser("episodes", help="issue 30's cells as episodes of a fixed offline workload (episodes.py): "
+                                         "lower noise than the window sweep")
+    ep.add_argument("--sizes", type=floats, default=[10.0], help="%% of offline's memory per reclaim")
+    ep.add_argument("--rates", type=floats, default=[2.0, 6.0], help="reclaims per minute")
+    ep.add_argument("--policies", type=lambda x: [p for p in x.split(",") if p], default=["alg1", "fifo"],
+                    help="comma-separated: " + ", ".join(sweep.POLICIES))
+    ep.add_argument("--measure-s", type=float, default=20.0,
+                    help="the warm-up episode's length; its token count is every later episode's goal")
+    ep.add_argument("--lead", type=float, default=9.0,
+                    help="seconds into an episode before its first reclaim (offline's batch fills in the first ~8 s)")
+    ep.add_argument("--tail", type=float, default=6.0,
+                    help="seconds an episode keeps after its last reclaim, for the recomputation to fall inside it")
+    ep.add_argument("--drain-s", type=float, default=3.0, help="seconds between episodes (estimates only)")
+    ep.add_argument("--budget-s", type=float, default=0,
+                    help="stop starting episodes when the next two would not fit this many seconds from the first "
+                         "warm-up, and run the plan's last base episode; 0: run the whole plan")
+    ep.add_argument("--repeat", type=int, default=4, help="each cell's group of episodes, this many times")
+    ep.add_argument("--warm", type=int, default=2, help="warm-up episodes (the first grows the cache)")
+    ep.add_argument("--seed", type=int, default=30, help="the policies' order and the random policy's seeds")
+    ep.add_argument("--episode-requests", type=int, default=400, help="the fixed list's length")
+    ep.add_argument("--offline-backlog", type=int, default=80, help="offline's requests in the system at once")
+    ep.add_argument("--pool-gib", type=int, default=12)
+    ep.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
+    ep.add_argument("--offline-batch-tokens", type=int, default=512)
+    ep.add_argument("--offline-max-requests", type=int, default=96)
+    ep.add_argument("--offline-new-tokens", type=int, default=128)
+    ep.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
+    ep.add_argument("--attention", choices=("varlen", "sdpa"), default="varlen")
+    ep.add_argument("--placement", choices=("default", "compact"), default="default")
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2",
                    help="comma-separated, run in this order: " + ", ".join(CONFIGS)
@@ -748,11 +886,16 @@ def main() -> int:
             sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed, a.repeat)
         except ValueError as e:
             ap.error(str(e))
+    if a.cmd == "episodes":
+        try:
+            episodes.plan(a.sizes, a.rates, a.policies, a.lead, a.measure_s, a.tail, a.repeat, a.seed, a.warm)
+        except ValueError as e:
+            ap.error(str(e))
     if os.geteuid() != 0:
         raise SystemExit("run as root: the benchmark starts the Valve daemon")
     r = Run(a)
     try:
-        return {"correctness": correctness, "bench": bench, "sweep": sweep_run}[a.cmd](r)
+        return {"correctness": correctness, "bench": bench, "sweep": sweep_run, "episodes": episodes_run}[a.cmd](r)
     finally:
         r.stop_all()
         subprocess.run([a.valvectl, "resume", "--all"], capture_output=True)

@@ -27,7 +27,7 @@
 # Results, logs and report.md land in OUTDIR. Needs root, one NVIDIA GPU, PyTorch, transformers >= 5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: $0 OUTDIR correctness|bench|sweep [options]}
+out=${1:?usage: $0 OUTDIR correctness|bench|sweep|episodes [options]}
 shift
 valvectl=${VALVECTL:-}
 [ -n "$valvectl" ] || for c in .carry/valvectl target/release/valvectl; do [ -x "$c" ] && valvectl=$c && break; done

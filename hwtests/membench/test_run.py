@@ -40,6 +40,77 @@ class Sweep(unittest.TestCase):
         self.assertIn("lru", err.getvalue())
 
 
+    def test_an_episode_lead_that_leaves_no_tail_stops_before_anything_starts(self):
+        import contextlib
+        import io
+        import sys
+
+        argv, sys.argv = sys.argv, ["run.py", "--valvectl", "x", "--out", "/tmp/x", "episodes", "--lead", "18"]
+        try:
+            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
+                run.main()
+        finally:
+            sys.argv = argv
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("--tail", err.getvalue())
+
+
+def have_transformers_5() -> bool:
+    try:
+        import transformers
+    except ImportError:
+        return False
+    return int(transformers.__version__.split(".")[0]) >= 5
+
+
+@unittest.skipUnless(have_transformers_5(), "needs torch and transformers >= 5 (the GPU hosts have them): skipped")
+class EpisodesOnTheCpu(unittest.TestCase):
+    def test_every_episode_runs_the_same_requests_to_the_warm_ups_count_and_drains(self):
+        """offline.py --episodes with a 2-layer model on the CPU (static cache: no pool, no reclaim)."""
+        import subprocess
+        import sys
+        import tempfile
+
+        import common
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, MEMBENCH_TINY="1", MEMBENCH_DEVICE="cpu")
+        with tempfile.TemporaryDirectory() as t:
+            d = os.path.join(t, "ep")
+            os.makedirs(d)
+            subprocess.run([sys.executable, "-c", f"import common; common.build_model({t + '/model'!r})"],
+                           cwd=here, env=env, check=True)
+            off = subprocess.Popen([sys.executable, "offline.py", "--model", t + "/model", "--mode", "static",
+                                    "--num-blocks", "64", "--out", t + "/off.json", "--episodes", d,
+                                    "--ready", d + "/ready", "--prompt", "100", "300", "--new-tokens", "32",
+                                    "--max-batch-tokens", "256", "--max-requests", "16", "--episode-requests", "3000"],
+                                   cwd=here, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                run.wait_files([d + "/ready"], [off], 120)
+                done, goal = [], None
+                for k in (1, 2, 3):
+                    spec = dict(k=k, start_at=common.now() + 0.2, backlog=12, max_s=60)
+                    spec.update(dict(measure_s=1.5) if goal is None else dict(tokens=goal))
+                    common.write_json(f"{d}/episode-{k}.json.new", spec)
+                    os.replace(f"{d}/episode-{k}.json.new", f"{d}/episode-{k}.json")
+                    run.wait_files([f"{d}/episode-{k}.done.json"], [off], 120)
+                    done.append(common.read_json(f"{d}/episode-{k}.done.json"))
+                    goal = goal or done[-1]["tokens"]
+                open(d + "/stop", "w").close()
+                self.assertEqual(off.wait(timeout=60), 0)
+            finally:
+                off.kill()
+        for r in done:
+            self.assertEqual(r["errors"], [])
+            self.assertTrue(r["drained"])
+            self.assertIsNotNone(r["seconds"])
+        self.assertEqual(done[1]["tokens"], done[0]["tokens"])
+        # the same requests in the same order: about the same ones used and finished by the same count (a
+        # finished request is replaced when the main thread sees it, a step or so after the fact)
+        self.assertLessEqual(abs(done[1]["used"] - done[2]["used"]), 2)
+        self.assertLessEqual(abs(done[1]["finished"] - done[2]["finished"]), 2)
+
+
 class Churn(unittest.TestCase):
     def test_valve_churn_restarts_the_gate_as_run_config_starts_it_until_online_s_last_arrival(self):
         import tempfile
