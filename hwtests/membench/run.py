@@ -68,6 +68,7 @@ online server when requests are in flight (online_busy/online_idle), with launch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -211,10 +212,7 @@ def run_config(r: Run, name: str, trace_path: str, sizes: dict, warm_state: str 
         if with_offline:
             r.start_daemon(name, a.pool_gib if mode == "valve" else None, a.target_per_min, warm_state)
             off_args = ["--model", r.model, "--mode", "static" if mode == "static" else "valve", "--out", off_out,
-                        "--ready", files["off-ready"], "--go", files["go"], "--stop", files["stop"],
-                        "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests",
-                        str(a.offline_max_requests), "--new-tokens", str(a.offline_new_tokens),
-                        "--prompt", *map(str, a.offline_prompt), "--attention", a.attention]
+                        "--ready", files["off-ready"], "--go", files["go"], "--stop", files["stop"], *offline_shape(a)]
             if mode == "static":
                 off_args += ["--num-blocks", str(sizes["offline_blocks"])]
             if name.endswith("-fifo"):
@@ -477,10 +475,37 @@ def prime_warm_start(r: Run, sizes: dict) -> str:
 # ------------------------------------------------------------------------------ sweep
 
 
+@contextlib.contextmanager
+def measuring(r: Run, rep: dict):
+    """The measured part of a sweep or an episode run: an exception ends it as `rep["error"]` (the
+    report says what went wrong, with what was measured), and every process is stopped after it,
+    then NVML's used memory is read."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the measurements so far stand
+        rep["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        r.stop_all()
+        time.sleep(2)
+        rep["gpu_used_mib_after"] = common.gpu_used_mib()
+
+
+def note_error(rep: dict) -> None:
+    """The run's error, if any, goes first into its analysis's error."""
+    if rep.get("error"):
+        rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
+
+
 def offline_handles(r: Run) -> int:
     """Handles the offline client holds now (pool status)."""
     st = pool_status(r) or {}
     return sum(c.get("handles", 0) for c in st.get("clients", []) if c.get("role") == "offline")
+
+
+def offline_shape(a) -> list[str]:
+    """offline.py's workload options, as every command of this script sets them."""
+    return ["--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
+            "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt), "--attention", a.attention]
 
 
 def reclaim_share(r: Run, size_pct: float) -> tuple[int | None, int]:
@@ -511,15 +536,13 @@ def sweep_run(r: Run) -> int:
     off_out = os.path.join(r.out, "sweep-offline.json")
     timeline_out = os.path.join(r.out, "sweep-timeline.json")
     rep: dict = dict(args=dict(vars(a), policies=list(a.policies)), windows=[], gpu_used_mib_before=common.gpu_used_mib())
-    try:
+    with measuring(r, rep):
         r.start_daemon("sweep", a.pool_gib, a.target_per_min)
         with open(files["selection"], "w") as f:
             f.write("alg1 0\n")
         off_args = ["--model", r.model, "--mode", "valve", "--out", off_out, "--ready", files["off-ready"],
                     "--go", files["go"], "--stop", files["stop"], "--selection-file", files["selection"],
-                    "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
-                    "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
-                    "--attention", a.attention, "--placement", a.placement, "--backlog", str(a.offline_backlog),
+                    *offline_shape(a), "--placement", a.placement, "--backlog", str(a.offline_backlog),
                     "--timeline", timeline_out]
         off = r.spawn("sweep-offline", python("offline.py", *off_args),
                       dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER"))
@@ -552,12 +575,6 @@ def sweep_run(r: Run) -> int:
         rep["pool_after"] = pool_status(r)
         open(files["stop"], "w").close()
         rep["offline_exit"] = off.wait(timeout=120)
-    except Exception as e:  # noqa: BLE001 - the report says what went wrong, with what was measured
-        rep["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        r.stop_all()
-        time.sleep(2)
-        rep["gpu_used_mib_after"] = common.gpu_used_mib()
     off_res = common.read_json(off_out) if os.path.exists(off_out) else {}
     rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes", "generated")}
     rep["device"] = off_res.get("device")
@@ -565,8 +582,7 @@ def sweep_run(r: Run) -> int:
     sweep.attach_requeues(rep["windows"], off_res.get("switches", []))
     sweep.attach_offline_state(rep["windows"], common.read_json(timeline_out) if os.path.exists(timeline_out) else None)
     rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [], off_res.get("generated"))
-    if rep.get("error"):
-        rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
+    note_error(rep)
     rep["target"] = sweep.target_check(rep["analysis"]["cells"])
     common.write_json(os.path.join(r.out, "report.json"), rep)
     with open(os.path.join(r.out, "report.md"), "w") as f:
@@ -590,13 +606,11 @@ def episodes_run(r: Run) -> int:
     off_out = os.path.join(r.out, "episodes-offline.json")
     rep: dict = dict(args=dict(vars(a), policies=list(a.policies)), episodes=[], gpu_used_mib_before=common.gpu_used_mib())
     tokens = None
-    try:
+    with measuring(r, rep):
         r.start_daemon("episodes", a.pool_gib, a.target_per_min)
         off_args = ["--model", r.model, "--mode", "valve", "--out", off_out, "--ready", os.path.join(d, "ready"),
-                    "--episodes", d, "--episode-requests", str(a.episode_requests),
-                    "--max-batch-tokens", str(a.offline_batch_tokens), "--max-requests", str(a.offline_max_requests),
-                    "--new-tokens", str(a.offline_new_tokens), "--prompt", *map(str, a.offline_prompt),
-                    "--attention", a.attention, "--placement", a.placement]
+                    "--episodes", d, "--episode-requests", str(a.episode_requests), *offline_shape(a),
+                    "--placement", a.placement]
         off = r.spawn("episodes-offline", python("offline.py", *off_args),
                       dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER"))
         wait_files([os.path.join(d, "ready")], [off], 300)
@@ -620,17 +634,10 @@ def episodes_run(r: Run) -> int:
                 raise RuntimeError(f"episode {k}: {rec.get('errors') or 'did not drain'}")
         open(os.path.join(d, "stop"), "w").close()
         rep["offline_exit"] = off.wait(timeout=120)
-    except Exception as e:  # noqa: BLE001 - the report says what went wrong, with what was measured
-        rep["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        r.stop_all()
-        time.sleep(2)
-        rep["gpu_used_mib_after"] = common.gpu_used_mib()
     rep.update(device=common.device_name(), lane=common.lane(), tokens=tokens)
     rep["analysis"] = episodes.analyse(rep["episodes"], "steps")
     rep["analysis_seconds"] = episodes.analyse(rep["episodes"], "seconds")
-    if rep.get("error"):
-        rep["analysis"]["error"] = rep["error"] + (f"; {rep['analysis']['error']}" if rep["analysis"].get("error") else "")
+    note_error(rep)
     rep["target"] = sweep.target_check(rep["analysis"]["cells"])
     common.write_json(os.path.join(r.out, "report.json"), rep)
     text = episodes.markdown(rep)

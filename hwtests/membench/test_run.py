@@ -7,6 +7,21 @@ import unittest
 import run
 
 
+def refused(test: unittest.TestCase, *args: str) -> str:
+    """run.py's main with these arguments exits 2 before anything starts; its stderr."""
+    import contextlib
+    import io
+
+    argv, sys.argv = sys.argv, ["run.py", "--valvectl", "x", "--out", "/tmp/x", *args]
+    try:
+        with test.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
+            run.main()
+    finally:
+        sys.argv = argv
+    test.assertEqual(e.exception.code, 2)
+    return err.getvalue()
+
+
 class Configs(unittest.TestCase):
     def test_every_known_configuration_runs_in_any_order_after_alone(self):
         self.assertIsNone(run.config_problem(list(run.CONFIGS), have_sizes=False))
@@ -26,33 +41,22 @@ class Sweep(unittest.TestCase):
         self.assertEqual(run.floats("5,10,25.5"), [5.0, 10.0, 25.5])
 
     def test_a_misspelt_policy_stops_the_sweep_before_anything_starts(self):
-        import contextlib
-        import io
-        import sys
-
-        argv, sys.argv = sys.argv, ["run.py", "--valvectl", "x", "--out", "/tmp/x", "sweep", "--policies", "alg1,lru"]
-        try:
-            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
-                run.main()
-        finally:
-            sys.argv = argv
-        self.assertEqual(e.exception.code, 2)
-        self.assertIn("lru", err.getvalue())
+        self.assertIn("lru", refused(self, "sweep", "--policies", "alg1,lru"))
 
 
     def test_an_episode_lead_that_leaves_no_tail_stops_before_anything_starts(self):
-        import contextlib
-        import io
-        import sys
+        self.assertIn("--tail", refused(self, "episodes", "--lead", "18"))
 
-        argv, sys.argv = sys.argv, ["run.py", "--valvectl", "x", "--out", "/tmp/x", "episodes", "--lead", "18"]
-        try:
-            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
-                run.main()
-        finally:
-            sys.argv = argv
-        self.assertEqual(e.exception.code, 2)
-        self.assertIn("--tail", err.getvalue())
+    def test_the_episode_budget_keeps_room_for_a_group_and_the_last_base_at_the_longest_episode(self):
+        import types
+        import time
+
+        a = types.SimpleNamespace(budget_s=200.0, measure_s=20.0, drain_s=3.0, policies=["alg1", "fifo"])
+        done = [dict(t0=0.0, t_stop=30.0)]  # the longest so far: 30 s + 3 s drain + 1 s = 34 s an episode
+        now = time.monotonic()
+        self.assertFalse(run.out_of_budget(a, done, now - 60))  # 60 + 4 x 34 = 196 <= 200
+        self.assertTrue(run.out_of_budget(a, done, now - 70))  # 70 + 136 > 200
+        self.assertFalse(run.out_of_budget(types.SimpleNamespace(**{**vars(a), "budget_s": 0}), done, now - 1e6))
 
 
 def have_transformers_5() -> bool:
@@ -133,18 +137,7 @@ class Churn(unittest.TestCase):
         self.assertEqual(c.log_path, os.path.join(d, "valve-churn-daemon.log"))
 
     def test_a_gate_restart_interval_of_zero_is_refused_before_anything_starts(self):
-        import contextlib
-        import io
-
-        argv, sys.argv = sys.argv, ["run.py", "--valvectl", "x", "--out", "/tmp/x", "bench", "--configs",
-                                    "valve-churn", "--churn-gate-every", "0"]
-        try:
-            with self.assertRaises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
-                run.main()
-        finally:
-            sys.argv = argv
-        self.assertEqual(e.exception.code, 2)
-        self.assertIn("--churn-gate-every", err.getvalue())
+        self.assertIn("--churn-gate-every", refused(self, "bench", "--configs", "valve-churn", "--churn-gate-every", "0"))
 
 
 class Generated(unittest.TestCase):
