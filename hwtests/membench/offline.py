@@ -171,7 +171,7 @@ def main() -> int:
                     help="paged|sdpa (cost grows with the batch squared) or PyTorch's varlen flash kernel")
     ap.add_argument("--max-requests", type=int, default=96, help="requests per forward pass at most")
     ap.add_argument("--backlog", type=int, default=256, help="requests kept queued")
-    ap.add_argument("--episode-requests", type=int, default=400,
+    ap.add_argument("--episode-requests", type=int, default=600,
                     help="--episodes: the fixed list's length (an episode that runs out of it fails)")
     ap.add_argument("--safety-margin", type=float, default=0.0,
                     help="transformers' FIFO scheduler admits no new prefill while fewer than this share of the "

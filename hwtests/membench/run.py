@@ -744,6 +744,20 @@ def correctness(r: Run) -> int:
     return 0 if ok else 1
 
 
+def add_offline_only(p: argparse.ArgumentParser) -> None:
+    """The pool and offline's workload, for the commands that run offline alone (sweep, episodes)."""
+    p.add_argument("--pool-gib", type=int, default=12)
+    p.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
+    p.add_argument("--offline-batch-tokens", type=int, default=512)
+    p.add_argument("--offline-max-requests", type=int, default=96)
+    p.add_argument("--offline-new-tokens", type=int, default=128)
+    p.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
+    p.add_argument("--attention", choices=("varlen", "sdpa"), default="varlen")
+    p.add_argument("--placement", choices=("default", "compact"), default="default",
+                   help="the shim's block placement (compact: a request's blocks on as few handles as possible; "
+                        "docs/memory.md); run once per placement to compare")
+
+
 def floats(text: str) -> list[float]:
     """A comma-separated list of numbers (`5,10,25`)."""
     return [float(x) for x in text.split(",") if x]
@@ -782,16 +796,7 @@ def main() -> int:
                     help="run every cell this many times (each repeat with the policy order one step on), so a "
                          "small cell's cost is a mean of that many windows: e.g. --sizes 5 --rates 2 --repeat 12 "
                          "for the 5%% cell, whose loss one 10-s window cannot resolve")
-    sw.add_argument("--pool-gib", type=int, default=12)
-    sw.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
-    sw.add_argument("--offline-batch-tokens", type=int, default=512)
-    sw.add_argument("--offline-max-requests", type=int, default=96)
-    sw.add_argument("--offline-new-tokens", type=int, default=128)
-    sw.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
-    sw.add_argument("--attention", choices=("varlen", "sdpa"), default="varlen")
-    sw.add_argument("--placement", choices=("default", "compact"), default="default",
-                    help="the shim's block placement (compact: a request's blocks on as few handles as possible; "
-                         "docs/memory.md); run the sweep once per placement to compare")
+    add_offline_only(sw)
     ep = sub.add_parser("episodes", help="issue 30's cells as episodes of a fixed offline workload (episodes.py): "
                                          "lower noise than the window sweep")
     ep.add_argument("--sizes", type=floats, default=[10.0], help="%% of offline's memory per reclaim")
@@ -806,21 +811,16 @@ def main() -> int:
                     help="seconds an episode keeps after its last reclaim, for the recomputation to fall inside it")
     ep.add_argument("--drain-s", type=float, default=3.0, help="seconds between episodes (estimates only)")
     ep.add_argument("--budget-s", type=float, default=0,
-                    help="stop starting episodes when the next two would not fit this many seconds from the first "
-                         "warm-up, and run the plan's last base episode; 0: run the whole plan")
+                    help="seconds from the first warm-up: at a group's start, if the group and the plan's last base "
+                         "episode would not fit at the longest episode so far, run that last base episode and stop; "
+                         "0: run the whole plan")
     ep.add_argument("--repeat", type=int, default=4, help="each cell's group of episodes, this many times")
     ep.add_argument("--warm", type=int, default=2, help="warm-up episodes (the first grows the cache)")
     ep.add_argument("--seed", type=int, default=30, help="the policies' order and the random policy's seeds")
-    ep.add_argument("--episode-requests", type=int, default=400, help="the fixed list's length")
+    ep.add_argument("--episode-requests", type=int, default=600,
+                    help="the fixed list's length (a 30-s episode on an H100 used about 350)")
     ep.add_argument("--offline-backlog", type=int, default=80, help="offline's requests in the system at once")
-    ep.add_argument("--pool-gib", type=int, default=12)
-    ep.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
-    ep.add_argument("--offline-batch-tokens", type=int, default=512)
-    ep.add_argument("--offline-max-requests", type=int, default=96)
-    ep.add_argument("--offline-new-tokens", type=int, default=128)
-    ep.add_argument("--offline-prompt", type=int, nargs=2, default=(1024, 2048))
-    ep.add_argument("--attention", choices=("varlen", "sdpa"), default="varlen")
-    ep.add_argument("--placement", choices=("default", "compact"), default="default")
+    add_offline_only(ep)
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="alone,static,valve-miad,valve-noreserve,valve-noreserve-fifo,alone-2",
                    help="comma-separated, run in this order: " + ", ".join(CONFIGS)
