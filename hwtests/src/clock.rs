@@ -10,10 +10,17 @@
 //! window is the few milliseconds just before each measurement.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use valve::stats::monotonic_ns;
 
-use crate::hog::now_ns;
+/// Nanoseconds on the host's monotonic clock since the first call: the runner's clock, which the
+/// hogs' sightings and every experiment's timestamps use.
+pub fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
 
 /// `now_ns - gpu` for one sighting of a GPU timestamp `gpu` at host time `now`.
 pub fn offset_sample(now: u64, gpu: u64) -> i64 {

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use valve::GpuInfo;
 
-use crate::discovery::{status_of, Daemon};
+use crate::daemon::{status_of, Daemon};
 use crate::hog::Bins;
 use crate::Report;
 

@@ -12,8 +12,9 @@ use valve::bindings::{
 use valve::stats::{summarize_us, Summary};
 use valve::{ChannelTarget, Controller, DisabledChannels, PreemptMode, PreemptPlan};
 
+use crate::clock::now_ns;
 use crate::heartbeat::Heartbeat;
-use crate::hog::{now_ns, Poller};
+use crate::hog::Poller;
 
 /// Times of one disable or enable: the whole call, and the ioctl(s) inside it.
 #[derive(Clone, Copy, Debug)]

@@ -19,13 +19,14 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use valve::{ChannelTarget, Controller, GpuInfo};
 
+use crate::clock::now_ns;
 use crate::clock::{us_between, GpuClock, HostClock};
 use crate::experiments::{cycle, IssueTiming, Preempter, RawPreempter};
 use crate::floor_report::{
     self as fr, Row, Sample, BURST_COLS, CYCLE_COLS, FLOOR_COLS, OFFSET_COLS, SPLIT_COLS,
     TRIGGER_COLS,
 };
-use crate::hog::{now_ns, Bins, ChannelSet, Hog, Poller};
+use crate::hog::{Bins, ChannelSet, Hog, Poller};
 use crate::trigger::{Burst, Shot, Trigger};
 use crate::Report;
 

@@ -14,7 +14,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use valve::GpuInfo;
 
-use crate::discovery::{from_ps, vc_json, Daemon};
+use crate::daemon::{vc_json, Daemon};
+use crate::discovery::from_ps;
 use crate::heartbeat::Heartbeat;
 use crate::hog::{Bins, Hog, HOG_LABEL};
 

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,14 +13,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use valve::{ChannelTarget, GpuInfo};
 
+use crate::clock::now_ns;
 use crate::heartbeat::Heartbeat;
 use crate::ioctl_log::{self, ProcessObjects};
-
-/// Nanoseconds on the host's monotonic clock since the first call.
-pub fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 /// Where the built workloads are.
 #[derive(Clone, Debug)]

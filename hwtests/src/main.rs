@@ -6,6 +6,7 @@
 
 mod clock;
 mod ctx;
+mod daemon;
 mod discovery;
 mod experiments;
 mod floor;
@@ -964,13 +965,13 @@ fn multi(
         let mut frozen = true;
         for _ in 0..args.multi_cycles {
             for (i, serial) in [true, false].into_iter().enumerate() {
-                let t0 = hog::now_ns();
+                let t0 = clock::now_ns();
                 let g = if serial {
                     ctl.disable_serial(&p)?
                 } else {
                     ctl.disable_parallel(&p)?
                 };
-                walls[i].push((hog::now_ns() - t0) as f64 / 1e3);
+                walls[i].push((clock::now_ns() - t0) as f64 / 1e3);
                 if !serial {
                     slowest.push(
                         g.disable_report()
