@@ -347,14 +347,18 @@ impl GatePolicy {
         if self.last_launch_ns.is_none() {
             self.carried_activity_ns = history.last_activity_ns;
         }
-        let kept: Vec<u64> = history.gaps.iter().copied().filter(|&g| g > 0).collect();
-        let own = std::mem::take(&mut self.idle_gaps);
-        let start = kept.len().saturating_sub(HOLD_GAPS);
+        // Rebuilt in place: the deque keeps the capacity it was made with, so noting a gap on
+        // an arrival's path to the disable never allocates.
+        let own: Vec<u64> = self.idle_gaps.drain(..).collect();
+        let all: Vec<u64> = history
+            .gaps
+            .iter()
+            .copied()
+            .filter(|&g| g > 0)
+            .chain(own)
+            .collect();
         self.idle_gaps
-            .extend(kept[start..].iter().copied().chain(own));
-        while self.idle_gaps.len() > HOLD_GAPS {
-            self.idle_gaps.pop_front();
-        }
+            .extend(&all[all.len().saturating_sub(HOLD_GAPS)..]);
         self.hold_stale = true;
     }
 
@@ -1293,6 +1297,13 @@ mod tests {
         assert_eq!(g.hold_history().gaps.first(), Some(&11));
         assert_eq!(g.hold_history().gaps.last(), Some(&(HOLD_GAPS as u64 + 10)));
         assert_eq!(g.idle_gaps(), HOLD_GAPS);
+        // A short history leaves the deque as large as it was made: no allocation on an arrival.
+        let mut short = GatePolicy::new(cfg);
+        short.seed_hold_history(&HoldHistory {
+            gaps: vec![5, 6],
+            last_activity_ns: None,
+        });
+        assert!(short.idle_gaps.capacity() > HOLD_GAPS);
     }
 
     #[test]
