@@ -213,7 +213,7 @@ def summarise(c: dict) -> dict:
     parts = [x for x in (fifo_se, carried) if x is not None]
     return dict(size_pct=c["size_pct"], rate=c["rate"], kind=c["kind"], repeats=len(reps),
                 reclaims_per_episode=c["reclaims_per_episode"], policies=out_pol,
-                spread=2 * max(parts) if parts else None, jitter_carried=carried,
+                spread=2 * max(parts) if parts else None, jitter_carried=carried, jitter_s=c["jitter_s"],
                 paired=list(mean_se(paired)), paired_values=paired, margin=list(mean_se(margin)),
                 margin_values=margin, reps=reps)
 
@@ -236,8 +236,7 @@ def merge(analyses: list[dict]) -> dict:
                                            jitter_s=[], reclaims_per_episode=c["reclaims_per_episode"]))
             for rep, q in c["reps"].items():
                 m["reps"][f"{k}.{rep}"] = q
-            if c.get("jitter_carried") is not None:
-                m["jitter_s"] += [c["jitter_carried"] * math.sqrt(c["repeats"])] * c["repeats"]
+            m["jitter_s"] += c.get("jitter_s", [])
     jit = [a["jitter"] for a in runs if a.get("jitter") is not None]
     steps = [a["base_steps"] for a in runs if a.get("base_steps")]
     return dict(measure=runs[0].get("measure"), base_seconds=sum(a["base_seconds"] for a in runs) / len(runs),
@@ -324,10 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     for path in a.reports:
         with open(path) as f:
             reps.append(json.load(f))
+    def of(r: dict, measure: str) -> dict:
+        """A run's analysis in `measure`: made again from its episodes where the report has them,
+        so runs written by older code merge as the newest would analyse them."""
+        if r.get("episodes"):
+            return analyse(r["episodes"], measure)
+        return r.get("analysis" if measure == "steps" else "analysis_seconds") or {}
+
     devices = sorted({r.get("device") or "?" for r in reps})
     merged = dict(args=reps[0].get("args", {}), device=", ".join(devices), tokens=sorted({r.get("tokens") for r in reps}),
-                  sources=a.reports, analysis=merge([r["analysis"] for r in reps]),
-                  analysis_seconds=merge([r.get("analysis_seconds") or {} for r in reps]))
+                  sources=a.reports, analysis=merge([of(r, "steps") for r in reps]),
+                  analysis_seconds=merge([of(r, "seconds") for r in reps]))
     merged["target"] = sweep.target_check(merged["analysis"]["cells"])
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.json"), "w") as f:
