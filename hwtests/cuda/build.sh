@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the hardware-test workloads into OUTDIR: hog, online, serving, trigger, memstream.ptx and stamp.ptx
-# (nvcc, sm_90 by default; set CUDA_ARCH to change), libvalve_ioctl_log.so and libvalve_timeslice.so (gcc). A trigger or stamp.ptx
-# that fails to build is reported and left out (only the floor experiment's online rows and the serving
-# benchmark's --stamp-first-kernel need them), so it never stops the rest. With --cpu-only, only the gcc/g++ parts
+# Builds the hardware-test workloads into OUTDIR: hog, online, serving, memstream.ptx and stamp.ptx
+# (nvcc, sm_90 by default; set CUDA_ARCH to change), libvalve_ioctl_log.so and libvalve_timeslice.so (gcc). A stamp.ptx
+# that fails to build is reported and left out (only the serving benchmark's --stamp-first-kernel needs
+# it), so it never stops the rest. With --cpu-only, only the gcc/g++ parts
 # and their self-tests (what CI can build without CUDA).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,14 +33,7 @@ arch="${CUDA_ARCH:-sm_90}"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/online" "$here/online.cu"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/serving" "$here/serving.cu"
 "$nvcc_bin" -O2 -arch="$arch" -ptx -o "$out/memstream.ptx" "$here/memstream.cu"
-built="hog, online, serving"
-if "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/trigger" "$here/trigger.cu"; then
-  built="$built, trigger"
-else
-  rm -f "$out/trigger"
-  echo "build.sh: trigger.cu did not build; valve-hwtest --only-floor will skip its online rows" >&2
-fi
-built="$built, memstream.ptx"
+built="hog, online, serving, memstream.ptx"
 if "$nvcc_bin" -O2 -arch="$arch" -ptx -o "$out/stamp.ptx" "$here/stamp.cu"; then
   built="$built, stamp.ptx"
 else

@@ -132,13 +132,6 @@ impl RawPreempter {
         })
     }
 
-    /// The same control with `bOnlyDisableScheduling` set: a running channel keeps running until
-    /// its timeslice ends (docs/gate.md, candidate 4).
-    pub fn schedule_only(mut self) -> Self {
-        self.params.only_disable_scheduling = 1;
-        self
-    }
-
     /// One bare control: RM's status and the ioctl's time (us). An error only if `ioctl(2)`
     /// itself fails; a status RM refuses with is returned, not raised. After any disable that
     /// reached RM the channels count as disabled, so that `Drop` enables them again.
