@@ -117,9 +117,9 @@ impl RawPreempter {
         Ok(p)
     }
 
-    /// A control with an empty channel list (`numChannels` 0) on GPU `gpu`. Only the floor
-    /// experiment sends one (docs/gate.md, candidate 1); Valve itself never does.
-    pub fn empty(ctl: &Controller, gpu: usize) -> Result<Self> {
+    /// A control with an empty channel list (`numChannels` 0) on GPU `gpu`, which `new` fills in;
+    /// never sent empty.
+    fn empty(ctl: &Controller, gpu: usize) -> Result<Self> {
         let Some(subdevice) = ctl.subdevice(gpu) else {
             bail!("no GPU {gpu}")
         };
