@@ -848,7 +848,7 @@ def main(argv=None):
         valve = Valve(a.valvectl, work, a.out, a.dry_run)
         progress = os.path.join(work, "offline.progress")
         env = offline_env(a)
-        off = Proc("offline", [sys.executable, os.path.join(HERE, "offline.py"), "--progress", progress,
+        off = Proc("offline", [sys.executable, os.path.join(HERE, "training.py"), "--progress", progress,
                                "--size", a.offline_size, "--device", a.device], a.out, env=env)
         procs.append(off)
         off.wait_line("READY", 300)
@@ -956,7 +956,7 @@ def main(argv=None):
             "tokens per request": a.max_tokens,
             "cb server": (f"attention {a.cb_attention}, CUDA graphs {'asked for (transformers drops them without CUDA)' if a.cb_cuda_graphs else 'off'}"
                           if a.server == "cb" else "not used"),
-            "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone"
+            "offline": f"training.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone"
                        + (f" (mean of {fmt(rate_start)} before the runs and {fmt(rate_end)} after: moved {100 * moved:.1f}%)"
                           if moved is not None else ""),
             "service time alone (s)": f"{s:.4f}",

@@ -28,7 +28,7 @@ trap cleanup EXIT
 "$valvectl" daemon --metrics-addr 127.0.0.1:9402 >"$out/daemon.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -S /run/valve/valve.sock ] && break; sleep 0.2; done
-CUBLAS_WORKSPACE_CONFIG=:4096:8 VALVE_LABEL=batch python3 hwtests/serving/offline.py --progress "$out/train.iters" --size small --device cuda \
+CUBLAS_WORKSPACE_CONFIG=:4096:8 VALVE_LABEL=batch python3 hwtests/serving/training.py --progress "$out/train.iters" --size small --device cuda \
   >"$out/train.log" 2>&1 &
 train=$!
 pids=("$train" "${pids[@]}") # the job stops before the daemon
