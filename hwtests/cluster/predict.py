@@ -1,4 +1,4 @@
-"""The cluster scheduler's prediction check on a GPU host (issue 28): does the model's predicted
+"""The cluster scheduler's prediction check on a GPU host: does the model's predicted
 offline throughput (T_alone x (idle fraction - interruptions) x memory factor, from the node's
 own harvest document) match what the offline job measured next to a real online server?
 

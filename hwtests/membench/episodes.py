@@ -253,7 +253,7 @@ def markdown(rep: dict) -> str:
     a = rep["analysis"]
     pols = rep.get("args", {}).get("policies") or list(eviction.POLICIES)
     runs = a.get("runs") or 1
-    lines = [f"# Eviction cells as episodes (issue 30){f', {runs} runs merged' if runs > 1 else ''}", "",
+    lines = [f"# Eviction cells as episodes{f', {runs} runs merged' if runs > 1 else ''}", "",
              f"Device: {rep.get('device')}. Each episode: the same offline requests from an empty cache, "
              f"run to {rep.get('tokens')} generated tokens. Loss = rate/60 x seconds lost per reclaim against "
              "the base episodes' line (episodes.py). +- is one standard error over the repeats; spread = twice "

@@ -34,7 +34,7 @@ def cell_key(size_pct: float, rate: float) -> str:
 
 
 def target_check(cells: dict, small: float = TARGET["small_size_pct"], better: float = TARGET["alg1_below_fifo"]) -> dict:
-    """The issue's target per cell: where one reclaim takes at most `small`% of offline's memory,
+    """The target per cell: where one reclaim takes at most `small`% of offline's memory,
     Algorithm 1's loss at least `better` below FIFO's; elsewhere, never worse than FIFO by more than
     the spread. A cell is `undecided` where a number is missing, or (small cells) where FIFO's loss
     is within the spread, so no 20% difference can be told from noise."""

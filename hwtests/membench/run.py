@@ -1,4 +1,4 @@
-"""The memory benchmark (issue 10) on a GPU host: online serving with a bursty KV demand next to
+"""The memory benchmark on a GPU host: online serving with a bursty KV demand next to
 offline batch generation, with a static split and with Valve's pool; and the correctness run.
 
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR correctness
@@ -44,10 +44,10 @@ the measured numbers, the device name and the targets. Configurations:
   OUT/reservations.json) instead: a converged first pass (450 s) and a long measured pass do not
   fit one 10-minute device call together. Run both on the same GPU: a state is kept per GPU PCI
   address and online process (a lane's VALVE_GPU). A measured pass longer than 90 s is also judged on its
-  first 90 s against static's first 90 s (issue 30: "over the first 90 s after a daemon restart").
+  first 90 s against static's first 90 s (the target: "over the first 90 s after a daemon restart").
   `--configs valve-miad-warm --warm-prime-only` runs the first pass alone and stops once
   DIR/reservations.json is saved: the call before the one that passes it to --warm-from.
-- valve-churn: valve-noreserve while admin work churns (issue 29; docs/memory.md, "How a reclaim
+- valve-churn: valve-noreserve while admin work churns (docs/memory.md, "How a reclaim
   reaches the daemon's loop"): a thread restarts the gate every --churn-gate-every s (`gate stop`,
   `gate start`), ending 5 s before online's last arrival, and --churn-flooders threads flood the
   daemon's control socket with bad input until online exits (churn.py). Its result has a `churn`

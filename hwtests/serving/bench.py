@@ -11,7 +11,7 @@ Servers (--server):
              the decoding thread itself, the prefill a CUDA graph of --prompt-tokens; no HTTP
 
 Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
-before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
+without arrivals), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
 gate-offline-stopped (gate-arrival with offline SIGSTOPped: what the gate itself costs online),
 gate-arrival-normal (gate-arrival with the gate's threads on the normal scheduler, not SCHED_FIFO),
 gate-arrival-spin (gate-arrival with --arrival-busy-poll), alone-2 (alone again: the noise floor),
@@ -59,7 +59,7 @@ CONFIG_NAMES = {
     "alone": "online alone",
     "alone-2": "online alone, a second configuration (the noise floor of every comparison with alone)",
     "timeslice": "no control (time-slicing)",
-    "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
+    "gate-old": "valvectl gate on launch edges only (--no-arrivals --no-waits)",
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
     "gate-arrival": "valvectl gate, arrivals + launch edges",
     "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
@@ -603,7 +603,7 @@ def interval_text(iv):
     return "n/a" if not iv or None in iv else f"{iv[0]:+.1f}% .. {iv[1]:+.1f}%"
 
 
-GPU_START_TARGETS_MS = (0.300, 0.600)  # arrival -> first kernel running, p50 and p99 (issue 29)
+GPU_START_TARGETS_MS = (0.300, 0.600)  # arrival -> first kernel running, p50 and p99 (the targets)
 
 
 def gpu_start_cell(s, mapping):
@@ -773,7 +773,7 @@ def main(argv=None):
     ap.add_argument("--run-s", type=float, default=40, help="aim for this many seconds of arrivals per configuration and load")
     ap.add_argument("--gate-fixed-cooldown", metavar="DURATION",
                     help="every gate configuration keeps offline frozen this long after online's last launch "
-                         "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: issue 29's trade "
+                         "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: a trade "
                          "of harvest for idle arrivals that find offline already off the GPU")
     ap.add_argument("--gate-hold-budget", type=float, metavar="PCT",
                     help="every gate configuration holds offline frozen past the cooldown for arrivals likely "

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# `valvectl top --once` on a GPU host, with an offline training job frozen by hand (issue 31's
-# check): starts the daemon with metrics, a small PyTorch training job, waits until the daemon
-# has discovered it, freezes it with `valvectl preempt --pid --for`, and prints top's frame and
-# its JSON while the job is frozen, then once more after it was resumed.
+# `valvectl top --once` on a GPU host, with an offline training job frozen by hand: starts the
+# daemon with metrics, a small PyTorch training job, waits until the daemon has discovered it,
+# freezes it with `valvectl preempt --pid --for`, and prints top's frame and its JSON while the job
+# is frozen, then once more after it was resumed.
 #
 #   hwtests/top/frozen.sh OUTDIR
 #
