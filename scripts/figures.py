@@ -178,7 +178,8 @@ def throughput_figure():
     groups = [(label, [tps]) for label, tps, _ in rows]
     body += panel(90, 60, pw, ph, f"1x {device}: {ratio:.2f}x the static split", groups,
                   ["offline tokens/s"], "offline tokens/s")
-    notes = "; ".join(f"{label}: online TTFT p99 {pct:+.1f}% vs alone" for label, _, pct in rows)
+    notes = "online TTFT p99 against online alone: " + ", ".join(
+        f"{label} {pct:+.1f}%" for label, _, pct in rows)
     body.append(text(width / 2, 60 + ph + 36, notes, 10))
     body.append(text(width / 2, 60 + ph + 52,
                      f"hwtests/membench/run.sh bench; from {THROUGHPUT_REPORT}", 10))
