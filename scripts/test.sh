@@ -25,4 +25,6 @@ for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/s
     bash "$t"
   fi
 done
+echo "== README figures (scripts/figures.py) match their reports"
+python3 -m unittest scripts/test_figures.py 2>&1 | tail -1 && python3 scripts/figures.py --check
 echo "== all tests passed"

@@ -1,4 +1,4 @@
-"""The cluster scheduler's prediction check on a GPU host (issue 28): does the model's predicted
+"""The cluster scheduler's prediction check on a GPU host: does the model's predicted
 offline throughput (T_alone x (idle fraction - interruptions) x memory factor, from the node's
 own harvest document) match what the offline job measured next to a real online server?
 
@@ -7,7 +7,7 @@ own harvest document) match what the offline job measured next to a real online 
 One run, on one GPU, as root:
 1. the daemon with its pool and the harvest profile (windows of --window seconds);
 2. profiles: the continuous-batching offline job (membench/offline.py through the pool) at
-   several pool caps (`valve-scheduler profile-job`), and the training job (serving/offline.py)
+   several pool caps (`valve-scheduler profile-job`), and the training job (serving/training.py)
    alone; then each job preempted every --preempt-every, and continuous batching reclaimed
    from every --reclaim-every, to measure what an interruption costs it;
 3. per offline job: the online server (membench/online.py, through the pool, telling the gate
@@ -177,7 +177,7 @@ class Bench:
                           "--safety-margin", str(a.cb_safety_margin),
                           *(["--cuda-graphs"] if a.cb_cuda_graphs else []),
                           "--max-seconds", "3000")
-        return [sys.executable, os.path.join(REPO, "hwtests", "serving", "offline.py"), "--progress",
+        return [sys.executable, os.path.join(REPO, "hwtests", "serving", "training.py"), "--progress",
                 out + ".iters", "--size", a.train_size, "--device", "cuda", "--batch", "8", "--seq", "512"]
 
     def profile(self, kind: str) -> str:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the hardware-test workloads into OUTDIR: hog, online, serving, trigger, memstream.ptx and stamp.ptx
-# (nvcc, sm_90 by default; set CUDA_ARCH to change), libvalve_ioctl_log.so and libvalve_timeslice.so (gcc). A trigger or stamp.ptx
-# that fails to build is reported and left out (only the floor experiment's online rows and the serving
-# benchmark's --stamp-first-kernel need them), so it never stops the rest. With --cpu-only, only the gcc/g++ parts
+# Builds the hardware-test workloads into OUTDIR: hog, online, serving, memstream.ptx and stamp.ptx
+# (nvcc, sm_90 by default; set CUDA_ARCH to change), and libvalve_ioctl_log.so (gcc). A stamp.ptx
+# that fails to build is reported and left out (only the serving benchmark's --stamp-first-kernel needs
+# it), so it never stops the rest. With --cpu-only, only the gcc/g++ parts
 # and their self-tests (what CI can build without CUDA).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,10 +15,6 @@ mkdir -p "$out"
 gcc -O2 -Wall -Wextra -shared -fPIC -o "$out/libvalve_ioctl_log.so" "$logger/valve_ioctl_log.c" -ldl -lpthread
 gcc -O2 -Wall -Wextra -DVALVE_IOCTL_LOG_NO_INTERPOSE -o "$out/logger-selftest" "$logger/selftest.c" "$logger/valve_ioctl_log.c"
 gcc -O2 -Wall -o "$out/logger-passthrough" "$logger/passthrough.c"
-# libvalve_timeslice.so: an offline job's own TSGs get a short timeslice (docs/gate.md, candidate 6).
-gcc -O2 -Wall -Wextra -shared -fPIC -o "$out/libvalve_timeslice.so" "$here/../timeslice/valve_timeslice.c" -ldl -lpthread
-gcc -O2 -Wall -Wextra -DVALVE_TIMESLICE_NO_INTERPOSE -o "$out/timeslice-selftest" \
-  "$here/../timeslice/selftest.c" "$here/../timeslice/valve_timeslice.c"
 g++ -O2 -Wall -Wextra -std=c++17 -o "$out/common-selftest" "$here/selftest.cpp"
 [ "$cpu_only" = 1 ] && exit 0
 
@@ -33,18 +29,11 @@ arch="${CUDA_ARCH:-sm_90}"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/online" "$here/online.cu"
 "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/serving" "$here/serving.cu"
 "$nvcc_bin" -O2 -arch="$arch" -ptx -o "$out/memstream.ptx" "$here/memstream.cu"
-built="hog, online, serving"
-if "$nvcc_bin" -O2 -std=c++17 -arch="$arch" -lineinfo -o "$out/trigger" "$here/trigger.cu"; then
-  built="$built, trigger"
-else
-  rm -f "$out/trigger"
-  echo "build.sh: trigger.cu did not build; valve-hwtest --only-floor will skip its online rows" >&2
-fi
-built="$built, memstream.ptx"
+built="hog, online, serving, memstream.ptx"
 if "$nvcc_bin" -O2 -arch="$arch" -ptx -o "$out/stamp.ptx" "$here/stamp.cu"; then
   built="$built, stamp.ptx"
 else
   rm -f "$out/stamp.ptx"
   echo "build.sh: stamp.cu did not build; the serving benchmark's --stamp-first-kernel cannot run" >&2
 fi
-echo "built $built, libvalve_ioctl_log.so, libvalve_timeslice.so in $out"
+echo "built $built, libvalve_ioctl_log.so in $out"

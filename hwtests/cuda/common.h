@@ -1,6 +1,5 @@
-// Shared by hog.cu, online.cu, trigger.cu and the CPU self-test: the heartbeat page layout (the
-// contract with hwtests/src/heartbeat.rs), the trigger page (hwtests/src/trigger.rs) and the LCG
-// whose jump-ahead lets the CPU verify the GPU's work.
+// Shared by hog.cu, online.cu and the CPU self-test: the heartbeat page layout (the contract with
+// hwtests/src/heartbeat.rs) and the LCG whose jump-ahead lets the CPU verify the GPU's work.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,53 +43,6 @@ struct Slot {
 static_assert(sizeof(Slot) == 16, "slot is 16 bytes");
 
 constexpr size_t kSlotsOffset = 64;
-
-// The trigger page (/dev/shm/<name>, 4096 bytes), the contract between trigger.cu and
-// hwtests/src/trigger.rs. The runner creates it and writes the magic; the trigger fills in its pid
-// and state. Every field is accessed atomically (__atomic builtins here, Atomic* in Rust).
-constexpr uint64_t kTriggerMagic = 0x47525445564C4156ull;  // "VALVETRG" as little-endian bytes
-constexpr uint32_t kTriggerVersion = 2;
-constexpr size_t kTriggerPageBytes = 4096;
-// The most kernels one burst shot may launch (the runner checks its request against this).
-constexpr uint32_t kTriggerMaxBurst = 256;
-enum : uint32_t { kTriggerStarting = 0, kTriggerReady = 1, kTriggerFinished = 2, kTriggerFailed = 3 };
-
-struct TriggerPage {
-  uint64_t magic;          // 0: written by the runner
-  uint32_t version;        // 8
-  uint32_t state;          // 12: kTrigger*, written by the trigger
-  uint32_t stop;           // 16: the runner writes 1
-  uint32_t pid;            // 20: the trigger's pid
-  uint64_t request;        // 24: the runner writes shot n (1, 2, ...) to fire it
-  uint64_t done;           // 32: the trigger writes n (release) once shot n's fields are written
-  uint64_t seen_mono_ns;   // 40: CLOCK_MONOTONIC when the trigger saw request n
-  uint64_t launched_mono_ns;  // 48: after the launch call returned
-  uint64_t synced_mono_ns;    // 56: after cudaStreamSynchronize returned
-  uint64_t gpu_start_ns;   // 64: %globaltimer at the (first) kernel's start (0: it wrote nothing)
-  uint64_t gpu_end_ns;     // 72: %globaltimer at the (last) kernel's end
-  uint32_t error;          // 80: cudaError_t of the launch or the sync (0: none)
-  uint32_t reserved;       // 84
-  // Version 2: a shot may be a burst. The runner writes these two before `request`; 0 kernels is
-  // the single tiny kernel of version 1.
-  uint32_t burst_kernels;  // 88: kernels to launch back to back on one stream (<= kTriggerMaxBurst)
-  uint32_t burst_ran;      // 92: written by the trigger: kernels of the burst that wrote their end
-  uint64_t burst_kernel_ns;  // 96: each burst kernel's GPU time (spins on %globaltimer)
-};
-static_assert(sizeof(TriggerPage) == 104, "trigger page header is 104 bytes");
-static_assert(offsetof(TriggerPage, state) == 12, "trigger layout");
-static_assert(offsetof(TriggerPage, stop) == 16, "trigger layout");
-static_assert(offsetof(TriggerPage, pid) == 20, "trigger layout");
-static_assert(offsetof(TriggerPage, request) == 24, "trigger layout");
-static_assert(offsetof(TriggerPage, done) == 32, "trigger layout");
-static_assert(offsetof(TriggerPage, seen_mono_ns) == 40, "trigger layout");
-static_assert(offsetof(TriggerPage, launched_mono_ns) == 48, "trigger layout");
-static_assert(offsetof(TriggerPage, synced_mono_ns) == 56, "trigger layout");
-static_assert(offsetof(TriggerPage, gpu_start_ns) == 64, "trigger layout");
-static_assert(offsetof(TriggerPage, gpu_end_ns) == 72, "trigger layout");
-static_assert(offsetof(TriggerPage, error) == 80, "trigger layout");
-static_assert(offsetof(TriggerPage, burst_kernels) == 88, "trigger layout");
-static_assert(offsetof(TriggerPage, burst_ran) == 92, "trigger layout");
-static_assert(offsetof(TriggerPage, burst_kernel_ns) == 96, "trigger layout");
 
 // x -> a*x + c (mod 2^32). Numerical Recipes constants.
 constexpr uint32_t kLcgA = 1664525u;

@@ -1,5 +1,5 @@
-/* The RM ioctl argument structs the LD_PRELOAD libraries in hwtests read (ioctl-logger, timeslice),
- * in one place: the layouts ioctl-bindings tests for Rust, written again for C with size checks. */
+/* The RM ioctl argument structs the ioctl logger (LD_PRELOAD) reads: the layouts ioctl-bindings
+ * tests for Rust, written again for C with size checks. */
 #ifndef VALVE_RM_ABI_H
 #define VALVE_RM_ABI_H
 #include <stddef.h>

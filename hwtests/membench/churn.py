@@ -1,7 +1,7 @@
-"""valve-churn's admin churn (issue 29, item 4): while online plays its trace, a thread restarts
+"""valve-churn's admin churn: while online plays its trace, a thread restarts
 Valve's gate again and again (`valvectl gate stop`, then `gate start` with run.py's arguments)
 and others flood the daemon's control socket with bad input, so that online's grows, which
-reclaim from offline through the daemon's loop, meet the slow admin work the issue saw them wait
+reclaim from offline through the daemon's loop, meet the slow admin work they were once seen to wait
 behind. Standard library only; tested in test_churn.py against a fake valvectl and a fake socket.
 
 Every thread is bounded: a gate command by `COMMAND_TIMEOUT_S`, a flooder's socket calls by

@@ -1,4 +1,4 @@
-"""Issue 30's eviction sweep without a GPU: which handles a reclaim takes, counted in work.
+"""The eviction cells without a GPU: which handles a reclaim takes, counted in work.
 
 Continuous batching (transformers >= 5) with a tiny random-weight Llama on the CPU, its KV cache in the
 fake Valve pool (`valve_transformers._fake_valve`), the shim's real placement and requeue code and the

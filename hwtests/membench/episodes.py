@@ -1,9 +1,9 @@
-"""Issue 30's eviction cells measured as episodes: the same fixed offline workload run again and again
+"""The eviction cells measured as episodes: the same fixed offline workload run again and again
 from an empty cache, with or without reclaims, timed to a fixed number of generated tokens.
 
-Why: the window sweep (sweep.py) measures a reclaim's cost against windows of an endless backlog whose
-request mix differs from one window to the next; at 10% of offline's memory that noise (2-5% a window)
-was as large as FIFO's whole loss, after 42 repeats (membench-16). Here every episode runs the same
+Why episodes: windows of an endless backlog differ in their request mix from one window to the next;
+at 10% of offline's memory that noise (2-5% a window) was as large as FIFO's whole loss, after 42
+repeats (membench-16). Here every episode runs the same
 requests in the same order (a list that does not change, `--episode-backlog` of them in the system at
 once, a finished one replaced by the next of the list), so two episodes differ only by the reclaims and
 the GPU's own jitter. An episode's figure is the time offline takes to generate `tokens` tokens (counted
@@ -36,7 +36,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-import sweep
+import eviction
 
 KINDS = ("warm", "base", "iso", "direct")
 
@@ -62,8 +62,8 @@ def plan(sizes, rates, policies, lead: float, measure_s: float, tail: float = 6.
     if repeat < 1 or warm < 1:
         raise ValueError("--repeat and --warm must be at least 1")
     for p in policies:
-        if p not in sweep.POLICIES:
-            raise ValueError(f"unknown policy {p!r}: choose from {', '.join(sweep.POLICIES)}")
+        if p not in eviction.POLICIES:
+            raise ValueError(f"unknown policy {p!r}: choose from {', '.join(eviction.POLICIES)}")
     if not (sizes and rates and policies):
         raise ValueError("episodes need sizes, rates and policies")
     if not 0 < lead <= measure_s - tail:
@@ -113,7 +113,7 @@ def base_jitter(base: list[tuple[float, float]]) -> float | None:
         return None
     rel = []
     for i in range(1, len(base) - 1):
-        expected = sweep.line(base[i - 1], base[i + 1], base[i][0])
+        expected = eviction.line(base[i - 1], base[i + 1], base[i][0])
         rel.append((base[i][1] - expected) / expected)
     return math.sqrt(sum(x * x for x in rel) / len(rel) / 1.5)
 
@@ -153,7 +153,7 @@ def episode_losses(episodes: list[dict], measure: str = "steps") -> tuple[dict, 
     for e in measured:
         if e["kind"] == "base" or e.get(measure) is None:
             continue
-        ref = sweep.trend_at(base, e["t0"])
+        ref = eviction.trend_at(base, e["t0"])
         n = e.get("reclaims", len(e.get("reclaims_at", [])))
         if n:
             out.append((e, (e[measure] - ref) / n * seconds_per_unit, ref * seconds_per_unit))
@@ -175,7 +175,7 @@ def analyse(episodes: list[dict], measure: str = "steps") -> dict:
     cells: dict = {}
     for e, lost_s, base_s in lost:
         for r in e["rates"]:
-            key = sweep.cell_key(e["size_pct"], r)
+            key = eviction.cell_key(e["size_pct"], r)
             c = cells.setdefault(key, dict(size_pct=e["size_pct"], rate=r, kind=e["kind"], reps={},
                                            jitter_s=[], reclaims_per_episode=len(e["reclaims_at"])))
             c["reps"].setdefault(e.get("rep", 0), {})[e["policy"]] = dict(
@@ -205,7 +205,7 @@ def summarise(c: dict) -> dict:
                             requeued=total(xs, "requeued"), requeued_tokens=total(xs, "requeued_tokens"),
                             kind=c["kind"])
     paired = [q["fifo"]["loss"] - q["alg1"]["loss"] for q in reps.values() if "fifo" in q and "alg1" in q]
-    keep = 1 - sweep.TARGET["alg1_below_fifo"]  # the target: Algorithm 1 at most this share of FIFO's loss
+    keep = 1 - eviction.TARGET["alg1_below_fifo"]  # the target: Algorithm 1 at most this share of FIFO's loss
     margin = [keep * q["fifo"]["loss"] - q["alg1"]["loss"] for q in reps.values() if "fifo" in q and "alg1" in q]
     n = len(policies.get("fifo", []))
     carried = (sum(c["jitter_s"]) / len(c["jitter_s"]) / math.sqrt(max(1, n))) if c["jitter_s"] else None
@@ -251,9 +251,9 @@ def markdown(rep: dict) -> str:
     """report.md: the loss per cell and policy with its standard error, the paired difference, the
     target's margin, the requeues, and the target per cell; the same losses timed in seconds after."""
     a = rep["analysis"]
-    pols = rep.get("args", {}).get("policies") or list(sweep.POLICIES)
+    pols = rep.get("args", {}).get("policies") or list(eviction.POLICIES)
     runs = a.get("runs") or 1
-    lines = [f"# Eviction cells as episodes (issue 30){f', {runs} runs merged' if runs > 1 else ''}", "",
+    lines = [f"# Eviction cells as episodes{f', {runs} runs merged' if runs > 1 else ''}", "",
              f"Device: {rep.get('device')}. Each episode: the same offline requests from an empty cache, "
              f"run to {rep.get('tokens')} generated tokens. Loss = rate/60 x seconds lost per reclaim against "
              "the base episodes' line (episodes.py). +- is one standard error over the repeats; spread = twice "
@@ -261,13 +261,13 @@ def markdown(rep: dict) -> str:
     if a.get("error"):
         lines += [f"**No result: {a['error']}**", ""]
     lines += cell_table(a, pols)
-    lines += [""] + sweep.per_reclaim_table(a, pols, "requeued", "Requeued requests per reclaim", 1)
-    lines += [""] + sweep.per_reclaim_table(a, pols, "requeued_tokens",
+    lines += [""] + eviction.per_reclaim_table(a, pols, "requeued", "Requeued requests per reclaim", 1)
+    lines += [""] + eviction.per_reclaim_table(a, pols, "requeued_tokens",
                                             "Tokens the requeued requests had in the cache, per reclaim", 0)
-    t = rep.get("target") or sweep.target_check(a["cells"])
+    t = rep.get("target") or eviction.target_check(a["cells"])
     lines += ["", f"## Target ({a.get('measure', 'steps')}): {t['overall']}", "",
-              f"Where one reclaim takes <= {sweep.TARGET['small_size_pct']:g}% of offline's memory, Algorithm 1's "
-              f"loss at least {sweep.TARGET['alg1_below_fifo']:.0%} below FIFO's (undecided while FIFO's own loss "
+              f"Where one reclaim takes <= {eviction.TARGET['small_size_pct']:g}% of offline's memory, Algorithm 1's "
+              f"loss at least {eviction.TARGET['alg1_below_fifo']:.0%} below FIFO's (undecided while FIFO's own loss "
               "is within the spread); elsewhere never worse than FIFO by more than the spread. The margin column "
               "says how sure: above twice its standard error, the 20% holds with about 95% confidence.",
               "", "| cell | verdict | why |", "|---|---|---|"]
@@ -282,23 +282,23 @@ def cell_table(a: dict, pols: list[str]) -> list[str]:
     """The losses by cell, with what they were measured in and against."""
     unit = ("steps to the count, at the base episodes' mean step" if a.get("measure") == "steps"
             else "seconds to the count")
-    lines = [f"Measured in {unit}: {sweep.fmt(a.get('base_seconds'), 2)} s without reclaims"
-             + (f" ({sweep.fmt(a.get('base_steps'), 0)} steps)" if a.get("base_steps") else "")
+    lines = [f"Measured in {unit}: {eviction.fmt(a.get('base_seconds'), 2)} s without reclaims"
+             + (f" ({eviction.fmt(a.get('base_steps'), 0)} steps)" if a.get("base_steps") else "")
              + f", mean of {a.get('base_episodes')} base episodes; one base episode's jitter "
-             f"{sweep.pct_s(a.get('jitter'))}; first to last base {drift_words(a.get('drift'))}.", "",
+             f"{eviction.pct_s(a.get('jitter'))}; first to last base {drift_words(a.get('drift'))}.", "",
              "| cell | repeats | " + " | ".join(pols) + " | FIFO - Alg 1 (paired) | 0.8 FIFO - Alg 1 | spread |",
              "|---|---|" + "---|" * len(pols) + "---|---|---|"]
     for key, c in sorted(a["cells"].items(), key=lambda kv: (kv[1]["size_pct"], kv[1]["rate"])):
         row = [pm(c["policies"].get(p, {}).get("loss"), c["policies"].get(p, {}).get("se")) for p in pols]
         lines.append(f"| {key} | {c['repeats']} | " + " | ".join(row)
-                     + f" | {pm(*c['paired'])} | {pm(*c['margin'])} | {sweep.pct_s(c.get('spread'))} |")
+                     + f" | {pm(*c['paired'])} | {pm(*c['margin'])} | {eviction.pct_s(c.get('spread'))} |")
     return lines
 
 
 def drift_words(drift) -> str:
     if isinstance(drift, list):
-        return ", ".join(sweep.pct_s(d) for d in drift)
-    return sweep.pct_s(drift)
+        return ", ".join(eviction.pct_s(d) for d in drift)
+    return eviction.pct_s(drift)
 
 
 def pm(x, se) -> str:
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     merged = dict(args=reps[0].get("args", {}), device=", ".join(devices), tokens=sorted({r.get("tokens") for r in reps}),
                   sources=a.reports, analysis=merge([of(r, "steps") for r in reps]),
                   analysis_seconds=merge([of(r, "seconds") for r in reps]))
-    merged["target"] = sweep.target_check(merged["analysis"]["cells"])
+    merged["target"] = eviction.target_check(merged["analysis"]["cells"])
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(merged, f, indent=1)

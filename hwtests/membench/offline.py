@@ -2,7 +2,7 @@
 batching over a backlog that never runs dry, measuring useful throughput.
 
     VALVE_LABEL=batch python3 offline.py --model DIR --mode static|valve --out out.json \
-        [--num-blocks N] [--fifo] [--selection-file FILE] [--ready FILE] [--stop FILE]
+        [--num-blocks N] [--fifo] [--ready FILE] [--stop FILE]
 
 `static` is plain transformers with a KV cache of `--num-blocks` blocks (a static split); `valve`
 backs the cache with the pool through `valve_transformers` (offline role: free memory only, and
@@ -158,10 +158,6 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--num-blocks", type=int)
     ap.add_argument("--fifo", action="store_true", help="valve: FIFO handle choice instead of Algorithm 1")
-    ap.add_argument("--selection-file",
-                    help="valve: a file of `SELECTION SEED` (alg1|fifo|random) read whenever it changes; the shim "
-                         "switches its handle choice from the next step on, and the shim's counters at each "
-                         "switch are kept (`switches` in --out)")
     ap.add_argument("--placement", choices=("default", "compact"), default="default",
                     help="valve: the shim's block placement (compact: wholly free handles' blocks first, at each turn)")
     ap.add_argument("--prompt", type=int, nargs=2, default=(512, 1024), help="prompt length range (tokens)")
@@ -212,7 +208,7 @@ def main() -> int:
         policy = dict(placement="compact") if a.placement == "compact" else {}
         vt.install("offline", kv_space=kv_space_factory("offline", fifo=a.fifo), **policy)
     steps: list[float] = []
-    generated = Generated() if a.selection_file or a.episodes else None
+    generated = Generated() if a.episodes else None
     log_steps(steps, generated)
     offloads = [0]
     count_offloads(offloads)
@@ -249,27 +245,6 @@ def main() -> int:
             if not out.error:
                 progress.add(len(out.generated_tokens))
             top_up(1)
-    switches: list = []
-    sel_seen = [None]
-
-    def follow_selection() -> None:
-        """--selection-file changed: set the shim's selection, note the time and the counters."""
-        try:
-            st = os.stat(a.selection_file)
-        except OSError:
-            return
-        if st.st_mtime_ns == sel_seen[0]:
-            return
-        sel_seen[0] = st.st_mtime_ns
-        with open(a.selection_file) as f:
-            words = f.read().split()
-        if not words:
-            return
-        seed = int(words[1]) if len(words) > 1 else 0
-        vt.set_policy(selection=words[0], selection_seed=seed)
-        v = getattr(manager.batch_processor.cache, "_valve", None)
-        switches.append(dict(t=now(), selection=words[0], seed=seed, shim=dict(v.stats) if v else None))
-
     timeline = Timeline(a.timeline, manager, offloads)
     t0, done, errors = now(), [], []
     steps_before = len(steps)
@@ -279,8 +254,6 @@ def main() -> int:
         if not manager.is_running():
             errors.append("the generation loop stopped")
             break
-        if a.selection_file and a.mode == "valve":
-            follow_selection()
         out = manager.get_result(timeout=0.05)
         timeline.sample(progress.tokens)
         if out is None:
@@ -297,7 +270,7 @@ def main() -> int:
     result = dict(mode=a.mode, fifo=a.fifo, cuda_graphs=a.cuda_graphs, placement=a.placement, t0=t0, t1=t1, finished=len(done), tokens=sum(n for _, n in done),
                   tokens_per_s=sum(n for _, n in done) / (t1 - t0), errors=errors[:10], error_count=len(errors),
                   steps=steps[steps_before:], solo_steps=solo_steps, device=common.device_name(),
-                  finishes=done, switches=switches,
+                  finishes=done,
                   generated=generated.timeline if generated is not None else None)
     cache = manager.batch_processor.cache
     v = getattr(cache, "_valve", None)

@@ -1,6 +1,6 @@
 """Turns the memory benchmark's raw results into numbers and a report: latency percentiles, offline
 throughput, reclaims per minute, reclaim latency, the cost of waiting for an iteration boundary,
-valve-churn's reclaims while gates restart and the control socket is flooded (issue 29), and the
+valve-churn's reclaims while gates restart and the control socket is flooded, and the
 issues' targets with pass/fail. Pure functions over JSON: tested in test_report.py.
 """
 
@@ -159,7 +159,7 @@ def busy_fraction(online: dict) -> float | None:
 def reclaim_latency(online: dict, spans: list | None = None) -> dict:
     """Online `grow` calls the daemon served by reclaiming from offline: latency by size (ms), of
     those whose grow overlaps one of `spans` ((t0, t1), common.now() seconds) if given.
-    `<=1GiB` (the issue's target) counts every reclaim of 1 to 16 handles, one-handle ones too."""
+    `<=1GiB` (the target) counts every reclaim of 1 to 16 handles, one-handle ones too."""
     out: dict = {}
     grows = [g for g in online.get("grows", []) if g[3] > 0]
     if spans is not None:
@@ -262,7 +262,7 @@ def decode_vs(prof: dict | None, ref: dict | None) -> float | None:
     return sum(n * r for n, r in pairs) / total if total else None
 
 
-FIRST_S = 90.0  # issue 30: offline against static over the first 90 s after a daemon restart
+FIRST_S = 90.0  # the target: offline against static over the first 90 s after a daemon restart
 
 
 def first_tokens_per_s(off: dict, seconds: float = FIRST_S) -> float | None:
@@ -362,7 +362,7 @@ def count_noise(target_per_min, minutes) -> str:
 
 
 def targets(nums: dict, args: dict) -> list[dict]:
-    """The issue's targets on the runs that exist (MIAD for rate and latency)."""
+    """The targets on the runs that exist (MIAD for rate and latency)."""
     out = []
 
     def check(name, value, ok, detail=""):
@@ -416,11 +416,11 @@ def targets(nums: dict, args: dict) -> list[dict]:
 
 
 CHURN_TARGET = ("valve-churn: a grow that reclaims up to 1 GiB p99 <= 10 ms while gates start/stop and the "
-                "socket is flooded (issue 29)")
+                "socket is flooded")
 
 
 def churn_target(n: dict) -> dict:
-    """Issue 29's target on valve-churn's numbers: judged only on reclaims made while the churn ran,
+    """The churn target on valve-churn's numbers: judged only on reclaims made while the churn ran,
     when it did run (gate restarts and flood messages), and on at least MIN_RECLAIMS_FOR_P99 of them;
     otherwise `ok` is None and `note` says why."""
     c = n.get("churn") or {}
@@ -539,16 +539,16 @@ def markdown(rep: dict) -> str:
 
 def churn_markdown(n: dict) -> list[str]:
     """valve-churn's section: its reclaim latency as a whole, while the churn ran and during gate
-    commands; issue 29's target in words; the churn's counts."""
+    commands; the churn target in words; the churn's counts."""
     c = n["churn"]
     if c.get("error"):
-        return ["", f"valve-churn (issue 29): no churn figures: {c['error']}"]
+        return ["", f"valve-churn: no churn figures: {c['error']}"]
     rows = (("the whole trace", (n.get("reclaim_ms") or {}).get("<=1GiB")),
             ("while the churn ran", c.get("reclaim_ms_while_churning")),
             ("during a `gate start` or `gate stop` command", c.get("reclaim_ms_during_gate_commands")))
     t = churn_target(n)
     verdict = t["note"] or {True: "met", False: "missed", None: "not judged"}[t["ok"]]
-    lines = ["", f"valve-churn (issue 29): the gate restarted every {fmt(c.get('gate_every_s'))} s (`gate stop`, "
+    lines = ["", f"valve-churn: the gate restarted every {fmt(c.get('gate_every_s'))} s (`gate stop`, "
              f"`gate start`) and {c.get('flooders')} threads flooded the daemon's control socket with bad input "
              "while online played the trace. Its online latency and offline throughput are not compared with "
              "alone or static, and it is left out of those targets: each gate stop lets offline run ungated "

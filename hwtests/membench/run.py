@@ -1,4 +1,4 @@
-"""The memory benchmark (issue 10) on a GPU host: online serving with a bursty KV demand next to
+"""The memory benchmark on a GPU host: online serving with a bursty KV demand next to
 offline batch generation, with a static split and with Valve's pool; and the correctness run.
 
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR correctness
@@ -11,14 +11,10 @@ offline batch generation, with a static split and with Valve's pool; and the cor
         --configs valve-churn --seconds 90 --seed 12 --online-cuda-graphs \
         [--churn-gate-every 2] [--churn-flooders 2]
 
-    python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR sweep \
-        [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] [--policies alg1,fifo,random] \
-        [--placement default|compact]
-        (issue 30, offline only: `valvectl pool reclaim` takes a share of offline's memory at a rate
-        for each handle choice; sweep.py says how the cells fit ~7.5 minutes; report.md/report.json)
     python3 hwtests/membench/run.py --valvectl .carry/valvectl --out DIR episodes \
         [--sizes 10] [--rates 2,6] [--policies alg1,fifo] [--repeat 4] [--measure-s 20]
-        (the same cells as episodes of one fixed offline workload, each timed to a token count:
+        (offline only: `valvectl pool reclaim` takes a share of offline's memory at a rate for each
+        handle choice, in episodes of one fixed offline workload, each timed to a token count:
         episodes.py; report.md/report.json)
 
 Compare online latency with `--online-cuda-graphs`: without CUDA graphs the online decode step is
@@ -48,10 +44,10 @@ the measured numbers, the device name and the targets. Configurations:
   OUT/reservations.json) instead: a converged first pass (450 s) and a long measured pass do not
   fit one 10-minute device call together. Run both on the same GPU: a state is kept per GPU PCI
   address and online process (a lane's VALVE_GPU). A measured pass longer than 90 s is also judged on its
-  first 90 s against static's first 90 s (issue 30: "over the first 90 s after a daemon restart").
+  first 90 s against static's first 90 s (the target: "over the first 90 s after a daemon restart").
   `--configs valve-miad-warm --warm-prime-only` runs the first pass alone and stops once
   DIR/reservations.json is saved: the call before the one that passes it to --warm-from.
-- valve-churn: valve-noreserve while admin work churns (issue 29; docs/memory.md, "How a reclaim
+- valve-churn: valve-noreserve while admin work churns (docs/memory.md, "How a reclaim
   reaches the daemon's loop"): a thread restarts the gate every --churn-gate-every s (`gate stop`,
   `gate start`), ending 5 s before online's last arrival, and --churn-flooders threads flood the
   daemon's control socket with bad input until online exits (churn.py). Its result has a `churn`
@@ -86,7 +82,7 @@ import churn  # noqa: E402
 import common  # noqa: E402
 import report  # noqa: E402
 import episodes  # noqa: E402
-import sweep  # noqa: E402
+import eviction  # noqa: E402
 
 
 class Run:
@@ -472,12 +468,12 @@ def prime_warm_start(r: Run, sizes: dict) -> str:
     return state
 
 
-# ------------------------------------------------------------------------------ sweep
+# ------------------------------------------------------------------------------ episodes
 
 
 @contextlib.contextmanager
 def measuring(r: Run, rep: dict):
-    """The measured part of a sweep or an episode run: an exception ends it as `rep["error"]` (the
+    """The measured part of an episode run: an exception ends it as `rep["error"]` (the
     report says what went wrong, with what was measured), and every process is stopped after it,
     then NVML's used memory is read."""
     try:
@@ -520,79 +516,8 @@ def reclaim_share(r: Run, size_pct: float) -> tuple[int | None, int]:
         return None, h
 
 
-def sweep_run(r: Run) -> int:
-    """Issue 30's eviction sweep (sweep.py): one daemon with a pool and one offline process through the
-    shim; per window, the shim's handle choice is set, then `valvectl pool reclaim` takes the window's
-    share of offline's handles at its times. No online model: only the eviction policy differs."""
-    a = r.a
-    windows = sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed, a.repeat)
-    est = sweep.plan_seconds(windows, a.gap)
-    print(f"sweep: {len(windows)} windows of {a.cell_seconds:g} s, about {est / 60:.1f} min", flush=True)
-    common.build_model(r.model)
-    files = {k: os.path.join(r.work, f"sweep.{k}") for k in ("off-ready", "go", "stop", "selection")}
-    for f in files.values():
-        if os.path.exists(f):
-            os.remove(f)
-    off_out = os.path.join(r.out, "sweep-offline.json")
-    timeline_out = os.path.join(r.out, "sweep-timeline.json")
-    rep: dict = dict(args=dict(vars(a), policies=list(a.policies)), windows=[], gpu_used_mib_before=common.gpu_used_mib())
-    with measuring(r, rep):
-        r.start_daemon("sweep", a.pool_gib, a.target_per_min)
-        with open(files["selection"], "w") as f:
-            f.write("alg1 0\n")
-        off_args = ["--model", r.model, "--mode", "valve", "--out", off_out, "--ready", files["off-ready"],
-                    "--go", files["go"], "--stop", files["stop"], "--selection-file", files["selection"],
-                    *offline_shape(a), "--placement", a.placement, "--backlog", str(a.offline_backlog),
-                    "--timeline", timeline_out]
-        off = r.spawn("sweep-offline", python("offline.py", *off_args),
-                      dict(r.env, VALVE_LABEL=common.OFFLINE_LABEL, CUDA_MODULE_LOADING="EAGER"))
-        wait_files([files["off-ready"]], [off], 300)
-        time.sleep(a.settle)  # the cache fills and the batch reaches its steady size
-        open(files["go"], "w").close()
-        rep["pool_before"] = pool_status(r)
-        write_selection(files["selection"], f"{windows[0].policy} {windows[0].seed}")
-        time.sleep(a.gap)
-        for i, w in enumerate(windows):
-            if off.poll() is not None:
-                raise RuntimeError(f"offline exited ({off.returncode}) before window {i}: see sweep-offline.log")
-            t0 = common.now()
-            made, sizes_mib, held = 0, [], []
-            for at in w.reclaims_at:
-                time.sleep(max(0.0, t0 + at - common.now()))
-                got, h = reclaim_share(r, w.size_pct)
-                made, sizes_mib, held = made + 1, sizes_mib + [got], held + [h]
-            time.sleep(max(0.0, t0 + w.seconds - common.now()))
-            # The next window's choice is set now, `gap` before it starts: no reclaim comes in between, so
-            # the gap still counts as this window's (the tail of its recomputations).
-            nxt = windows[i + 1] if i + 1 < len(windows) else None
-            # After the last window, "alg1 0" closes its counters.
-            write_selection(files["selection"], f"{nxt.policy} {nxt.seed}" if nxt else "alg1 0")
-            time.sleep(a.gap)
-            rec = dict(vars(w), t0=t0, t1=common.now(), reclaims=made, reclaimed_mib=sizes_mib, offline_handles=held)
-            rep["windows"].append(rec)
-            print(f"sweep: window {i + 1}/{len(windows)} {w.kind} {w.policy} size {w.size_pct} rates {w.rates} "
-                  f"reclaims {made} offline handles {held}", flush=True)
-        rep["pool_after"] = pool_status(r)
-        open(files["stop"], "w").close()
-        rep["offline_exit"] = off.wait(timeout=120)
-    off_res = common.read_json(off_out) if os.path.exists(off_out) else {}
-    rep["offline"] = {k: v for k, v in off_res.items() if k not in ("steps", "solo_steps", "finishes", "generated")}
-    rep["device"] = off_res.get("device")
-    rep["lane"] = common.lane()
-    sweep.attach_requeues(rep["windows"], off_res.get("switches", []))
-    sweep.attach_offline_state(rep["windows"], common.read_json(timeline_out) if os.path.exists(timeline_out) else None)
-    rep["analysis"] = sweep.analyse(rep["windows"], off_res.get("finishes") or [], off_res.get("generated"))
-    note_error(rep)
-    rep["target"] = sweep.target_check(rep["analysis"]["cells"])
-    common.write_json(os.path.join(r.out, "report.json"), rep)
-    with open(os.path.join(r.out, "report.md"), "w") as f:
-        f.write(sweep.markdown(rep))
-    print(sweep.markdown(rep))
-    return 0 if not rep.get("error") else 1
-
-
 def episodes_run(r: Run) -> int:
-    """Issue 30's cells as episodes (episodes.py): one daemon with a pool and one offline process
+    """The eviction cells as episodes (episodes.py): one daemon with a pool and one offline process
     (offline.py --episodes) that runs the same requests from an empty cache whenever asked; reclaims
     at the episode's times; each episode's time to the warm-up's token count, against the base line."""
     a = r.a
@@ -638,7 +563,7 @@ def episodes_run(r: Run) -> int:
     rep["analysis"] = episodes.analyse(rep["episodes"], "steps")
     rep["analysis_seconds"] = episodes.analyse(rep["episodes"], "seconds")
     note_error(rep)
-    rep["target"] = sweep.target_check(rep["analysis"]["cells"])
+    rep["target"] = eviction.target_check(rep["analysis"]["cells"])
     common.write_json(os.path.join(r.out, "report.json"), rep)
     text = episodes.markdown(rep)
     with open(os.path.join(r.out, "report.md"), "w") as f:
@@ -678,14 +603,6 @@ def run_one_episode(r: Run, d: str, k: int, e, tokens: int | None, off: subproce
 
 def episodes_fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
-
-
-def write_selection(path: str, words: str) -> None:
-    """The sweep's next handle choice for offline.py --selection-file, written whole at once: offline
-    polls the file's mtime, and a write in two steps (truncate, then the text) was once seen twice."""
-    with open(path + ".new", "w") as f:
-        f.write(words + "\n")
-    os.replace(path + ".new", path)
 
 
 # ------------------------------------------------------------------------------ correctness
@@ -745,7 +662,7 @@ def correctness(r: Run) -> int:
 
 
 def add_offline_only(p: argparse.ArgumentParser) -> None:
-    """The pool and offline's workload, for the commands that run offline alone (sweep, episodes)."""
+    """The pool and offline's workload, for the command that runs offline alone (episodes)."""
     p.add_argument("--pool-gib", type=int, default=12)
     p.add_argument("--target-per-min", type=float, default=6.0, help="the daemon's MIAD target (unused: no online)")
     p.add_argument("--offline-batch-tokens", type=int, default=512)
@@ -776,33 +693,12 @@ def main() -> int:
     co.add_argument("--batch-tokens", type=lambda t: [int(x) for x in t.split(",") if x], default=[1, 64],
                     help="which runs: 1 (one token per forward pass: batch-invariant, must be identical) and/or 64 "
                          "(batched; its reference differs by batching alone)")
-    sw = sub.add_parser("sweep", help="issue 30: reclaimed size x reclamation rate x handle choice, offline only")
-    sw.add_argument("--sizes", type=floats, default=list(sweep.SIZES), help="%% of offline's memory per reclaim")
-    sw.add_argument("--rates", type=floats, default=list(sweep.RATES), help="reclaims per minute")
-    sw.add_argument("--policies", type=lambda x: [p for p in x.split(",") if p], default=list(sweep.POLICIES),
-                    help="comma-separated: " + ", ".join(sweep.POLICIES))
-    sw.add_argument("--cell-seconds", type=float, default=10.0, help="measured seconds per window")
-    sw.add_argument("--gap", type=float, default=2.0,
-                    help="seconds after each window's measured part: the next policy is set, no reclaim comes, and "
-                         "the tokens still count to the window (its recomputations' tail)")
-    sw.add_argument("--offline-backlog", type=int, default=80,
-                    help="offline's requests in the system (active + waiting): small, so a requeued request, which "
-                         "goes to the back of the waiting queue, is recomputed within seconds, in its own window")
-    sw.add_argument("--lead", type=float, default=1.0, help="seconds into a window before its first reclaim")
-    sw.add_argument("--settle", type=float, default=20.0, help="seconds offline runs before the first window")
-    sw.add_argument("--baseline-every", type=int, default=6, help="a no-reclaim window after this many others")
-    sw.add_argument("--seed", type=int, default=30, help="the random policy's seeds start here")
-    sw.add_argument("--repeat", type=int, default=1,
-                    help="run every cell this many times (each repeat with the policy order one step on), so a "
-                         "small cell's cost is a mean of that many windows: e.g. --sizes 5 --rates 2 --repeat 12 "
-                         "for the 5%% cell, whose loss one 10-s window cannot resolve")
-    add_offline_only(sw)
-    ep = sub.add_parser("episodes", help="issue 30's cells as episodes of a fixed offline workload (episodes.py): "
-                                         "lower noise than the window sweep")
+    ep = sub.add_parser("episodes", help="the eviction cells (reclaimed size x rate x handle choice) as "
+                                         "episodes of a fixed offline workload (episodes.py)")
     ep.add_argument("--sizes", type=floats, default=[10.0], help="%% of offline's memory per reclaim")
     ep.add_argument("--rates", type=floats, default=[2.0, 6.0], help="reclaims per minute")
     ep.add_argument("--policies", type=lambda x: [p for p in x.split(",") if p], default=["alg1", "fifo"],
-                    help="comma-separated: " + ", ".join(sweep.POLICIES))
+                    help="comma-separated: " + ", ".join(eviction.POLICIES))
     ep.add_argument("--measure-s", type=float, default=20.0,
                     help="the warm-up episode's length; its token count is every later episode's goal")
     ep.add_argument("--lead", type=float, default=9.0,
@@ -888,11 +784,6 @@ def main() -> int:
         if problem:
             ap.error(problem)
         a.configs = ",".join(names)
-    if a.cmd == "sweep":
-        try:
-            sweep.plan(a.sizes, a.rates, a.policies, a.cell_seconds, a.lead, a.baseline_every, a.seed, a.repeat)
-        except ValueError as e:
-            ap.error(str(e))
     if a.cmd == "episodes":
         try:
             episodes.plan(a.sizes, a.rates, a.policies, a.lead, a.measure_s, a.tail, a.repeat, a.seed, a.warm)
@@ -902,7 +793,7 @@ def main() -> int:
         raise SystemExit("run as root: the benchmark starts the Valve daemon")
     r = Run(a)
     try:
-        return {"correctness": correctness, "bench": bench, "sweep": sweep_run, "episodes": episodes_run}[a.cmd](r)
+        return {"correctness": correctness, "bench": bench, "episodes": episodes_run}[a.cmd](r)
     finally:
         r.stop_all()
         subprocess.run([a.valvectl, "resume", "--all"], capture_output=True)

@@ -12,22 +12,18 @@
 #       --seconds 120 --seed 12 --online-cuda-graphs      (the next call, same GPU: the measured pass)
 #   hwtests/membench/run.sh OUTDIR bench --configs valve-churn --seconds 90 --seed 12 --online-cuda-graphs \
 #       [--churn-gate-every 2] [--churn-flooders 2]
-#     (issue 29: reclaims of up to 1 GiB while the gate restarts and the control socket is flooded)
-#   hwtests/membench/run.sh OUTDIR sweep [--cell-seconds 10] [--sizes 5,10,25,50] [--rates 2,6,20] \
-#       [--policies alg1,fifo,random] [--placement default|compact]
-#   hwtests/membench/run.sh OUTDIR sweep --sizes 5 --rates 2,6 --policies alg1,fifo --repeat 12 --gap 4
-#     (the 5% cells alone, each a mean of 12 windows: about 8.5 minutes; best on a host of its own)
-#     (issue 30: offline's throughput loss per reclaimed size x rate x handle choice, no online model;
-#      about 7.5 minutes with the defaults: 29 windows of 10 s + 2 s, after ~90 s of start;
-#      several runs, one per device call, merge into one report with narrower spreads:
-#      python3 hwtests/membench/sweep.py merge OUT1/report.json OUT2/report.json --out DIR)
+#     (reclaims of up to 1 GiB while the gate restarts and the control socket is flooded)
+#   hwtests/membench/run.sh OUTDIR episodes [--sizes 10] [--rates 2,6] [--policies alg1,fifo] [--repeat 4]
+#     (offline's loss per reclaimed size x rate x handle choice, as episodes of one fixed workload,
+#      no online model; several runs, one per device call, merge into one report:
+#      python3 hwtests/membench/episodes.py merge OUT1/report.json OUT2/report.json --out DIR)
 #
 # VALVECTL (default: .carry/valvectl, else target/release/valvectl) and VALVE_WHEEL (default:
 # .carry/valve_client-*.whl; build it with scripts/build-python-wheel.sh) say what to use.
 # Results, logs and report.md land in OUTDIR. Needs root, one NVIDIA GPU, PyTorch, transformers >= 5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: $0 OUTDIR correctness|bench|sweep|episodes [options]}
+out=${1:?usage: $0 OUTDIR correctness|bench|episodes [options]}
 shift
 valvectl=${VALVECTL:-}
 [ -n "$valvectl" ] || for c in .carry/valvectl target/release/valvectl; do [ -x "$c" ] && valvectl=$c && break; done

@@ -95,11 +95,11 @@ class Analyse(unittest.TestCase):
     def test_a_clear_win_passes_and_a_fifo_loss_inside_the_jitter_is_undecided(self):
         jit = {k: (0.2 if k % 2 else -0.2) for k in range(40)}
         win = episodes.analyse(run_plan(self.plan(), lost={"alg1": 0.1, "fifo": 1.0}, jitter=jit))
-        t = episodes.sweep.target_check(win["cells"])
+        t = episodes.eviction.target_check(win["cells"])
         self.assertEqual(t["cells"]["10%@2/min"]["verdict"], "pass")
         self.assertGreater(win["cells"]["10%@2/min"]["margin"][0], 0)
         small = episodes.analyse(run_plan(self.plan(), lost={"alg1": 0.0, "fifo": 0.05}, jitter=jit))
-        self.assertEqual(episodes.sweep.target_check(small["cells"])["cells"]["10%@2/min"]["verdict"], "undecided")
+        self.assertEqual(episodes.eviction.target_check(small["cells"])["cells"]["10%@2/min"]["verdict"], "undecided")
 
     def test_a_host_that_slows_whole_episodes_moves_their_seconds_but_not_their_steps(self):
         host = {k: (1.3 if (k // 3) % 2 == 0 else 0.9) for k in range(40)}
@@ -111,15 +111,15 @@ class Analyse(unittest.TestCase):
         self.assertAlmostEqual(steps["base_seconds"], 20.0 * mean_host, places=9)
         self.assertAlmostEqual(c["policies"]["fifo"]["loss"], 2 / 60 * 1.0 * mean_host, places=9)
         self.assertAlmostEqual(steps["jitter"], 0.0, places=9)
-        self.assertEqual(episodes.sweep.target_check(steps["cells"])["cells"]["10%@2/min"]["verdict"], "pass")
+        self.assertEqual(episodes.eviction.target_check(steps["cells"])["cells"]["10%@2/min"]["verdict"], "pass")
         self.assertGreater(seconds["jitter"], 0.1)
-        self.assertEqual(episodes.sweep.target_check(seconds["cells"])["cells"]["10%@2/min"]["verdict"], "undecided")
+        self.assertEqual(episodes.eviction.target_check(seconds["cells"])["cells"]["10%@2/min"]["verdict"], "undecided")
         with self.assertRaises(ValueError):
             episodes.analyse(eps, "tokens")
 
     def test_algorithm_1_losing_more_than_fifo_fails(self):
         a = episodes.analyse(run_plan(self.plan(), lost={"alg1": 1.0, "fifo": 0.8}))
-        self.assertEqual(episodes.sweep.target_check(a["cells"])["cells"]["10%@2/min"]["verdict"], "fail")
+        self.assertEqual(episodes.eviction.target_check(a["cells"])["cells"]["10%@2/min"]["verdict"], "fail")
 
     def test_the_spread_is_twice_fifos_standard_error_when_that_is_larger(self):
         eps = run_plan(self.plan(repeat=4, rates=(2,)), lost={"alg1": 0.1, "fifo": 0.6})

@@ -179,7 +179,7 @@ class Targets(unittest.TestCase):
 
 
 class Churn(unittest.TestCase):
-    """valve-churn (issue 29): reclaims while the churn ran, its target, and its exclusion."""
+    """valve-churn: reclaims while the churn ran, its target, and its exclusion."""
 
     @staticmethod
     def churn(restarts=5, messages=1000):

@@ -36,12 +36,12 @@ class Configs(unittest.TestCase):
         self.assertIsNone(run.config_problem(["static"], have_sizes=True))
 
 
-class Sweep(unittest.TestCase):
+class Episodes(unittest.TestCase):
     def test_sizes_and_rates_are_comma_separated_numbers(self):
         self.assertEqual(run.floats("5,10,25.5"), [5.0, 10.0, 25.5])
 
-    def test_a_misspelt_policy_stops_the_sweep_before_anything_starts(self):
-        self.assertIn("lru", refused(self, "sweep", "--policies", "alg1,lru"))
+    def test_a_misspelt_policy_stops_the_episodes_before_anything_starts(self):
+        self.assertIn("lru", refused(self, "episodes", "--policies", "alg1,lru"))
 
 
     def test_an_episode_lead_that_leaves_no_tail_stops_before_anything_starts(self):
@@ -210,7 +210,7 @@ class DaemonArgv(unittest.TestCase):
         cold = run.daemon_argv(SimpleNamespace(valvectl="v", warm_max_age="168h"), "valve-miad", 12, 6.0, None)
         self.assertNotIn("--pool-warm-max-age", cold, "a cold start saves nothing and reads nothing")
         plain = run.daemon_argv(SimpleNamespace(valvectl="v"), "static", None, 6.0, None)
-        self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; sweep's args have no churn options")
+        self.assertEqual(plain, ["v", "daemon"], "no pool, no flags; episodes' args have no churn options")
 
     def test_a_pinned_lanes_daemon_gets_every_cpu_back(self):
         from types import SimpleNamespace

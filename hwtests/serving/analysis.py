@@ -426,7 +426,7 @@ def pct_change(x, base):
 
 
 def check_targets(alone, gated, rows, preemptions, harvested):
-    """The issue's targets for one load, against the same run's alone configuration:
+    """The targets for one load, against the same run's alone configuration:
     [(name, value text, pass)]."""
 
     def fmt(v, unit="%"):

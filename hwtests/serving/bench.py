@@ -11,7 +11,7 @@ Servers (--server):
              the decoding thread itself, the prefill a CUDA graph of --prompt-tokens; no HTTP
 
 Configurations (--configs): alone, timeslice, gate-old (launch edges only, no waits: the gate
-before issue 11), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
+without arrivals), gate-launch (launch edges and waits), gate-arrival (arrivals too; the default),
 gate-offline-stopped (gate-arrival with offline SIGSTOPped: what the gate itself costs online),
 gate-arrival-normal (gate-arrival with the gate's threads on the normal scheduler, not SCHED_FIFO),
 gate-arrival-spin (gate-arrival with --arrival-busy-poll), alone-2 (alone again: the noise floor),
@@ -59,7 +59,7 @@ CONFIG_NAMES = {
     "alone": "online alone",
     "alone-2": "online alone, a second configuration (the noise floor of every comparison with alone)",
     "timeslice": "no control (time-slicing)",
-    "gate-old": "valvectl gate as before issue 11 (--no-arrivals --no-waits)",
+    "gate-old": "valvectl gate on launch edges only (--no-arrivals --no-waits)",
     "gate-launch": "valvectl gate, launch edges only (--no-arrivals)",
     "gate-arrival": "valvectl gate, arrivals + launch edges",
     "gate-offline-stopped": "valvectl gate, arrivals + launch edges, offline SIGSTOPped (the gate's own cost: probes and ioctls, no offline work)",
@@ -334,49 +334,9 @@ def stamp_choice(a, ap):
                             lambda msg: log(f"== {msg}"))
 
 
-PREEMPT_MODES = ("report", "wfi", "cta", "cilp")
-
-
-def timeslice_choice(a, ap):
-    """The scheduling library offline is to preload (its own TSGs' timeslice, its compute preemption
-    mode), or None: checked before anything starts."""
-    asked = [flag for flag, value in (("--offline-timeslice-us", a.offline_timeslice_us),
-                                      ("--offline-compute-preempt", getattr(a, "offline_compute_preempt", None)))
-             if value is not None]
-    if not asked:
-        if a.timeslice_lib:
-            ap.error("--timeslice-lib is for --offline-timeslice-us or --offline-compute-preempt: give both, or neither")
-        return None
-    if a.offline_timeslice_us is not None and not 1 <= a.offline_timeslice_us <= 10_000_000:
-        ap.error("--offline-timeslice-us must be 1 to 10000000 (microseconds)")
-    lib = a.timeslice_lib or (os.path.join(os.path.dirname(a.stamp_first_kernel), "libvalve_timeslice.so")
-                              if a.stamp_first_kernel else None)
-    if not lib or not os.path.isfile(lib):
-        ap.error(f"{asked[0]} needs libvalve_timeslice.so: build it with hwtests/cuda/build.sh OUTDIR "
-                 f"and pass --timeslice-lib OUTDIR/libvalve_timeslice.so (not found: {lib})")
-    return os.path.abspath(lib)
-
-
 def offline_env(a):
-    """Offline's environment: its Valve label, and the scheduling library where asked for."""
-    env = dict(os.environ, VALVE_LABEL=OFFLINE_LABEL)
-    if a.timeslice_lib:
-        env["LD_PRELOAD"] = " ".join(x for x in (a.timeslice_lib, env.get("LD_PRELOAD")) if x)
-        if a.offline_timeslice_us is not None:
-            env["VALVE_TSG_TIMESLICE_US"] = str(a.offline_timeslice_us)
-        if getattr(a, "offline_compute_preempt", None):
-            env["VALVE_COMPUTE_PREEMPT"] = a.offline_compute_preempt
-    return env
-
-
-def timeslice_lines(log_path, most=6, prefix="valve-timeslice:"):
-    """What libvalve_timeslice.so said in offline's log: one line per channel group
-    ("valve-timeslice:") or per channel's compute preemption mode ("valve-preempt:")."""
-    try:
-        with open(log_path) as f:
-            return [line.strip() for line in f if line.startswith(prefix)][:most]
-    except OSError:
-        return []
+    """Offline's environment: its Valve label."""
+    return dict(os.environ, VALVE_LABEL=OFFLINE_LABEL)
 
 
 def calibrate_server(url):
@@ -643,7 +603,7 @@ def interval_text(iv):
     return "n/a" if not iv or None in iv else f"{iv[0]:+.1f}% .. {iv[1]:+.1f}%"
 
 
-GPU_START_TARGETS_MS = (0.300, 0.600)  # arrival -> first kernel running, p50 and p99 (issue 29)
+GPU_START_TARGETS_MS = (0.300, 0.600)  # arrival -> first kernel running, p50 and p99 (the targets)
 
 
 def gpu_start_cell(s, mapping):
@@ -813,7 +773,7 @@ def main(argv=None):
     ap.add_argument("--run-s", type=float, default=40, help="aim for this many seconds of arrivals per configuration and load")
     ap.add_argument("--gate-fixed-cooldown", metavar="DURATION",
                     help="every gate configuration keeps offline frozen this long after online's last launch "
-                         "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: issue 29's trade "
+                         "(`gate start --fixed-cooldown`, e.g. 200ms) instead of learning it: a trade "
                          "of harvest for idle arrivals that find offline already off the GPU")
     ap.add_argument("--gate-hold-budget", type=float, metavar="PCT",
                     help="every gate configuration holds offline frozen past the cooldown for arrivals likely "
@@ -826,17 +786,6 @@ def main(argv=None):
                     help="with --arrivals from a trace: round r at load L replays the window starting after "
                          "arrival N + 100 L + 1000 r (default N 0). trace_windows.py says how many requests "
                          "each window has that find the server idle, and which N gives the median window")
-    ap.add_argument("--offline-timeslice-us", type=int, metavar="US",
-                    help="offline's own channel groups get this GPU timeslice, set by the job itself through "
-                         "libvalve_timeslice.so (LD_PRELOAD; docs/gate.md, candidate 6): the GPU leaves offline "
-                         "after at most this long once online has work, before the gate's disable lands")
-    ap.add_argument("--offline-compute-preempt", choices=PREEMPT_MODES,
-                    help="offline reads (report), or sets and reads, its own channels' compute preemption mode "
-                         "through libvalve_timeslice.so (docs/gate.md, candidate 7): how training leaves the GPU "
-                         "decides how long online's first kernel waits for it")
-    ap.add_argument("--timeslice-lib", metavar="SO",
-                    help="libvalve_timeslice.so from hwtests/cuda/build.sh OUTDIR (default: beside "
-                         "--stamp-first-kernel's file)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="split each configuration's requests into this many rounds, the configurations "
                          "taking turns (forward, then backward): host drift then weighs on all alike")
@@ -862,7 +811,6 @@ def main(argv=None):
                          "(stamp.ptx from hwtests/cuda/build.sh OUTDIR)")
     a = ap.parse_args(argv)
     a.stamp_first_kernel = stamp_choice(a, ap)
-    a.timeslice_lib = timeslice_choice(a, ap)
     if a.gate_hold_budget is not None and not 0 < a.gate_hold_budget <= 50:
         ap.error("--gate-hold-budget must be more than 0 and at most 50 (percent of online's idle time)")
     if a.arrival_seed < 0:
@@ -900,7 +848,7 @@ def main(argv=None):
         valve = Valve(a.valvectl, work, a.out, a.dry_run)
         progress = os.path.join(work, "offline.progress")
         env = offline_env(a)
-        off = Proc("offline", [sys.executable, os.path.join(HERE, "offline.py"), "--progress", progress,
+        off = Proc("offline", [sys.executable, os.path.join(HERE, "training.py"), "--progress", progress,
                                "--size", a.offline_size, "--device", a.device], a.out, env=env)
         procs.append(off)
         off.wait_line("READY", 300)
@@ -1008,7 +956,7 @@ def main(argv=None):
             "tokens per request": a.max_tokens,
             "cb server": (f"attention {a.cb_attention}, CUDA graphs {'asked for (transformers drops them without CUDA)' if a.cb_cuda_graphs else 'off'}"
                           if a.server == "cb" else "not used"),
-            "offline": f"offline.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone"
+            "offline": f"training.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone"
                        + (f" (mean of {fmt(rate_start)} before the runs and {fmt(rate_end)} after: moved {100 * moved:.1f}%)"
                           if moved is not None else ""),
             "service time alone (s)": f"{s:.4f}",
@@ -1017,13 +965,6 @@ def main(argv=None):
             "arrivals": ("Poisson" if a.arrivals == "poisson" else
                          f"{a.arrivals} ({TRACE_ARRIVALS[a.arrivals]}, scaled to each load's rate"
                          + (f"; windows from arrival seed {a.arrival_seed}" if a.arrival_seed else "") + ")"),
-            "offline TSG timeslice": (f"{a.offline_timeslice_us} us asked (libvalve_timeslice.so): "
-                                      + ("; ".join(timeslice_lines(off.log_path)) or "no channel group reported")
-                                      if a.offline_timeslice_us is not None else "the driver's default"),
-            "offline compute preemption": (f"{a.offline_compute_preempt} (libvalve_timeslice.so): "
-                                           + ("; ".join(timeslice_lines(off.log_path, prefix="valve-preempt:"))
-                                              or "no compute channel reported")
-                                           if a.offline_compute_preempt else "not read"),
             "duration (s)": f"{time.time() - t_start:.0f}",
         }
         res["meta"] = meta

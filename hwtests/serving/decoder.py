@@ -1,4 +1,4 @@
-"""A GPU-bound decode loop like the issue's: a Llama-shaped decoder with random weights and a
+"""A GPU-bound decode loop: a Llama-shaped decoder with random weights and a
 static KV cache; prefill in one eager pass, then one CUDA-graph replay per token with a host sync
 per token (`.item()`). On CPU the same code runs eagerly (no graph), for the pipeline's tests.
 

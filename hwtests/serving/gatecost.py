@@ -252,7 +252,7 @@ def main(argv=None):
             bench.log(f"   {make_model.build(model_dir, a.model_size, 0, device=a.device)}")
         valve = bench.Valve(a.valvectl, work, a.out, False)
         env = dict(os.environ, VALVE_LABEL=bench.OFFLINE_LABEL)
-        off = bench.Proc("offline", [sys.executable, os.path.join(HERE, "offline.py"), "--progress",
+        off = bench.Proc("offline", [sys.executable, os.path.join(HERE, "training.py"), "--progress",
                                      os.path.join(work, "progress"), "--size", a.offline_size,
                                      "--device", a.device], a.out, env=env)
         procs.append(off)
@@ -288,7 +288,7 @@ def main(argv=None):
         meta = {"server": f"{a.server} ({a.model_size}), {a.concurrency} closed-loop client(s), pause "
                           f"{a.think_ms:.0f} ms (0.5-1.5x) between requests, {a.prompt_tokens}-token prompts, "
                           f"{a.max_tokens} tokens each",
-                "offline": f"offline.py --size {a.offline_size}, " + (
+                "offline": f"training.py --size {a.offline_size}, " + (
                     "SIGSTOPped throughout" if a.offline == "stopped" else
                     "training in the gate's blocks, SIGSTOPped in the alone blocks"),
                 "blocks": f"{a.rounds} rounds of {a.block_s:.0f} s blocks, forward then backward",

@@ -13,7 +13,7 @@ SIZES = {
     # name: (hidden, layers, heads, kv_heads, intermediate)
     "tiny": (64, 2, 4, 2, 128),
     "small": (512, 4, 8, 4, 1408),
-    # About 3.2B parameters with the 32k vocabulary (the decode server).
+    # About 3.2B parameters with the 32k vocabulary (the decode server's size).
     "3b": (3072, 28, 24, 8, 8192),
 }
 

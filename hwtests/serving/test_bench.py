@@ -135,72 +135,11 @@ class GateStart(unittest.TestCase):
         self.assertEqual(out.stdout.strip(), "batch-g2", out.stderr)
 
 
-class Timeslice(unittest.TestCase):
-    class Refused(Exception):
-        pass
-
-    def choice(self, us, lib=None, stamp=None, preempt=None):
-        a = types.SimpleNamespace(offline_timeslice_us=us, timeslice_lib=lib, stamp_first_kernel=stamp,
-                                  offline_compute_preempt=preempt)
-
-        def error(msg):
-            raise self.Refused(msg)
-        return bench.timeslice_choice(a, types.SimpleNamespace(error=error)), a
-
-    def test_offline_preloads_the_library_with_the_timeslice_only_when_asked(self):
-        import os
-        with tempfile.TemporaryDirectory() as d:
-            lib = os.path.join(d, "libvalve_timeslice.so")
-            open(lib, "w").close()
-            self.assertIsNone(self.choice(None)[0])
-            got, a = self.choice(200, stamp=os.path.join(d, "stamp.ptx"))  # found beside the stamp
-            self.assertEqual(got, lib)
-            a.timeslice_lib = got
-            env = bench.offline_env(a)
-            self.assertEqual((env["LD_PRELOAD"].split()[0], env["VALVE_TSG_TIMESLICE_US"]), (lib, "200"))
-            self.assertEqual(env["VALVE_LABEL"], bench.OFFLINE_LABEL)
-            self.assertNotIn("VALVE_COMPUTE_PREEMPT", env)
-            plain = bench.offline_env(types.SimpleNamespace(timeslice_lib=None))
-            self.assertNotIn("VALVE_TSG_TIMESLICE_US", plain)
-
-    def test_the_compute_preemption_mode_alone_preloads_the_library_without_a_timeslice(self):
-        import os
-        with tempfile.TemporaryDirectory() as d:
-            lib = os.path.join(d, "libvalve_timeslice.so")
-            open(lib, "w").close()
-            got, a = self.choice(None, stamp=os.path.join(d, "stamp.ptx"), preempt="cilp")
-            self.assertEqual(got, lib)
-            a.timeslice_lib = got
-            env = bench.offline_env(a)
-            self.assertEqual((env["LD_PRELOAD"].split()[0], env["VALVE_COMPUTE_PREEMPT"]), (lib, "cilp"))
-            self.assertNotIn("VALVE_TSG_TIMESLICE_US", env)
-        with self.assertRaisesRegex(self.Refused, "--offline-compute-preempt needs libvalve_timeslice.so"):
-            self.choice(None, preempt="report")
-
-    def test_a_missing_library_a_bad_value_or_a_library_alone_is_refused_first(self):
-        with self.assertRaisesRegex(self.Refused, "needs libvalve_timeslice.so"):
-            self.choice(200, lib="/nonexistent/libvalve_timeslice.so")
-        with self.assertRaisesRegex(self.Refused, "needs libvalve_timeslice.so"):
-            self.choice(200)
-        with self.assertRaisesRegex(self.Refused, "1 to 10000000"):
-            self.choice(0, lib="/x.so")
-        with self.assertRaisesRegex(self.Refused, "give both, or neither"):
-            self.choice(None, lib="/x.so")
-
-    def test_the_library_s_lines_are_read_from_offline_s_log(self):
-        import os
-        with tempfile.TemporaryDirectory() as d:
-            log = os.path.join(d, "offline.log")
-            with open(log, "w") as f:
-                f.write("READY\nvalve-timeslice: pid 7 TSG c1d00002/5c000010: asked 200 us, status 0x0 (ioctl 0); "
-                        "now 200 us (status 0x0)\nother\n")
-            self.assertEqual(len(bench.timeslice_lines(log)), 1)
-            with open(log, "a") as f:
-                f.write("valve-preempt: pid 7 channel c1d00002/5c000011 (compute class cbc0): read only; "
-                        "now compute CILP (2), graphics 0\n")
-            self.assertEqual(len(bench.timeslice_lines(log)), 1, "the timeslice's lines only")
-            self.assertIn("CILP", bench.timeslice_lines(log, prefix="valve-preempt:")[0])
-            self.assertEqual(bench.timeslice_lines(os.path.join(d, "none.log")), [])
+class OfflineEnv(unittest.TestCase):
+    def test_offline_runs_under_its_label_and_preloads_nothing(self):
+        env = bench.offline_env(types.SimpleNamespace())
+        self.assertEqual(env["VALVE_LABEL"], bench.OFFLINE_LABEL)
+        self.assertEqual(env.get("LD_PRELOAD"), __import__("os").environ.get("LD_PRELOAD"))
 
 
 class ProbeHits(unittest.TestCase):

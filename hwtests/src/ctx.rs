@@ -566,7 +566,6 @@ while True:
             online: script(dir, "online", online),
             serving: dir.join("serving"),
             logger: dir.join("logger"),
-            trigger: dir.join("trigger"),
         };
         let gpu = GpuInfo {
             index: 0,

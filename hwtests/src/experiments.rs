@@ -117,9 +117,9 @@ impl RawPreempter {
         Ok(p)
     }
 
-    /// A control with an empty channel list (`numChannels` 0) on GPU `gpu`. Only the floor
-    /// experiment sends one (docs/gate.md, candidate 1); Valve itself never does.
-    pub fn empty(ctl: &Controller, gpu: usize) -> Result<Self> {
+    /// A control with an empty channel list (`numChannels` 0) on GPU `gpu`, which `new` fills in;
+    /// never sent empty.
+    fn empty(ctl: &Controller, gpu: usize) -> Result<Self> {
         let Some(subdevice) = ctl.subdevice(gpu) else {
             bail!("no GPU {gpu}")
         };
@@ -130,13 +130,6 @@ impl RawPreempter {
             params: Nv2080FifoDisableChannelsParams::default(),
             disabled: false,
         })
-    }
-
-    /// The same control with `bOnlyDisableScheduling` set: a running channel keeps running until
-    /// its timeslice ends (docs/gate.md, candidate 4).
-    pub fn schedule_only(mut self) -> Self {
-        self.params.only_disable_scheduling = 1;
-        self
     }
 
     /// One bare control: RM's status and the ioctl's time (us). An error only if `ioctl(2)`

@@ -51,7 +51,7 @@ const SERVING_ARGS: [&str; 20] = [
     "250",
 ];
 
-/// Targets under the gate (issue 5).
+/// Targets under the gate.
 const MAX_P99_INCREASE_PCT: f64 = 3.0;
 const MAX_PREEMPTIONS_PER_REQUEST: f64 = 1.0;
 const MIN_HARVEST: f64 = 0.80;

@@ -132,11 +132,6 @@ impl Heartbeat {
         self.read_u64(OFF_SLOTS + SLOT_SIZE * i)
     }
 
-    /// Slot `i`'s `%globaltimer` (GPU ns) after its last counted iteration.
-    pub fn gpu_time(&self, i: usize) -> u64 {
-        self.read_u64(OFF_SLOTS + SLOT_SIZE * i + 8)
-    }
-
     /// All counters plus the copy counter: equal snapshots mean nothing ran in between.
     pub fn snapshot(&self) -> Vec<u64> {
         let mut v: Vec<u64> = (0..self.num_slots()).map(|i| self.counter(i)).collect();

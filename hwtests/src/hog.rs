@@ -28,20 +28,16 @@ pub struct Bins {
     pub serving: PathBuf,
     /// `libvalve_ioctl_log.so`.
     pub logger: PathBuf,
-    /// `trigger` (the floor experiment's online process). Not required: `build.sh` leaves it out
-    /// if it does not build, and only the floor experiment's online rows need it.
-    pub trigger: PathBuf,
 }
 
 impl Bins {
-    /// The four required files in `dir` (and where the optional trigger would be).
+    /// The four required files in `dir`.
     pub fn in_dir(dir: &Path) -> Result<Self> {
         let b = Bins {
             hog: dir.join("hog"),
             online: dir.join("online"),
             serving: dir.join("serving"),
             logger: dir.join("libvalve_ioctl_log.so"),
-            trigger: dir.join("trigger"),
         };
         for p in [&b.hog, &b.online, &b.serving, &b.logger] {
             if !p.exists() {
@@ -310,14 +306,11 @@ struct PollShared {
     last_change: AtomicU64,
     armed_at: AtomicU64,
     first_after_arm: AtomicU64,
-    /// Slot 0's `now_ns - globaltimer` sightings since the last `reset_clock`.
-    clock: crate::clock::ClockWindow,
     stop: AtomicBool,
 }
 
 /// A thread spinning on heartbeat slot 0 that records, on the host clock, when it last changed
-/// and the first change after an arming instant; and, from the `%globaltimer` each change
-/// carries, the GPU clock's offset to the host clock (see `crate::clock`).
+/// and the first change after an arming instant.
 pub struct Poller {
     shared: Arc<PollShared>,
     thread: Option<JoinHandle<()>>,
@@ -333,7 +326,6 @@ impl Poller {
             last_change: AtomicU64::new(0),
             armed_at: AtomicU64::new(DISARMED),
             first_after_arm: AtomicU64::new(0),
-            clock: Default::default(),
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();
@@ -342,10 +334,7 @@ impl Poller {
             while !s.stop.load(Ordering::Relaxed) {
                 let c = s.hb.counter(0);
                 if c != prev {
-                    // The timer first, then the host time: the pair's delay is never negative.
-                    let gpu = s.hb.gpu_time(0);
                     let now = now_ns();
-                    s.clock.observe(now, gpu);
                     prev = c;
                     s.last_change.store(now, Ordering::Release);
                     if now >= s.armed_at.load(Ordering::Acquire)
@@ -366,16 +355,6 @@ impl Poller {
     /// When slot 0 last changed (host ns).
     pub fn last_change(&self) -> u64 {
         self.shared.last_change.load(Ordering::Acquire)
-    }
-
-    /// Starts a new window for the GPU clock's offset.
-    pub fn reset_clock(&self) {
-        self.shared.clock.reset();
-    }
-
-    /// The GPU clock over the window since `reset_clock`; `None` if slot 0 did not change in it.
-    pub fn gpu_clock(&self) -> Option<crate::clock::GpuClock> {
-        self.shared.clock.clock()
     }
 
     /// Records the first change at or after `at`.

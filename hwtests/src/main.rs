@@ -9,14 +9,11 @@ mod ctx;
 mod daemon;
 mod discovery;
 mod experiments;
-mod floor;
-mod floor_report;
 mod gate;
 mod heartbeat;
 mod hog;
 mod ioctl_log;
 mod launch;
-mod trigger;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -33,7 +30,7 @@ use experiments::{cycle, plan, stats, Cycle, CycleStats, LibPreempter, Preempter
 use hog::{run_online, Bins, ChannelSet, Hog, Poller};
 
 /// Valve hardware test: preemption latency, frozen checks, online interference, the gate
-/// benchmark, channel subsets, multi-GPU serial vs parallel, and (alone) the disable's floor.
+/// benchmark, channel subsets, multi-GPU serial vs parallel, and (alone) context creation.
 #[derive(Parser, Debug)]
 struct Args {
     /// Directory with hog, online, serving and libvalve_ioctl_log.so (from hwtests/cuda/build.sh).
@@ -81,30 +78,10 @@ struct Args {
     /// Run only the gate benchmark.
     #[arg(long)]
     only_gate: bool,
-    /// Run only the floor experiment: the disable's fixed cost, schedule-only, split calls, and
-    /// where an online process's first kernel starts against the disable (docs/gate.md,
-    /// candidates 1-4). Not part of the default run.
-    #[arg(long)]
-    only_floor: bool,
-    /// Cycles per row in the floor experiment.
-    #[arg(long, default_value_t = 100)]
-    floor_cycles: usize,
-    /// Offsets D (us, comma-separated, signed) of the floor experiment's table (g): whether
-    /// online's launch waits for a disable in progress. D > 0 issues the all-channel disable D us
-    /// after online's flag; D < 0 sets the flag -D us after the disable's issue. Each 0 < |D| <=
-    /// 2000 (0 is table (e)'s row); an empty string skips table (g).
-    #[arg(long, default_value = floor::DEFAULT_OFFSETS_US, value_parser = floor::parse_offsets, allow_hyphen_values = true)]
-    floor_offsets_us: floor::Offsets,
-    /// Kernels per online burst in the floor experiment's (f) rows, back to back on one stream.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=trigger::MAX_BURST as i64))]
-    floor_burst_kernels: u32,
-    /// GPU time of each burst kernel, us.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=trigger::MAX_KERNEL_US))]
-    floor_burst_us: u64,
     /// Run only what the daemon costs a new CUDA process's context creation: no daemon, just
     /// started, settled, settled without eBPF probes, interleaved; 40 samples each, under
     /// 2 minutes (needs --valvectl and root).
-    #[arg(long, conflicts_with_all = ["only_floor", "only_gate", "only_launch", "only_discovery"])]
+    #[arg(long, conflicts_with_all = ["only_gate", "only_launch", "only_discovery"])]
     only_ctx: bool,
 }
 
@@ -193,9 +170,7 @@ fn skip_reason(args: &Args, nvidiactl: &std::path::Path) -> Option<String> {
     if nvidiactl.exists() {
         return None;
     }
-    let what = if args.only_floor {
-        "the floor experiment (--only-floor) needs a GPU host"
-    } else if args.only_ctx {
+    let what = if args.only_ctx {
         "the context-creation experiment (--only-ctx) needs a GPU host"
     } else {
         "the hardware test needs a GPU host"
@@ -258,12 +233,6 @@ fn run(args: &Args) -> Result<bool> {
     r.json.insert("gpus".into(), json!(gpus));
     let g0 = &gpus[0];
 
-    if args.only_floor {
-        let burst = trigger::Burst::new(args.floor_burst_kernels, args.floor_burst_us)?;
-        let plan = (burst, &args.floor_offsets_us);
-        floor::run(&ctl, &bins, g0, args.floor_cycles, plan, &mut r);
-        return finish(args, r, t_start);
-    }
     if args.only_ctx {
         match &args.valvectl {
             Some(vc) => ctx::run(&bins, g0, vc, &args.out, &ctx::Plan::ONLY, &mut r),
@@ -1032,65 +1001,12 @@ mod tests {
     }
 
     #[test]
-    fn only_floor_flag_and_cycles() {
-        let a = parse(&[]);
-        assert!(!a.only_floor);
-        assert_eq!(a.floor_cycles, 100);
-        let a = parse(&["--only-floor", "--floor-cycles", "20"]);
-        assert!(a.only_floor && !a.only_gate && !a.only_launch);
-        assert_eq!(a.floor_cycles, 20);
-        assert!(Args::try_parse_from(["valve-hwtest", "--only-floor"]).is_err());
-    }
-
-    #[test]
-    fn floor_burst_defaults_and_bounds() {
-        let a = parse(&["--only-floor"]);
-        assert_eq!((a.floor_burst_kernels, a.floor_burst_us), (20, 50));
-        let a = parse(&["--floor-burst-kernels", "8", "--floor-burst-us", "200"]);
-        assert_eq!((a.floor_burst_kernels, a.floor_burst_us), (8, 200));
-        assert!(trigger::Burst::new(a.floor_burst_kernels, a.floor_burst_us).is_ok());
-        let base = ["valve-hwtest", "--bins", "/b", "--out", "/o"];
-        for bad in [
-            ["--floor-burst-kernels", "0"],
-            ["--floor-burst-kernels", "257"],
-            ["--floor-burst-us", "0"],
-            ["--floor-burst-us", "100001"],
-        ] {
-            assert!(
-                Args::try_parse_from(base.iter().chain(&bad)).is_err(),
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn floor_offsets_default_parse_and_bounds() {
-        let a = parse(&["--only-floor"]);
-        assert_eq!(a.floor_offsets_us.0, [-400, -200, -100, 50, 150, 300]);
-        let a = parse(&["--floor-offsets-us", "-1500,20"]);
-        assert_eq!(a.floor_offsets_us.0, [-1500, 20]);
-        let a = parse(&["--floor-offsets-us=-2000, 2000"]);
-        assert_eq!(a.floor_offsets_us.0, [-2000, 2000]);
-        assert!(parse(&["--floor-offsets-us", ""])
-            .floor_offsets_us
-            .0
-            .is_empty());
-        let base = ["valve-hwtest", "--bins", "/b", "--out", "/o"];
-        for bad in ["-2001", "2500", "0", "50,x", "50,50", "50,,150"] {
-            let e = Args::try_parse_from(base.iter().chain(&["--floor-offsets-us", bad]))
-                .expect_err(bad)
-                .to_string();
-            assert!(e.contains("--floor-offsets-us"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
     fn only_ctx_flag_stands_alone() {
         assert!(!parse(&[]).only_ctx);
         let a = parse(&["--only-ctx", "--valvectl", "/v"]);
-        assert!(a.only_ctx && !a.only_floor && !a.only_discovery);
+        assert!(a.only_ctx && !a.only_discovery);
         let base = ["valve-hwtest", "--bins", "/b", "--out", "/o", "--only-ctx"];
-        assert!(Args::try_parse_from(base.iter().chain(&["--only-floor"])).is_err());
+        assert!(Args::try_parse_from(base.iter().chain(&["--only-launch"])).is_err());
         assert!(Args::try_parse_from(base.iter().chain(&["--only-gate"])).is_err());
         let missing = std::path::Path::new("/nonexistent/nvidiactl");
         let why = skip_reason(&parse(&["--only-ctx"]), missing).expect("skips");
@@ -1100,11 +1016,11 @@ mod tests {
     #[test]
     fn skips_cleanly_without_the_driver() {
         let missing = std::path::Path::new("/nonexistent/nvidiactl");
-        let why = skip_reason(&parse(&["--only-floor"]), missing).expect("skips");
+        let why = skip_reason(&parse(&["--only-ctx"]), missing).expect("skips");
         assert!(why.starts_with("SKIP: no NVIDIA driver"), "{why}");
-        assert!(why.contains("--only-floor") && why.contains("/nonexistent/nvidiactl"));
+        assert!(why.contains("--only-ctx") && why.contains("/nonexistent/nvidiactl"));
         let why = skip_reason(&parse(&[]), missing).expect("skips");
-        assert!(!why.contains("--only-floor"));
+        assert!(!why.contains("--only-ctx"));
         // A file that exists stands for a present driver.
         assert!(skip_reason(&parse(&[]), std::path::Path::new("/")).is_none());
     }

@@ -1,17 +1,17 @@
-//! Without an NVIDIA driver, `valve-hwtest --only-floor` must say why it skips and exit 0, without
+//! Without an NVIDIA driver, `valve-hwtest --only-ctx` must say why it skips and exit 0, without
 //! touching its --bins or --out directories.
 
 use std::process::Command;
 
 #[test]
-fn only_floor_skips_cleanly_without_the_driver() {
+fn only_ctx_skips_cleanly_without_the_driver() {
     if std::path::Path::new("/dev/nvidiactl").exists() {
         eprintln!("a driver is present: this test covers hosts without one");
         return;
     }
     let out_dir = std::env::temp_dir().join(format!("valve-hwtest-skip-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_valve-hwtest"))
-        .args(["--bins", "/nonexistent/bins", "--only-floor", "--out"])
+        .args(["--bins", "/nonexistent/bins", "--only-ctx", "--out"])
         .arg(&out_dir)
         .output()
         .expect("runs");
@@ -19,7 +19,7 @@ fn only_floor_skips_cleanly_without_the_driver() {
     assert!(out.status.success(), "{:?}: {stdout}", out.status);
     assert!(
         stdout.starts_with("SKIP: no NVIDIA driver on this machine (/dev/nvidiactl missing)")
-            && stdout.contains("--only-floor"),
+            && stdout.contains("--only-ctx"),
         "{stdout}"
     );
     assert!(!out_dir.exists(), "nothing is written when skipping");

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# `valvectl top --once` on a GPU host, with an offline training job frozen by hand (issue 31's
-# check): starts the daemon with metrics, a small PyTorch training job, waits until the daemon
-# has discovered it, freezes it with `valvectl preempt --pid --for`, and prints top's frame and
-# its JSON while the job is frozen, then once more after it was resumed.
+# `valvectl top --once` on a GPU host, with an offline training job frozen by hand: starts the
+# daemon with metrics, a small PyTorch training job, waits until the daemon has discovered it,
+# freezes it with `valvectl preempt --pid --for`, and prints top's frame and its JSON while the job
+# is frozen, then once more after it was resumed.
 #
 #   hwtests/top/frozen.sh OUTDIR
 #
@@ -28,7 +28,7 @@ trap cleanup EXIT
 "$valvectl" daemon --metrics-addr 127.0.0.1:9402 >"$out/daemon.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -S /run/valve/valve.sock ] && break; sleep 0.2; done
-CUBLAS_WORKSPACE_CONFIG=:4096:8 VALVE_LABEL=batch python3 hwtests/serving/offline.py --progress "$out/train.iters" --size small --device cuda \
+CUBLAS_WORKSPACE_CONFIG=:4096:8 VALVE_LABEL=batch python3 hwtests/serving/training.py --progress "$out/train.iters" --size small --device cuda \
   >"$out/train.log" 2>&1 &
 train=$!
 pids=("$train" "${pids[@]}") # the job stops before the daemon

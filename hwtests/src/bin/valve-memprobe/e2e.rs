@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use valve_vmm::wire;
 
-use crate::pool::{nvml_used, summary_of, Child};
+use crate::child::{nvml_used, summary_of, Child};
 
 /// The arguments of `valve-memprobe e2e`.
 #[derive(clap::Args)]

@@ -189,7 +189,7 @@ impl Offline {
         Ok(
             json!({"launches": launches, "passes": self.passes, "kernel_error": error,
                   "invalidated_slots": invalid.len(), "verified_slots": checked, "bad_words": bad,
-                  "regrow_us": crate::pool::summary_of(&regrow_us), "client_stats": stats}),
+                  "regrow_us": crate::child::summary_of(&regrow_us), "client_stats": stats}),
         )
     }
 }
@@ -338,7 +338,7 @@ impl Online {
         let held = std::mem::take(&mut self.held);
         self.client.shrink(&held)?;
         Ok(
-            json!({"grows": grows.len(), "grows_second_half": late_grows, "grow_us": crate::pool::summary_of(&grows), "short_ticks": short,
+            json!({"grows": grows.len(), "grows_second_half": late_grows, "grow_us": crate::child::summary_of(&grows), "short_ticks": short,
                   "mean_spare_handles": spare as f64 / ticks.max(1) as f64, "secs": start.elapsed().as_secs_f64()}),
         )
     }

@@ -1,14 +1,9 @@
-//! `valve-memprobe`: is sub-layer KV reclamation feasible and fast on this GPU? A pool process
-//! owns shareable GPU memory; an offline child streams over it in long kernels; Valve freezes the
-//! child's channels, the child swaps reclaimed slots to a quarantine, an online child maps the
-//! freed handles and uses them, and offline resumes. Prints and writes timings and checks.
+//! `valve-memprobe e2e`: the memory pool's reclaim microbenchmark and fault checks on a GPU host,
+//! through `valvectl daemon --pool` and offline and online children linked with `valve-client`.
 
-mod discover;
+mod child;
 mod e2e;
 mod e2e_child;
-mod offline;
-mod online;
-mod pool;
 mod proto;
 mod side;
 
@@ -20,7 +15,9 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(about = "Sub-layer GPU memory reclamation probe (run as root on a GPU host)")]
+#[command(
+    about = "The memory pool end to end: reclaim timings and faults (run as root on a GPU host)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -28,8 +25,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// The measurement (the pool side); starts its children itself.
-    Run(pool::RunArgs),
     /// The whole path: `valvectl daemon --pool`, offline and online children on valve-client.
     E2e(e2e::E2eArgs),
     /// (internal) The end-to-end run's offline child.
@@ -56,34 +51,6 @@ enum Cmd {
         #[arg(long)]
         pool: PathBuf,
     },
-    /// (internal) The offline child.
-    #[command(hide = true)]
-    Offline {
-        #[arg(long)]
-        sock_fd: i32,
-        #[arg(long)]
-        ptx: PathBuf,
-        #[arg(long)]
-        slot: usize,
-        #[arg(long)]
-        slots: usize,
-        #[arg(long)]
-        quarantine: String,
-        #[arg(long)]
-        kernel_ms: f64,
-    },
-    /// (internal) The online child.
-    #[command(hide = true)]
-    Online {
-        #[arg(long)]
-        sock_fd: i32,
-        #[arg(long)]
-        ptx: PathBuf,
-        #[arg(long)]
-        slot: usize,
-        #[arg(long)]
-        slots: usize,
-    },
 }
 
 fn inherited(fd: i32) -> UnixStream {
@@ -93,7 +60,6 @@ fn inherited(fd: i32) -> UnixStream {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Run(a) => pool::run(&a),
         Cmd::E2e(a) => e2e::run(&a),
         Cmd::E2eOffline {
             sock_fd,
@@ -105,26 +71,5 @@ fn main() -> Result<()> {
         Cmd::E2eOnline { sock_fd, ptx, pool } => {
             e2e_child::run_online(inherited(sock_fd), &ptx, &pool)
         }
-        Cmd::Offline {
-            sock_fd,
-            ptx,
-            slot,
-            slots,
-            quarantine,
-            kernel_ms,
-        } => offline::run(
-            inherited(sock_fd),
-            &ptx,
-            slot,
-            slots,
-            &quarantine,
-            kernel_ms,
-        ),
-        Cmd::Online {
-            sock_fd,
-            ptx,
-            slot,
-            slots,
-        } => online::run(inherited(sock_fd), &ptx, slot, slots),
     }
 }

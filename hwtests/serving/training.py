@@ -4,7 +4,7 @@ file; on SIGTERM it prints a sha256 of its weights and exits (offline results mu
 under the gate). With VALVE_PROGRESS_DIR and SLURM_JOB_ID set (a Valve job), it also reports the
 tokens trained so far there, at most 4 times a second (`UNIX_MS TOKENS` lines, docs/cluster.md).
 
-    VALVE_LABEL=batch python3 offline.py --progress FILE --size small --device cuda
+    VALVE_LABEL=batch python3 training.py --progress FILE --size small --device cuda
 """
 
 import argparse
