@@ -4,9 +4,7 @@
 # channel subsets, multi-GPU).
 #
 # Usage: scripts/hwtest.sh [valve-hwtest options...]
-#   e.g. --only-floor: only the floor experiment (the disable's fixed cost, schedule-only, split
-#   calls, where online's first kernel starts; about 30 s after the CUDA build; docs/gate.md)
-#   --only-ctx: only what the daemon costs a new CUDA process's context creation (no daemon, just
+#   e.g. --only-ctx: only what the daemon costs a new CUDA process's context creation (no daemon, just
 #   started, settled, settled without eBPF probes; under 2 minutes after the CUDA build;
 #   docs/hardening.md section 6)
 #   VALVE_BIN=DIR   directory with prebuilt valvectl and valve-hwtest (default: .carry/bin, else

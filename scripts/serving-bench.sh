@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real serving benchmark (issue 11) on a GPU host, one command: an online LLM service behind
+# The real serving benchmark on a GPU host, one command: an online LLM service behind
 # HTTP (`transformers serve`, continuous batching, random-weight Llama built here) next to offline
 # PyTorch training, alone / time-sliced / under `valvectl gate` on launch edges / on arrivals,
 # at two loads. Prints the device and the numbers with pass/fail per target; writes report.md and
@@ -12,10 +12,6 @@
 #                             manager behind aiohttp, graph: the GPU-bound CUDA-graph decode loop,
 #                             graph-raw: that loop behind plain TCP (hwtests/serving/rawserver.py)
 #   --stamp-first-kernel PTX  graph, graph-raw: time each request's first kernel on the GPU
-#   --offline-timeslice-us US the training offline sets its own channel groups' GPU timeslice
-#                             (libvalve_timeslice.so from hwtests/cuda/build.sh, beside the stamp)
-#   --offline-compute-preempt report|wfi|cta|cilp
-#                             the training reads (and sets) its channels' compute preemption mode
 #   --arrivals azure-code|azure-conv
 #                             replay Azure's 2023 arrival times (sched/data) instead of Poisson
 #   --arrival-seed N          which windows of the trace (hwtests/serving/trace_windows.py counts
