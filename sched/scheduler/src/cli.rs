@@ -9,7 +9,7 @@ use crate::error::Fail;
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 other failure, 2 bad arguments or input, 3 the engine (Slurm) failed,
-4 a checked target was missed.
+4 a checked target was missed, 5 another scheduler holds the --state file.
 How the model and the Slurm set-up work: docs/cluster.md.";
 
 /// Places offline jobs on GPUs that online inference leaves idle, where their predicted

@@ -304,3 +304,42 @@ fn the_state_file_round_trips_and_a_corrupt_one_names_the_fix() {
     let e = f.load().unwrap_err();
     assert!(e.contains("corrupt") && e.contains("remove it"), "{e}");
 }
+
+#[test]
+fn one_process_at_a_time_holds_a_state_file_and_the_second_learns_whose_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = StateFile::new(&dir.path().join("sub/state.json"));
+    let first = f.lock().unwrap();
+    assert_eq!(first.path, dir.path().join("sub/state.json.lock"));
+    // flock locks belong to an open file: a second open in this process is refused as another
+    // process's would be.
+    match f.lock() {
+        Err(LockError::Held { pid, lock, .. }) => {
+            assert_eq!(pid, Some(std::process::id()));
+            assert_eq!(lock, first.path);
+        }
+        other => panic!("a second lock was not refused: {other:?}"),
+    }
+    let msg = f.lock().unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id())) && msg.contains("--state"),
+        "{msg}"
+    );
+    // Saving replaces the state file; the lock, on its own file, still holds.
+    f.save(&Monitor::default()).unwrap();
+    assert!(matches!(f.lock(), Err(LockError::Held { .. })));
+    drop(first);
+    let again = f.lock().expect("free once the holder is gone");
+    drop(again);
+}
+
+#[test]
+fn a_state_file_in_a_directory_that_cannot_exist_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, "").unwrap();
+    let f = StateFile::new(&blocker.join("state.json"));
+    let e = f.lock().unwrap_err();
+    assert!(matches!(e, LockError::Io { .. }), "{e:?}");
+    assert!(e.to_string().contains("--state"), "{e}");
+}
