@@ -1,5 +1,5 @@
-//! `valve-scheduler run` as a process, against stand-in Slurm programs (`--slurm-bin`): one
-//! scheduler per state file, and what the loop says when slurmctld does not answer.
+//! The scheduler's commands as processes, without a Slurm cluster (stand-in Slurm programs
+//! through `--slurm-bin`): one scheduler per state file, errors an operator reads.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -85,4 +85,39 @@ fn a_second_scheduler_on_one_state_is_refused_until_the_first_is_gone() {
         "the lock is free again; slurmctld is still down: {}",
         text(&third)
     );
+}
+
+#[test]
+fn a_down_slurmctld_is_reported_with_what_scontrol_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = slurm_down(dir.path());
+    let out = run(&bin, &dir.path().join("state.json"), &["--once"])
+        .output()
+        .unwrap();
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("`scontrol ping`: exit status 1: Slurmctld(primary) at ctl1 is DOWN"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_negative_sla_is_refused_by_name_before_sbatch_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/job.json");
+    for sla in ["-1", "-0.5"] {
+        let out = Command::new(BIN)
+            .args(["submit", "--profile", profile, "--sla", sla])
+            .args(["--", "--wrap", "true"])
+            .env("PATH", dir.path()) // no sbatch: it must not be reached
+            .output()
+            .unwrap();
+        let err = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("--sla {sla} is negative")) && !err.contains("'-- "),
+            "{err}"
+        );
+    }
 }
