@@ -316,12 +316,18 @@ pub fn backoff(failures: u32, max: Duration) -> Duration {
 }
 
 /// One pass: snapshot, documents, plan, apply. Errors only when the snapshot failed.
+///
+/// `clock` gives the time (Unix ms). It is read after the snapshot and the agents' answers,
+/// which can block for long (a slurmctld that is slow or going down; silent agents, each
+/// after its timeout): every node that answered in this pass is stamped with that time and is
+/// fresh, whatever the pass waited for before; one that did not is as old as its last answer
+/// really is.
 pub fn pass(
     engine: &mut dyn Engine,
     agents: &mut crate::agents::Agents,
     monitor: &mut Monitor,
     params: &Params,
-    now_unix_ms: u64,
+    clock: &dyn Fn() -> u64,
     dry_run: bool,
 ) -> Result<(Snapshot, Plan, Applied), EngineError> {
     let snap = engine.snapshot()?;
@@ -331,8 +337,8 @@ pub fn pass(
         .filter(|n| n.closed.is_none())
         .map(|n| n.name.clone())
         .collect();
-    agents.refresh(&names, now_unix_ms);
-    let p = plan(now_unix_ms, &snap, &agents.reports, monitor, params);
+    let now = agents.refresh(&names, clock);
+    let p = plan(now, &snap, &agents.reports, monitor, params);
     let applied = if dry_run {
         Applied::default()
     } else {

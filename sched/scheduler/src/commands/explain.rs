@@ -41,7 +41,7 @@ pub fn exec(a: &ExplainArgs, json: bool) -> anyhow::Result<ExitCode> {
         &mut agents,
         &mut monitor,
         &params,
-        unix_ms(),
+        &unix_ms,
         true,
     )
     .map_err(|e| Fail {

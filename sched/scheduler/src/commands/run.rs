@@ -85,7 +85,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
             &mut agents,
             &mut monitor,
             &params,
-            unix_ms(),
+            &unix_ms,
             a.dry_run,
         ) {
             Err(e) => {
