@@ -59,7 +59,11 @@ fn a_second_scheduler_on_one_state_is_refused_until_the_first_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let bin = slurm_down(dir.path());
     let state = dir.path().join("state.json");
-    let mut first = run(&bin, &state, &["--interval", "1s"]).spawn().unwrap();
+    let log_path = dir.path().join("first.log");
+    let mut first = run(&bin, &state, &["--interval", "1s"])
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
     wait_for_lock(&dir.path().join("state.json.lock"), &mut first);
 
     let second = run(&bin, &state, &["--once"]).output().unwrap();
@@ -76,8 +80,22 @@ fn a_second_scheduler_on_one_state_is_refused_until_the_first_is_gone() {
     assert_eq!(dry.status.code(), Some(3), "{}", text(&dry));
 
     // SIGKILL: no code of the scheduler's runs, the kernel still drops the lock.
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut log = String::new();
+    while !log.contains("pass failed") && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        log = std::fs::read_to_string(&log_path).unwrap();
+    }
     first.kill().unwrap();
     first.wait().unwrap();
+    assert!(
+        log.contains("pass failed (slurmctld is not reachable (`scontrol ping`: exit status 1"),
+        "{log}"
+    );
+    assert!(
+        !log.contains('\x1b'),
+        "colour codes in a log that is not a terminal: {log:?}"
+    );
     let third = run(&bin, &state, &["--once"]).output().unwrap();
     assert_eq!(
         third.status.code(),

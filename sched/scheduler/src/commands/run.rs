@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::common::{duration, EngineArgs, ModelArgs};
 use super::metrics::SchedulerMetrics;
-use super::print::print_pass;
+use super::print::{print_pass, LoopLog};
 use super::stop::{install_signals, nap, stopped};
 use crate::error::{exit, usage, Fail};
 use valve_scheduler::driver::{backoff, pass, LockError, SlurmEngine, StateFile};
@@ -78,6 +78,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     };
     install_signals()?;
     let mut failures = 0u32;
+    let mut log = LoopLog::default();
     while !stopped() {
         let started = Instant::now();
         match pass(
@@ -113,7 +114,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
                 if let Some(m) = &metrics {
                     m.record(&snap, &plan, &applied, started.elapsed());
                 }
-                print_pass(&plan, &applied, &agents, json, a.once);
+                print_pass(&plan, &applied, &agents, json, a.once, &mut log);
                 if !a.dry_run {
                     state.save(&monitor).map_err(|e| anyhow::anyhow!(e))?;
                 }

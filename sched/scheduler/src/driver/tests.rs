@@ -451,7 +451,9 @@ fn a_pass_that_blocked_past_the_node_timeout_keeps_the_nodes_that_answered_in_it
     let excluded: Vec<_> = plan.excluded.iter().map(|e| e.node.as_str()).collect();
     assert_eq!(excluded, ["b"], "{:?}", plan.excluded);
     assert!(
-        plan.excluded[0].why.contains("not reported for 100 s"),
+        plan.excluded[0]
+            .why
+            .contains("not reported for 100.0 s (timeout 60 s)"),
         "silent since before the block: {}",
         plan.excluded[0].why
     );
