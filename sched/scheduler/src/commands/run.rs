@@ -10,7 +10,7 @@ use super::metrics::SchedulerMetrics;
 use super::print::{print_pass, LoopLog};
 use super::stop::{install_signals, nap, stopped};
 use crate::error::{exit, usage, Fail};
-use valve_scheduler::driver::{backoff, pass, LockError, SlurmEngine, StateFile};
+use valve_scheduler::driver::{backoff, pass, LockError, SlurmEngine, StateFile, StateLock};
 use valve_scheduler::replay::unix_ms;
 
 /// Places held Valve jobs and evicts those that keep missing their SLA, every --interval.
@@ -46,6 +46,19 @@ pub struct RunArgs {
     metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// The state for this scheduler alone, held until the value is dropped (the kernel releases it
+/// on any exit); another scheduler's hold is exit code 5.
+fn lock(state: &StateFile) -> anyhow::Result<StateLock> {
+    state.lock().map_err(|e| match e {
+        LockError::Held { .. } => Fail {
+            code: exit::BUSY,
+            msg: e.to_string(),
+        }
+        .into(),
+        LockError::Io { .. } => usage(e.to_string()),
+    })
+}
+
 /// Runs the loop.
 pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     if a.interval.is_zero() {
@@ -55,22 +68,8 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     let mut agents = a.engine.agents()?;
     let mut engine = SlurmEngine::new(a.engine.slurm());
     let state = StateFile::new(&a.state);
-    // One scheduler per state (a dry run changes nothing, so it may look beside one). Held
-    // until this function returns; the kernel releases it on any exit.
-    let _lock = if a.dry_run {
-        None
-    } else {
-        Some(state.lock().map_err(|e| {
-            match e {
-                LockError::Held { .. } => Fail {
-                    code: exit::BUSY,
-                    msg: e.to_string(),
-                }
-                .into(),
-                LockError::Io { .. } => usage(e.to_string()),
-            }
-        })?)
-    };
+    // One scheduler per state (a dry run changes nothing, so it may look beside one).
+    let _lock = if a.dry_run { None } else { Some(lock(&state)?) };
     let mut monitor = state.load().map_err(usage)?;
     let metrics = match a.metrics_addr {
         Some(addr) => Some(SchedulerMetrics::serve(addr)?),
