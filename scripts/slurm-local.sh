@@ -61,7 +61,7 @@ find_scheduler() {
 pid_alive() {
   local stat rest
   [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ] || return 1
-  read -r stat < "/proc/$1/stat" 2>/dev/null || return 1
+  read -r stat 2>/dev/null < "/proc/$1/stat" || return 1
   rest=${stat##*) }
   [ "${rest%% *}" != Z ] && [ "${rest%% *}" != X ]
 }
@@ -74,7 +74,7 @@ tree() {
   shift
   for p in "$@"; do skip[$p]=1; done
   for f in /proc/[0-9]*/stat; do
-    read -r stat < "$f" 2>/dev/null || continue
+    read -r stat 2>/dev/null < "$f" || continue
     pid=${stat%% *}; rest=${stat##*) }; rest=${rest#* }; ppid=${rest%% *}
     kids[$ppid]+=" $pid"
   done
@@ -246,7 +246,7 @@ os.execvp(sys.argv[1], sys.argv[1:])' "${argv[@]}")
 # files that outlived their processes and whose pids were reused).
 ours() {
   local c
-  pid_alive "$1" && c=" $(tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null)" && [[ $c == *"$2/"* || $c == *" $2 "* ]]
+  pid_alive "$1" && c=" $(tr '\0' ' ' 2>/dev/null < "/proc/$1/cmdline")" && [[ $c == *"$2/"* || $c == *" $2 "* ]]
 }
 
 # daemon_pids DIR: live pids of the daemons recorded in DIR/run (not the supervisor).
@@ -268,7 +268,7 @@ stepd_pids() {
   local f p c
   for f in /proc/[0-9]*/cmdline; do
     p=${f#/proc/}; p=${p%/cmdline}
-    read -r -d '' c < "$f" 2>/dev/null || true
+    read -r -d '' c 2>/dev/null < "$f" || true
     [[ $c == slurmstepd* ]] || continue
     grep -qzxF "SLURM_CONF=$1/slurm.conf" "/proc/$p/environ" 2>/dev/null && echo "$p"
   done | tr '\n' ' '
