@@ -2,6 +2,7 @@
 //! pass with what changed (the loop), or JSON.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use valve_scheduler::agents::Agents;
@@ -20,9 +21,27 @@ pub struct LoopLog {
     waiting: HashMap<String, String>,
     /// Refused jobs and the reason last logged.
     refused: HashMap<String, String>,
+    /// The last summary printed, and when.
+    last_summary: Option<(String, Instant)>,
 }
 
+/// An unchanged summary is printed again after this long, to show the loop is alive.
+const HEARTBEAT: Duration = Duration::from_secs(600);
+
 impl LoopLog {
+    /// Whether to print this pass's `summary` at `now`: when it differs from the last one
+    /// printed, when `changed` (the pass has lines of its own), or once a [`HEARTBEAT`].
+    pub fn print_summary(&mut self, summary: &str, changed: bool, now: Instant) -> bool {
+        let due = match &self.last_summary {
+            None => true,
+            Some((last, at)) => last != summary || now.duration_since(*at) >= HEARTBEAT,
+        };
+        if due || changed {
+            self.last_summary = Some((summary.to_string(), now));
+        }
+        due || changed
+    }
+
     /// The lines this pass adds: nodes newly excluded (or for another reason), with their
     /// agent's last error, and nodes no longer excluded; jobs newly pending or refused, or for
     /// another reason. Jobs that stop waiting are forgotten (a placement has its own line).
@@ -88,8 +107,8 @@ pub fn summary(plan: &Plan, applied: &Applied) -> String {
     )
 }
 
-/// Prints one pass: all of it with `full`, else the loop's summary, what changed since the
-/// last pass (`log`) and the actions taken.
+/// Prints one pass: all of it with `full`, else the loop's summary (where it says something new,
+/// or as a heartbeat), what changed since the last pass (`log`) and the actions taken.
 pub fn print_pass(
     plan: &Plan,
     applied: &Applied,
@@ -112,8 +131,14 @@ pub fn print_pass(
             println!("agent of {node}: {e}");
         }
     } else {
-        println!("{}", summary(plan, applied));
-        for line in log.changes(plan, &agents.errors) {
+        let lines = log.changes(plan, &agents.errors);
+        let acted =
+            !(applied.placed.is_empty() && applied.evicted.is_empty() && applied.failed.is_empty());
+        let line = summary(plan, applied);
+        if log.print_summary(&line, acted || !lines.is_empty(), Instant::now()) {
+            println!("{line}");
+        }
+        for line in lines {
             println!("  {line}");
         }
     }
@@ -247,6 +272,26 @@ mod tests {
         assert_eq!(
             log.changes(&plan, &errors),
             ["node n2: excluded: the engine reports it down"]
+        );
+    }
+
+    #[test]
+    fn an_unchanged_summary_is_printed_only_as_a_heartbeat() {
+        let mut log = LoopLog::default();
+        let t0 = Instant::now();
+        let a = "pass: 0 placed, 2 pending";
+        assert!(log.print_summary(a, false, t0), "the first");
+        assert!(!log.print_summary(a, false, t0 + Duration::from_secs(10)));
+        assert!(
+            log.print_summary(a, true, t0 + Duration::from_secs(20)),
+            "with news"
+        );
+        assert!(log.print_summary("pass: 1 placed", false, t0 + Duration::from_secs(30)));
+        assert!(!log.print_summary("pass: 1 placed", false, t0 + Duration::from_secs(40)));
+        let later = t0 + Duration::from_secs(30) + HEARTBEAT;
+        assert!(
+            log.print_summary("pass: 1 placed", false, later),
+            "the heartbeat"
         );
     }
 
