@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Runs a throwaway multi-node Slurm (22.05) cluster on this one machine for the scheduler's tests:
-# one slurmctld and N slurmd "gpu001".. with G fake GPUs each, auth/none, all files under DIR.
+# Runs a throwaway multi-node Slurm (22.05) cluster on this one machine, for the scheduler's tests
+# and for trying the scheduler without GPUs: one slurmctld and N slurmd "gpu001".. with G fake GPUs
+# each, auth/none, all files under DIR; optionally a node agent per node.
 #
 # Usage:
 #   scripts/slurm-local.sh start DIR [--nodes N] [--gpus G] [--cpus C] [--base-port P] [--timeout S]
+#                                    [--harvest FILE]
 #       N nodes (default 8), G GPUs per node (8), C CPUs per node (4), slurmctld on port P (16800) and
 #       slurmd i on P+i, wait at most S seconds (60) for all nodes to be idle. DIR is created; Slurm
 #       state left in it by an earlier run is wiped. Prints `export SLURM_CONF=DIR/slurm.conf`.
-#   scripts/slurm-local.sh stop DIR      stop everything start started (idempotent)
-#   scripts/slurm-local.sh status DIR    print sinfo
+#       --harvest FILE: also serve each node's harvest document, FILE replayed by one
+#       `valve-scheduler agent` per node on port P+N+i, listed in DIR/agents for
+#       `valve-scheduler run --agents DIR/agents`; jobs get their GPUs and progress directory from
+#       the scheduler's TaskProlog. valve-scheduler is $VALVE_SCHEDULER, else on PATH, else built here.
+#   scripts/slurm-local.sh stop DIR      stop everything start started: jobs, agents, daemons (idempotent)
+#   scripts/slurm-local.sh status DIR    print sinfo and the agents
 #
 # Layout of DIR: slurm.conf gres.conf, state/ (slurmctld), spool/gpuNNN/, log/ (slurmctld.log,
-# slurmd-gpuNNN.log, supervisor.log), run/ (pid files), dev/ (fake GPU devices: links to /dev/null).
+# slurmd-gpuNNN.log, agent-gpuNNN.out, supervisor.log), run/ (pid files), dev/ (fake GPU devices:
+# links to /dev/null); with --harvest also agents, taskprolog.sh and progress/gpuNNN/.
 # The daemons run in the foreground (-D) under one supervisor process that start launches in the
 # background; where python3 is present the supervisor is made a child subreaper, so slurmstepd
 # processes (which slurmd double-forks) are its children too and stop can find and reap them.
@@ -20,7 +27,7 @@ set -euo pipefail
 
 prog=${0##*/}
 die() { echo "$prog: $*" >&2; exit 1; }
-usage() { sed -n '4,11s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '4,16s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 # Prefer Debian's -wlm binaries: slurm-wlm-emulator switches /usr/sbin/slurmctld to a front-end
 # build. They must still run with argv[0] "slurmctld"/"slurmd" (exec -a): Slurm 22.05 keeps a
@@ -36,11 +43,25 @@ find_bin() {
 
 abs_dir() { mkdir -p -- "$1" && (cd -- "$1" && pwd -P); }
 
+abs_file() { (cd -- "$(dirname -- "$1")" && echo "$(pwd -P)/$(basename -- "$1")"); }
+
+# The valve-scheduler program the agents run: $VALVE_SCHEDULER, else on PATH, else this
+# checkout's release or debug build.
+find_scheduler() {
+  local here b
+  here=$(cd -- "$(dirname -- "$0")/.." && pwd -P)
+  for b in "${VALVE_SCHEDULER:-}" "$(command -v valve-scheduler 2>/dev/null || true)" \
+    "$here/target/release/valve-scheduler" "$here/target/debug/valve-scheduler"; do
+    if [ -n "$b" ] && [ -x "$b" ]; then abs_file "$b"; return 0; fi
+  done
+  return 1
+}
+
 # pid_alive PID: true while PID runs and is not a zombie (this host's PID 1 may not reap orphans).
 pid_alive() {
   local stat rest
   [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ] || return 1
-  read -r stat < "/proc/$1/stat" 2>/dev/null || return 1
+  read -r stat 2>/dev/null < "/proc/$1/stat" || return 1
   rest=${stat##*) }
   [ "${rest%% *}" != Z ] && [ "${rest%% *}" != X ]
 }
@@ -53,7 +74,7 @@ tree() {
   shift
   for p in "$@"; do skip[$p]=1; done
   for f in /proc/[0-9]*/stat; do
-    read -r stat < "$f" 2>/dev/null || continue
+    read -r stat 2>/dev/null < "$f" || continue
     pid=${stat%% *}; rest=${stat##*) }; rest=${rest#* }; ppid=${rest%% *}
     kids[$ppid]+=" $pid"
   done
@@ -145,12 +166,39 @@ write_gres() { # dir nodes gpus
   for ((i = 0; i < g; i++)); do ln -sfn /dev/null "$dir/dev/nvidia$i"; done
 }
 
+# With --harvest: the agents file (node i's agent on port base+n+i), the scheduler's TaskProlog
+# (it gives a job the GPUs the scheduler chose and its node's progress directory), and those
+# directories.
+write_agents() { # dir nodes base scheduler-bin
+  local dir=$1 n=$2 base=$3 bin=$4 i
+  for ((i = 1; i <= n; i++)); do
+    echo "$(node_name "$i") http://127.0.0.1:$((base + n + i))/v1/harvest"
+    mkdir -p "$dir/progress/$(node_name "$i")"
+  done > "$dir/agents"
+  printf '#!/bin/sh\nexec %s task-prolog --progress-dir %s/progress --per-node\n' "$bin" "$dir" \
+    > "$dir/taskprolog.sh"
+  chmod +x "$dir/taskprolog.sh"
+  echo "TaskProlog=$dir/taskprolog.sh" >> "$dir/slurm.conf"
+}
+
+# start_agents DIR NODES BASE BIN HARVEST: one recorded-document agent per node, in the
+# background (run by the supervisor, whose pids array they join).
+start_agents() {
+  local dir=$1 n=$2 base=$3 bin=$4 harvest=$5 i name
+  for ((i = 1; i <= n; i++)); do
+    name=$(node_name "$i")
+    (exec "$bin" agent --node "$name" --harvest "$harvest" --listen "127.0.0.1:$((base + n + i))" \
+      --progress-dir "$dir/progress/$name" > "$dir/log/agent-$name.out" 2>&1 < /dev/null) &
+    pids+=($!); write_pid "$dir/run/agent-$name.daemon.pid" $!
+  done
+}
+
 # write_pid FILE PID: atomically, so that a reader never sees an empty file.
 write_pid() { echo "$2" > "$1.tmp" && mv -f "$1.tmp" "$1"; }
 
 # The supervisor (run in the background by start): runs the daemons in the foreground as its
 # children, slurmctld first, and reaps them and any orphan re-parented to it until they all exit.
-supervise() { # dir nodes
+supervise() { # dir nodes [base scheduler-bin harvest]
   local dir=$1 n=$2 conf=$1/slurm.conf ctld slurmd i rc pids=()
   ctld=$(find_bin slurmctld) && slurmd=$(find_bin slurmd) || exit 1
   write_pid "$dir/run/supervisor.pid" $$
@@ -167,6 +215,7 @@ supervise() { # dir nodes
       > "$dir/log/slurmd-$(node_name "$i").out" 2>&1 < /dev/null) &
     pids+=($!); write_pid "$dir/run/slurmd-$(node_name "$i").daemon.pid" $!
   done
+  [ $# -ge 5 ] && start_agents "$dir" "$n" "$3" "$4" "$5"
   echo "supervisor $$: started ${pids[*]}"
   while :; do # until the daemons have exited; orphans re-parented to us are reaped meanwhile
     wait; rc=$?
@@ -182,8 +231,8 @@ supervise() { # dir nodes
 # there, detached from our stdin/stdout so that a caller reading our output is not held open.
 # It runs a copy of this script: bash reads a script as it goes, so editing this one (a git checkout)
 # would break a running supervisor.
-launch_supervisor() { # dir nodes
-  local argv=(bash "$1/run/slurm-local.sh" _supervise "$1" "$2")
+launch_supervisor() { # dir nodes [base scheduler-bin harvest]
+  local argv=(bash "$1/run/slurm-local.sh" _supervise "$@")
   cp "$0" "$1/run/slurm-local.sh"
   if command -v python3 > /dev/null; then
     argv=(python3 -c 'import ctypes, os, sys
@@ -197,7 +246,7 @@ os.execvp(sys.argv[1], sys.argv[1:])' "${argv[@]}")
 # files that outlived their processes and whose pids were reused).
 ours() {
   local c
-  pid_alive "$1" && c=" $(tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null)" && [[ $c == *"$2/"* || $c == *" $2 "* ]]
+  pid_alive "$1" && c=" $(tr '\0' ' ' 2>/dev/null < "/proc/$1/cmdline")" && [[ $c == *"$2/"* || $c == *" $2 "* ]]
 }
 
 # daemon_pids DIR: live pids of the daemons recorded in DIR/run (not the supervisor).
@@ -219,7 +268,7 @@ stepd_pids() {
   local f p c
   for f in /proc/[0-9]*/cmdline; do
     p=${f#/proc/}; p=${p%/cmdline}
-    read -r -d '' c < "$f" 2>/dev/null || true
+    read -r -d '' c 2>/dev/null < "$f" || true
     [[ $c == slurmstepd* ]] || continue
     grep -qzxF "SLURM_CONF=$1/slurm.conf" "/proc/$p/environ" 2>/dev/null && echo "$p"
   done | tr '\n' ' '
@@ -263,6 +312,13 @@ cmd_status() { # dir
   [ -f "$dir/slurm.conf" ] || die "no cluster in $dir (no slurm.conf)"
   SLURM_CONF=$dir/slurm.conf sinfo
   SLURM_CONF=$dir/slurm.conf sinfo -N -o '%N %T %c %G %E'
+  if [ -f "$dir/agents" ]; then
+    local node url p
+    while read -r node url; do
+      p=$(cat "$dir/run/agent-$node.daemon.pid" 2>/dev/null || true)
+      if [ -n "$p" ] && ours "$p" "$dir"; then echo "agent $node: $url (pid $p)"; else echo "agent $node: not running"; fi
+    done < "$dir/agents"
+  fi
 }
 
 # The errors in the logs (less the noise of the mpi/pmix plugins, whose library is not installed),
@@ -285,32 +341,55 @@ fail_start() { # dir message...
   exit 1
 }
 
-check_start_args() { # dir nodes gpus cpus base
-  local dir=$1 n=$2 g=$3 c=$4 base=$5 p
+check_start_args() { # dir nodes gpus cpus base harvest
+  local dir=$1 n=$2 g=$3 c=$4 base=$5 harvest=$6 p top=$(($5 + $2))
   [[ $dir != *[[:space:]]* ]] || die "DIR must not contain white space: '$dir'"
   for p in "$n" "$g" "$c" "$base"; do [[ $p =~ ^[0-9]+$ ]] || die "not a number: '$p'"; done
   if [ "$n" -lt 1 ] || [ "$n" -gt 999 ]; then die "--nodes must be 1..999"; fi
   [ "$c" -ge 1 ] || die "--cpus must be >= 1"
-  if [ "$base" -lt 1024 ] || [ $((base + n)) -gt 65535 ]; then
-    die "--base-port must leave base..base+N in 1024..65535"
+  if [ -n "$harvest" ]; then
+    [ -r "$harvest" ] || die "--harvest $harvest: no such readable file (a harvest document, e.g. sched/scheduler/examples/node.json)"
+    find_scheduler > /dev/null || die "--harvest needs valve-scheduler: build it (cargo build --release), install it, or set VALVE_SCHEDULER=PATH"
+    top=$((base + 2 * n))
+  fi
+  if [ "$base" -lt 1024 ] || [ "$top" -gt 65535 ]; then
+    die "--base-port $base: the cluster needs ports $base..$top, which must lie in 1024..65535"
   fi
   if ! find_bin slurmctld > /dev/null || ! find_bin slurmd > /dev/null || ! command -v sinfo > /dev/null; then
     die "slurmctld/slurmd/sinfo not installed: run scripts/setup-debian.sh"
   fi
   [ -z "$(daemon_pids "$dir")$(supervisor_pid "$dir" || true)" ] || die "a cluster is already running in $dir: run '$prog stop $dir' first"
-  for ((p = base; p <= base + n; p++)); do
-    ! port_listening "$p" || die "port $p is in use (the cluster needs $base..$((base + n))): choose another --base-port"
+  for ((p = base; p <= top; p++)); do
+    ! port_listening "$p" || die "port $p is in use (the cluster needs $base..$top): choose another --base-port"
   done
 }
 
-cmd_start() { # dir nodes gpus cpus base timeout
-  local dir=$1 n=$2 g=$3 c=$4 base=$5 timeout=$6 i idle="" t0=$SECONDS
-  check_start_args "$@"
-  rm -rf "${dir:?}/state" "${dir:?}/spool" "${dir:?}/log" "${dir:?}/run" "${dir:?}/dev"
+# agents_ready DIR NODES BASE: true once every agent listens; fails start if one exited.
+agents_ready() {
+  local dir=$1 n=$2 base=$3 i name ready=0
+  for ((i = 1; i <= n; i++)); do
+    name=$(node_name "$i")
+    [ -f "$dir/run/agent-$name.daemon.pid" ] || return 1
+    ours "$(cat "$dir/run/agent-$name.daemon.pid")" "$dir" \
+      || fail_start "$dir" "the agent of $name exited: $(tail -n 3 "$dir/log/agent-$name.out" 2>/dev/null | tr '\n' ' ')"
+    port_listening $((base + n + i)) && ready=$((ready + 1))
+  done
+  [ "$ready" -eq "$n" ]
+}
+
+cmd_start() { # dir nodes gpus cpus base timeout [harvest]
+  local dir=$1 n=$2 g=$3 c=$4 base=$5 timeout=$6 harvest=${7:-} i idle="" t0=$SECONDS agents=()
+  check_start_args "$dir" "$n" "$g" "$c" "$base" "$harvest"
+  rm -rf "${dir:?}/state" "${dir:?}/spool" "${dir:?}/log" "${dir:?}/run" "${dir:?}/dev" \
+    "${dir:?}/progress" "${dir:?}/agents" "${dir:?}/taskprolog.sh"
   mkdir -p "$dir/state" "$dir/log" "$dir/run"
   for ((i = 1; i <= n; i++)); do mkdir -p "$dir/spool/$(node_name "$i")"; done
   write_config "$dir" "$n" "$g" "$c" "$base"
-  launch_supervisor "$dir" "$n"
+  if [ -n "$harvest" ]; then
+    agents=("$base" "$(find_scheduler)" "$harvest")
+    write_agents "$dir" "$n" "$base" "${agents[1]}"
+  fi
+  launch_supervisor "$dir" "$n" "${agents[@]}"
   export SLURM_CONF=$dir/slurm.conf
   while [ $((SECONDS - t0)) -lt "$timeout" ]; do
     sleep 0.5
@@ -323,14 +402,20 @@ cmd_start() { # dir nodes gpus cpus base timeout
       fail_start "$dir" "port ${i:-in $base..$((base + n))} is in use: choose another --base-port"
     fi
     idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | awk '$2 == "idle"' | sort -u | wc -l || true)
-    [ "$idle" -eq "$n" ] && { echo "export SLURM_CONF=$dir/slurm.conf"; return 0; }
+    [ "$idle" -eq "$n" ] || continue
+    if [ -n "$harvest" ]; then
+      agents_ready "$dir" "$n" "$base" || continue
+      echo "# $n agents replaying $harvest: valve-scheduler run --agents $dir/agents"
+    fi
+    echo "export SLURM_CONF=$dir/slurm.conf"
+    return 0
   done
   fail_start "$dir" "only ${idle:-0} of $n nodes idle after ${timeout}s: $(sinfo -h -N -o '%N:%T' 2>&1 | tr '\n' ' ' || true)"
 }
 
 main() {
   [ $# -ge 2 ] || usage
-  local cmd=$1 dir nodes=8 gpus=8 cpus=4 base=16800 timeout=60
+  local cmd=$1 dir nodes=8 gpus=8 cpus=4 base=16800 timeout=60 harvest=""
   if [ "$cmd" = start ]; then
     dir=$(abs_dir "$2") || die "cannot create $2"
   elif [ -d "$2" ]; then
@@ -346,14 +431,16 @@ main() {
         [ $# -ge 2 ] || usage
         case $1 in
           --nodes) nodes=$2 ;; --gpus) gpus=$2 ;; --cpus) cpus=$2 ;;
-          --base-port) base=$2 ;; --timeout) timeout=$2 ;; *) usage ;;
+          --base-port) base=$2 ;; --timeout) timeout=$2 ;;
+          --harvest) harvest=$(abs_file "$2") || die "--harvest $2: no such directory" ;;
+          *) usage ;;
         esac
         shift 2
       done
-      cmd_start "$dir" "$nodes" "$gpus" "$cpus" "$base" "$timeout" ;;
+      cmd_start "$dir" "$nodes" "$gpus" "$cpus" "$base" "$timeout" "$harvest" ;;
     stop) [ $# -eq 0 ] || usage; cmd_stop "$dir" ;;
     status) [ $# -eq 0 ] || usage; cmd_status "$dir" ;;
-    _supervise) supervise "$dir" "$1" ;;
+    _supervise) supervise "$dir" "$@" ;;
     *) usage ;;
   esac
 }

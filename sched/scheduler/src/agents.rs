@@ -48,8 +48,9 @@ impl Agents {
     }
 
     /// Fetches every node's document; a failure keeps the node's previous one (with its old
-    /// receive time) and records the error.
-    pub fn refresh(&mut self, nodes: &[String], now_unix_ms: u64) {
+    /// receive time) and records the error. The documents that came are stamped with
+    /// `clock()` read once all fetches ended, which is returned: the time to judge them at.
+    pub fn refresh(&mut self, nodes: &[String], clock: &dyn Fn() -> u64) -> u64 {
         let urls: Vec<(String, String)> = nodes.iter().map(|n| (n.clone(), self.url(n))).collect();
         let timeout = self.timeout;
         let mut results = Vec::with_capacity(urls.len());
@@ -62,6 +63,7 @@ impl Agents {
                 results.extend(handles.into_iter().filter_map(|h| h.join().ok()));
             });
         }
+        let now_unix_ms = clock();
         for (node, r) in results {
             match r {
                 Ok(doc) => {
@@ -79,6 +81,7 @@ impl Agents {
                 }
             }
         }
+        now_unix_ms
     }
 }
 
@@ -158,7 +161,7 @@ mod tests {
                 received_unix_ms: 5,
             },
         );
-        a.refresh(&["n1".into(), "n2".into()], 1000);
+        assert_eq!(a.refresh(&["n1".into(), "n2".into()], &|| 1000), 1000);
         assert_eq!(a.reports["n1"].received_unix_ms, 5, "kept, aging");
         assert!(!a.reports.contains_key("n2"));
         assert!(

@@ -9,7 +9,7 @@ use crate::error::Fail;
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 other failure, 2 bad arguments or input, 3 the engine (Slurm) failed,
-4 a checked target was missed.
+4 a checked target was missed, 5 another scheduler holds the --state file.
 How the model and the Slurm set-up work: docs/cluster.md.";
 
 /// Places offline jobs on GPUs that online inference leaves idle, where their predicted
@@ -46,7 +46,7 @@ pub enum Command {
     ProfileJob(commands::profile_job::ProfileJobArgs),
     /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
     BenchPass(commands::bench_pass::BenchPassArgs),
-    /// Simulate a large cluster for a week, once per scheduling policy (issue 28, part 6).
+    /// Simulate a large cluster for a week, once per scheduling policy.
     Simulate(commands::simulate::SimulateArgs),
 }
 
@@ -59,6 +59,8 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a log file or journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match &cli.command {
         Command::Run(a) => commands::run::exec(a, cli.json),

@@ -13,7 +13,7 @@ use crate::calibrate::{JobLevels, NodeSpeed, MIN_SAMPLES};
 use crate::job::JobProfile;
 use crate::meta::{ClassedProfile, JobMeta, MetaError, PlacedOn};
 use crate::monitor::{Check, Measured, Monitor, MonitorParams, RunningJob};
-use crate::place::{place, Decision, NodeSlot, PendingJob, PlaceParams};
+use crate::place::{place, Decision, NodeSlot, Outcome, Pending, PendingJob, PlaceParams};
 use crate::predict::{predict, NodeModel};
 
 /// The scheduler's settings.
@@ -111,6 +111,23 @@ pub struct Excluded {
     pub node: String,
     /// Why.
     pub why: String,
+    /// Why, without the figures that grow from pass to pass (how long an agent has been
+    /// silent): the loop logs a node's exclusion again only when this changes.
+    #[serde(skip)]
+    pub cause: String,
+}
+
+/// A held job left pending this pass, and why in words, counted against the pass's open nodes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Waiting {
+    /// The job.
+    pub job: String,
+    /// Why it waits.
+    pub why: String,
+    /// Why, without the figures that drift from pass to pass (predicted shares): the loop logs
+    /// a job's reason again only when this changes.
+    #[serde(skip)]
+    pub cause: String,
 }
 
 /// A job the scheduler will not place, and why.
@@ -133,6 +150,8 @@ pub struct Plan {
     pub checks: Vec<Check>,
     /// Nodes left out.
     pub excluded: Vec<Excluded>,
+    /// Why each pending job waits (the pending decisions, in words).
+    pub waiting: Vec<Waiting>,
     /// Open nodes whose speed factor this pass was not 1, with the samples it was learned from.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub speeds: Vec<NodeSpeed>,
@@ -191,6 +210,7 @@ pub fn plan(
         .collect();
     out.levels.sort_by(|a, b| a.job.cmp(&b.job));
     out.decisions = place(&pending, &mut slots, &params.place);
+    out.waiting = waiting(&out.decisions, &pending, &slots, out.excluded.len());
     out.checks = check_running(now_unix_ms, snap, reports, &slots, monitor, params);
     if params.job_calibration {
         let ids: HashSet<&str> = snap.jobs.iter().map(|j| j.id.as_str()).collect();
@@ -229,29 +249,103 @@ fn open_nodes<'a>(
 ) -> Vec<&'a Report> {
     let mut open = Vec::new();
     for n in &snap.nodes {
-        let why = match (&n.closed, reports.get(&n.name)) {
-            (Some(c), _) => Some(format!("the engine reports it {c}")),
-            (None, None) => Some("no harvest document from its agent yet".into()),
-            (None, Some(r)) if now.saturating_sub(r.received_unix_ms) > params.node_timeout_ms => {
-                Some(format!(
-                    "its agent has not reported for {} s (timeout {} s)",
-                    now.saturating_sub(r.received_unix_ms) / 1000,
-                    params.node_timeout_ms / 1000
-                ))
+        let (why, cause) = match (&n.closed, reports.get(&n.name)) {
+            (Some(c), _) => {
+                let why = format!("the engine reports it {c}");
+                (why.clone(), why)
             }
+            (None, None) => {
+                let why = "no harvest document from its agent yet".to_string();
+                (why.clone(), why)
+            }
+            (None, Some(r)) if now.saturating_sub(r.received_unix_ms) > params.node_timeout_ms => (
+                format!(
+                    "its agent has not reported for {:.1} s (timeout {} s)",
+                    now.saturating_sub(r.received_unix_ms) as f64 / 1000.0,
+                    params.node_timeout_ms as f64 / 1000.0
+                ),
+                format!("silent since {}", r.received_unix_ms),
+            ),
             (None, Some(r)) => {
                 open.push(r);
-                None
+                continue;
             }
         };
-        if let Some(why) = why {
-            excluded.push(Excluded {
-                node: n.name.clone(),
-                why,
-            });
-        }
+        excluded.push(Excluded {
+            node: n.name.clone(),
+            why,
+            cause,
+        });
     }
     open
+}
+
+/// Why each pending decision's job waits, in words. A job that found no node with room is
+/// counted against the open nodes as placement saw them: the ones it was considered on (enough
+/// free GPUs), the ones it avoids (it was evicted from them), the rest full.
+fn waiting(
+    decisions: &[Decision],
+    pending: &[PendingJob],
+    slots: &[NodeSlot],
+    excluded: usize,
+) -> Vec<Waiting> {
+    let jobs: HashMap<&str, &PendingJob> = pending.iter().map(|j| (j.id.as_str(), j)).collect();
+    let open: HashSet<&str> = slots.iter().map(|s| s.model.name.as_str()).collect();
+    decisions
+        .iter()
+        .filter_map(|d| {
+            let Outcome::Pending(p) = &d.outcome else {
+                return None;
+            };
+            let (why, cause) = match p {
+                Pending::NoFreeGpus { gpus, nodes } => {
+                    let avoided = jobs.get(d.job.as_str()).map_or(0, |j| {
+                        j.avoid.iter().filter(|n| open.contains(n.as_str())).count()
+                    });
+                    let why = no_room(*gpus, open.len(), *nodes, avoided, excluded);
+                    (why.clone(), why)
+                }
+                Pending::BelowSla { needed, best } => (
+                    format!(
+                        "no free GPUs meet its SLA (needs {needed:.2} of alone); best: {} GPUs {:?}, predicted {}",
+                        best.node, best.gpus, best.prediction
+                    ),
+                    format!("below its SLA, best on {}", best.node),
+                ),
+            };
+            Some(Waiting {
+                job: d.job.clone(),
+                why,
+                cause,
+            })
+        })
+        .collect()
+}
+
+/// Why a job of `gpus` GPUs found no node with room: `open` nodes open, `considered` of them
+/// with enough free GPUs (yet no set it could take), `avoided` ones it was evicted from,
+/// `excluded` nodes left out of the pass.
+fn no_room(gpus: u32, open: usize, considered: usize, avoided: usize, excluded: usize) -> String {
+    if open == 0 {
+        return format!("no node is open to placement ({excluded} excluded: see their reasons)");
+    }
+    let full = open.saturating_sub(considered + avoided);
+    if full == open {
+        return format!("all {open} open node(s) are full: none has {gpus} free GPU(s)");
+    }
+    let mut parts = Vec::new();
+    if full > 0 {
+        parts.push(format!("{full} full (fewer than {gpus} free GPU(s))"));
+    }
+    if avoided > 0 {
+        parts.push(format!("{avoided} it was evicted from"));
+    }
+    if considered > 0 {
+        parts.push(format!(
+            "{considered} with {gpus} free GPU(s), none of whose GPU sets can take it"
+        ));
+    }
+    format!("of {open} open node(s): {}", parts.join(", "))
 }
 
 /// Each open node with its GPUs that no released or running job of ours holds.

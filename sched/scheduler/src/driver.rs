@@ -192,6 +192,59 @@ impl StateFile {
         }
     }
 
+    /// The lock file beside the state file. It is not the state file itself: that is
+    /// replaced by a rename on every save, and a lock on the old file would guard nothing.
+    pub fn lock_path(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(".lock");
+        self.path.with_file_name(name)
+    }
+
+    /// Takes the state for this process alone, or says which process has it. The holder's pid
+    /// is written into the lock file for the next one's error.
+    pub fn lock(&self) -> Result<StateLock, LockError> {
+        use nix::fcntl::{Flock, FlockArg};
+        use std::io::{Read, Seek, Write};
+        let lock = self.lock_path();
+        let io = |source: std::io::Error| LockError::Io {
+            state: self.path.clone(),
+            lock: lock.clone(),
+            source,
+        };
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        // std opens files close-on-exec: the Slurm commands the loop runs do not inherit the
+        // lock, so none of them can keep it after the scheduler dies.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(io)?;
+        let mut held = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => held,
+            Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                return Err(LockError::Held {
+                    state: self.path.clone(),
+                    lock,
+                    pid: text.trim().parse().ok(),
+                });
+            }
+            Err((_, errno)) => return Err(io(errno.into())),
+        };
+        held.set_len(0).map_err(io)?;
+        held.rewind().map_err(io)?;
+        writeln!(held, "{}", std::process::id()).map_err(io)?;
+        Ok(StateLock {
+            _lock: held,
+            path: lock,
+        })
+    }
+
     /// Saves `monitor`.
     pub fn save(&self, monitor: &Monitor) -> Result<(), String> {
         let err =
@@ -209,18 +262,72 @@ impl StateFile {
     }
 }
 
+/// Why a scheduler could not take its state file for itself.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another process holds the lock.
+    #[error("{}", held_message(.state, .lock, .pid))]
+    Held {
+        /// The state file.
+        state: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The holder's pid, as it wrote it in the lock file (`None`: not written yet).
+        pid: Option<u32>,
+    },
+    /// The lock file could not be opened or locked.
+    #[error("cannot lock state file {} ({}): {source}; check that the directory exists and is writable, or choose another --state", .state.display(), .lock.display())]
+    Io {
+        /// The state file.
+        state: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+fn held_message(state: &Path, lock: &Path, pid: &Option<u32>) -> String {
+    let (holder, kill) = match pid {
+        Some(p) => (format!("pid {p}"), format!("kill {p}")),
+        None => ("its pid is not recorded yet".into(), "kill it".into()),
+    };
+    format!(
+        "state file {} is in use by another valve-scheduler ({holder}, lock {}): two schedulers on one state would place the same jobs. Stop that one ({kill}, or `systemctl stop` its unit), or give this one its own --state",
+        state.display(),
+        lock.display()
+    )
+}
+
+/// An exclusive `flock` on a state file's lock file (`STATE.lock`), held for as long as the
+/// value lives. The kernel drops it when the process exits, however it exits (SIGKILL
+/// included), so a lock never outlives its scheduler; the file itself stays (removing it would
+/// let two processes lock two different files of one name).
+#[derive(Debug)]
+pub struct StateLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    /// The lock file.
+    pub path: PathBuf,
+}
+
 /// Back-off while the engine is unreachable: 1 s, doubling, at most `max`.
 pub fn backoff(failures: u32, max: Duration) -> Duration {
     Duration::from_secs(1u64 << failures.min(16)).min(max)
 }
 
 /// One pass: snapshot, documents, plan, apply. Errors only when the snapshot failed.
+///
+/// `clock` gives the time (Unix ms). It is read after the snapshot and the agents' answers,
+/// which can block for long (a slurmctld that is slow or going down; silent agents, each
+/// after its timeout): every node that answered in this pass is stamped with that time and is
+/// fresh, whatever the pass waited for before; one that did not is as old as its last answer
+/// really is.
 pub fn pass(
     engine: &mut dyn Engine,
     agents: &mut crate::agents::Agents,
     monitor: &mut Monitor,
     params: &Params,
-    now_unix_ms: u64,
+    clock: &dyn Fn() -> u64,
     dry_run: bool,
 ) -> Result<(Snapshot, Plan, Applied), EngineError> {
     let snap = engine.snapshot()?;
@@ -230,8 +337,8 @@ pub fn pass(
         .filter(|n| n.closed.is_none())
         .map(|n| n.name.clone())
         .collect();
-    agents.refresh(&names, now_unix_ms);
-    let p = plan(now_unix_ms, &snap, &agents.reports, monitor, params);
+    let now = agents.refresh(&names, clock);
+    let p = plan(now, &snap, &agents.reports, monitor, params);
     let applied = if dry_run {
         Applied::default()
     } else {

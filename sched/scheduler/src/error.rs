@@ -8,6 +8,8 @@ pub mod exit {
     pub const ENGINE: u8 = 3;
     /// A benchmark or simulation missed a target it was asked to check.
     pub const TARGET: u8 = 4;
+    /// Another scheduler holds the state file (`run --state`).
+    pub const BUSY: u8 = 5;
 }
 
 /// An error with its exit code.

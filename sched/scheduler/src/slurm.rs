@@ -32,12 +32,12 @@ pub enum SlurmError {
         source: std::io::Error,
     },
     /// A command exited non-zero.
-    #[error("`{command}` failed: {stderr}")]
+    #[error("`{command}` failed ({detail})")]
     Failed {
         /// The command line.
         command: String,
-        /// What it printed on stderr.
-        stderr: String,
+        /// Its exit status and what it printed ([`detail`]).
+        detail: String,
     },
     /// JSON output that did not parse, or carried errors.
     #[error("unexpected output from {program}: {what}")]
@@ -131,7 +131,7 @@ pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, SlurmError> {
         what: e.to_string(),
     })?;
     match out.errors.first() {
-        Some(e) => Err(SlurmError::Unreachable(format!("squeue reported {e}"))),
+        Some(e) => Err(SlurmError::Unreachable(json_error("squeue --json", e))),
         None => Ok(out.jobs),
     }
 }
@@ -143,9 +143,34 @@ pub fn parse_sinfo(text: &str) -> Result<Vec<SinfoNode>, SlurmError> {
         what: e.to_string(),
     })?;
     match out.errors.first() {
-        Some(e) => Err(SlurmError::Unreachable(format!("sinfo reported {e}"))),
+        Some(e) => Err(SlurmError::Unreachable(json_error("sinfo --json", e))),
         None => Ok(out.nodes),
     }
+}
+
+/// An entry of a `--json` output's `errors` as words. Slurm 22.05 writes
+/// `{"description", "error", "error_number", "source"}` (squeue) or `{"error", "errno"}` (sinfo).
+fn json_error(program: &str, e: &serde_json::Value) -> String {
+    let field = |k: &str| {
+        e.get(k).filter(|v| !v.is_null()).map(|v| match v.as_str() {
+            Some(s) => s.to_string(),
+            None => v.to_string(),
+        })
+    };
+    let mut words: Vec<String> = ["description", "error"]
+        .iter()
+        .filter_map(|k| field(k))
+        .collect();
+    if let Some(n) = field("error_number").or_else(|| field("errno")) {
+        words.push(format!("errno {n}"));
+    }
+    if let Some(src) = field("source") {
+        words.push(format!("in {src}"));
+    }
+    if words.is_empty() {
+        return format!("`{program}` reported {e}");
+    }
+    format!("`{program}` reported: {}", words.join(", "))
 }
 
 /// Why Slurm will not run jobs on a node, if it will not.
@@ -230,12 +255,12 @@ impl Slurm {
                 source,
             })?;
         if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
             let command = format!("{program} {}", args.join(" "));
-            if stderr.contains("Unable to contact slurm controller") {
-                return Err(SlurmError::Unreachable(stderr));
+            let detail = detail(&out);
+            if String::from_utf8_lossy(&out.stderr).contains("Unable to contact slurm controller") {
+                return Err(SlurmError::Unreachable(format!("`{command}`: {detail}")));
             }
-            return Err(SlurmError::Failed { command, stderr });
+            return Err(SlurmError::Failed { command, detail });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -245,8 +270,13 @@ impl Slurm {
         let out = self.run("scontrol", &["ping"]);
         match out {
             Ok(text) if text.contains("is UP") => Ok(()),
-            Ok(text) => Err(SlurmError::Unreachable(text.trim().to_string())),
-            Err(SlurmError::Failed { stderr, .. }) => Err(SlurmError::Unreachable(stderr)),
+            Ok(text) => Err(SlurmError::Unreachable(format!(
+                "`scontrol ping` printed {:?}",
+                said(text.as_bytes())
+            ))),
+            Err(SlurmError::Failed { command, detail }) => {
+                Err(SlurmError::Unreachable(format!("`{command}`: {detail}")))
+            }
             Err(e) => Err(e),
         }
     }
@@ -335,6 +365,41 @@ impl Slurm {
             .run("squeue", &["-h", "-j", id, "-o", "%k"])?
             .trim_end_matches('\n')
             .to_string())
+    }
+}
+
+/// A failed command's exit status and what it said: its stderr, or its stdout where stderr is
+/// empty (`scontrol ping` reports a down slurmctld on stdout, with exit status 1).
+pub fn detail(out: &std::process::Output) -> String {
+    let status = match out.status.code() {
+        Some(c) => format!("exit status {c}"),
+        None => format!("ended by {}", out.status),
+    };
+    let mut text = said(&out.stderr);
+    if text.is_empty() {
+        text = said(&out.stdout);
+    }
+    if text.is_empty() {
+        format!("{status}, nothing printed")
+    } else {
+        format!("{status}: {text}")
+    }
+}
+
+/// Output as one line: its non-empty lines joined, banner lines of `*` left out, at most 400
+/// characters.
+fn said(bytes: &[u8]) -> String {
+    const MAX: usize = 400;
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('*'))
+        .collect();
+    let one = lines.join("; ");
+    match one.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &one[..cut]),
+        None => one,
     }
 }
 

@@ -455,4 +455,22 @@ fn offline_jobs_are_placed_by_sla_evicted_when_they_miss_it_and_survive_a_restar
         let text = std::fs::read_to_string(t.dir.join(log)).unwrap_or_default();
         eprintln!("--- {log}\n{text}");
     }
+    // The loop's log names each excluded node and each waiting job with its reason, once.
+    let log = std::fs::read_to_string(t.dir.join("scheduler.log")).unwrap();
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        lines("node gpu007: excluded: no harvest document from its agent yet; its agent: GET"),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        lines("node gpu008: excluded: the engine reports it"),
+        1,
+        "{log}"
+    );
+    for id in &impossible {
+        let needle = format!("job {id}: pending: no free GPUs meet its SLA");
+        assert!(lines(&needle) >= 1, "{needle}\n{log}");
+    }
+    assert_eq!(lines(&format!("job {unprofiled}: refused:")), 1, "{log}");
 }

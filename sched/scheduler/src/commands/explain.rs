@@ -41,7 +41,7 @@ pub fn exec(a: &ExplainArgs, json: bool) -> anyhow::Result<ExitCode> {
         &mut agents,
         &mut monitor,
         &params,
-        unix_ms(),
+        &unix_ms,
         true,
     )
     .map_err(|e| Fail {
@@ -51,6 +51,7 @@ pub fn exec(a: &ExplainArgs, json: bool) -> anyhow::Result<ExitCode> {
     if !a.jobs.is_empty() {
         let keep = |j: &String| a.jobs.contains(j);
         plan.decisions.retain(|d| keep(&d.job));
+        plan.waiting.retain(|w| keep(&w.job));
         plan.refused.retain(|r| keep(&r.job));
         plan.checks.retain(|c| keep(&c.job));
     }

@@ -7,10 +7,10 @@ use clap::Args;
 
 use super::common::{duration, EngineArgs, ModelArgs};
 use super::metrics::SchedulerMetrics;
-use super::print::print_pass;
+use super::print::{print_pass, LoopLog};
 use super::stop::{install_signals, nap, stopped};
 use crate::error::{exit, usage, Fail};
-use valve_scheduler::driver::{backoff, pass, SlurmEngine, StateFile};
+use valve_scheduler::driver::{backoff, pass, LockError, SlurmEngine, StateFile, StateLock};
 use valve_scheduler::replay::unix_ms;
 
 /// Places held Valve jobs and evicts those that keep missing their SLA, every --interval.
@@ -20,7 +20,9 @@ use valve_scheduler::replay::unix_ms;
 /// from its agent, decides, and acts: `scontrol update nodelist=NODE comment=...` + `release` to
 /// place, `scontrol requeuehold` to evict. Slurm holds all job state, so the scheduler can be
 /// stopped and restarted at any time; only the SLA monitor's miss streaks and the nodes' learned
-/// speed factors live in --state (without it they are learned again from scratch).
+/// speed factors live in --state (without it they are learned again from scratch). One
+/// scheduler runs per --state: a second one on the same file exits with code 5 and names the
+/// first one's pid (the lock is STATE.lock, released when the holder exits).
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -44,6 +46,19 @@ pub struct RunArgs {
     metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// The state for this scheduler alone, held until the value is dropped (the kernel releases it
+/// on any exit); another scheduler's hold is exit code 5.
+fn lock(state: &StateFile) -> anyhow::Result<StateLock> {
+    state.lock().map_err(|e| match e {
+        LockError::Held { .. } => Fail {
+            code: exit::BUSY,
+            msg: e.to_string(),
+        }
+        .into(),
+        LockError::Io { .. } => usage(e.to_string()),
+    })
+}
+
 /// Runs the loop.
 pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     if a.interval.is_zero() {
@@ -53,6 +68,8 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     let mut agents = a.engine.agents()?;
     let mut engine = SlurmEngine::new(a.engine.slurm());
     let state = StateFile::new(&a.state);
+    // One scheduler per state (a dry run changes nothing, so it may look beside one).
+    let _lock = if a.dry_run { None } else { Some(lock(&state)?) };
     let mut monitor = state.load().map_err(usage)?;
     let metrics = match a.metrics_addr {
         Some(addr) => Some(SchedulerMetrics::serve(addr)?),
@@ -60,6 +77,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
     };
     install_signals()?;
     let mut failures = 0u32;
+    let mut log = LoopLog::default();
     while !stopped() {
         let started = Instant::now();
         match pass(
@@ -67,7 +85,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
             &mut agents,
             &mut monitor,
             &params,
-            unix_ms(),
+            &unix_ms,
             a.dry_run,
         ) {
             Err(e) => {
@@ -95,7 +113,7 @@ pub fn exec(a: &RunArgs, json: bool) -> anyhow::Result<ExitCode> {
                 if let Some(m) = &metrics {
                     m.record(&snap, &plan, &applied, started.elapsed());
                 }
-                print_pass(&plan, &applied, &agents, json, a.once);
+                print_pass(&plan, &applied, &agents, json, a.once, &mut log);
                 if !a.dry_run {
                     state.save(&monitor).map_err(|e| anyhow::anyhow!(e))?;
                 }

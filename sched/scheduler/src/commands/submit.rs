@@ -29,7 +29,9 @@ pub struct SubmitArgs {
     #[arg(long, conflicts_with = "profile")]
     no_profile: bool,
     /// The throughput SLA: the share of its throughput alone the job must keep, in (0, 1].
-    #[arg(long)]
+    // Negative numbers are taken as values, so that `--sla -1` reaches the check below instead
+    // of the parser's tip to write `-- -1` (here `--` starts sbatch's arguments).
+    #[arg(long, allow_negative_numbers = true)]
     sla: f64,
     /// Slurm's configuration (default: the environment's SLURM_CONF).
     #[arg(long, env = "SLURM_CONF")]
@@ -41,6 +43,12 @@ pub struct SubmitArgs {
 
 /// Checks and submits.
 pub fn exec(a: &SubmitArgs, json: bool) -> anyhow::Result<ExitCode> {
+    if a.sla < 0.0 {
+        return Err(usage(format!(
+            "--sla {} is negative: an SLA is the share of its throughput alone the job must keep, in (0, 1], e.g. --sla 0.8",
+            a.sla
+        )));
+    }
     let sla = check_sla(a.sla).map_err(|e| usage(e.to_string()))?;
     let profile = match (&a.profile, a.no_profile) {
         (Some(p), _) => Some(read_profile(p)?),

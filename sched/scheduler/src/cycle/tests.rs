@@ -103,7 +103,7 @@ fn silent_closed_and_unreported_nodes_are_excluded_with_reasons() {
         .iter()
         .map(|e| (e.node.as_str(), e.why.as_str()))
         .collect();
-    assert!(why["stale"].contains("not reported for 120 s"), "{why:?}");
+    assert!(why["stale"].contains("not reported for 120.0 s"), "{why:?}");
     assert!(why["unknown"].contains("no harvest document"));
     assert!(why["down"].contains("down (not responding)"));
     assert!(!why.contains_key("fresh"));
@@ -377,4 +377,109 @@ fn a_job_that_ran_below_its_profile_is_placed_again_at_its_learned_level() {
     plan(NOW + 240_000, &snap, &r, &mut mon, &params);
     assert_eq!(mon.job_levels.factor("6"), None);
     assert_eq!(mon.job_levels.factor("7"), Some(0.75));
+}
+
+/// The reason `plan` gives for pending job `id`.
+fn waiting_why(p: &Plan, id: &str) -> String {
+    let w = p.waiting.iter().find(|w| w.job == id);
+    w.map(|w| w.why.clone())
+        .unwrap_or_else(|| panic!("{id} is not waiting: {p:?}"))
+}
+
+#[test]
+fn a_job_that_finds_every_open_node_full_is_told_so_with_the_count() {
+    // Three one-GPU nodes, each GPU held by a running job of ours.
+    let nodes = ["a", "b", "c"];
+    let mut jobs: Vec<JobInfo> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            job(
+                &(i + 1).to_string(),
+                Phase::Running(0),
+                meta(0.5, Some((n, &[0]))),
+            )
+        })
+        .collect();
+    jobs.push(job("9", Phase::Held, meta(0.5, None)));
+    let snap = Snapshot {
+        nodes: nodes.iter().map(|n| open(n)).collect(),
+        jobs,
+    };
+    let r = reports(nodes.iter().map(|n| doc(n, 1, 0.0, 32 * GIB)).collect(), 0);
+    let p = plan(NOW, &snap, &r, &mut Monitor::default(), &Params::default());
+    assert_eq!(
+        waiting_why(&p, "9"),
+        "all 3 open node(s) are full: none has 1 free GPU(s)"
+    );
+    assert_eq!(p.waiting.len(), 1, "placed and running jobs do not wait");
+}
+
+#[test]
+fn a_waiting_job_counts_full_avoided_and_closed_nodes_apart() {
+    // "a" is full, "b" is free but the job was evicted from it, "c" is down.
+    let mut evicted = meta(0.5, None);
+    evicted.avoid = vec!["b".into()];
+    let snap = Snapshot {
+        nodes: vec![
+            open("a"),
+            open("b"),
+            NodeInfo {
+                name: "c".into(),
+                closed: Some("down".into()),
+            },
+        ],
+        jobs: vec![
+            job("1", Phase::Running(0), meta(0.5, Some(("a", &[0])))),
+            job("2", Phase::Held, evicted),
+        ],
+    };
+    let docs = vec![doc("a", 1, 0.0, 32 * GIB), doc("b", 1, 0.0, 32 * GIB)];
+    let p = plan(
+        NOW,
+        &snap,
+        &reports(docs, 0),
+        &mut Monitor::default(),
+        &Params::default(),
+    );
+    assert_eq!(
+        waiting_why(&p, "2"),
+        "of 2 open node(s): 1 full (fewer than 1 free GPU(s)), 1 it was evicted from"
+    );
+    // With no open node at all, the job points at the exclusions.
+    let closed = Snapshot {
+        nodes: vec![NodeInfo {
+            name: "c".into(),
+            closed: Some("down".into()),
+        }],
+        jobs: vec![job("3", Phase::Held, meta(0.5, None))],
+    };
+    let p = plan(
+        NOW,
+        &closed,
+        &HashMap::new(),
+        &mut Monitor::default(),
+        &Params::default(),
+    );
+    assert_eq!(
+        waiting_why(&p, "3"),
+        "no node is open to placement (1 excluded: see their reasons)"
+    );
+}
+
+#[test]
+fn a_silent_node_keeps_its_cause_while_its_age_grows() {
+    let snap = Snapshot {
+        nodes: vec![open("quiet")],
+        jobs: vec![],
+    };
+    let r = reports(vec![doc("quiet", 1, 0.0, 32 * GIB)], 0);
+    let params = Params::default();
+    let later = |ms| plan(NOW + ms, &snap, &r, &mut Monitor::default(), &params).excluded;
+    let (a, b) = (later(61_000), later(95_000));
+    assert_ne!(a[0].why, b[0].why, "the age is in the words");
+    assert_eq!(a[0].cause, b[0].cause, "but not in the cause");
+    assert!(plan(NOW, &snap, &r, &mut Monitor::default(), &params)
+        .excluded
+        .is_empty());
 }

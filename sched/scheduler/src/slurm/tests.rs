@@ -49,6 +49,10 @@ fn only_jobs_with_a_valve_comment_are_ours_and_bad_ones_carry_their_error() {
 fn a_controller_that_is_down_is_an_error_not_an_empty_cluster() {
     let e = parse_squeue(&fixture("squeue-controller-down.json")).unwrap_err();
     assert!(e.is_unreachable(), "{e}");
+    assert!(
+        e.to_string().contains("`squeue --json` reported: Failed while looking for jobs, Unspecified error, errno -1, in slurm_load_jobs"),
+        "{e}"
+    );
     assert!(matches!(
         parse_squeue("{not json").unwrap_err(),
         SlurmError::Output { .. }
@@ -101,4 +105,37 @@ fn a_missing_slurm_binary_is_named() {
         "retried later, like a controller that is down: {e}"
     );
     assert!(e.to_string().contains("scripts/setup-debian.sh"), "{e}");
+}
+
+fn output(code: i32, stdout: &str, stderr: &str) -> std::process::Output {
+    use std::os::unix::process::ExitStatusExt;
+    std::process::Output {
+        status: std::process::ExitStatus::from_raw(code << 8),
+        stdout: stdout.as_bytes().to_vec(),
+        stderr: stderr.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn a_failed_command_is_described_by_its_status_and_what_it_said() {
+    // scontrol ping with slurmctld down: stdout only, under a banner.
+    let down = "Slurmctld(primary) at ctl1 is DOWN\n*****\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n*****\n";
+    assert_eq!(
+        detail(&output(1, down, "")),
+        "exit status 1: Slurmctld(primary) at ctl1 is DOWN"
+    );
+    assert_eq!(
+        detail(&output(
+            1,
+            "ignored",
+            "sbatch: error: Batch job submission failed\n"
+        )),
+        "exit status 1: sbatch: error: Batch job submission failed"
+    );
+    assert_eq!(
+        detail(&output(2, "", "\n")),
+        "exit status 2, nothing printed"
+    );
+    let long = "x".repeat(1000);
+    assert!(detail(&output(1, "", &long)).len() < 450);
 }

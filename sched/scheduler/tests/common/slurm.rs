@@ -37,6 +37,16 @@ impl SlurmCluster {
     /// random base port, and waits until every node is idle.
     /// Errs with "slurm is not installed: ..." when slurmctld is missing.
     pub fn start(nodes: usize, gpus: u32) -> Result<SlurmCluster, String> {
+        SlurmCluster::start_with(nodes, gpus, None)
+    }
+
+    /// [`SlurmCluster::start`], and with `harvest` a node agent per node replaying it
+    /// (`slurm-local.sh start --harvest`: DIR/agents lists them, jobs get the TaskProlog).
+    pub fn start_with(
+        nodes: usize,
+        gpus: u32,
+        harvest: Option<&Path>,
+    ) -> Result<SlurmCluster, String> {
         if !installed() {
             return Err("slurm is not installed: no slurmctld/slurmd/sinfo \
                         (run scripts/setup-debian.sh)"
@@ -44,26 +54,28 @@ impl SlurmCluster {
         }
         let mut last_err = String::new();
         for _ in 0..PORT_TRIES {
-            let base_port = free_base_port(nodes)?;
+            let ports = if harvest.is_some() { 2 * nodes } else { nodes };
+            let base_port = free_base_port(ports)?;
             let dir = tempfile::Builder::new()
                 .prefix("valve-slurm-")
                 .tempdir()
                 .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
             let cpus = (2 * gpus).max(4);
-            let out = run_script(&[
-                "start".as_ref(),
-                dir.path().as_os_str(),
-                "--nodes".as_ref(),
-                nodes.to_string().as_ref(),
-                "--gpus".as_ref(),
-                gpus.to_string().as_ref(),
-                "--cpus".as_ref(),
-                cpus.to_string().as_ref(),
-                "--base-port".as_ref(),
-                base_port.to_string().as_ref(),
-                "--timeout".as_ref(),
-                START_TIMEOUT_S.to_string().as_ref(),
-            ])?;
+            let numbers = [nodes.to_string(), gpus.to_string(), cpus.to_string()];
+            let ports_and_wait = [base_port.to_string(), START_TIMEOUT_S.to_string()];
+            let mut args: Vec<&std::ffi::OsStr> = vec!["start".as_ref(), dir.path().as_os_str()];
+            for (flag, value) in ["--nodes", "--gpus", "--cpus", "--base-port", "--timeout"]
+                .iter()
+                .zip(numbers.iter().chain(&ports_and_wait))
+            {
+                args.push(std::ffi::OsStr::new(flag));
+                args.push(std::ffi::OsStr::new(value));
+            }
+            if let Some(h) = harvest {
+                args.push(std::ffi::OsStr::new("--harvest"));
+                args.push(h.as_os_str());
+            }
+            let out = run_script(&args)?;
             if out.status.success() {
                 let conf = dir.path().join("slurm.conf");
                 return Ok(SlurmCluster {
@@ -89,7 +101,16 @@ impl SlurmCluster {
     /// Like [`SlurmCluster::start`], but returns `None` (after saying so on stderr) when Slurm is
     /// not installed and not [`required`](SlurmCluster::required); panics on any other failure.
     pub fn start_or_skip(nodes: usize, gpus: u32) -> Option<SlurmCluster> {
-        match SlurmCluster::start(nodes, gpus) {
+        SlurmCluster::start_with_or_skip(nodes, gpus, None)
+    }
+
+    /// [`SlurmCluster::start_with`], skipping as [`SlurmCluster::start_or_skip`] does.
+    pub fn start_with_or_skip(
+        nodes: usize,
+        gpus: u32,
+        harvest: Option<&Path>,
+    ) -> Option<SlurmCluster> {
+        match SlurmCluster::start_with(nodes, gpus, harvest) {
             Ok(cluster) => Some(cluster),
             Err(e) if e.starts_with("slurm is not installed") && !SlurmCluster::required() => {
                 eprintln!("skipped: {e}");
@@ -218,12 +239,14 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/slurm-local.sh")
 }
 
-/// Runs `bash scripts/slurm-local.sh ARGS` and returns its output.
-fn run_script(args: &[&std::ffi::OsStr]) -> Result<Output, String> {
+/// Runs `bash scripts/slurm-local.sh ARGS` and returns its output. Its agents (`--harvest`)
+/// run this build's valve-scheduler.
+pub fn run_script(args: &[&std::ffi::OsStr]) -> Result<Output, String> {
     let script = script();
     Command::new("bash")
         .arg(&script)
         .args(args)
+        .env("VALVE_SCHEDULER", env!("CARGO_BIN_EXE_valve-scheduler"))
         .output()
         .map_err(|e| format!("cannot run {}: {e}", script.display()))
 }
