@@ -25,4 +25,11 @@ for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/s
     bash "$t"
   fi
 done
+# The Debian packages: built, installed with dpkg, run from /usr/bin, purged (needs root).
+if [ "$(id -u)" -eq 0 ]; then
+  echo "== scripts/ci-package.sh"
+  bash scripts/ci-package.sh
+else
+  echo "== scripts/ci-package.sh skipped: it installs packages, which needs root"
+fi
 echo "== all tests passed"
