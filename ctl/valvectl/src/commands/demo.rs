@@ -110,7 +110,7 @@ pub fn exec(
     let summary = node.serve(client, within, || print(&rx))?;
     print(&rx)?;
     let summary = summary?;
-    drop(node);
+    node.close()?;
     if !g.json {
         writeln!(
             out,

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, VecDeque};
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -157,6 +157,38 @@ impl Node {
         client
             .join()
             .map_err(|_| CliError::Daemon(1, "demo: the viewer thread panicked".into()))
+    }
+
+    /// Ends the workloads and removes the temporary directory, and checks that both are gone.
+    pub fn close(self) -> Result<(), CliError> {
+        let Node {
+            online,
+            offline,
+            core,
+            listener,
+            dir,
+            ..
+        } = self;
+        drop((core, listener));
+        let pids = [online.pid(), offline.pid()];
+        drop((online, offline));
+        let path = dir.path().to_path_buf();
+        dir.close().map_err(|e| {
+            CliError::Io(std::io::Error::other(format!(
+                "removing the demo's directory {}: {e}",
+                path.display()
+            )))
+        })?;
+        match pids
+            .iter()
+            .find(|p| Path::new(&format!("/proc/{p}")).exists())
+        {
+            Some(p) => Err(CliError::Daemon(
+                1,
+                format!("demo: its stand-in process {p} is still there"),
+            )),
+            None => Ok(()),
+        }
     }
 }
 
