@@ -79,9 +79,12 @@ fn the_json_frames_show_offline_frozen_then_released_and_nothing_is_left() {
             assert_eq!(disabled, 0, "{f}");
         }
     }
+    // At least one freeze per request (a host stall longer than the cooldown inside a request
+    // costs another, as it would on a GPU), and every freeze released.
     let last = frames.last().unwrap();
-    assert_eq!(last["top"]["gate"]["preemptions"], 2, "{last}");
-    assert_eq!(last["top"]["gate"]["resumes"], 2, "{last}");
+    let freezes = last["top"]["gate"]["preemptions"].as_u64().unwrap();
+    assert!(freezes >= 2, "{last}");
+    assert_eq!(last["top"]["gate"]["resumes"], freezes, "{last}");
     // The stand-in processes and the temporary directory are gone.
     for role in ["online", "offline"] {
         let pid = process(last, role)["pid"].as_u64().unwrap();
@@ -92,6 +95,20 @@ fn the_json_frames_show_offline_frozen_then_released_and_nothing_is_left() {
     }
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}
+
+/// The numbers in the closing line: "froze the offline job N time(s) and released it M time(s)".
+fn counts(text: &str) -> (u64, u64) {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("demo: done."))
+        .unwrap_or_else(|| panic!("no closing line:\n{text}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(n.len(), 2, "{line}");
+    (n[0], n[1])
 }
 
 #[test]
@@ -105,20 +122,27 @@ fn the_text_frames_are_tops_and_end_with_what_happened() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!text.contains('\x1b'), "escape codes:\n{text}");
-    assert_eq!(text.matches("valvectl top: daemon on").count(), 3, "{text}");
+    // Three frames (start, frozen, released), each with the offline job's row as top prints it.
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("offline-job"))
+        .collect();
+    assert_eq!(rows.len(), 3, "{text}");
     assert!(
-        text.contains("offline-job      offline frozen (gate)"),
+        !rows[0].contains("frozen") && rows[0].contains("running"),
         "{text}"
     );
-    assert!(text.contains("gate: offline FROZEN"), "{text}");
+    assert!(rows[1].contains("frozen (gate)"), "{text}");
+    assert!(
+        !rows[2].contains("frozen") && rows[2].contains("running"),
+        "{text}"
+    );
     assert!(
         text.contains("(the fake driver has 4 of 6 channels disabled)"),
         "{text}"
     );
-    assert!(
-        text.contains("froze the offline job 1 time(s) and released it 1 time(s)"),
-        "{text}"
-    );
+    let (froze, released) = counts(&text);
+    assert!(froze >= 1 && released == froze, "{text}");
     assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none());
 }
 

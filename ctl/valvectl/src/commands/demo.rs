@@ -36,7 +36,9 @@ What runs: Valve's daemon (its registry, state file, control socket, metrics and
 the code `valvectl daemon` runs) on an in-memory GPU instead of the NVIDIA driver. Two
 processes stand for the workloads: `online-server`, whose requests launch GPU work, and
 `offline-job`. The daemon learns their GPU channels from the RM events the eBPF watcher would
-report, and the gate sees the server's launches as its uprobes would.
+report, and the gate sees the server's launches as its uprobes would. The gate runs with
+--cooldown-floor 25ms: the simulated server's iterations are a thread's sleeps, whose gaps
+stretch by milliseconds on a busy machine.
 
 What it shows: a frame of `valvectl top --once` when the gate starts, when a request freezes
 the offline job and when the gate releases it after the request. Nothing is installed or needs
@@ -68,6 +70,9 @@ pub struct DemoArgs {
 const STATE_WITHIN: Duration = Duration::from_secs(5);
 /// How often the viewer samples the daemon while it waits for a change.
 const POLL: Duration = Duration::from_millis(25);
+/// The gate's shortest cooldown (`--cooldown-floor`): the simulated iterations are sleeps of a
+/// host thread, whose gaps stretch by milliseconds on a busy machine; a GPU server's do not.
+const COOLDOWN_FLOOR: Duration = Duration::from_millis(25);
 /// Idle time of the online server before and between its requests.
 const IDLE: Duration = Duration::from_millis(400);
 
@@ -214,6 +219,7 @@ impl Viewer {
             offline: vec![self.offline],
             // Normal scheduling: the demo runs as any user.
             realtime_priority: Some(0),
+            cooldown_floor_us: Some(COOLDOWN_FLOOR.as_micros() as u64),
             ..GateSpec::default()
         };
         self.call(Request::GateStart(Box::new(spec)))?;
@@ -236,7 +242,7 @@ impl Viewer {
                 !s.gate.offline_frozen
             })?;
         }
-        self.call(Request::GateStop)?;
+        // The daemon's shutdown stops the gate, as a SIGTERM to `valvectl daemon` would.
         Ok(Summary {
             freezes: last.gate.preemptions,
             releases: last.gate.resumes,
