@@ -2,12 +2,13 @@
 # Installs what building and testing Valve needs on Debian 12 / Ubuntu 22.04+: the C toolchain and
 # clang for the BPF programs, libelf/zlib for libbpf, pkg-config, python3 for the benchmarks' self-tests,
 # and Slurm (22.05 on Debian 12: slurmctld, slurmd, clients, slurmrestd) for the scheduler's local test cluster
-# (scripts/slurm-local.sh). Installing Slurm pulls in munge; nothing is started without systemd.
+# (scripts/slurm-local.sh), and dpkg-dev for the Debian packages (scripts/package.sh). Installing
+# Slurm pulls in munge; nothing is started without systemd.
 # Rust itself (>= 1.85, with rustfmt and clippy) comes from rustup and is not installed here.
 set -euo pipefail
 
 packages=(build-essential clang llvm libelf-dev zlib1g-dev pkg-config linux-libc-dev ca-certificates xz-utils python3
-          slurmctld slurmd slurm-client slurmrestd)
+          slurmctld slurmd slurm-client slurmrestd dpkg-dev)
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then

@@ -27,4 +27,11 @@ for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/s
 done
 echo "== README figures (scripts/figures.py) match their reports"
 python3 -m unittest scripts/test_figures.py 2>&1 | tail -1 && python3 scripts/figures.py --check
+# The Debian packages: built, installed with dpkg, run from /usr/bin, purged (needs root).
+if [ "$(id -u)" -eq 0 ]; then
+  echo "== scripts/ci-package.sh"
+  bash scripts/ci-package.sh
+else
+  echo "== scripts/ci-package.sh skipped: it installs packages, which needs root"
+fi
 echo "== all tests passed"

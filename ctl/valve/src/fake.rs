@@ -1,5 +1,5 @@
-//! In-memory RM for tests only (this crate's, and others' through the `fake` feature): GPUs with
-//! chosen ids/instances/minors, other processes' channels, and RM's status answers.
+//! In-memory RM for tests (this crate's, and others' through the `fake` feature) and for
+//! `valvectl demo`: GPUs with chosen ids/instances/minors, other processes' channels, RM's answers.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};

@@ -10,7 +10,7 @@
 //! Besides that: the state file of what was disabled ([`state`]), latency summaries ([`stats`])
 //! and the signalfd that ends a hold ([`signals`]). No CLI, socket or BPF code lives here: the
 //! daemon is `valve-daemon`, the command line `valvectl`. With the `fake` feature, `fake` is an
-//! in-memory RM for other crates' tests.
+//! in-memory RM for other crates' tests and `valvectl demo`.
 
 pub mod controller;
 pub mod driver;

@@ -14,6 +14,7 @@ use valve_daemon::protocol::DEFAULT_SOCKET;
 use crate::args::Globals;
 use crate::commands::bench::{self, BenchArgs};
 use crate::commands::daemon::{self, DaemonArgs};
+use crate::commands::demo::{self, DemoArgs};
 use crate::commands::doctor::{self, DoctorArgs};
 use crate::commands::driver::{self, DriverArgs};
 use crate::commands::gate::{self, GateArgs};
@@ -130,6 +131,11 @@ pub enum Command {
     /// freezes and releases per second, the disable call's time, harvested and frozen offline
     /// time, pool handles per process and reclaims. `--once` prints one frame for scripts.
     Top(TopArgs),
+    /// Watch the gate freeze and release an offline job on an in-memory GPU (no GPU needed).
+    ///
+    /// Runs the daemon's own code over a simulated GPU with a simulated online server and
+    /// offline job, and prints what `valvectl top --once` shows as they run; ends by itself.
+    Demo(DemoArgs),
 }
 
 impl Cli {
@@ -195,6 +201,7 @@ fn dispatch(cli: &Cli, signals: &Signals) -> Result<(), CliError> {
         Command::Pool(a) => pool::exec(a, g, out),
         Command::Profile(a) => profile::exec(a, g, out),
         Command::Top(a) => top::exec(a, g, out, signals),
+        Command::Demo(a) => demo::exec(a, g, out, signals),
         Command::Preempt(a) if a.targets.pid.is_some() => preempt::exec_pid(a, g, out, signals),
         Command::Resume(a) if a.targets.pid.is_some() || a.all => resume::exec_daemon(a, g, out),
         Command::Gpus(_) | Command::Preempt(_) | Command::Resume(_) | Command::Bench(_) => {
@@ -227,6 +234,7 @@ pub fn execute<D: RmDriver>(
         | Command::Pool(_)
         | Command::Profile(_)
         | Command::Top(_)
+        | Command::Demo(_)
         | Command::TestLoad(_) => Err(CliError::Usage(
             "this command does not run against a controller".into(),
         )),

@@ -1,2 +1,3 @@
-//! Nothing to link: this crate's tests (`tests/manifests.rs`) check `deploy/` — the Kubernetes
-//! manifests, the ConfigMap's daemon config and the Grafana dashboard — in `cargo test`.
+//! Nothing to link: this crate's tests check `deploy/` in `cargo test`: `tests/manifests.rs` the
+//! Kubernetes manifests, their daemon config and the Grafana dashboard; `tests/package.rs` the
+//! Debian package's config, unit and maintainer scripts, and the image built from the package.

@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod daemon;
+pub mod demo;
 pub mod doctor;
 pub mod driver;
 pub mod gate;
