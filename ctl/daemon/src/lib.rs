@@ -46,6 +46,7 @@ pub mod harvest;
 pub mod journal;
 pub mod memory;
 pub mod metrics;
+pub mod mps;
 pub mod procfs;
 pub mod protocol;
 pub mod run;
