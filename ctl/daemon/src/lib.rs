@@ -56,5 +56,5 @@ pub mod workload;
 pub use crate::core::DaemonCore;
 pub use error::DaemonError;
 pub use gate::GATE_EDGE_GAP;
-pub use protocol::{EXIT_BPF, EXIT_NO_DAEMON, EXIT_PROCESS, EXIT_RM};
+pub use protocol::{EXIT_BPF, EXIT_MPS, EXIT_NO_DAEMON, EXIT_PROCESS, EXIT_RM};
 pub use run::{run, run_with_pool, DaemonConfig, PoolSettings};

@@ -96,13 +96,57 @@ impl MpsRole {
 /// The error text for refusing to freeze `pid`, which plays `role` in MPS.
 pub fn refusal(pid: u32, comm: &str, role: &MpsRole) -> String {
     format!(
-        "not freezing process {pid} ({comm}): it is {}. Under MPS its kernels run in the MPS \
+        "process {pid} ({comm}) cannot be frozen: it is {}. Under MPS its kernels run in the MPS \
          server's channel group, which Valve cannot freeze per client, so a freeze would be \
          reported while the work goes on. Run the job without MPS (stop MPS with `echo quit | \
          nvidia-cuda-mps-control`, or start the job with {PIPE_DIR_VAR} pointing to a \
          directory with no MPS daemon); see docs/mps.md",
         role.describe()
     )
+}
+
+/// Where the daemon looks for MPS: a `/proc` tree and a source of the Unix-socket table (both
+/// replaced in tests).
+#[derive(Clone, Debug)]
+pub struct MpsLookup {
+    /// The `/proc` tree.
+    pub proc_root: PathBuf,
+    /// Reads the socket table; `None` when it cannot be read (the pipe directory still counts).
+    pub peers: fn() -> Option<PeerTable>,
+}
+
+impl Default for MpsLookup {
+    fn default() -> Self {
+        MpsLookup {
+            proc_root: PathBuf::from("/proc"),
+            peers: kernel_peers,
+        }
+    }
+}
+
+/// [`PeerTable::read`], logging why when it fails.
+fn kernel_peers() -> Option<PeerTable> {
+    PeerTable::read()
+        .map_err(|e| tracing::warn!("MPS clients are found by their pipe directory only: {e}"))
+        .ok()
+}
+
+impl MpsLookup {
+    /// The MPS role of each of `pids` that has one, with MPS servers looked for among
+    /// `candidates` (the processes known to hold GPU objects). Reads the socket table at most
+    /// once, and only if an MPS daemon runs.
+    pub fn roles(
+        &self,
+        candidates: impl IntoIterator<Item = u32>,
+        pids: impl IntoIterator<Item = u32>,
+    ) -> BTreeMap<u32, MpsRole> {
+        let scan = MpsScan::find(&self.proc_root, candidates);
+        let mut table: Option<Option<PeerTable>> = None;
+        let mut peers = || table.get_or_insert_with(self.peers).clone();
+        pids.into_iter()
+            .filter_map(|p| scan.role(p, &mut peers).map(|r| (p, r)))
+            .collect()
+    }
 }
 
 /// The MPS daemons found in a `/proc` tree, and the questions asked of them.
