@@ -22,6 +22,12 @@ valvectl=${VALVECTL:-}
 done
 [ -x "${valvectl:-}" ] || { echo "no valvectl: build it (cargo build --release -p valvectl) or set VALVECTL" >&2; exit 2; }
 python=${PYTHON:-python3}
+# Optional: valve-rmquery (cargo build --release -p valve-hwtests --bin valve-rmquery) records what
+# RM tells a third process about the channel groups and the resident channel.
+rmquery=${RMQUERY:-}
+[ -n "$rmquery" ] || for c in "$repo/.carry/valve-rmquery" "$repo/target/release/valve-rmquery"; do
+  [ -x "$c" ] && rmquery=$c && break
+done
 gpu=${GPU:-0}
 out=${1:-${OUT:-/tmp}/mps-probe}
 [ "$(id -u)" = 0 ] || { echo "run as root (the daemon loads BPF)" >&2; exit 2; }
@@ -110,6 +116,25 @@ sys.exit(0 if ps.get(a, {}).get("mps") == "client" and ps.get(b, {}).get("mps") 
 EOF
 check "ps marks both clients and the server" "$r"
 
+if [ -n "$rmquery" ]; then
+  # The groups of A and of the server, as RM lists them (channels, VEIDs, VA spaces), and the
+  # pids RM says hold an MPS server object.
+  groups=$("$python" - "$work/ps.json" "$pid_a" <<'EOF'
+import json, sys
+a = int(sys.argv[2])
+for p in json.load(open(sys.argv[1]))["processes"]:
+    if p["pid"] == a or p.get("mps") == "server":
+        for g in p.get("gpus", []):
+            for t in g["tsgs"]:
+                print(f'{g["client"]}:{t["handle"]}')
+EOF
+)
+  # shellcheck disable=SC2086
+  "$rmquery" --gpu "$gpu" group $groups >"$work/rm_groups.json" 2>&1 || true
+  "$rmquery" --gpu "$gpu" mps-pids >"$work/rm_mps_pids.json" 2>&1 || true
+  "$rmquery" --gpu "$gpu" resident --samples 1000 --interval-us 1000 >"$work/resident_free.json" 2>&1 || true
+fi
+
 t0=$(date +%s.%N)
 vc preempt --pid "$pid_a" --for 3s >"$work/preempt.log" 2>&1 && r=0 || r=$?
 echo "preempt --pid A: exit $r ($(head -c 300 "$work/preempt.log"))"
@@ -165,9 +190,16 @@ hold() { # name, targets file: a raw 3 s disable, then iterations of A and B ins
   local name=$1 file=$2 t1 t2 r
   if [ ! -s "$file" ]; then echo "$name: no targets"; return; fi
   t1=$(date +%s.%N)
+  local q=""
+  if [ -n "$rmquery" ]; then
+    # Which channel is resident on the compute engine while the hold lasts.
+    "$rmquery" --gpu "$gpu" resident --samples 2500 --interval-us 1000 >"$work/resident_$name.json" 2>&1 &
+    q=$!
+  fi
   # shellcheck disable=SC2046
   "$valvectl" preempt $(cat "$file") --for 3s >"$work/hold_$name.log" 2>&1 && r=0 || r=$?
   t2=$(date +%s.%N)
+  [ -z "$q" ] || wait "$q" || true
   "$python" - "$work" "$name" "$t1" "$t2" "$r" <<'EOF'
 import json, sys
 work, name, t1, t2, rc = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
