@@ -105,6 +105,8 @@ pub struct DaemonCore<D: RmDriver> {
     mps: crate::mps::MpsLookup,
     /// Whether the gate leaves a pid out as an MPS client or server, looked up once per process.
     mps_cache: RefCell<BTreeMap<u32, bool>>,
+    /// `events` when a scan last found no MPS server (see `mps_guard`).
+    mps_none_at: std::cell::Cell<Option<u64>>,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -189,6 +191,7 @@ impl<D: RmDriver> DaemonCore<D> {
             harvest_view_at: None,
             mps: crate::mps::MpsLookup::default(),
             mps_cache: RefCell::new(BTreeMap::new()),
+            mps_none_at: std::cell::Cell::new(None),
         })
     }
 

@@ -140,7 +140,20 @@ impl MpsLookup {
         candidates: impl IntoIterator<Item = u32>,
         pids: impl IntoIterator<Item = u32>,
     ) -> BTreeMap<u32, MpsRole> {
-        let scan = MpsScan::find(&self.proc_root, candidates);
+        self.roles_in(&self.scan(candidates), pids)
+    }
+
+    /// The MPS daemons among `candidates` (and their control daemons).
+    pub fn scan(&self, candidates: impl IntoIterator<Item = u32>) -> MpsScan {
+        MpsScan::find(&self.proc_root, candidates)
+    }
+
+    /// [`Self::roles`] against a scan already made.
+    pub fn roles_in(
+        &self,
+        scan: &MpsScan,
+        pids: impl IntoIterator<Item = u32>,
+    ) -> BTreeMap<u32, MpsRole> {
         let mut table: Option<Option<PeerTable>> = None;
         let mut peers = || table.get_or_insert_with(self.peers).clone();
         pids.into_iter()

@@ -25,12 +25,25 @@ impl<D: RmDriver> DaemonCore<D> {
     pub fn set_mps_lookup(&mut self, lookup: MpsLookup) {
         self.mps = lookup;
         self.mps_cache.get_mut().clear();
+        self.mps_none_at.set(None);
     }
 
-    /// The MPS role of each of `pids` that has one, looked up now.
+    /// The MPS role of each of `pids` that has one, looked up now. When the last scan found no
+    /// MPS server and no RM event has come since, none can have started (a server allocates RM
+    /// objects before any client can use it), and `/proc` is not read again.
     pub(super) fn mps_roles(&self, pids: impl IntoIterator<Item = u32>) -> BTreeMap<u32, MpsRole> {
-        self.mps
-            .roles(candidates(&self.registry, &self.pre_existing), pids)
+        if self.mps_none_at.get() == Some(self.events) {
+            return BTreeMap::new();
+        }
+        let scan = self
+            .mps
+            .scan(candidates(&self.registry, &self.pre_existing));
+        if scan.daemons().is_empty() {
+            self.mps_none_at.set(Some(self.events));
+            return BTreeMap::new();
+        }
+        self.mps_none_at.set(None);
+        self.mps.roles_in(&scan, pids)
     }
 
     /// The refusal for freezing `pid` if it is an MPS client or server (looked up now, so a

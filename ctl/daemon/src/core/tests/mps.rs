@@ -143,3 +143,22 @@ fn gate_start_refuses_an_mps_offline_process_and_the_gate_leaves_one_out() {
     );
     assert!(c.handle(Request::GateStop).error.is_none());
 }
+
+#[test]
+fn a_server_that_starts_after_a_scan_is_found_once_its_rm_objects_arrive() {
+    let rm = Arc::new(FakeRm::host(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, me) = gated_core(&rm, dir.path(), false);
+    c.set_mps_lookup(mps_node(dir.path(), me, PID_B, true));
+    // The server's process exists in /proc but the daemon has not seen its RM objects yet: it
+    // is no candidate, nothing is refused, and that answer is kept until the next RM event.
+    assert!(preempt(&mut c, me).error.is_none());
+    assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+    for e in cuda_process(&rm, SERVER, 0xc1d0_0030, &[0], 4) {
+        c.on_event(&e);
+    }
+    let e = preempt(&mut c, me)
+        .error
+        .expect("refused once the server is known");
+    assert_eq!(e.code, EXIT_MPS, "{}", e.message);
+}
