@@ -8,6 +8,7 @@
 #define VALVE_ESC_RM_FREE 0x29
 #define VALVE_ESC_RM_CONTROL 0x2A
 #define VALVE_ESC_RM_ALLOC 0x2B
+#define VALVE_ESC_RM_DUP_OBJECT 0x34
 
 struct nvos00 { uint32_t h_root, h_parent, h_object, status; };                       /* RM_FREE */
 struct nvos21 { uint32_t h_root, h_parent, h_new, h_class; uint64_t p_params; uint32_t params_size, status; };
@@ -21,7 +22,9 @@ struct nvos54 {                                                                 
   uint64_t p_params;
   uint32_t params_size, status;
 };
+struct nvos55 { uint32_t h_client, h_parent, h_object, h_client_src, h_object_src, flags, status; }; /* DUP_OBJECT */
 _Static_assert(sizeof(struct nvos00) == 16, "NVOS00");
+_Static_assert(sizeof(struct nvos55) == 28, "NVOS55");
 _Static_assert(sizeof(struct nvos21) == 32, "NVOS21");
 _Static_assert(sizeof(struct nvos64) == 48, "NVOS64");
 _Static_assert(sizeof(struct nvos54) == 32 && offsetof(struct nvos54, p_params) == 16, "NVOS54");

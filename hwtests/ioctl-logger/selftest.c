@@ -18,6 +18,7 @@ static void expect(const char *what, const char *got, const char *want) {
 struct nvos64 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params, p_rights; unsigned size, flags, status, pad; };
 struct nvos21 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params; unsigned size, status; };
 struct nvos00 { unsigned h_root, h_parent, h_object, status; };
+struct nvos55 { unsigned h_client, h_parent, h_object, h_client_src, h_object_src, flags, status; };
 
 int main(void) {
   char buf[128];
@@ -42,6 +43,11 @@ int main(void) {
   struct nvos00 fr = {0xc1d00001, 0, 0xc1d00001, 0};
   buf[valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x29, struct nvos00), &fr, &fr)] = 0;
   expect("free", buf, "free 7 c1d00001 0 c1d00001\n");
+  struct nvos55 dup = {0xc1d00003, 0x5c000002, 0x5c000300, 0xc1d00009, 0x5c000042, 0, 0};
+  buf[valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x34, struct nvos55), &dup, &dup)] = 0;
+  expect("dup of another client's object", buf, "dup 7 c1d00003 5c000002 5c000300 c1d00009 5c000042\n");
+  dup.status = 0x1b;
+  expect("failed dup is not logged", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x34, struct nvos55), &dup, &dup) ? "logged" : "", "");
   expect("control is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2A, struct nvos21), &root, &root) ? "logged" : "", "");
   expect("other ioctl type is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('T', 0x2B, struct nvos64), &dev, &dev) ? "logged" : "", "");
   expect("odd size is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2B, int), &dev, &dev) ? "logged" : "", "");

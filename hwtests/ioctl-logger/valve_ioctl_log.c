@@ -1,5 +1,6 @@
 /* LD_PRELOAD logger of NVIDIA RM object creation: interposes ioctl(2) and appends one line per
- * successful RM_ALLOC / RM_FREE to $VALVE_IOCTL_LOG. A stand-in for eBPF discovery in hwtests. */
+ * successful RM_ALLOC / RM_FREE / RM_DUP_OBJECT to $VALVE_IOCTL_LOG. A stand-in for eBPF
+ * discovery in hwtests, and the way to see objects a process duplicates from another client. */
 #define _GNU_SOURCE
 #include "valve_ioctl_log.h"
 
@@ -18,6 +19,7 @@
 
 #define ESC_RM_FREE VALVE_ESC_RM_FREE
 #define ESC_RM_ALLOC VALVE_ESC_RM_ALLOC
+#define ESC_RM_DUP VALVE_ESC_RM_DUP_OBJECT
 #define CLASS_DEVICE 0x80u
 #define CLASS_SUBDEVICE 0x2080u
 
@@ -55,6 +57,13 @@ size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long reques
     int n = snprintf(buf, cap, "free %x %x %x %x\n", (unsigned)pid, f->h_root, f->h_parent, f->h_object);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
   }
+  if (nr == ESC_RM_DUP && size == sizeof(struct nvos55)) {
+    const struct nvos55 *d = arg;
+    if (d->status != 0) return 0;
+    int n = snprintf(buf, cap, "dup %x %x %x %x %x %x\n", (unsigned)pid, d->h_client, d->h_parent,
+                     d->h_object, d->h_client_src, d->h_object_src);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+  }
   return 0;
 }
 
@@ -83,7 +92,8 @@ int ioctl(int fd, unsigned long request, ...) {
   /* Snapshot RM alloc/free arguments before the call: the params pointer does not come back. */
   unsigned char before[VALVE_RM_ARG_MAX];
   int watched = log_fd >= 0 && arg != NULL && _IOC_TYPE(request) == 'F' &&
-                (_IOC_NR(request) == ESC_RM_ALLOC || _IOC_NR(request) == ESC_RM_FREE) &&
+                (_IOC_NR(request) == ESC_RM_ALLOC || _IOC_NR(request) == ESC_RM_FREE ||
+                 _IOC_NR(request) == ESC_RM_DUP) &&
                 _IOC_SIZE(request) <= sizeof before;
   if (watched) memcpy(before, arg, _IOC_SIZE(request));
   int ret = real_ioctl(fd, request, arg);

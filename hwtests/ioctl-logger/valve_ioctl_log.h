@@ -6,11 +6,13 @@
 #include <stdint.h>
 
 /* Formats the log line for a successful ioctl (the call returned 0) into buf, or returns 0 when
- * the call is not an RM alloc/free or RM reported a failure in the struct's status field.
+ * the call is not an RM alloc/free/dup or RM reported a failure in the struct's status field.
  * `before` is a copy of the argument struct taken before the call (the driver does not hand the
  * params pointer back), `after` the struct as the driver left it (status, kernel-chosen handles).
  * Lines: "alloc <pid> <hRoot> <hParent> <hNew> <hClass> <extra|->\n" and
- *        "free <pid> <hRoot> <hParent> <hObject>\n", all numbers lowercase hex without 0x. */
+ *        "free <pid> <hRoot> <hParent> <hObject>\n",
+ *        "dup <pid> <hClient> <hParent> <hObject> <hClientSrc> <hObjectSrc>\n" (RM_DUP_OBJECT),
+ * all numbers lowercase hex without 0x. */
 size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *before,
                             const void *after);
 

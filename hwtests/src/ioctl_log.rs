@@ -131,7 +131,8 @@ fn live_objects(text: &str, pid: u32) -> Result<Clients> {
                     }
                 }
             }
-            Some(&"alloc") | Some(&"free") => {}
+            // Another process's lines, and duplicated objects (not part of the tree built here).
+            Some(&"alloc") | Some(&"free") | Some(&"dup") => {}
             _ if line.trim().is_empty() => {}
             _ => bail!("line {}: not a logger line: {line}", n + 1),
         }
@@ -249,5 +250,10 @@ mod tests {
         let err = parse(&log, 7).unwrap_err().to_string();
         assert!(err.contains("no live GPU channels"), "{err}");
         assert!(parse("garbage line\n", 7).is_err());
+        let with_dup = cuda_like_log(7) + "dup 7 c1d00002 5c000002 5c000300 c1d00009 5c000042\n";
+        assert_eq!(
+            parse(&with_dup, 7).unwrap().gpus[0].all_channels().len(),
+            20
+        );
     }
 }

@@ -30,6 +30,7 @@ use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
 use crate::workload::Workload;
 
 mod gate_start;
+mod mps_guard;
 mod recorded;
 use gate_start::PendingGate;
 use recorded::RecordedState;
@@ -100,6 +101,12 @@ pub struct DaemonCore<D: RmDriver> {
     /// profile comes from there.
     harvest: Option<Arc<HarvestShared>>,
     harvest_view_at: Option<Instant>,
+    /// Where CUDA MPS is looked for; MPS clients and servers are never frozen.
+    mps: crate::mps::MpsLookup,
+    /// Whether the gate leaves a pid out as an MPS client or server, looked up once per process.
+    mps_cache: RefCell<BTreeMap<u32, bool>>,
+    /// `events` when a scan last found no MPS server (see `mps_guard`).
+    mps_none_at: std::cell::Cell<Option<u64>>,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -182,6 +189,9 @@ impl<D: RmDriver> DaemonCore<D> {
             gate_defaults: GateSpec::default(),
             harvest: None,
             harvest_view_at: None,
+            mps: crate::mps::MpsLookup::default(),
+            mps_cache: RefCell::new(BTreeMap::new()),
+            mps_none_at: std::cell::Cell::new(None),
         })
     }
 
@@ -258,6 +268,7 @@ impl<D: RmDriver> DaemonCore<D> {
         if ev.kind == RmEventKind::Exit {
             self.pre_existing.remove(&ev.pid);
             self.permit_cache.get_mut().remove(&ev.pid);
+            self.mps_cache.get_mut().remove(&ev.pid);
             // Its channels are gone with it: nothing left to re-enable.
             if self.preempted.remove(&ev.pid).is_some() {
                 if let Err(e) = self.save() {
@@ -353,6 +364,9 @@ impl<D: RmDriver> DaemonCore<D> {
 
     fn ps(&self) -> Reply {
         let gpus = self.ctl.gpus();
+        let listed = self.registry.processes().into_iter();
+        let mps = self.mps_roles(listed.chain(self.pre_existing.iter().copied()));
+        let mps_of = |pid: u32| mps.get(&pid).map(|r| r.name());
         let mut procs = Vec::new();
         for pid in self.registry.processes() {
             let views: Vec<_> = self
@@ -384,6 +398,7 @@ impl<D: RmDriver> DaemonCore<D> {
             procs.push(json!({
                 "pid": pid, "comm": comm(pid), "discoverable": true,
                 "preempted": self.preempted.contains_key(&pid), "gpus": views,
+                "mps": mps_of(pid),
             }));
         }
         for &pid in &self.pre_existing {
@@ -391,6 +406,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 procs.push(json!({
                     "pid": pid, "comm": comm(pid), "discoverable": false,
                     "note": "not discoverable: started before the daemon",
+                    "mps": mps_of(pid),
                 }));
             }
         }
@@ -430,6 +446,9 @@ impl<D: RmDriver> DaemonCore<D> {
         let who = Workload::of(pid);
         if let Err(why) = self.offline_policy.permits(&who) {
             return Reply::err(4, format!("not preempting process {pid}: {why}"));
+        }
+        if let Some(refused) = self.mps_refusal(pid) {
+            return refused;
         }
         let (records, plan) = match self.preempt_plan(pid, gpu) {
             Ok(found) => found,
@@ -819,7 +838,17 @@ impl<D: RmDriver> DaemonCore<D> {
                     .entry(p)
                     .or_insert_with(|| policy.permits(&Workload::of(p)).is_ok())
         };
-        let left_alone = |p: u32| preempted.contains_key(&p) || denied(p);
+        let (mps, mps_cache, registry, pre) = (
+            &self.mps,
+            &self.mps_cache,
+            &self.registry,
+            &self.pre_existing,
+        );
+        let left_alone = |p: u32| {
+            preempted.contains_key(&p)
+                || denied(p)
+                || mps_guard::gate_leaves_out(mps, mps_cache, registry, pre, p)
+        };
         let Some(update) = g.refresh(now, rescan, &self.registry, left_alone) else {
             return;
         };

@@ -18,6 +18,8 @@ pub const EXIT_NO_DAEMON: i32 = 7;
 pub const EXIT_PROCESS: i32 = 8;
 /// Exit code: BPF or the ioctl tracepoints are unavailable.
 pub const EXIT_BPF: i32 = 9;
+/// Exit code: the process is a CUDA MPS client or server, whose work Valve cannot freeze.
+pub const EXIT_MPS: i32 = 10;
 /// Exit code: RM refused (as in the CLI).
 pub const EXIT_RM: i32 = 5;
 

@@ -138,6 +138,8 @@ fn freeze_on_arrival_and_release(busy_poll: bool) {
     assert!(wait_until(|| gate.status().resumes == 1), "resume counted");
     let st = gate.status();
     assert_eq!((st.arrivals, st.preemptions, st.resumes), (1, 1, 1));
+    // Counted for the daemon, which looks an unknown listener up on it.
+    assert_eq!(gate.shared().arrivals_taken(), 1);
     assert_eq!(st.arrival_to_disable_us.n, 1);
     let kinds: Vec<TraceKind> = gate.trace(0, 100).iter().map(|r| r.kind).collect();
     assert_eq!(

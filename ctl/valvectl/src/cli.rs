@@ -41,6 +41,7 @@ Exit codes:
   7    the Valve daemon is not running (for ps, status, --pid, resume --all, gate, profile)
   8    no such process, process has no GPU channels, or it started before the daemon
   9    BPF, the ioctl tracepoints or uprobes on libcuda are unavailable (daemon, gate start)
+  10   the process is a CUDA MPS client or server: Valve cannot freeze its work (preempt, gate start)
   130  `bench` interrupted (channels were resumed)
 
 Handles are hexadecimal, with or without 0x (as RM prints them: c1d00042, 0x5c000020).

@@ -99,7 +99,14 @@ fn device_files() -> Vec<(String, u32)> {
 /// Runs every check. `test_load` is the command that starts the CUDA test load (normally
 /// `valvectl test-load`).
 pub fn run(test_load: &std::path::Path) -> Vec<Finding> {
-    let mut out = vec![driver_check(), gsp_check(), device_files_check()];
+    let mut out = vec![
+        driver_check(),
+        gsp_check(),
+        device_files_check(),
+        mps_check(&valve_daemon::mps::MpsScan::all(std::path::Path::new(
+            "/proc",
+        ))),
+    ];
     let root = nix::unistd::geteuid().is_root();
     out.push(finding("root", if root { Status::Ok } else { Status::Warn }, if root { "running as root".to_string() } else { "not root: the daemon and the BPF/test-load checks below need root (sudo valvectl doctor)".to_string() }));
     let ctl = match Controller::open() {
@@ -141,6 +148,37 @@ pub fn run(test_load: &std::path::Path) -> Vec<Finding> {
         Err(e) => out.push(finding("channel control", Status::Fail, e)),
     }
     out
+}
+
+/// Whether CUDA MPS runs on this node, and what that means for Valve.
+pub fn mps_check(scan: &valve_daemon::mps::MpsScan) -> Finding {
+    let daemons = scan.daemons();
+    if daemons.is_empty() {
+        return finding(
+            "cuda mps",
+            Status::Ok,
+            "no CUDA MPS server or control daemon runs",
+        );
+    }
+    let list: Vec<String> = daemons
+        .iter()
+        .map(|d| {
+            let what = if d.server { "server" } else { "control daemon" };
+            format!("{what} pid {} (pipe dir {})", d.pid, d.pipe_dir.display())
+        })
+        .collect();
+    finding(
+        "cuda mps",
+        Status::Warn,
+        format!(
+            "CUDA MPS runs: {}. Valve cannot freeze MPS clients (their kernels run in the \
+             server's channel group), so preempt and gate start refuse MPS clients and servers \
+             (exit code {}) and ps marks them; run offline jobs outside MPS to harvest them \
+             (docs/mps.md)",
+            list.join(", "),
+            valve_daemon::EXIT_MPS
+        ),
+    )
 }
 
 /// The loaded driver: open kernel module or not.
@@ -414,6 +452,27 @@ pub fn test_load() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_mps_server_is_reported_with_what_it_means() {
+        let t = tempfile::tempdir().unwrap();
+        let none = mps_check(&valve_daemon::mps::MpsScan::all(t.path()));
+        assert_eq!(none.status, Status::Ok, "{}", none.detail);
+        let dir = t.path().join("77");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comm"), "nvidia-cuda-mps\n").unwrap();
+        std::fs::write(dir.join("cmdline"), "nvidia-cuda-mps-server\0").unwrap();
+        std::fs::write(dir.join("environ"), "CUDA_MPS_PIPE_DIRECTORY=/run/mps\0").unwrap();
+        let f = mps_check(&valve_daemon::mps::MpsScan::all(t.path()));
+        assert_eq!(f.status, Status::Warn);
+        for part in [
+            "server pid 77 (pipe dir /run/mps)",
+            "refuse",
+            "exit code 10",
+        ] {
+            assert!(f.detail.contains(part), "{part:?} missing: {}", f.detail);
+        }
+    }
 
     #[test]
     fn gsp_line_parsing() {

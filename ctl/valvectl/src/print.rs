@@ -26,6 +26,15 @@ pub fn batch(out: &mut dyn Write, what: &str, rep: &BatchReport) -> std::io::Res
     )
 }
 
+/// The STATE of a CUDA MPS client or server in `ps`: it runs, and cannot be frozen.
+fn mps_mark(p: &serde_json::Value) -> Option<&'static str> {
+    match p["mps"].as_str()? {
+        "server" => Some("running, MPS server (cannot be frozen)"),
+        "client" => Some("running, MPS client (cannot be frozen)"),
+        _ => None,
+    }
+}
+
 /// The `valvectl ps` table of the daemon's `ps` reply.
 pub fn processes(out: &mut dyn Write, data: &serde_json::Value) -> std::io::Result<()> {
     writeln!(
@@ -46,14 +55,17 @@ pub fn processes(out: &mut dyn Write, data: &serde_json::Value) -> std::io::Resu
                 "-",
                 "-",
                 "-",
-                p["note"].as_str().unwrap_or("")
+                match mps_mark(p) {
+                    Some(mark) => mark,
+                    None => p["note"].as_str().unwrap_or(""),
+                }
             )?;
             continue;
         }
-        let state = if p["preempted"] == true {
-            "PREEMPTED"
-        } else {
-            "running"
+        let state = match (p["preempted"] == true, mps_mark(p)) {
+            (true, _) => "PREEMPTED",
+            (false, Some(mark)) => mark,
+            (false, None) => "running",
         };
         for g in p["gpus"].as_array().into_iter().flatten() {
             let gpu = g["gpu"]
@@ -284,6 +296,38 @@ pub fn trace_line(r: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ps_marks_mps_clients_and_servers_as_not_freezable() {
+        let gpu =
+            serde_json::json!([{"gpu": 0, "client": "0xc1d00010", "tsgs": [], "channels": 13}]);
+        let v = serde_json::json!({"processes": [
+            {"pid": 10, "comm": "train", "discoverable": true, "preempted": false,
+             "gpus": gpu, "mps": "client"},
+            {"pid": 11, "comm": "plain", "discoverable": true, "preempted": false,
+             "gpus": gpu, "mps": null},
+            {"pid": 12, "comm": "nvidia-cuda-mps", "discoverable": false,
+             "note": "not discoverable: started before the daemon", "mps": "server"},
+        ]});
+        let mut out = Vec::new();
+        processes(&mut out, &v).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let line = |pid: &str| {
+            text.lines()
+                .find(|l| l.starts_with(pid))
+                .unwrap()
+                .to_string()
+        };
+        assert!(
+            line("10").ends_with("running, MPS client (cannot be frozen)"),
+            "{text}"
+        );
+        assert!(line("11").ends_with(" running"), "{text}");
+        assert!(
+            line("12").ends_with("running, MPS server (cannot be frozen)"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn trace_lines_name_each_event() {

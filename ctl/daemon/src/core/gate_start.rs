@@ -91,6 +91,9 @@ impl<D: RmDriver> DaemonCore<D> {
                 .then(|| self.no_channels_reason(pid))
         };
         let cfg = ActiveGate::check(&spec, not_discoverable)?;
+        if let Some(refused) = spec.offline.iter().find_map(|&p| self.mps_refusal(p)) {
+            return Err(refused);
+        }
         let Some(starter) = self.gate_starter.clone() else {
             return Err(Reply::err(1, "this daemon cannot run a gate"));
         };

@@ -987,3 +987,5 @@ fn without_discovery_status_says_so_and_a_preempt_by_pid_names_the_switch() {
 }
 
 mod gate_start;
+mod mps;
+mod online_restart;

@@ -58,8 +58,10 @@ pub struct ActiveGate {
     online: BTreeSet<u32>,
     labels: BTreeMap<u32, Option<String>>,
     labels_scanned: Option<Instant>,
-    /// Processes listening on the `--online-port`s (looked up with the labels).
-    port_owners: BTreeSet<u32>,
+    /// Processes listening on the `--online-port`s (looked up with the labels), by port.
+    port_owners: BTreeMap<u16, BTreeSet<u32>>,
+    /// The gate thread's arrival count at the last refresh.
+    arrivals_seen: u64,
     /// The ports whose arrivals the gate thread watches.
     ports: BTreeSet<WatchedPort>,
     ports_scanned: Option<Instant>,
@@ -230,7 +232,8 @@ impl ActiveGate {
             online: BTreeSet::new(),
             labels: BTreeMap::new(),
             labels_scanned: None,
-            port_owners: BTreeSet::new(),
+            port_owners: BTreeMap::new(),
+            arrivals_seen: 0,
             ports: BTreeSet::new(),
             ports_scanned: None,
         };
@@ -367,6 +370,7 @@ impl ActiveGate {
         registry: &Registry,
         by_hand: impl Fn(u32) -> bool,
     ) -> Option<OfflineUpdate> {
+        let rescan = self.owner_lookup(rescan);
         self.rescan_labels(now, rescan);
         let online: BTreeSet<u32> = self
             .spec
@@ -375,7 +379,13 @@ impl ActiveGate {
             .copied()
             .filter(|&p| alive(p))
             .chain(self.labelled(&self.spec.online_label))
-            .chain(self.port_owners.iter().copied().filter(|&p| alive(p)))
+            .chain(
+                self.port_owners
+                    .values()
+                    .flatten()
+                    .copied()
+                    .filter(|&p| alive(p)),
+            )
             .collect();
         // Online is never frozen, whatever its label; a pid preempted by hand stays the
         // operator's until `resume --pid`.
@@ -438,6 +448,33 @@ impl ActiveGate {
         rx
     }
 
+    /// Whether this refresh must look the listeners up now: an arrival came on an
+    /// `--online-port` none of whose known listeners is alive (a server restarted on it), so the
+    /// new server is named online, and probed, before its first request is done rather than at
+    /// the next scan (up to [`LABEL_RESCAN`] later).
+    fn owner_lookup(&mut self, rescan: Rescan) -> Rescan {
+        let seen = self.handle.shared().arrivals_taken();
+        if seen == self.arrivals_seen {
+            return rescan;
+        }
+        self.arrivals_seen = seen;
+        let unknown = self.spec.online_ports.iter().find(|port| {
+            !self
+                .port_owners
+                .get(port)
+                .is_some_and(|o| o.iter().any(|&p| alive(p)))
+        });
+        match unknown {
+            Some(port) => {
+                tracing::info!(
+                    "an arrival on port {port}, whose listener is unknown: looking it up"
+                );
+                Rescan::Now
+            }
+            None => rescan,
+        }
+    }
+
     fn rescan_labels(&mut self, now: Instant, rescan: Rescan) {
         let rescan = due(rescan, self.labels_scanned, now);
         let by_label = self.spec.online_label.is_some() || self.spec.offline_label.is_some();
@@ -455,7 +492,12 @@ impl ActiveGate {
                 .spec
                 .online_ports
                 .iter()
-                .flat_map(|&port| port_owners(proc_root, port, &pids))
+                .map(|&port| {
+                    (
+                        port,
+                        port_owners(proc_root, port, &pids).into_iter().collect(),
+                    )
+                })
                 .collect();
             self.labels_scanned = Some(now);
         }

@@ -65,6 +65,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                     self.disable(Cause::Arrival(e.ts_ns));
                 }
                 self.update(|s| s.arrivals_held += u64::from(held));
+                // After the disable: the daemon's owner lookup is not on the online path.
+                self.shared
+                    .arrivals_taken
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             GateInput::Busy => {
                 self.trace(TraceKind::Busy, now_ns, 0, 0, 0);

@@ -29,6 +29,9 @@ pub struct GateShared {
     pub(super) offline_sent: AtomicU64,
     /// The hold's gaps between requests as the runtime left them (its `Drop`), for the next gate.
     pub(super) hold_history: Mutex<HoldHistory>,
+    /// Arrivals on watched ports the gate thread has taken so far: the daemon looks the
+    /// listeners of the `--online-port`s up again when one comes and none of them is known.
+    pub(super) arrivals_taken: AtomicU64,
 }
 
 /// The hand-over of offline processes from the gate to the daemon (a manual preempt, the memory
@@ -89,6 +92,7 @@ impl Default for GateShared {
             claims: Mutex::default(),
             offline_sent: AtomicU64::new(0),
             hold_history: Mutex::default(),
+            arrivals_taken: AtomicU64::new(0),
         }
     }
 }
@@ -100,6 +104,11 @@ impl GateShared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// How many arrivals on watched ports the gate thread has taken.
+    pub fn arrivals_taken(&self) -> u64 {
+        self.arrivals_taken.load(Ordering::Relaxed)
     }
 
     /// The decision trace.
