@@ -215,6 +215,8 @@ pub enum ErrorCode {
     Permission,
     /// The driver (RM) refused the disable or enable (exit code 5).
     Rm,
+    /// No GPU matches the selector (exit code 6).
+    NoSuchGpu,
     /// The daemon is not running (exit code 7; set by clients, never sent).
     NoDaemon,
     /// No such process, no GPU channels, or not discoverable (exit code 8).
@@ -236,6 +238,7 @@ impl ErrorCode {
             ErrorCode::BadRequest | ErrorCode::UnknownOp => 2,
             ErrorCode::Permission => 4,
             ErrorCode::Rm => EXIT_RM,
+            ErrorCode::NoSuchGpu => EXIT_NO_GPU,
             ErrorCode::NoDaemon => EXIT_NO_DAEMON,
             ErrorCode::Process => EXIT_PROCESS,
             ErrorCode::Bpf => EXIT_BPF,
@@ -250,6 +253,7 @@ impl ErrorCode {
             2 => ErrorCode::BadRequest,
             4 => ErrorCode::Permission,
             EXIT_RM => ErrorCode::Rm,
+            EXIT_NO_GPU => ErrorCode::NoSuchGpu,
             EXIT_NO_DAEMON => ErrorCode::NoDaemon,
             EXIT_PROCESS => ErrorCode::Process,
             EXIT_BPF => ErrorCode::Bpf,
@@ -261,6 +265,8 @@ impl ErrorCode {
 
 /// Exit code: the driver (RM) refused.
 pub const EXIT_RM: i32 = 5;
+/// Exit code: no GPU matches the selector.
+pub const EXIT_NO_GPU: i32 = 6;
 /// Exit code: the daemon is not running.
 pub const EXIT_NO_DAEMON: i32 = 7;
 /// Exit code: no such process, no GPU channels, or not discoverable.
@@ -313,6 +319,14 @@ impl<T> Reply<T> {
         }
     }
 
+    /// A success without data (`{"data": null, "error": null}`).
+    pub fn empty() -> Self {
+        Reply {
+            data: None,
+            error: None,
+        }
+    }
+
     /// A failure of `kind`.
     pub fn fail(kind: ErrorCode, message: impl Into<String>) -> Self {
         Reply {
@@ -350,9 +364,9 @@ pub enum Data {
     /// For [`Request::Status`].
     Status(Box<StatusReply>),
     /// For [`Request::Preempt`].
-    Preempt(PreemptReply),
+    Preempt(Box<PreemptReply>),
     /// For [`Request::Resume`].
-    Resume(ResumeReply),
+    Resume(Box<ResumeReply>),
     /// For [`Request::ResumeAll`].
     ResumeAll(ResumeAllReply),
     /// For the gate's requests (start, stop, status).
@@ -379,6 +393,7 @@ macro_rules! data_from {
 }
 data_from!(Hello => Hello, PsReply => Ps, StatusReply => Status, PreemptReply => Preempt,
     ResumeReply => Resume, ResumeAllReply => ResumeAll, GateReply => Gate,
+    crate::gate::GateStatus => Gate,
     SignalReply => Signal, TraceReply => Trace, MetricsReply => Metrics);
 
 /// The answer to [`Request::Hello`].
@@ -422,8 +437,8 @@ pub struct ProcessEntry {
 pub struct ProcessGpu {
     /// The GPU's index (absent when its RM instance matches no GPU the daemon opened).
     pub gpu: Option<usize>,
-    /// The RM device instance.
-    pub device_instance: u32,
+    /// The RM device instance (absent until the process's device allocation was seen).
+    pub device_instance: Option<u32>,
     /// The process's RM client handle (hex).
     pub client: String,
     /// Its channel groups.
@@ -493,21 +508,6 @@ pub struct StatusReply {
     pub gpus: Vec<GpuEntry>,
     /// The gate, as [`Request::GateStatus`] answers.
     pub gate: Option<GateReply>,
-    /// The daemon's own counters of offline's time per GPU (absent from older daemons).
-    #[serde(default)]
-    pub offline_time: Vec<GpuOfflineTime>,
-}
-
-/// Offline's time on one GPU since the daemon started, from the daemon's own counters (what
-/// `valvectl top` shows as harvested and frozen).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GpuOfflineTime {
-    /// The GPU's index.
-    pub gpu: usize,
-    /// Seconds offline ran on it while online idled (its channels enabled).
-    pub harvested_s: f64,
-    /// Seconds offline's channels on it were disabled.
-    pub frozen_s: f64,
 }
 
 /// How long each step of a preempt took, us.

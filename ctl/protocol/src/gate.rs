@@ -34,6 +34,14 @@ pub struct ProbeHits {
     pub syncs: u64,
 }
 
+impl std::ops::AddAssign for ProbeHits {
+    fn add_assign(&mut self, o: ProbeHits) {
+        self.kernel_launches += o.kernel_launches;
+        self.graph_launches += o.graph_launches;
+        self.syncs += o.syncs;
+    }
+}
+
 /// What the gate has done, as `valvectl gate status` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GateStatus {

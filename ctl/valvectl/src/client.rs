@@ -44,7 +44,7 @@ pub fn call(
     socket: &Path,
     req: &impl serde::Serialize,
     timeout: Duration,
-) -> Result<Reply, IpcError> {
+) -> Result<Reply<serde_json::Value>, IpcError> {
     let name = socket.display().to_string();
     let io = |source: std::io::Error| IpcError::Io {
         socket: name.clone(),
@@ -89,7 +89,7 @@ pub fn daemon_call_within(
     })?;
     match reply.error {
         Some(e) => Err(CliError::Daemon(e.code, e.message)),
-        None => Ok(reply.data),
+        None => Ok(reply.data.unwrap_or_default()),
     }
 }
 

@@ -127,6 +127,7 @@ fn errors_carry_their_exit_code_and_name() {
         ErrorCode::BadRequest,
         ErrorCode::Permission,
         ErrorCode::Rm,
+        ErrorCode::NoSuchGpu,
         ErrorCode::NoDaemon,
         ErrorCode::Process,
         ErrorCode::Bpf,
@@ -138,6 +139,12 @@ fn errors_carry_their_exit_code_and_name() {
 
 #[test]
 fn every_reply_reads_back_as_its_type() {
+    // Small enough to return as an error without boxing it.
+    assert!(
+        std::mem::size_of::<Reply>() <= 128,
+        "{}",
+        std::mem::size_of::<Reply>()
+    );
     reply_round_trip(Hello {
         protocol_version: 1,
         daemon_version: "0.1.0".into(),
@@ -151,7 +158,7 @@ fn every_reply_reads_back_as_its_type() {
                 preempted: Some(false),
                 gpus: vec![ProcessGpu {
                     gpu: Some(0),
-                    device_instance: 0,
+                    device_instance: Some(0),
                     client: "0xc1d00001".into(),
                     tsgs: vec![TsgEntry {
                         handle: "0x5c000001".into(),
@@ -186,11 +193,6 @@ fn every_reply_reads_back_as_its_type() {
         state_file_moved_aside: None,
         gpus: vec![],
         gate: Some(GateReply::idle(false)),
-        offline_time: vec![GpuOfflineTime {
-            gpu: 0,
-            harvested_s: 2.5,
-            frozen_s: 0.5,
-        }],
     });
     let timing = BatchTiming {
         gpus: vec![GpuBatchTiming {
