@@ -103,6 +103,11 @@ pub enum PoolRequest {
 }
 
 impl PoolRequest {
+    /// Every `op` a [`PoolRequest`] may carry.
+    pub const OPS: [&'static str; 8] = [
+        "register", "attach", "status", "cap", "reclaim", "grow", "shrink", "usage",
+    ];
+
     /// The request's `op`.
     pub fn op(&self) -> &'static str {
         match self {
@@ -377,6 +382,16 @@ pub struct GpuUsage {
     pub offline_cap: Option<usize>,
     /// Handles taken back from offline since the pool started.
     pub reclaimed_total: u64,
+}
+
+impl GpuUsage {
+    /// Memory left to offline now: free handles, handles the pool may still create and those
+    /// offline holds (online may take any of them back), within the offline cap.
+    pub fn offline_available_bytes(&self) -> u64 {
+        let handles =
+            (self.free + self.creatable + self.offline).min(self.offline_cap.unwrap_or(usize::MAX));
+        handles as u64 * self.handle_bytes as u64
+    }
 }
 
 /// Reclaim counters, in [`PoolStatus`].

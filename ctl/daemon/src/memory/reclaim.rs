@@ -13,7 +13,6 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use valve_protocol::control::{PreemptReply, Reply, Request};
 use valve_protocol::pool::{Callback, CallbackReply};
 use valve_vmm::wire;
@@ -201,36 +200,7 @@ pub struct Outcome {
     pub slowest_freeze: FreezeReport,
 }
 
-/// Counters for `status` and metrics.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ReclaimStats {
-    /// Reclaims run.
-    pub reclaims: u64,
-    /// Handles taken from offline.
-    pub handles: u64,
-    /// Offline processes killed for missing the deadline.
-    pub killed: u64,
-    /// Freeze failures.
-    pub freeze_failures: u64,
-    /// Time from the start of a reclaim to the handles being transferable, last reclaim, us.
-    pub last_us: u64,
-    /// The last process killed for missing the deadline, and where its threads were.
-    pub last_kill: Option<KillRecord>,
-}
-
-/// An offline process the pool killed, as `pool status` shows it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct KillRecord {
-    /// Its pid.
-    pub pid: u32,
-    /// When (seconds since the Unix epoch).
-    pub unix_s: u64,
-    /// Whether it answered at all (late, or with handles it did not hold).
-    pub answered: bool,
-    /// Each thread's name, state, wait channel and system call just before the kill
-    /// ([`super::threads::summary`]).
-    pub threads: String,
-}
+pub use valve_protocol::pool::{KillRecord, ReclaimStats};
 
 /// Runs reclaims.
 pub struct Reclaimer {
