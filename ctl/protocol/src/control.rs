@@ -413,7 +413,7 @@ pub struct PsReply {
 }
 
 /// One process in [`PsReply`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessEntry {
     /// Its pid.
     pub pid: u32,
@@ -433,7 +433,7 @@ pub struct ProcessEntry {
 }
 
 /// A process's channels on one GPU, in [`ProcessEntry`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessGpu {
     /// The GPU's index (absent when its RM instance matches no GPU the daemon opened).
     pub gpu: Option<usize>,
@@ -459,7 +459,7 @@ pub struct TsgEntry {
 }
 
 /// One GPU the daemon opened, in [`StatusReply`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuEntry {
     /// Index in the order the driver lists them.
     pub index: usize,
@@ -480,7 +480,7 @@ pub struct GpuEntry {
 }
 
 /// The answer to [`Request::Status`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusReply {
     /// Seconds since the daemon started.
     pub uptime_s: f64,

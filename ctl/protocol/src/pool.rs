@@ -357,8 +357,10 @@ pub struct TakeBackReply {
     pub reclaimed_mib: u64,
 }
 
-/// One GPU's numbers, in [`PoolStatus`] and the daemon's metrics.
+/// One GPU's numbers, in [`PoolStatus`] and the daemon's metrics (a field an older daemon
+/// leaves out reads as 0).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GpuUsage {
     /// GPU index.
     pub gpu: usize,
@@ -394,8 +396,9 @@ impl GpuUsage {
     }
 }
 
-/// Reclaim counters, in [`PoolStatus`].
+/// Reclaim counters, in [`PoolStatus`] (a field an older daemon leaves out reads as 0).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ReclaimStats {
     /// Reclaims run.
     pub reclaims: u64,
@@ -473,6 +476,7 @@ pub struct ReservationState {
     /// The name its reservation is saved under.
     pub online: String,
     /// The GPU's name in the saved reservations.
+    #[serde(default)]
     pub gpu_name: String,
     /// Whether it started warm, and from what.
     pub start: ReservationStart,

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use serde_json::json;
 use valve::controller::Controller;
 use valve::driver::RmDriver;
 use valve::Signals;
@@ -155,6 +154,7 @@ pub fn run() -> i32 {
     if !matches!(cli.command, Command::Daemon(_)) {
         let _ = tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            .with_ansi(crate::commands::daemon::stderr_is_terminal())
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
                     .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -173,7 +173,16 @@ pub fn run() -> i32 {
                 eprintln!("valvectl: error: {e}");
             }
             if json {
-                println!("{}", json!({"error": e.to_string(), "exit_code": code}));
+                #[derive(serde::Serialize)]
+                struct Failure {
+                    error: String,
+                    exit_code: i32,
+                }
+                let failure = Failure {
+                    error: e.to_string(),
+                    exit_code: code,
+                };
+                println!("{}", crate::print::json(&failure));
             }
             code
         }
