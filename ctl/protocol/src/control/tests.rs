@@ -138,7 +138,7 @@ fn errors_carry_their_exit_code_and_name() {
 }
 
 #[test]
-fn every_reply_reads_back_as_its_type() {
+fn state_replies_read_back_as_their_types() {
     // Small enough to return as an error without boxing it.
     assert!(
         std::mem::size_of::<Reply>() <= 128,
@@ -194,6 +194,10 @@ fn every_reply_reads_back_as_its_type() {
         gpus: vec![],
         gate: Some(GateReply::idle(false)),
     });
+}
+
+#[test]
+fn preempt_and_resume_replies_read_back_as_their_types() {
     let timing = BatchTiming {
         gpus: vec![GpuBatchTiming {
             gpu: 0,
@@ -232,6 +236,10 @@ fn every_reply_reads_back_as_its_type() {
     reply_round_trip(ResumeAllReply {
         resumed: vec![1, 2],
     });
+}
+
+#[test]
+fn gate_signal_and_metrics_replies_read_back_as_their_types() {
     reply_round_trip(SignalReply {
         signal: "busy".into(),
         queued: true,

@@ -471,6 +471,31 @@ pub(crate) mod tests {
     /// A two-GPU node: online 100 on GPU 0, offline 200 (gated, frozen now) on both, offline
     /// 300 frozen by hand on GPU 1; the pool on GPU 0; `n` freezes so far on GPU 0.
     pub(crate) fn sample(at: Instant, n: f64, pool_reclaims: u64) -> Sample {
+        let text = format!(
+            "valve_preemptions_total{{gpu=\"0\",label=\"batch\",source=\"gate\"}} {n}\n\
+             valve_resumes_total{{gpu=\"0\",label=\"batch\",source=\"gate\"}} {}\n\
+             valve_disable_seconds_sum{{gpu=\"0\"}} {}\n\
+             valve_disable_seconds_count{{gpu=\"0\"}} {n}\n\
+             valve_disable_seconds_bucket{{le=\"0.00064\",gpu=\"0\"}} 0\n\
+             valve_disable_seconds_bucket{{le=\"0.00128\",gpu=\"0\"}} {n}\n\
+             valve_offline_harvested_seconds_total{{label=\"batch\"}} 812.25\n\
+             valve_offline_frozen_seconds_total{{label=\"batch\",source=\"gate\"}} 45.5\n",
+            n - 1.0,
+            n * 0.0007
+        );
+        Sample {
+            at,
+            unix_ms: 1_764_000_000_000,
+            status: status_fixture(n),
+            ps: ps_fixture(),
+            metrics: Ok(Counters::parse(&text)),
+            harvest: Some(harvest_fixture()),
+            pool: Ok(pool_fixture(pool_reclaims)),
+        }
+    }
+
+    /// The daemon's status: two GPUs, pid 300 frozen by hand, a gate that froze `n` times.
+    fn status_fixture(n: f64) -> StatusReply {
         let gpu_entry = |index: usize| GpuEntry {
             index,
             name: "NVIDIA H100 80GB HBM3".into(),
@@ -493,13 +518,17 @@ pub(crate) mod tests {
             },
             ..GateStatus::default()
         };
-        let status = StatusReply {
+        StatusReply {
             uptime_s: 3725.0,
             gpus: vec![gpu_entry(0), gpu_entry(1)],
             preempted: vec![300],
             gate: Some(gate.into()),
             ..StatusReply::default()
-        };
+        }
+    }
+
+    /// Online 100 on GPU 0, offline 200 on both, 300 on GPU 1, 400 undiscoverable.
+    fn ps_fixture() -> PsReply {
         let gpu = |i: usize, channels: usize| ProcessGpu {
             gpu: Some(i),
             channels,
@@ -513,7 +542,7 @@ pub(crate) mod tests {
             gpus,
             note: None,
         };
-        let ps = PsReply {
+        PsReply {
             processes: vec![
                 process(100, "vllm", false, vec![gpu(0, 20)]),
                 process(200, "train.py", false, vec![gpu(0, 20), gpu(1, 20)]),
@@ -524,19 +553,11 @@ pub(crate) mod tests {
                     ..ProcessEntry::default()
                 },
             ],
-        };
-        let text = format!(
-            "valve_preemptions_total{{gpu=\"0\",label=\"batch\",source=\"gate\"}} {n}\n\
-             valve_resumes_total{{gpu=\"0\",label=\"batch\",source=\"gate\"}} {}\n\
-             valve_disable_seconds_sum{{gpu=\"0\"}} {}\n\
-             valve_disable_seconds_count{{gpu=\"0\"}} {n}\n\
-             valve_disable_seconds_bucket{{le=\"0.00064\",gpu=\"0\"}} 0\n\
-             valve_disable_seconds_bucket{{le=\"0.00128\",gpu=\"0\"}} {n}\n\
-             valve_offline_harvested_seconds_total{{label=\"batch\"}} 812.25\n\
-             valve_offline_frozen_seconds_total{{label=\"batch\",source=\"gate\"}} 45.5\n",
-            n - 1.0,
-            n * 0.0007
-        );
+        }
+    }
+
+    /// The pool on GPU 0: online 100 holds 5 handles, offline 200 holds 3.
+    fn pool_fixture(pool_reclaims: u64) -> PoolStatus {
         let client = |pid: u32, role: Role, handles: usize| ClientEntry {
             client: u64::from(pid),
             pid,
@@ -545,7 +566,7 @@ pub(crate) mod tests {
             handles,
             reservation: None,
         };
-        let pool = PoolStatus {
+        PoolStatus {
             gpus: vec![GpuUsage {
                 gpu: 0,
                 handle_bytes: 64 << 20,
@@ -563,22 +584,17 @@ pub(crate) mod tests {
                 last_us: 1800,
                 ..ReclaimStats::default()
             },
-        };
-        let harvest = serde_json::from_value(json!({"version": 1, "node": "n1",
+        }
+    }
+
+    /// A harvest profile in which GPU 0 was busy a quarter of its shortest window.
+    fn harvest_fixture() -> valve_harvest::NodeHarvest {
+        serde_json::from_value(json!({"version": 1, "node": "n1",
             "generated_unix_ms": 1, "source": "test", "gpus": [{"index": 0,
             "memory_total_bytes": 1, "windows": [
                 {"window_s": 60, "covered_s": 60.0, "busy_fraction": 0.25, "offline_memory":
                  {"samples": 0, "mean_bytes": 0, "quantiles_bytes": []}}]}]}))
-        .unwrap();
-        Sample {
-            at,
-            unix_ms: 1_764_000_000_000,
-            status,
-            ps,
-            metrics: Ok(Counters::parse(&text)),
-            harvest: Some(harvest),
-            pool: Ok(pool),
-        }
+        .unwrap()
     }
 
     #[test]
