@@ -245,7 +245,7 @@ pub fn execute<D: RmDriver>(
 #[cfg(test)]
 mod tests {
     use valve::fake::FakeRm;
-    use valve_daemon::protocol::Request;
+    use valve_daemon::protocol::{GateSpec, Request};
     use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
 
     use super::*;
@@ -254,15 +254,26 @@ mod tests {
         Cli::try_parse_from(std::iter::once("valvectl").chain(args.iter().copied()))
     }
 
-    #[test]
-    fn gate_start_needs_both_sides_and_carries_its_tuning() {
-        let request = |args: &[&str]| {
-            let cli = parse(args).unwrap();
-            let Command::Gate(GateArgs { action }) = &cli.command else {
-                panic!("{cli:?}")
-            };
-            gate::request(action)
+    /// The request `valvectl ARGS` sends for a `gate` subcommand.
+    fn gate_request(args: &[&str]) -> Result<Request, CliError> {
+        let cli = parse(args).unwrap();
+        let Command::Gate(GateArgs { action }) = &cli.command else {
+            panic!("{cli:?}")
         };
+        gate::request(action)
+    }
+
+    /// The spec a `gate start` with ARGS sends.
+    fn gate_spec(args: &[&str]) -> GateSpec {
+        match gate_request(args).unwrap() {
+            Request::GateStart(spec) => *spec,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn gate_start_needs_both_sides() {
+        let request = gate_request;
         let missing = request(&["gate", "start", "--online", "1"]).unwrap_err();
         assert_eq!(missing.exit_code(), 2);
         assert!(
@@ -282,7 +293,11 @@ mod tests {
             "b"
         ])
         .is_ok());
-        let cli = parse(&[
+    }
+
+    #[test]
+    fn gate_start_carries_its_tuning() {
+        let spec = gate_spec(&[
             "gate",
             "start",
             "--online",
@@ -295,14 +310,7 @@ mod tests {
             "2ms",
             "--gap-memory",
             "90s",
-        ])
-        .unwrap();
-        let Command::Gate(GateArgs { action }) = &cli.command else {
-            panic!("{cli:?}")
-        };
-        let Request::GateStart(spec) = gate::request(action).unwrap() else {
-            panic!()
-        };
+        ]);
         assert_eq!(spec.online, vec![10, 11]);
         assert!(spec.offline.is_empty());
         assert_eq!(spec.offline_label.as_deref(), Some("batch"));
@@ -317,6 +325,10 @@ mod tests {
             "SCHED_FIFO 10 unless told"
         );
         assert_eq!(spec.hold_budget_pct, None, "no hold unless told");
+    }
+
+    #[test]
+    fn gate_start_takes_a_hold_budget_in_range() {
         // A hold budget, with or without the sign; not with a fixed cooldown, nor out of range.
         let hold = |pct: &str, extra: &[&str]| {
             let mut args = vec!["gate", "start", "--online", "10", "--offline", "5"];
@@ -338,8 +350,13 @@ mod tests {
         assert!(hold("10%", &["--fixed-cooldown", "5ms"])
             .unwrap_err()
             .contains("drop one"));
+    }
+
+    #[test]
+    fn gate_start_by_port_and_the_other_gate_requests() {
+        let request = gate_request;
         // The service by port, arrivals off, serial issue; the trace request.
-        let cli = parse(&[
+        let spec = gate_spec(&[
             "gate",
             "start",
             "--online-port",
@@ -350,14 +367,7 @@ mod tests {
             "--no-waits",
             "--issue",
             "serial",
-        ])
-        .unwrap();
-        let Command::Gate(GateArgs { action }) = &cli.command else {
-            panic!()
-        };
-        let Request::GateStart(spec) = gate::request(action).unwrap() else {
-            panic!()
-        };
+        ]);
         assert_eq!(spec.online_ports, vec![8000, 8001]);
         assert_eq!(spec.arrivals, Some(false));
         assert_eq!(spec.waits, Some(false));
@@ -376,12 +386,8 @@ mod tests {
             "x"
         ])
         .is_err());
-        let cli = parse(&["gate", "trace", "--after", "7"]).unwrap();
-        let Command::Gate(GateArgs { action }) = &cli.command else {
-            panic!()
-        };
         assert_eq!(
-            gate::request(action).unwrap(),
+            request(&["gate", "trace", "--after", "7"]).unwrap(),
             Request::GateTrace {
                 after: 7,
                 limit: None
@@ -393,11 +399,7 @@ mod tests {
             ("busy", Request::OnlineBusy),
             ("idle", Request::OnlineIdle),
         ] {
-            let cli = parse(&["gate", sub]).unwrap();
-            let Command::Gate(GateArgs { action }) = &cli.command else {
-                panic!()
-            };
-            assert_eq!(gate::request(action).unwrap(), req);
+            assert_eq!(request(&["gate", sub]).unwrap(), req);
         }
     }
 
