@@ -40,7 +40,7 @@ pub const SYNC_WITHIN: Duration = Duration::from_secs(2);
 /// registers a uprobe per libcuda entry point, each taking the write lock of every process that
 /// maps libcuda: beside busy offline jobs a full set took 5.6-12.3 s (H100, H200), and under kept
 /// watchers a new online process's probes came about 7 s after the start had answered
-/// (hwtest-11). 20 s covers those with room, and still answers if an attach hangs.
+/// (hardware test, docs/results). 20 s covers those with room, and still answers if an attach hangs.
 pub const PROBES_WITHIN: Duration = Duration::from_secs(20);
 
 /// How often labels are looked up again in `/proc`.

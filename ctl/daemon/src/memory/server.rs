@@ -1,7 +1,7 @@
 //! The pool socket: registers client processes, grows and shrinks their memory, and reclaims
 //! from offline for online (freeze, ask, transfer, thaw). One thread, one poll loop.
 //!
-//! Protocol: `docs/memory.md`, "The pool protocol". Connections are identified by SO_PEERCRED;
+//! Protocol: the types of `valve_protocol::pool` (`docs/memory.md` explains them). Connections are identified by SO_PEERCRED;
 //! a control connection that closes unregisters its process and frees what it held. Online
 //! reservations are saved across restarts by [`warm`].
 

@@ -84,8 +84,8 @@ pub struct StartArgs {
     /// Do not preempt on request arrivals, only on GPU launch edges.
     #[arg(long)]
     no_arrivals: bool,
-    /// Ignore online threads waiting for their GPU work (the gate before issue 11: launch
-    /// gaps alone decide when online is idle; for comparison).
+    /// Ignore online threads waiting for their GPU work (launch gaps alone decide when online
+    /// is idle, as the gate did before it watched waits; for comparison).
     #[arg(long)]
     no_waits: bool,
     /// How several offline GPUs are issued: auto measures serial against parallel once on
