@@ -149,6 +149,36 @@ fn start_metrics(
     Ok(m)
 }
 
+/// The audit trail the config asks for: its file, else the log only.
+fn open_audit(cfg: &DaemonConfig) -> Result<Audit, DaemonError> {
+    match &cfg.audit_log {
+        Some(path) => Audit::to_file(path).map_err(|e| {
+            derr(
+                1,
+                format!(
+                    "opening the audit log {}: {e} (fix the path or its directory's permissions)",
+                    path.display()
+                ),
+            )
+        }),
+        None => Ok(Audit::log_only()),
+    }
+}
+
+/// Audits the resume of everything at shutdown, with the pids it resumed.
+fn audit_shutdown(audit: &Audit, r: &Reply) {
+    let pids = match &r.data {
+        Some(Data::ResumeAll(all)) => Some(all.resumed.clone()),
+        _ => None,
+    };
+    audit.record(
+        "shutdown_resume",
+        Caller::daemon(),
+        Targets::Pids { pids },
+        r,
+    );
+}
+
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
 pub fn run(cfg: &DaemonConfig, signals: &Signals) -> Result<(), DaemonError> {
     run_with_pool(cfg, None, signals)
@@ -166,18 +196,7 @@ pub fn run_with_pool(
         None => crate::harvest::host_name().map_err(|e| derr(2, e))?,
     };
     crate::harvest::ensure_progress_dir(&cfg.harvest.progress_dir).map_err(|e| derr(1, e))?;
-    let audit = match &cfg.audit_log {
-        Some(path) => Audit::to_file(path).map_err(|e| {
-            derr(
-                1,
-                format!(
-                    "opening the audit log {}: {e} (fix the path or its directory's permissions)",
-                    path.display()
-                ),
-            )
-        })?,
-        None => Audit::log_only(),
-    };
+    let audit = open_audit(cfg)?;
     server::raise_fd_limit();
     let (mut core, watcher) = start(cfg)?;
     let listener = server::bind(&cfg.socket, gid)?;
@@ -235,16 +254,7 @@ pub fn run_with_pool(
     drop(pool);
     drop(harvest);
     let r = core.shutdown();
-    let pids = match &r.data {
-        Some(Data::ResumeAll(all)) => Some(all.resumed.clone()),
-        _ => None,
-    };
-    audit.record(
-        "shutdown_resume",
-        Caller::daemon(),
-        Targets::Pids { pids },
-        &r,
-    );
+    audit_shutdown(&audit, &r);
     let _ = std::fs::remove_file(&cfg.socket);
     drop(watcher);
     match (result, r.error) {
