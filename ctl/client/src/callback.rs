@@ -12,7 +12,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use valve_protocol::pool::{CallbackReply, PoolErrorCode, PoolRequest};
 use valve_vmm::{wire, VmmError};
 
 use crate::space::Space;
@@ -72,15 +73,13 @@ impl Shared {
 
 /// Opens the callback connection and binds it with `attach`. Events that arrive before the
 /// reply (a premapped online client's first `pool_handles`) are handled on the way.
-pub(crate) fn attach(
-    path: &Path,
-    client: &Value,
-    token: &Value,
-    shared: &Shared,
-) -> Result<UnixStream> {
+pub(crate) fn attach(path: &Path, client: u64, token: &str, shared: &Shared) -> Result<UnixStream> {
     let sock = conn::connect(path)?;
-    let msg = json!({"op": "attach", "client": client, "token": token});
-    wire::send(&sock, &msg, &[]).map_err(Error::from_wire)?;
+    let msg = PoolRequest::Attach {
+        client,
+        token: token.into(),
+    };
+    wire::send(&sock, &msg.to_json(), &[]).map_err(Error::from_wire)?;
     let mut scratch = Vec::new();
     loop {
         let (msg, fds) = wire::recv(&sock)
@@ -138,9 +137,15 @@ fn dispatch(
         Some("pool_handles") => pool_handles(shared, msg, &fds),
         _ => {
             shared.lock().counters.callback_errors += 1;
-            if let Some(rid) = msg.get("rid") {
-                let reply = json!({"rid": rid, "ok": false, "code": 2,
-                    "error": format!("unknown callback op in {msg}: this client library answers reclaim and pool_handles")});
+            if let Some(rid) = msg.get("rid").and_then(Value::as_u64) {
+                let reply = refused(
+                    rid,
+                    PoolErrorCode::BadRequest,
+                    format!(
+                        "unknown callback op in {msg}: this client library answers reclaim \
+                         and pool_handles"
+                    ),
+                );
                 reply_or_count(sock, shared, &reply);
             }
         }
@@ -150,26 +155,43 @@ fn dispatch(
 /// Answers `reclaim {rid, count}`: Algorithm 1 (or FIFO) picks the slots, the quarantine
 /// replaces them, and the reply names their pool handles.
 fn reclaim(sock: &UnixStream, shared: &Shared, msg: &Value, handles: &mut Vec<u32>) {
-    let rid = msg.get("rid").cloned().unwrap_or(Value::Null);
+    let rid = msg.get("rid").and_then(Value::as_u64).unwrap_or(0);
     let count = msg.get("count").and_then(Value::as_u64);
     let reply = match (shared.role, count) {
-        (Role::Online, _) => json!({"rid": rid, "ok": false, "code": 15,
-            "error": "reclaim sent to an online client: only offline clients give memory back"}),
-        (_, None) => json!({"rid": rid, "ok": false, "code": 2,
-            "error": "reclaim without an unsigned `count`"}),
+        (Role::Online, _) => refused(
+            rid,
+            PoolErrorCode::WrongRole,
+            "reclaim sent to an online client: only offline clients give memory back",
+        ),
+        (_, None) => refused(
+            rid,
+            PoolErrorCode::BadRequest,
+            "reclaim without an unsigned `count`",
+        ),
         (Role::Offline, Some(count)) => {
             handles.clear();
             let done = shared
                 .lock_for_reclaim(count as usize)
                 .reclaim(count as usize, handles);
             match done {
-                Ok(()) => {
-                    json!({"rid": rid, "ok": true, "handles": Value::from(handles.as_slice())})
-                }
+                Ok(()) => CallbackReply {
+                    rid,
+                    ok: true,
+                    handles: handles.clone(),
+                    code: None,
+                    error: None,
+                },
                 Err(e) => {
                     shared.lock().counters.callback_errors += 1;
-                    json!({"rid": rid, "ok": false, "handles": Value::from(handles.as_slice()),
-                        "error": format!("the client could not swap every slot to its quarantine: {e}")})
+                    CallbackReply {
+                        rid,
+                        ok: false,
+                        handles: handles.clone(),
+                        code: None,
+                        error: Some(format!(
+                            "the client could not swap every slot to its quarantine: {e}"
+                        )),
+                    }
                 }
             }
         }
@@ -194,8 +216,20 @@ fn pool_handles(shared: &Shared, msg: &Value, fds: &[OwnedFd]) {
     shared.changed.notify_all();
 }
 
-fn reply_or_count(sock: &UnixStream, shared: &Shared, reply: &Value) {
-    if wire::send(sock, reply, &[]).is_err() {
+fn reply_or_count(sock: &UnixStream, shared: &Shared, reply: &CallbackReply) {
+    let sent = serde_json::to_value(reply).is_ok_and(|v| wire::send(sock, &v, &[]).is_ok());
+    if !sent {
         shared.lock().counters.callback_errors += 1;
+    }
+}
+
+/// A refused callback request `rid`: nothing released, with why.
+fn refused(rid: u64, code: PoolErrorCode, error: impl Into<String>) -> CallbackReply {
+    CallbackReply {
+        rid,
+        ok: false,
+        handles: Vec::new(),
+        code: Some(code),
+        error: Some(error.into()),
     }
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use valve_protocol::pool::{self as protocol, GpuRef, PoolRequest};
 
 use crate::callback::{self, Shared};
 use crate::layout::{KvSpace, Layout};
@@ -136,7 +137,7 @@ pub struct Client {
     premap: bool,
     options: Options,
     registration: Registration,
-    ids: (Value, Value),
+    ids: (u64, String),
 }
 
 impl Client {
@@ -156,17 +157,19 @@ impl Client {
         let path = path.as_ref().to_path_buf();
         let control = conn::connect(&path)?;
         let premap = role == Role::Online && options.premap;
-        let gpu_value = match gpu.parse::<u64>() {
-            Ok(i) => json!(i),
-            Err(_) => json!(gpu),
+        let req = PoolRequest::Register {
+            role: match role {
+                Role::Online => protocol::Role::Online,
+                Role::Offline => protocol::Role::Offline,
+            },
+            gpu: match gpu.parse::<u64>() {
+                Ok(i) => GpuRef::Index(i),
+                Err(_) => GpuRef::Text(gpu.into()),
+            },
+            premap: (role == Role::Online).then_some(premap),
         };
-        let mut msg = json!({"role": role.as_str(), "gpu": gpu_value});
-        if role == Role::Online {
-            msg["premap"] = premap.into();
-        }
-        let (reply, _) = conn::call(&control, "register", msg)?;
-        let registration = parse_registration(&reply)?;
-        let ids = (reply["client"].clone(), reply["token"].clone());
+        let (reply, _) = conn::call(&control, &req)?;
+        let (registration, ids) = parse_registration(&reply)?;
         Ok(Client {
             kv: None,
             control,
@@ -253,7 +256,7 @@ impl Client {
         let explicit = self.options.explicit_release;
         let space = Space::new(layout, mapper, self.options.selection, explicit);
         let shared = Arc::new(Shared::new(space, self.role, self.premap));
-        let sock = callback::attach(&self.path, &self.ids.0, &self.ids.1, &shared)?;
+        let sock = callback::attach(&self.path, self.ids.0, &self.ids.1, &shared)?;
         let callback = sock
             .try_clone()
             .map_err(|e| Error::Invalid(format!("duplicating the callback socket: {e}")))?;
@@ -344,19 +347,24 @@ impl Client {
     ) -> Result<(Vec<u32>, Result<Vec<u32>>, Vec<std::os::fd::OwnedFd>)> {
         shared.lock().begin_grow();
         let mut reply_reclaimed = 0;
-        let got =
-            conn::call(&self.control, "grow", json!({"count": count})).and_then(|(r, fds)| {
-                reply_reclaimed = r.get("reclaimed").and_then(Value::as_u64).unwrap_or(0);
-                let ids = conn::handle_ids("grow", &r)?;
-                // The descriptors belong to `fds_for` where the daemon says so (a premapped client
-                // is sent only handles it has not had yet); else to every handle (premapped: none).
-                let fds_for = match r.get("fds_for") {
-                    Some(_) => conn::id_list("grow", &r, "fds_for"),
-                    None if self.premap => Ok(Vec::new()),
-                    None => Ok(ids.clone()),
-                };
-                Ok((ids, fds_for, fds))
-            });
+        let got = conn::call(
+            &self.control,
+            &PoolRequest::Grow {
+                count: count as usize,
+            },
+        )
+        .and_then(|(r, fds)| {
+            reply_reclaimed = r.get("reclaimed").and_then(Value::as_u64).unwrap_or(0);
+            let ids = conn::handle_ids("grow", &r)?;
+            // The descriptors belong to `fds_for` where the daemon says so (a premapped client
+            // is sent only handles it has not had yet); else to every handle (premapped: none).
+            let fds_for = match r.get("fds_for") {
+                Some(_) => conn::id_list("grow", &r, "fds_for"),
+                None if self.premap => Ok(Vec::new()),
+                None => Ok(ids.clone()),
+            };
+            Ok((ids, fds_for, fds))
+        });
         let lent = match &got {
             Ok((ids, _, _)) if !self.premap => Some(ids.as_slice()),
             _ => None,
@@ -447,7 +455,10 @@ impl Client {
             if handles.is_empty() {
                 break;
             }
-            result = conn::call(&self.control, "shrink", json!({"handles": handles})).map(|_| ());
+            let req = PoolRequest::Shrink {
+                handles: handles.clone(),
+            };
+            result = conn::call(&self.control, &req).map(|_| ());
             let left = shared.lock().releasing();
             match &result {
                 Err(Error::NotHeld { .. }) if !left.is_empty() && left.len() < handles.len() => {
@@ -463,13 +474,13 @@ impl Client {
     /// Online: reports the KV bytes in use; returns how many handles the daemon's reservation
     /// wants this client to hold.
     pub fn usage(&mut self, used_bytes: u64) -> Result<u64> {
-        let (reply, _) = conn::call(&self.control, "usage", json!({"used_bytes": used_bytes}))?;
+        let (reply, _) = conn::call(&self.control, &PoolRequest::Usage { used_bytes })?;
         conn::u64_field("usage", &reply, "target_handles")
     }
 
     /// The daemon's pool numbers (`status`), as it sends them.
     pub fn pool_status(&mut self) -> Result<Value> {
-        Ok(conn::call(&self.control, "status", json!({}))?.0)
+        Ok(conn::call(&self.control, &PoolRequest::Status)?.0)
     }
 
     /// Offline: `request` owns `block` now and costs `tokens` to recompute (its prompt and
@@ -607,19 +618,19 @@ fn place_all(shared: &Shared, ids: &[u32], fds: &[std::os::fd::OwnedFd]) -> Resu
     Ok(slots)
 }
 
-fn parse_registration(reply: &Value) -> Result<Registration> {
+fn parse_registration(reply: &Value) -> Result<(Registration, (u64, String))> {
     let client = reply
         .get("client")
-        .filter(|v| !v.is_null())
+        .and_then(Value::as_u64)
         .ok_or_else(|| Error::Protocol(format!("the register reply has no `client`: {reply}")))?;
-    if reply.get("token").is_none_or(Value::is_null) {
+    let Some(token) = reply.get("token").and_then(Value::as_str) else {
         return Err(Error::Protocol(format!(
             "the register reply has no `token`: {reply}"
         )));
-    }
+    };
     let gpu_index = conn::u64_field("register", reply, "gpu_index")?;
     let cap = reply.get("pool_capacity_handles");
-    Ok(Registration {
+    let registration = Registration {
         client: client.to_string(),
         handle_bytes: conn::u64_field("register", reply, "handle_bytes")?,
         gpu_index: u32::try_from(gpu_index)
@@ -631,5 +642,6 @@ fn parse_registration(reply: &Value) -> Result<Registration> {
             .get("gpu_pci")
             .and_then(Value::as_str)
             .map(str::to_string),
-    })
+    };
+    Ok((registration, (client, token.to_string())))
 }

@@ -6,6 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde_json::Value;
+use valve_protocol::pool::PoolRequest;
 use valve_vmm::{wire, VmmError};
 
 use crate::{Error, Result};
@@ -28,11 +29,11 @@ pub(crate) fn connect(path: &Path) -> Result<UnixStream> {
     })
 }
 
-/// Sends `msg` (with `"op": op` added) and waits for its reply. A refusal becomes the
-/// matching [`Error`]; a closed connection is [`Error::Closed`].
-pub(crate) fn call(sock: &UnixStream, op: &str, mut msg: Value) -> Result<(Value, Vec<OwnedFd>)> {
-    msg["op"] = op.into();
-    wire::send(sock, &msg, &[]).map_err(Error::from_wire)?;
+/// Sends `req` and waits for its reply. A refusal becomes the matching [`Error`]; a closed
+/// connection is [`Error::Closed`].
+pub(crate) fn call(sock: &UnixStream, req: &PoolRequest) -> Result<(Value, Vec<OwnedFd>)> {
+    let op = req.op();
+    wire::send(sock, &req.to_json(), &[]).map_err(Error::from_wire)?;
     let (reply, fds) = wire::recv(sock)
         .map_err(Error::from_wire)?
         .ok_or(Error::Closed)?;

@@ -9,10 +9,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::protocol::{Data, GateSpec, Reply, Request};
 use serde::Serialize;
-use serde_json::{json, Value};
-
-use crate::protocol::{Reply, Request};
 
 /// Who asked: the peer's credentials from SO_PEERCRED, or the daemon itself (hold limits,
 /// shutdown, the configured gate).
@@ -48,12 +46,52 @@ pub struct AuditRecord {
     /// Who asked.
     pub caller: Caller,
     /// What it was aimed at (pids, GPU, labels; the config's path and digest).
-    pub targets: Value,
+    pub targets: Targets,
     /// `ok` or `error`.
     pub outcome: &'static str,
     /// The error's exit code and message, if it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Value>,
+    pub error: Option<AuditError>,
+}
+
+/// What an audited event was aimed at.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Targets {
+    /// A preempt's process, GPU and hold limit.
+    Preempt {
+        /// The process.
+        pid: u32,
+        /// The GPU selector, if one was given.
+        gpu: Option<String>,
+        /// The hold limit asked for.
+        max_hold_ms: Option<u64>,
+    },
+    /// One process.
+    Pid {
+        /// The process.
+        pid: u32,
+    },
+    /// Several processes (those a resume-all resumed; none when it failed).
+    Pids {
+        /// The processes.
+        pids: Option<Vec<u32>>,
+    },
+    /// What a gate start asked for.
+    Gate(Box<GateSpec>),
+    /// The settings the daemon started with (its config file, with a digest of its text).
+    Config(serde_json::Value),
+    /// Nothing in particular (`{}`).
+    Nothing {},
+}
+
+/// A failed event's exit code and message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditError {
+    /// The exit code.
+    pub code: i32,
+    /// The message.
+    pub message: String,
 }
 
 /// Where audit records go.
@@ -85,7 +123,7 @@ impl Audit {
 
     /// The audit event of a request, if it is one that changes something (`None` for
     /// `ps`, `status`, `gate status`, busy/idle signals).
-    pub fn event_of(req: &Request) -> Option<(&'static str, Value)> {
+    pub fn event_of(req: &Request) -> Option<(&'static str, Targets)> {
         Some(match req {
             Request::Preempt {
                 pid,
@@ -93,13 +131,18 @@ impl Audit {
                 max_hold_ms,
             } => (
                 "preempt",
-                json!({"pid": pid, "gpu": gpu, "max_hold_ms": max_hold_ms}),
+                Targets::Preempt {
+                    pid: *pid,
+                    gpu: gpu.clone(),
+                    max_hold_ms: *max_hold_ms,
+                },
             ),
-            Request::Resume { pid } => ("resume", json!({"pid": pid})),
-            Request::ResumeAll => ("resume_all", json!({})),
-            Request::GateStart(spec) => ("gate_start", json!(spec)),
-            Request::GateStop => ("gate_stop", json!({})),
-            Request::Ps
+            Request::Resume { pid } => ("resume", Targets::Pid { pid: *pid }),
+            Request::ResumeAll => ("resume_all", Targets::Nothing {}),
+            Request::GateStart(spec) => ("gate_start", Targets::Gate(spec.clone())),
+            Request::GateStop => ("gate_stop", Targets::Nothing {}),
+            Request::Hello { .. }
+            | Request::Ps
             | Request::Status
             | Request::GateStatus
             | Request::GateTrace { .. }
@@ -111,17 +154,21 @@ impl Audit {
 
     /// Records a served request, given its [`Audit::event_of`] (taken before the request was
     /// handed over); `None` records nothing.
-    pub fn served(&self, caller: Caller, event: Option<(&'static str, Value)>, reply: &Reply) {
+    pub fn served(&self, caller: Caller, event: Option<(&'static str, Targets)>, reply: &Reply) {
         if let Some((event, mut targets)) = event {
             if event == "resume_all" {
-                targets = json!({"pids": reply.data.get("resumed")});
+                let pids = match &reply.data {
+                    Some(Data::ResumeAll(r)) => Some(r.resumed.clone()),
+                    _ => None,
+                };
+                targets = Targets::Pids { pids };
             }
             self.record(event, caller, targets, reply);
         }
     }
 
     /// Records one event with the reply that ended it.
-    pub fn record(&self, event: &'static str, caller: Caller, targets: Value, reply: &Reply) {
+    pub fn record(&self, event: &'static str, caller: Caller, targets: Targets, reply: &Reply) {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -131,10 +178,10 @@ impl Audit {
             caller,
             targets,
             outcome: if reply.error.is_none() { "ok" } else { "error" },
-            error: reply
-                .error
-                .as_ref()
-                .map(|e| json!({"code": e.code, "message": e.message})),
+            error: reply.error.as_ref().map(|e| AuditError {
+                code: e.code,
+                message: e.message.clone(),
+            }),
         });
     }
 
@@ -145,9 +192,9 @@ impl Audit {
             event = r.event,
             uid = r.caller.uid,
             pid = r.caller.pid,
-            targets = %r.targets,
+            targets = %serde_json::to_string(&r.targets).unwrap_or_default(),
             outcome = r.outcome,
-            error = r.error.as_ref().map(|e| e.to_string()),
+            error = r.error.as_ref().map(|e| format!("{} (exit code {})", e.message, e.code)),
             "audit"
         );
         if let Some((path, f)) = &self.file {
@@ -162,6 +209,8 @@ impl Audit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{ErrorCode, PreemptReply, ResumeAllReply};
+    use serde_json::{json, Value};
 
     #[test]
     fn records_name_the_caller_the_targets_and_the_outcome() {
@@ -181,13 +230,22 @@ mod tests {
         let served = |req: &Request, reply: &Reply| {
             audit.served(caller, Audit::event_of(req), reply);
         };
-        served(&preempt, &Reply::ok(json!({"pid": 77})));
-        served(&Request::Status, &Reply::ok(json!({})));
+        served(
+            &preempt,
+            &Reply::ok(PreemptReply {
+                pid: 77,
+                ..PreemptReply::default()
+            }),
+        );
+        served(&Request::Status, &Reply::empty());
         served(
             &Request::Resume { pid: 78 },
-            &Reply::err(8, "process 78 is not preempted"),
+            &Reply::fail(ErrorCode::Process, "process 78 is not preempted"),
         );
-        served(&Request::ResumeAll, &Reply::ok(json!({"resumed": [77]})));
+        served(
+            &Request::ResumeAll,
+            &Reply::ok(ResumeAllReply { resumed: vec![77] }),
+        );
         let lines: Vec<Value> = std::fs::read_to_string(&path)
             .unwrap()
             .lines()

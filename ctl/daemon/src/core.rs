@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use valve::controller::{ChannelTarget, Controller, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
 use valve::gpu::{GpuInfo, GpuSelector};
@@ -26,7 +25,11 @@ use crate::harvest::{HarvestShared, ProcessView};
 use crate::journal::{process_start_time, Journal, StartTimeFn};
 use crate::metrics::Metrics;
 use crate::procfs::{alive, comm};
-use crate::protocol::{GateSpec, Reply, Request, EXIT_PROCESS, EXIT_RM};
+use crate::protocol::{
+    batch_timing, gpu_entry, Data, ErrorCode, GateReply, GateSpec, Hello, PreemptReply,
+    ProcessEntry, ProcessGpu, PsReply, Reply, Request, ResumeAllReply, ResumeReply, StatusReply,
+    TsgEntry, PROTOCOL_VERSION,
+};
 use crate::workload::Workload;
 
 mod gate_start;
@@ -54,10 +57,14 @@ struct PreemptTiming {
 
 impl PreemptTiming {
     /// Microseconds per step, with the disable's own.
-    fn json(&self, disable_us: u64) -> serde_json::Value {
-        json!({"record": self.gate.duration_since(self.record).as_micros() as u64,
-               "gate": self.disable.duration_since(self.gate).as_micros() as u64,
-               "disable": disable_us})
+    fn us(&self, disable_us: u64) -> valve_protocol::control::PreemptTiming {
+        valve_protocol::control::PreemptTiming {
+            record: self.gate.duration_since(self.record).as_micros() as u64,
+            gate: self.disable.duration_since(self.gate).as_micros() as u64,
+            disable: disable_us,
+            drain: None,
+            queued: None,
+        }
     }
 }
 
@@ -314,21 +321,8 @@ impl<D: RmDriver> DaemonCore<D> {
     pub fn handle(&mut self, req: Request) -> Reply {
         match req {
             Request::Ps => self.ps(),
-            Request::Status => Reply::ok(json!({
-                "uptime_s": self.started.elapsed().as_secs_f64(),
-                "events": self.events,
-                "discovery": self.discovery,
-                "processes": self.registry.processes().len(),
-                "preempted": self.preempted.keys().collect::<Vec<_>>(),
-                "max_hold_ms": self.max_hold.map(|d| d.as_millis() as u64),
-                "state_file": self.state.file().path(),
-                "recovered_at_start": self.recovered,
-                "recovery_failures": self.recovery_failures,
-                "restored_from_journal": self.restored,
-                "state_file_moved_aside": self.state_salvage.as_ref().map(|s| &s.moved_to),
-                "gpus": self.ctl.gpus(),
-                "gate": self.gate_status().data,
-            })),
+            Request::Hello { protocol_version } => hello(protocol_version),
+            Request::Status => Reply::ok(self.status()),
             Request::Preempt {
                 pid,
                 gpu,
@@ -343,22 +337,40 @@ impl<D: RmDriver> DaemonCore<D> {
             Request::OnlineIdle => self.gate_signal(false),
             Request::Harvest => match &self.harvest {
                 Some(h) => match h.profile() {
-                    Ok(p) => Reply::ok(p.value.clone()),
-                    Err(why) => Reply::err(1, why),
+                    Ok(p) => Reply::ok(Data::Harvest(p.value.clone())),
+                    Err(why) => Reply::fail(ErrorCode::Failed, why),
                 },
-                None => Reply::err(
-                    1,
+                None => Reply::fail(
+                    ErrorCode::Failed,
                     "this daemon does not collect the harvest profile (`valvectl daemon` \
                      starts it)",
                 ),
             },
             Request::GateTrace { after, limit } => match &self.gate {
                 Some(g) => Reply::ok(g.trace(after, limit.unwrap_or(10_000))),
-                None => Reply::err(
-                    1,
+                None => Reply::fail(
+                    ErrorCode::Failed,
                     "no gate is running (start one with `valvectl gate start`)",
                 ),
             },
+        }
+    }
+
+    fn status(&self) -> StatusReply {
+        StatusReply {
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            events: self.events,
+            discovery: self.discovery,
+            processes: self.registry.processes().len(),
+            preempted: self.preempted.keys().copied().collect(),
+            max_hold_ms: self.max_hold.map(|d| d.as_millis() as u64),
+            state_file: self.state.file().path().to_path_buf(),
+            recovered_at_start: self.recovered,
+            recovery_failures: self.recovery_failures.clone(),
+            restored_from_journal: self.restored.clone(),
+            state_file_moved_aside: self.state_salvage.as_ref().map(|s| s.moved_to.clone()),
+            gpus: self.ctl.gpus().iter().map(gpu_entry).collect(),
+            gate: Some(self.gate_reply()),
         }
     }
 
@@ -366,7 +378,7 @@ impl<D: RmDriver> DaemonCore<D> {
         let gpus = self.ctl.gpus();
         let listed = self.registry.processes().into_iter();
         let mps = self.mps_roles(listed.chain(self.pre_existing.iter().copied()));
-        let mps_of = |pid: u32| mps.get(&pid).map(|r| r.name());
+        let mps_of = |pid: u32| mps.get(&pid).map(|r| r.wire());
         let mut procs = Vec::new();
         for pid in self.registry.processes() {
             let views: Vec<_> = self
@@ -379,38 +391,54 @@ impl<D: RmDriver> DaemonCore<D> {
                         .device_instance
                         .and_then(|i| gpus.iter().find(|g| g.device_instance == i))
                         .map(|g| g.index);
-                    json!({
-                        "gpu": index,
-                        "device_instance": v.device_instance,
-                        "client": format!("{:#x}", v.client.0),
-                        "tsgs": v.tsgs.iter().map(|t| json!({
-                            "handle": format!("{:#x}", t.handle.0),
-                            "channels": t.channels.iter().map(|c| format!("{:#x}", c.handle.0)).collect::<Vec<_>>(),
-                            "compute": t.has_compute(),
-                        })).collect::<Vec<_>>(),
-                        "channels": v.channels().count(),
-                    })
+                    ProcessGpu {
+                        gpu: index,
+                        device_instance: v.device_instance,
+                        client: format!("{:#x}", v.client.0),
+                        tsgs: v
+                            .tsgs
+                            .iter()
+                            .map(|t| TsgEntry {
+                                handle: format!("{:#x}", t.handle.0),
+                                channels: t
+                                    .channels
+                                    .iter()
+                                    .map(|c| format!("{:#x}", c.handle.0))
+                                    .collect(),
+                                compute: t.has_compute(),
+                            })
+                            .collect(),
+                        channels: v.channels().count(),
+                    }
                 })
                 .collect();
             if views.is_empty() {
                 continue;
             }
-            procs.push(json!({
-                "pid": pid, "comm": comm(pid), "discoverable": true,
-                "preempted": self.preempted.contains_key(&pid), "gpus": views,
-                "mps": mps_of(pid),
-            }));
+            procs.push(ProcessEntry {
+                pid,
+                comm: comm(pid),
+                discoverable: true,
+                preempted: Some(self.preempted.contains_key(&pid)),
+                gpus: views,
+                note: None,
+                mps: mps_of(pid),
+            });
         }
         for &pid in &self.pre_existing {
             if alive(pid) {
-                procs.push(json!({
-                    "pid": pid, "comm": comm(pid), "discoverable": false,
-                    "note": "not discoverable: started before the daemon",
-                    "mps": mps_of(pid),
-                }));
+                procs.push(ProcessEntry {
+                    pid,
+                    comm: comm(pid),
+                    discoverable: false,
+                    preempted: None,
+                    gpus: Vec::new(),
+                    note: Some("not discoverable: started before the daemon".into()),
+                    mps: mps_of(pid),
+                });
             }
         }
-        Reply::ok(json!({ "processes": procs }))
+        Reply::ok(PsReply { processes: procs })
     }
 
     fn no_channels_reason(&self, pid: u32) -> String {
@@ -439,13 +467,20 @@ impl<D: RmDriver> DaemonCore<D> {
 
     fn preempt(&mut self, pid: u32, gpu: Option<&str>, hold: Option<Duration>) -> Reply {
         if self.preempted.contains_key(&pid) {
-            return Reply::ok(json!({"pid": pid, "already_preempted": true}));
+            return Reply::ok(PreemptReply {
+                pid,
+                already_preempted: true,
+                ..PreemptReply::default()
+            });
         }
         // Who it is, read from /proc once, as first asked for: by the config's `[offline]`
         // rules now if it has any, else by the metrics after the disable.
         let who = Workload::of(pid);
         if let Err(why) = self.offline_policy.permits(&who) {
-            return Reply::err(4, format!("not preempting process {pid}: {why}"));
+            return Reply::fail(
+                ErrorCode::Permission,
+                format!("not preempting process {pid}: {why}"),
+            );
         }
         if let Some(refused) = self.mps_refusal(pid) {
             return refused;
@@ -472,10 +507,16 @@ impl<D: RmDriver> DaemonCore<D> {
         let max_hold_ms = limit.map(|l| l.as_millis() as u64);
         if from_gate {
             let p = self.preempted.get(&pid).expect("inserted");
-            return Reply::ok(json!({
-                "pid": pid, "channels": p.plan.channels(), "gpus": p.plan.gpus(), "disable": null,
-                "from_gate": true, "max_hold_ms": max_hold_ms, "timing_us": timing.json(0),
-            }));
+            return Reply::ok(PreemptReply {
+                pid,
+                channels: p.plan.channels(),
+                gpus: p.plan.gpus(),
+                disable: None,
+                from_gate: true,
+                max_hold_ms,
+                timing_us: Some(timing.us(0)),
+                ..PreemptReply::default()
+            });
         }
         self.disable_preempted(pid, &who, max_hold_ms, timing)
     }
@@ -492,9 +533,9 @@ impl<D: RmDriver> DaemonCore<D> {
             None => None,
             Some(Ok(sel)) => match sel.resolve(&gpus) {
                 Ok(i) => Some(gpus[i].device_instance),
-                Err(e) => return Err(Reply::err(6, e.to_string())),
+                Err(e) => return Err(Reply::fail(ErrorCode::NoSuchGpu, e.to_string())),
             },
-            Some(Err(e)) => return Err(Reply::err(2, e)),
+            Some(Err(e)) => return Err(Reply::fail(ErrorCode::BadRequest, e)),
         };
         let (targets, records) = self.channels_of(pid, want, &gpus);
         if targets.is_empty() {
@@ -506,12 +547,12 @@ impl<D: RmDriver> DaemonCore<D> {
             } else {
                 self.no_channels_reason(pid)
             };
-            return Err(Reply::err(EXIT_PROCESS, msg));
+            return Err(Reply::fail(ErrorCode::Process, msg));
         }
         let plan = self
             .ctl
             .plan(&targets, PreemptMode::Preempt)
-            .map_err(|e| Reply::err(EXIT_RM, e.to_string()))?;
+            .map_err(|e| Reply::fail(ErrorCode::Rm, e.to_string()))?;
         Ok((records, plan))
     }
 
@@ -563,8 +604,8 @@ impl<D: RmDriver> DaemonCore<D> {
         let record = Instant::now();
         if let Err(e) = self.record() {
             self.preempted.remove(&pid);
-            return Err(Reply::err(
-                1,
+            return Err(Reply::fail(
+                ErrorCode::Failed,
                 format!("not preempting: cannot record it ({e})"),
             ));
         }
@@ -614,15 +655,20 @@ impl<D: RmDriver> DaemonCore<D> {
             }
         }
         match outcome {
-            Ok((report, channels, gpus_n)) => Reply::ok(json!({
-                "pid": pid, "channels": channels, "gpus": gpus_n, "disable": report,
-                "max_hold_ms": max_hold_ms, "from_gate": false,
-                "timing_us": timing.json(disable_us),
-            })),
+            Ok((report, channels, gpus_n)) => Reply::ok(PreemptReply {
+                pid,
+                channels,
+                gpus: gpus_n,
+                disable: Some(batch_timing(&report)),
+                max_hold_ms,
+                from_gate: false,
+                timing_us: Some(timing.us(disable_us)),
+                ..PreemptReply::default()
+            }),
             Err(message) => {
                 self.preempted.remove(&pid);
                 let _ = self.save();
-                Reply::err(EXIT_RM, message)
+                Reply::fail(ErrorCode::Rm, message)
             }
         }
     }
@@ -652,15 +698,19 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         let _ = self.record();
         let held = p.since.elapsed();
-        Reply::ok(
-            json!({"pid": pid, "enable": null, "to_gate": true, "held_ms": held.as_secs_f64() * 1e3}),
-        )
+        Reply::ok(ResumeReply {
+            pid,
+            enable: None,
+            to_gate: true,
+            held_ms: Some(held.as_secs_f64() * 1e3),
+            note: None,
+        })
     }
 
     fn resume(&mut self, pid: u32) -> Reply {
         let Some(p) = self.preempted.remove(&pid) else {
-            return Reply::err(
-                EXIT_PROCESS,
+            return Reply::fail(
+                ErrorCode::Process,
                 format!("process {pid} is not preempted by this daemon (see `valvectl status`)"),
             );
         };
@@ -679,20 +729,25 @@ impl<D: RmDriver> DaemonCore<D> {
                 if let Some(m) = &self.metrics {
                     m.record_resume(&report, &p.label, held);
                 }
-                Reply::ok(
-                    json!({"pid": pid, "enable": report, "held_ms": held.as_secs_f64() * 1e3}),
-                )
+                Reply::ok(ResumeReply {
+                    pid,
+                    enable: Some(batch_timing(&report)),
+                    held_ms: Some(held.as_secs_f64() * 1e3),
+                    ..ResumeReply::default()
+                })
             }
             Err(_) if gone => {
                 let _ = self.save();
-                Reply::ok(
-                    json!({"pid": pid, "note": "the process's channels are gone (it exited)"}),
-                )
+                Reply::ok(ResumeReply {
+                    pid,
+                    note: Some("the process's channels are gone (it exited)".into()),
+                    ..ResumeReply::default()
+                })
             }
             Err(e) => {
                 // Keep it recorded so that a retry or a restart re-enables it.
                 self.preempted.insert(pid, p);
-                Reply::err(EXIT_RM, e.to_string())
+                Reply::fail(ErrorCode::Rm, e.to_string())
             }
         }
     }
@@ -707,9 +762,9 @@ impl<D: RmDriver> DaemonCore<D> {
             }
         }
         if failures.is_empty() {
-            Reply::ok(json!({"resumed": pids}))
+            Reply::ok(ResumeAllReply { resumed: pids })
         } else {
-            Reply::err(EXIT_RM, failures.join("; "))
+            Reply::fail(ErrorCode::Rm, failures.join("; "))
         }
     }
 
@@ -743,25 +798,28 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     fn gate_status(&self) -> Reply {
+        Reply::ok(self.gate_reply())
+    }
+
+    fn gate_reply(&self) -> GateReply {
         match (&self.gate, &self.gate_pending) {
-            (Some(g), _) => Reply::ok(g.status()),
-            (None, Some(_)) => Reply::ok(json!({"running": false, "starting": true})),
-            (None, None) => Reply::ok(json!({"running": false})),
+            (Some(g), _) => g.status().into(),
+            (None, pending) => GateReply::idle(pending.is_some()),
         }
     }
 
     /// Stops the gate (its thread enables offline) and drops its records.
     pub fn gate_stop(&mut self) -> Reply {
         if self.gate_pending.is_some() {
-            return Reply::err(
-                1,
+            return Reply::fail(
+                ErrorCode::Failed,
                 "the gate is still starting (attaching its BPF programs); stop it once \
                  `valvectl gate start` has answered",
             );
         }
         let Some(g) = self.gate.take() else {
-            return Reply::err(
-                1,
+            return Reply::fail(
+                ErrorCode::Failed,
                 "no gate is running (start one with `valvectl gate start`)",
             );
         };
@@ -799,8 +857,8 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         match &self.gate {
             Some(g) => Reply::ok(g.signal(busy)),
-            None => Reply::err(
-                1,
+            None => Reply::fail(
+                ErrorCode::Failed,
                 "no gate is running: start one with `valvectl gate start` before sending \
                  busy/idle signals",
             ),
@@ -932,6 +990,21 @@ impl<D: RmDriver> DaemonCore<D> {
         }
         h.set_view(view);
     }
+}
+
+/// Answers a client's hello: the daemon's version, or the named error when the client speaks
+/// another protocol version.
+fn hello(client: u32) -> Reply {
+    if client != PROTOCOL_VERSION {
+        return Reply::fail(
+            ErrorCode::VersionMismatch,
+            valve_protocol::version_mismatch_message(PROTOCOL_VERSION, client),
+        );
+    }
+    Reply::ok(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        daemon_version: env!("CARGO_PKG_VERSION").into(),
+    })
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The node harvest profile (issue 28, part 1): a thread that turns what the daemon measures into
+//! The node harvest profile: a thread that turns what the daemon measures into
 //! the versioned document a cluster scheduler reads (`valve_harvest::NodeHarvest`).
 //!
 //! Every 200 ms the thread folds the gate's lock-free trace into busy intervals ([`intervals`]),

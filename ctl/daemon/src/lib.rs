@@ -16,12 +16,12 @@
 //! - [`journal`]: the RM events that built the registry, replayed after a restart.
 //! - [`gate`]: `valvectl gate` (the policy, the gate thread and the daemon's side of it).
 //! - [`procfs`]: what `/proc` says about other processes. [`error`]: why the daemon stopped.
-//! - [`memory`]: the GPU memory pool (issue 10): ledger, reclaim and the pool socket, started
+//! - [`memory`]: the GPU memory pool: ledger, reclaim and the pool socket, started
 //!   beside the control socket by [`run_with_pool`].
 //! - [`config`]: the TOML config file and the `[offline]` rules; [`workload`]: a process's
 //!   workload label (`VALVE_LABEL` or its Kubernetes pod's label), uid and cgroup.
 //! - [`metrics`]: Prometheus metrics and their HTTP endpoint; [`audit`]: the audit trail.
-//! - [`harvest`]: the node harvest profile (issue 28): a thread that folds the gate's trace, the
+//! - [`harvest`]: the node harvest profile: a thread that folds the gate's trace, the
 //!   memory left to offline and the jobs' progress into the document a cluster scheduler reads.
 //!
 //! Everything the daemon disables is written to the state file (`valve::state`) *before* the
@@ -30,10 +30,10 @@
 //! # What comes next
 //!
 //! New roles of the daemon get a module here beside [`gate`] and [`memory`], fed by
-//! [`DaemonCore`], with their requests in [`protocol`]:
+//! [`DaemonCore`], with their requests in [`protocol`] (the `valve-protocol` crate):
 //! - the memory pool's metrics, registered through [`metrics::Metrics::with_registry`].
 //!
-//! The arrival trigger (issue 11) is part of [`gate`]: BPF sees an online request's data arrive
+//! The arrival trigger is part of [`gate`]: BPF sees an online request's data arrive
 //! and the gate preempts before the request's first kernel launch; the gate records edge ->
 //! offline stopped into [`metrics::Metrics::record_edge_to_stopped`] by edge kind.
 

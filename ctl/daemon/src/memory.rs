@@ -1,4 +1,4 @@
-//! The daemon's GPU memory pool (issue 10): shareable physical memory in fixed-size handles,
+//! The daemon's GPU memory pool: shareable physical memory in fixed-size handles,
 //! lent to registered online and offline processes, and taken back from offline for online.
 //!
 //! - [`ledger`]: who holds which handle; the rules for lending and taking back (pure).

@@ -50,7 +50,7 @@ pub enum Source {
 pub enum EdgeKind {
     /// The first kernel launch after an idle gap.
     Launch,
-    /// An online request arriving (issue 11's trigger).
+    /// An online request arriving (the arrival trigger).
     Arrival,
 }
 

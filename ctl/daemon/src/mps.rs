@@ -66,11 +66,11 @@ pub enum Evidence {
 }
 
 impl MpsRole {
-    /// `"server"` or `"client"`, as `ps` shows it.
-    pub fn name(&self) -> &'static str {
+    /// The role as the `ps` reply carries it (`"server"` or `"client"`).
+    pub fn wire(&self) -> valve_protocol::control::MpsRole {
         match self {
-            MpsRole::Server => "server",
-            MpsRole::Client { .. } => "client",
+            MpsRole::Server => valve_protocol::control::MpsRole::Server,
+            MpsRole::Client { .. } => valve_protocol::control::MpsRole::Client,
         }
     }
 

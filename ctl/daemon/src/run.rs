@@ -12,7 +12,7 @@ use valve::state::StateFile;
 use valve::Signals;
 use valve_ebpf::{WatchConfig, Watcher};
 
-use crate::audit::{Audit, Caller};
+use crate::audit::{Audit, Caller, Targets};
 use crate::config::OfflinePolicy;
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
@@ -21,7 +21,7 @@ use crate::harvest::{HarvestHandle, HarvestSettings, HarvestSources, NvmlMemory}
 use crate::metrics::Metrics;
 use crate::procfs::nvidia_users;
 use crate::protocol::EXIT_BPF;
-use crate::protocol::{GateSpec, Reply};
+use crate::protocol::{Data, GateSpec, Reply};
 use crate::server;
 use crate::workload::PodLabels;
 
@@ -63,38 +63,82 @@ pub struct DaemonConfig {
 fn audit_config(cfg: &DaemonConfig, audit: &Audit) {
     use sha2::Digest;
     let file = cfg.config_file.as_ref().map(|p| {
-        let digest = std::fs::read(p)
+        let sha256 = std::fs::read(p)
             .map(|b| format!("{:x}", sha2::Sha256::digest(b)))
             .unwrap_or_default();
-        serde_json::json!({"path": p, "sha256": digest})
+        ConfigFile { path: p, sha256 }
     });
-    let targets = serde_json::json!({
-        "file": file,
-        "group": cfg.group,
-        "max_hold_ms": cfg.max_hold.map(|d| d.as_millis() as u64),
-        "metrics_addr": cfg.metrics_addr,
-        "offline": {"labels": cfg.offline.labels, "uids": cfg.offline.uids, "cgroups": cfg.offline.cgroups},
-        "gate_defaults": cfg.gate_defaults,
-        "gate_autostart": cfg.gate_autostart,
-        "harvest": {"node_name": cfg.harvest.node_name, "progress_dir": cfg.harvest.progress_dir,
-                    "windows_s": cfg.harvest.windows_s},
-    });
-    audit.record(
-        "config",
-        Caller::daemon(),
-        targets,
-        &Reply::ok(serde_json::Value::Null),
-    );
+    let settings = ConfigAudit {
+        file,
+        group: cfg.group.as_deref(),
+        max_hold_ms: cfg.max_hold.map(|d| d.as_millis() as u64),
+        metrics_addr: cfg.metrics_addr,
+        offline: OfflineAudit {
+            labels: &cfg.offline.labels,
+            uids: &cfg.offline.uids,
+            cgroups: &cfg.offline.cgroups,
+        },
+        gate_defaults: &cfg.gate_defaults,
+        gate_autostart: cfg.gate_autostart,
+        harvest: HarvestAudit {
+            node_name: cfg.harvest.node_name.as_deref(),
+            progress_dir: &cfg.harvest.progress_dir,
+            windows_s: &cfg.harvest.windows_s,
+        },
+    };
+    let targets = Targets::Config(serde_json::to_value(settings).unwrap_or_default());
+    audit.record("config", Caller::daemon(), targets, &Reply::empty());
 }
 
-/// Creates the metrics, has the core and the gate thread record into them, and serves them.
+/// The daemon's settings as its `config` audit record names them.
+#[derive(serde::Serialize)]
+struct ConfigAudit<'a> {
+    file: Option<ConfigFile<'a>>,
+    group: Option<&'a str>,
+    max_hold_ms: Option<u64>,
+    metrics_addr: Option<SocketAddr>,
+    offline: OfflineAudit<'a>,
+    gate_defaults: &'a GateSpec,
+    gate_autostart: bool,
+    harvest: HarvestAudit<'a>,
+}
+
+/// The config file and the SHA-256 of its text.
+#[derive(serde::Serialize)]
+struct ConfigFile<'a> {
+    path: &'a std::path::Path,
+    sha256: String,
+}
+
+/// The `[offline]` rules, in [`ConfigAudit`].
+#[derive(serde::Serialize)]
+struct OfflineAudit<'a> {
+    labels: &'a [String],
+    uids: &'a [u32],
+    cgroups: &'a [String],
+}
+
+/// The `[harvest]` settings, in [`ConfigAudit`].
+#[derive(serde::Serialize)]
+struct HarvestAudit<'a> {
+    node_name: Option<&'a str>,
+    progress_dir: &'a std::path::Path,
+    windows_s: &'a [u32],
+}
+
+/// Creates the metrics and has the core and the gate thread record into them, always: the
+/// control socket serves them (`valvectl top` reads offline's harvested and frozen time there).
+/// With `addr` they are served over HTTP too.
 fn start_metrics(
-    addr: SocketAddr,
+    addr: Option<SocketAddr>,
     core: &mut DaemonCore<NvDriver>,
 ) -> Result<Arc<Metrics>, DaemonError> {
     let m = Metrics::new(core.controller().gpus().len());
     core.set_metrics(m.clone());
     crate::metrics::install_for_gate(m.clone());
+    let Some(addr) = addr else {
+        return Ok(m);
+    };
     let bound = crate::metrics::serve_http(addr, m.clone()).map_err(|e| {
         derr(
             1,
@@ -103,6 +147,36 @@ fn start_metrics(
     })?;
     eprintln!("valvectl daemon: Prometheus metrics on http://{bound}/metrics");
     Ok(m)
+}
+
+/// The audit trail the config asks for: its file, else the log only.
+fn open_audit(cfg: &DaemonConfig) -> Result<Audit, DaemonError> {
+    match &cfg.audit_log {
+        Some(path) => Audit::to_file(path).map_err(|e| {
+            derr(
+                1,
+                format!(
+                    "opening the audit log {}: {e} (fix the path or its directory's permissions)",
+                    path.display()
+                ),
+            )
+        }),
+        None => Ok(Audit::log_only()),
+    }
+}
+
+/// Audits the resume of everything at shutdown, with the pids it resumed.
+fn audit_shutdown(audit: &Audit, r: &Reply) {
+    let pids = match &r.data {
+        Some(Data::ResumeAll(all)) => Some(all.resumed.clone()),
+        _ => None,
+    };
+    audit.record(
+        "shutdown_resume",
+        Caller::daemon(),
+        Targets::Pids { pids },
+        r,
+    );
 }
 
 /// Runs the daemon until SIGINT/SIGTERM/SIGHUP; resumes everything before returning.
@@ -122,18 +196,7 @@ pub fn run_with_pool(
         None => crate::harvest::host_name().map_err(|e| derr(2, e))?,
     };
     crate::harvest::ensure_progress_dir(&cfg.harvest.progress_dir).map_err(|e| derr(1, e))?;
-    let audit = match &cfg.audit_log {
-        Some(path) => Audit::to_file(path).map_err(|e| {
-            derr(
-                1,
-                format!(
-                    "opening the audit log {}: {e} (fix the path or its directory's permissions)",
-                    path.display()
-                ),
-            )
-        })?,
-        None => Audit::log_only(),
-    };
+    let audit = open_audit(cfg)?;
     server::raise_fd_limit();
     let (mut core, watcher) = start(cfg)?;
     let listener = server::bind(&cfg.socket, gid)?;
@@ -164,10 +227,9 @@ pub fn run_with_pool(
     }
     audit_config(cfg, &audit);
     // A failure from here on still goes through the shutdown below (socket file, pool).
-    let (metrics, started) = match cfg.metrics_addr.map(|a| start_metrics(a, &mut core)) {
-        Some(Err(e)) => (None, Err(e)),
-        Some(Ok(m)) => (Some(m), Ok(())),
-        None => (None, Ok(())),
+    let (metrics, started) = match start_metrics(cfg.metrics_addr, &mut core) {
+        Err(e) => (None, Err(e)),
+        Ok(m) => (Some(m), Ok(())),
     };
     if let Some(m) = &metrics {
         m.serve_profile(harvest.shared());
@@ -192,12 +254,7 @@ pub fn run_with_pool(
     drop(pool);
     drop(harvest);
     let r = core.shutdown();
-    audit.record(
-        "shutdown_resume",
-        Caller::daemon(),
-        serde_json::json!({"pids": r.data.get("resumed")}),
-        &r,
-    );
+    audit_shutdown(&audit, &r);
     let _ = std::fs::remove_file(&cfg.socket);
     drop(watcher);
     match (result, r.error) {

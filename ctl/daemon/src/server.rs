@@ -26,16 +26,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials, UnixCredentials};
-use serde_json::json;
 use valve::driver::RmDriver;
 use valve::Signals;
 use valve_ebpf::{RmEvent, Watcher};
 
-use crate::audit::{Audit, Caller};
+use crate::audit::{Audit, Caller, Targets};
 use crate::core::DaemonCore;
 use crate::error::{derr, DaemonError};
 use crate::metrics::ErrorCause;
-use crate::protocol::{GateSpec, LoopRequest, Reply, Request, EXIT_BPF, MAX_REQUEST_BYTES};
+use crate::protocol::{
+    classify_bad_request, Data, ErrorCode, ErrorReply, GateSpec, LoopRequest, MetricsReply, Reply,
+    Request, EXIT_BPF, MAX_REQUEST_BYTES,
+};
 
 mod conn;
 pub mod lane;
@@ -77,7 +79,7 @@ pub fn answers(socket: &Path, timeout: Duration) -> bool {
     if BufReader::new(stream).read_line(&mut reply).is_err() {
         return false;
     }
-    serde_json::from_str::<Reply>(&reply).is_ok()
+    serde_json::from_str::<Reply<serde_json::Value>>(&reply).is_ok()
 }
 
 /// Binds the socket (replacing a stale one): mode 0660 with group `gid`, else 0600 (root only).
@@ -190,7 +192,7 @@ enum GateWaiter {
 }
 
 /// A request's audit event ([`Audit::event_of`]).
-type AuditEvent = Option<(&'static str, serde_json::Value)>;
+type AuditEvent = Option<(&'static str, Targets)>;
 
 /// The control socket's connections, the fast lane, and what the loop does with them each turn.
 pub struct Server<'a> {
@@ -324,11 +326,14 @@ impl<'a> Server<'a> {
         for pid in core.expire(Instant::now()) {
             let reply = if core.is_preempted(pid) {
                 (self.on_error)(ErrorCause::Rm);
-                Reply::err(1, "resume at the hold limit failed; see the daemon's log")
+                Reply::fail(
+                    ErrorCode::Failed,
+                    "resume at the hold limit failed; see the daemon's log",
+                )
             } else {
-                Reply::ok(serde_json::Value::Null)
+                Reply::empty()
             };
-            let targets = json!({"pid": pid});
+            let targets = Targets::Pid { pid };
             self.audit
                 .record("hold_limit_resume", Caller::daemon(), targets, &reply);
         }
@@ -490,8 +495,8 @@ impl<'a> Server<'a> {
             self.next_id += 1;
             let mut conn = Conn::new(self.next_id, stream, caller);
             if !cred.is_some_and(|c| allowed(&c, self.gid)) {
-                let reply = Reply::err(
-                    4,
+                let reply = Reply::fail(
+                    ErrorCode::Permission,
                     "permission denied: only root or the daemon's --group may use Valve",
                 );
                 (self.on_error)(ErrorCause::Permission);
@@ -516,7 +521,8 @@ impl<'a> Server<'a> {
                 gid: u32::MAX,
                 pid: 0,
             });
-            self.audit.record("refused", caller, json!({}), reply);
+            self.audit
+                .record("refused", caller, Targets::Nothing {}, reply);
         }
     }
 
@@ -573,8 +579,8 @@ impl<'a> Server<'a> {
             ReadOutcome::Closed => conn.done = true,
             ReadOutcome::TooLong => {
                 (self.on_error)(ErrorCause::Oversized);
-                conn.answer(&Reply::err(
-                    2,
+                conn.answer(&Reply::fail(
+                    ErrorCode::BadRequest,
                     format!(
                         "request refused: longer than {MAX_REQUEST_BYTES} bytes; a request is \
                          one JSON line (see valve_daemon::protocol::Request)"
@@ -609,7 +615,10 @@ impl<'a> Server<'a> {
             Err(Err(why)) => {
                 // Refused cheaply: counted, neither audited nor logged.
                 (self.on_error)(ErrorCause::Malformed);
-                self.conns[i].answer(&Reply::err(2, format!("bad request: {why}")));
+                self.conns[i].answer(&Reply {
+                    data: None,
+                    error: Some(why),
+                });
                 return;
             }
         };
@@ -657,21 +666,29 @@ impl<'a> Server<'a> {
     }
 }
 
-/// A request line as a [`Request`], else as a [`LoopRequest`], else why it is neither. A line
-/// that cannot be a JSON object is refused without parsing.
-fn parse(line: &[u8]) -> Result<Request, Result<LoopRequest, String>> {
+/// A request line as a [`Request`], else as a [`LoopRequest`], else the error to answer (an
+/// unknown op and a malformed request have their own). A line that cannot be a JSON object is
+/// refused without parsing.
+fn parse(line: &[u8]) -> Result<Request, Result<LoopRequest, ErrorReply>> {
     if !may_be_request(line) {
-        return Err(Err("a request is one JSON object per line".into()));
+        return Err(Err(ErrorReply::new(
+            ErrorCode::BadRequest,
+            "bad request: a request is one JSON object per line",
+        )));
     }
-    serde_json::from_slice::<Request>(line)
-        .map_err(|e| serde_json::from_slice::<LoopRequest>(line).map_err(|_| e.to_string()))
+    serde_json::from_slice::<Request>(line).map_err(|e| {
+        serde_json::from_slice::<LoopRequest>(line)
+            .map_err(|_| classify_bad_request(line, &e.to_string()))
+    })
 }
 
 /// A preempt's reply says where its time went: `drain` and `queued` join the core's timings.
 fn stamp(reply: &mut Reply, drained: Duration, queued: Duration) {
-    if let Some(t) = reply.data.get_mut("timing_us") {
-        t["drain"] = json!(drained.as_micros() as u64);
-        t["queued"] = json!(queued.as_micros() as u64);
+    if let Some(Data::Preempt(p)) = &mut reply.data {
+        if let Some(t) = &mut p.timing_us {
+            t.drain = Some(drained.as_micros() as u64);
+            t.queued = Some(queued.as_micros() as u64);
+        }
     }
 }
 
@@ -694,12 +711,8 @@ fn autostarted(audit: &Audit, event: AuditEvent, reply: &Reply) -> Result<(), Da
 fn answer_loop(req: LoopRequest) -> Reply {
     match req {
         LoopRequest::Metrics => match crate::metrics::for_gate() {
-            Some(m) => Reply::ok(json!({"text": m.encode()})),
-            None => Reply::err(
-                1,
-                "this daemon keeps no metrics: start it with `--metrics-addr ADDR` (or \
-                 `address` under `[metrics]` in its config file)",
-            ),
+            Some(m) => Reply::ok(MetricsReply { text: m.encode() }),
+            None => Reply::fail(ErrorCode::Failed, "this daemon keeps no metrics"),
         },
     }
 }

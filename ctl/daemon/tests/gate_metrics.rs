@@ -95,23 +95,8 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     );
     assert!(gate.offline_disabled());
     let edge_to_now = (monotonic_ns() - edge_ts) as f64 / 1e9;
+    check_freeze_counted(&m, edge_to_now);
     let v = exposition(&m);
-    assert_eq!(
-        v["valve_processes_frozen{source=\"gate\"}"], 0.0,
-        "set by the daemon"
-    );
-    assert!(m.gate_frozen());
-    assert_eq!(
-        v["valve_preemptions_total{gpu=\"0\",label=\"batch\",source=\"gate\"}"],
-        1.0
-    );
-    assert_eq!(
-        v["valve_edge_to_stopped_seconds_count{edge=\"launch\"}"],
-        1.0
-    );
-    let e2s = v["valve_edge_to_stopped_seconds_sum{edge=\"launch\"}"];
-    assert!(e2s > 0.0 && e2s <= edge_to_now, "{e2s} vs {edge_to_now}");
-    assert_eq!(v["valve_disable_seconds_count{gpu=\"0\"}"], 1.0);
     let harvested = v["valve_offline_harvested_seconds_total{label=\"batch\"}"];
     let ran_at_most = started.elapsed().as_secs_f64();
     assert!(
@@ -146,4 +131,25 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
     std::thread::sleep(Duration::from_millis(5));
     assert_eq!(harvested_s(&m), after_stop, "no gate, no harvest");
     drop(gate);
+}
+
+/// After the gate's freeze: counted and timed per GPU, label and edge kind, within `edge_to_now`.
+fn check_freeze_counted(m: &Metrics, edge_to_now: f64) {
+    let v = exposition(m);
+    assert_eq!(
+        v["valve_processes_frozen{source=\"gate\"}"], 0.0,
+        "set by the daemon"
+    );
+    assert!(m.gate_frozen());
+    assert_eq!(
+        v["valve_preemptions_total{gpu=\"0\",label=\"batch\",source=\"gate\"}"],
+        1.0
+    );
+    assert_eq!(
+        v["valve_edge_to_stopped_seconds_count{edge=\"launch\"}"],
+        1.0
+    );
+    let e2s = v["valve_edge_to_stopped_seconds_sum{edge=\"launch\"}"];
+    assert!(e2s > 0.0 && e2s <= edge_to_now, "{e2s} vs {edge_to_now}");
+    assert_eq!(v["valve_disable_seconds_count{gpu=\"0\"}"], 1.0);
 }

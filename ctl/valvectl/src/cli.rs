@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use serde_json::json;
 use valve::controller::Controller;
 use valve::driver::RmDriver;
 use valve::Signals;
@@ -42,6 +41,7 @@ Exit codes:
   8    no such process, process has no GPU channels, or it started before the daemon
   9    BPF, the ioctl tracepoints or uprobes on libcuda are unavailable (daemon, gate start)
   10   the process is a CUDA MPS client or server: Valve cannot freeze its work (preempt, gate start)
+  11   valvectl and the daemon speak different protocol versions: upgrade the older one
   130  `bench` interrupted (channels were resumed)
 
 Handles are hexadecimal, with or without 0x (as RM prints them: c1d00042, 0x5c000020).
@@ -162,6 +162,7 @@ pub fn run() -> i32 {
     if !matches!(cli.command, Command::Daemon(_)) {
         let _ = tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            .with_ansi(crate::commands::daemon::stderr_is_terminal())
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
                     .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -180,7 +181,16 @@ pub fn run() -> i32 {
                 eprintln!("valvectl: error: {e}");
             }
             if json {
-                println!("{}", json!({"error": e.to_string(), "exit_code": code}));
+                #[derive(serde::Serialize)]
+                struct Failure {
+                    error: String,
+                    exit_code: i32,
+                }
+                let failure = Failure {
+                    error: e.to_string(),
+                    exit_code: code,
+                };
+                println!("{}", crate::print::json(&failure));
             }
             code
         }
@@ -245,7 +255,7 @@ pub fn execute<D: RmDriver>(
 #[cfg(test)]
 mod tests {
     use valve::fake::FakeRm;
-    use valve_daemon::protocol::Request;
+    use valve_daemon::protocol::{GateSpec, Request};
     use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
 
     use super::*;
@@ -254,15 +264,26 @@ mod tests {
         Cli::try_parse_from(std::iter::once("valvectl").chain(args.iter().copied()))
     }
 
-    #[test]
-    fn gate_start_needs_both_sides_and_carries_its_tuning() {
-        let request = |args: &[&str]| {
-            let cli = parse(args).unwrap();
-            let Command::Gate(GateArgs { action }) = &cli.command else {
-                panic!("{cli:?}")
-            };
-            gate::request(action)
+    /// The request `valvectl ARGS` sends for a `gate` subcommand.
+    fn gate_request(args: &[&str]) -> Result<Request, CliError> {
+        let cli = parse(args).unwrap();
+        let Command::Gate(GateArgs { action }) = &cli.command else {
+            panic!("{cli:?}")
         };
+        gate::request(action)
+    }
+
+    /// The spec a `gate start` with ARGS sends.
+    fn gate_spec(args: &[&str]) -> GateSpec {
+        match gate_request(args).unwrap() {
+            Request::GateStart(spec) => *spec,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn gate_start_needs_both_sides() {
+        let request = gate_request;
         let missing = request(&["gate", "start", "--online", "1"]).unwrap_err();
         assert_eq!(missing.exit_code(), 2);
         assert!(
@@ -282,7 +303,11 @@ mod tests {
             "b"
         ])
         .is_ok());
-        let cli = parse(&[
+    }
+
+    #[test]
+    fn gate_start_carries_its_tuning() {
+        let spec = gate_spec(&[
             "gate",
             "start",
             "--online",
@@ -295,14 +320,7 @@ mod tests {
             "2ms",
             "--gap-memory",
             "90s",
-        ])
-        .unwrap();
-        let Command::Gate(GateArgs { action }) = &cli.command else {
-            panic!("{cli:?}")
-        };
-        let Request::GateStart(spec) = gate::request(action).unwrap() else {
-            panic!()
-        };
+        ]);
         assert_eq!(spec.online, vec![10, 11]);
         assert!(spec.offline.is_empty());
         assert_eq!(spec.offline_label.as_deref(), Some("batch"));
@@ -317,6 +335,10 @@ mod tests {
             "SCHED_FIFO 10 unless told"
         );
         assert_eq!(spec.hold_budget_pct, None, "no hold unless told");
+    }
+
+    #[test]
+    fn gate_start_takes_a_hold_budget_in_range() {
         // A hold budget, with or without the sign; not with a fixed cooldown, nor out of range.
         let hold = |pct: &str, extra: &[&str]| {
             let mut args = vec!["gate", "start", "--online", "10", "--offline", "5"];
@@ -338,8 +360,13 @@ mod tests {
         assert!(hold("10%", &["--fixed-cooldown", "5ms"])
             .unwrap_err()
             .contains("drop one"));
+    }
+
+    #[test]
+    fn gate_start_by_port_and_the_other_gate_requests() {
+        let request = gate_request;
         // The service by port, arrivals off, serial issue; the trace request.
-        let cli = parse(&[
+        let spec = gate_spec(&[
             "gate",
             "start",
             "--online-port",
@@ -350,14 +377,7 @@ mod tests {
             "--no-waits",
             "--issue",
             "serial",
-        ])
-        .unwrap();
-        let Command::Gate(GateArgs { action }) = &cli.command else {
-            panic!()
-        };
-        let Request::GateStart(spec) = gate::request(action).unwrap() else {
-            panic!()
-        };
+        ]);
         assert_eq!(spec.online_ports, vec![8000, 8001]);
         assert_eq!(spec.arrivals, Some(false));
         assert_eq!(spec.waits, Some(false));
@@ -376,12 +396,8 @@ mod tests {
             "x"
         ])
         .is_err());
-        let cli = parse(&["gate", "trace", "--after", "7"]).unwrap();
-        let Command::Gate(GateArgs { action }) = &cli.command else {
-            panic!()
-        };
         assert_eq!(
-            gate::request(action).unwrap(),
+            request(&["gate", "trace", "--after", "7"]).unwrap(),
             Request::GateTrace {
                 after: 7,
                 limit: None
@@ -393,11 +409,7 @@ mod tests {
             ("busy", Request::OnlineBusy),
             ("idle", Request::OnlineIdle),
         ] {
-            let cli = parse(&["gate", sub]).unwrap();
-            let Command::Gate(GateArgs { action }) = &cli.command else {
-                panic!()
-            };
-            assert_eq!(gate::request(action).unwrap(), req);
+            assert_eq!(request(&["gate", sub]).unwrap(), req);
         }
     }
 
@@ -462,6 +474,50 @@ mod tests {
             "hexadecimal",
         ] {
             assert!(help.contains(needle), "help lacks {needle}");
+        }
+    }
+
+    /// The codes of the help's exit code list, in its order.
+    fn listed_exit_codes() -> Vec<i32> {
+        EXIT_CODES
+            .lines()
+            .skip_while(|l| !l.starts_with("Exit codes"))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| {
+                let code = l.split_whitespace().next().unwrap_or_default();
+                code.parse()
+                    .unwrap_or_else(|_| panic!("not an exit code line: {l:?}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_exit_code_is_listed_once_with_the_daemons_errors_among_them() {
+        let codes = listed_exit_codes();
+        let mut distinct = codes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            codes.len(),
+            "a code listed twice: {codes:?}"
+        );
+        use valve_daemon::protocol::ErrorCode;
+        for kind in [
+            ErrorCode::Rm,
+            ErrorCode::NoSuchGpu,
+            ErrorCode::NoDaemon,
+            ErrorCode::Process,
+            ErrorCode::Bpf,
+            ErrorCode::MpsProcess,
+            ErrorCode::VersionMismatch,
+        ] {
+            assert!(
+                codes.contains(&kind.exit_code()),
+                "{kind:?} ends with exit code {}, which the help does not list",
+                kind.exit_code()
+            );
         }
     }
 

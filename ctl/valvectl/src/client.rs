@@ -1,14 +1,17 @@
-//! The daemon's client: sends one request over the daemon's socket (or one message to its memory
-//! pool's) and turns the reply, or the failure to get one, into data or a [`CliError`] with its
-//! exit code.
+//! The daemon's client: sends one typed request over the daemon's socket (or one message to its
+//! memory pool's) and turns the reply, or the failure to get one, into the request's reply type
+//! or a [`CliError`] with its exit code.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use valve_daemon::protocol::{Reply, Request};
+use serde::de::DeserializeOwned;
+use valve_daemon::protocol::{ErrorCode, Hello, Reply, Request, PROTOCOL_VERSION};
 use valve_daemon::EXIT_NO_DAEMON;
+use valve_protocol::pool::{parse_reply, PoolRequest};
+use valve_protocol::VersionMismatch;
 
 use crate::error::CliError;
 
@@ -39,12 +42,12 @@ pub enum IpcError {
 }
 
 /// Sends one request (a [`Request`], or a `LoopRequest` the daemon's loop answers) and waits
-/// for the reply.
+/// for the reply, its data left as JSON.
 pub fn call(
     socket: &Path,
     req: &impl serde::Serialize,
     timeout: Duration,
-) -> Result<Reply, IpcError> {
+) -> Result<Reply<serde_json::Value>, IpcError> {
     let name = socket.display().to_string();
     let io = |source: std::io::Error| IpcError::Io {
         socket: name.clone(),
@@ -67,35 +70,91 @@ pub fn call(
         .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
-/// Sends one request to the daemon on `socket`; a failure carries the exit code to use.
-pub fn daemon_call(socket: &Path, req: &Request) -> Result<serde_json::Value, CliError> {
+/// Sends one request to the daemon on `socket` and reads its reply as `T`, the request's reply
+/// type; a failure carries the exit code to use.
+pub fn daemon_call<T: DeserializeOwned>(socket: &Path, req: &Request) -> Result<T, CliError> {
     daemon_call_within(socket, req, Duration::from_secs(10))
 }
 
 /// [`daemon_call`] with a reply timeout of its own (`valvectl top` must not hang on a stuck
-/// daemon).
-pub fn daemon_call_within(
+/// daemon). A refusal of the op, or a reply that does not read as `T`, is checked with a hello:
+/// when the daemon speaks another protocol version, the error says so and which side to upgrade.
+pub fn daemon_call_within<T: DeserializeOwned>(
     socket: &Path,
     req: &impl serde::Serialize,
     timeout: Duration,
-) -> Result<serde_json::Value, CliError> {
-    let reply = call(socket, req, timeout).map_err(|e| {
-        let code = match e {
-            IpcError::NotRunning(_) => EXIT_NO_DAEMON,
-            IpcError::Permission(_) => 4,
-            IpcError::Io { .. } => 1,
-        };
-        CliError::Daemon(code, e.to_string())
-    })?;
-    match reply.error {
-        Some(e) => Err(CliError::Daemon(e.code, e.message)),
-        None => Ok(reply.data),
+) -> Result<T, CliError> {
+    let data = match raw_call(socket, req, timeout) {
+        Err(CliError::Daemon(2, m)) => {
+            hello(socket, timeout)?;
+            return Err(CliError::Daemon(2, m));
+        }
+        other => other?,
+    };
+    match serde_json::from_value(data.unwrap_or_default()) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            hello(socket, timeout)?;
+            Err(CliError::Daemon(
+                1,
+                format!("the daemon's reply did not read as this valvectl expects: {e}"),
+            ))
+        }
     }
 }
 
-/// Sends one message to the memory pool on `socket` (`valvectl daemon --pool`) and returns its
-/// reply; exit code 7, naming the command that starts one, when no pool answers.
-pub fn pool_call(socket: &Path, msg: &serde_json::Value) -> Result<serde_json::Value, CliError> {
+/// Sends `req` and returns the reply's data, or its error as a [`CliError`].
+fn raw_call(
+    socket: &Path,
+    req: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<Option<serde_json::Value>, CliError> {
+    let reply = call(socket, req, timeout).map_err(ipc_error)?;
+    reply
+        .into_result()
+        .map_err(|e| CliError::Daemon(e.code, e.message))
+}
+
+/// A failure to reach the daemon, with its exit code.
+fn ipc_error(e: IpcError) -> CliError {
+    let code = match e {
+        IpcError::NotRunning(_) => EXIT_NO_DAEMON,
+        IpcError::Permission(_) => 4,
+        IpcError::Io { .. } => 1,
+    };
+    CliError::Daemon(code, e.to_string())
+}
+
+/// Checks that the daemon speaks this valvectl's protocol version: its hello reply, its
+/// mismatch error, or (a daemon from before the hello) its refusal of the op.
+fn hello(socket: &Path, timeout: Duration) -> Result<(), CliError> {
+    let req = Request::Hello {
+        protocol_version: PROTOCOL_VERSION,
+    };
+    let mismatch = |daemon: u32| {
+        let e = VersionMismatch {
+            daemon,
+            client: PROTOCOL_VERSION,
+        };
+        CliError::Daemon(ErrorCode::VersionMismatch.exit_code(), e.to_string())
+    };
+    let reply = call(socket, &req, timeout).map_err(ipc_error)?;
+    match reply.into_result() {
+        Ok(data) => match data.and_then(|d| serde_json::from_value::<Hello>(d).ok()) {
+            Some(h) if h.protocol_version == PROTOCOL_VERSION => Ok(()),
+            Some(h) => Err(mismatch(h.protocol_version)),
+            None => Err(mismatch(0)),
+        },
+        Err(e) if e.kind == ErrorCode::VersionMismatch => Err(CliError::Daemon(e.code, e.message)),
+        // An older daemon refuses the op it does not know.
+        Err(e) if e.code == 2 => Err(mismatch(0)),
+        Err(e) => Err(CliError::Daemon(e.code, e.message)),
+    }
+}
+
+/// Sends one message to the memory pool on `socket` (`valvectl daemon --pool`) and reads its
+/// reply as `T`; exit code 7, naming the command that starts one, when no pool answers.
+pub fn pool_call<T: DeserializeOwned>(socket: &Path, msg: &PoolRequest) -> Result<T, CliError> {
     use valve_vmm::wire;
     let not_running = |e: valve_vmm::VmmError| {
         CliError::Daemon(
@@ -107,10 +166,9 @@ pub fn pool_call(socket: &Path, msg: &serde_json::Value) -> Result<serde_json::V
         )
     };
     let s = wire::connect(socket).map_err(not_running)?;
-    wire::send(&s, msg, &[]).map_err(not_running)?;
+    wire::send(&s, &msg.to_json(), &[]).map_err(not_running)?;
     match wire::recv(&s).map_err(not_running)? {
-        Some((v, _)) if v["ok"] == true => Ok(v),
-        Some((v, _)) => Err(CliError::Daemon(1, format!("pool: {}", v["error"]))),
+        Some((v, _)) => parse_reply(v).map_err(|f| CliError::Daemon(1, format!("pool: {f}"))),
         None => Err(CliError::Daemon(1, "the pool closed the connection".into())),
     }
 }
@@ -130,5 +188,66 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, IpcError::NotRunning(_)));
         assert!(err.to_string().contains("sudo valvectl daemon"));
+    }
+
+    /// A daemon on a fresh socket that answers each connection's line with the next of
+    /// `replies`, and returns the lines it got.
+    fn fake_daemon(
+        replies: Vec<String>,
+    ) -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::thread::JoinHandle<Vec<String>>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("valve.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            for reply in replies {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).unwrap();
+                got.push(line.trim().to_string());
+                s.write_all(format!("{reply}\n").as_bytes()).unwrap();
+            }
+            got
+        });
+        (dir, path, server)
+    }
+
+    #[test]
+    fn an_older_daemon_that_refuses_the_op_gets_the_version_mismatch() {
+        let refusal =
+            r#"{"data":null,"error":{"code":2,"message":"bad request: unknown variant"}}"#;
+        let (_dir, path, server) = fake_daemon(vec![refusal.into(), refusal.into()]);
+        let e = daemon_call::<Hello>(&path, &Request::GateStatus).unwrap_err();
+        let got = server.join().unwrap();
+        assert_eq!(
+            got[1],
+            format!(r#"{{"op":"hello","protocol_version":{PROTOCOL_VERSION}}}"#)
+        );
+        assert_eq!(e.exit_code(), 11, "{e}");
+        assert!(
+            e.to_string().contains("upgrade the older side, the daemon"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_reply_of_another_shape_from_the_same_version_is_its_own_error() {
+        let odd = r#"{"data":{"unexpected":true},"error":null}"#.to_string();
+        let hello = format!(
+            r#"{{"data":{{"protocol_version":{PROTOCOL_VERSION},"daemon_version":"x"}},"error":null}}"#
+        );
+        let (_dir, path, server) = fake_daemon(vec![odd, hello]);
+        let e = daemon_call::<Hello>(&path, &Request::Status).unwrap_err();
+        server.join().unwrap();
+        assert_eq!(e.exit_code(), 1, "{e}");
+        assert!(
+            e.to_string()
+                .contains("did not read as this valvectl expects"),
+            "{e}"
+        );
     }
 }

@@ -135,7 +135,7 @@ fn top_once_shows_a_frozen_offline_process_on_its_gpu() {
         |_| Some(42),
     )
     .unwrap();
-    // The daemon's metrics, as `--metrics-addr` sets them up (this test binary is the only
+    // The daemon's metrics, as the daemon always sets them up (this test binary is the only
     // one that installs them).
     let metrics = Metrics::new(2);
     install_for_gate(metrics.clone());
@@ -185,7 +185,14 @@ fn top_once_shows_a_frozen_offline_process_on_its_gpu() {
     assert!(preempt["error"].is_null(), "{preempt}");
     assert_eq!(rm.disabled().len(), 3, "the job's channels are disabled");
 
-    let stdout = String::from_utf8(text.stdout).unwrap();
+    check_text(&text, pid);
+    check_json(&json, pid);
+    drop(job);
+}
+
+/// `top --once` as text: the frozen job's row on GPU 1, no gate, no pool, no escape codes.
+fn check_text(text: &std::process::Output, pid: u32) {
+    let stdout = String::from_utf8(text.stdout.clone()).unwrap();
     assert!(
         text.status.success(),
         "{stdout}{}",
@@ -223,7 +230,10 @@ fn top_once_shows_a_frozen_offline_process_on_its_gpu() {
         stdout.contains("offline time: harvested 0.0 s, frozen 0.0 s"),
         "{stdout}"
     );
+}
 
+/// `top --once --json`: the daemon's own counters counted the freeze on GPU 1.
+fn check_json(json: &std::process::Output, pid: u32) {
     assert!(
         json.status.success(),
         "{}",
@@ -247,7 +257,6 @@ fn top_once_shows_a_frozen_offline_process_on_its_gpu() {
         v["gpus"][0]["processes"].as_array().unwrap().is_empty(),
         "{v}"
     );
-    drop(job);
 }
 
 #[test]

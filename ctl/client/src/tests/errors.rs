@@ -1,8 +1,6 @@
 //! Refusals and failures: each is a named error with the daemon's code, and none leaves
 //! handles lent to a client that cannot use them.
 
-use serde_json::json;
-
 use super::*;
 use crate::mock::Config;
 use crate::{conn, Error};
@@ -25,7 +23,7 @@ fn a_missing_socket_names_the_path_and_the_daemon_to_start() {
 fn requests_before_register_are_refused_with_code_13() {
     let mock = mock();
     let sock = conn::connect(&mock.path).unwrap();
-    let e = conn::call(&sock, "grow", json!({"count": 1})).unwrap_err();
+    let e = conn::call(&sock, &valve_protocol::pool::PoolRequest::Grow { count: 1 }).unwrap_err();
     assert!(matches!(e, Error::NotRegistered { .. }), "{e}");
     assert_eq!(e.code(), 13);
     assert!(e.to_string().contains("send `register` first"), "{e}");

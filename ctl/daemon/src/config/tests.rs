@@ -76,9 +76,24 @@ fn a_full_config_is_read_into_typed_settings() {
     assert_eq!(parse("").unwrap(), FileConfig::default());
 }
 
+/// Each of `cases` (config text, the key its error names, part of the problem) is refused with
+/// an error that names the file, the key and the problem.
+fn check_errors(cases: &[(&str, &str, &str)]) {
+    for (text, key, problem) in cases {
+        let e = parse(text).unwrap_err();
+        assert_eq!(&e.key, key, "{text}: {e}");
+        assert!(e.problem.contains(problem), "{text}: {e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("/etc/valve/valve.toml: {key}: ")),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn errors_name_the_file_the_key_and_the_problem() {
-    let cases: &[(&str, &str, &str)] = &[
+    check_errors(&[
         ("max_hold = \"60\"", "max_hold", "has no unit"),
         ("max_hold = \"1 fortnight\"", "max_hold", "unknown unit"),
         (
@@ -120,6 +135,14 @@ fn errors_name_the_file_the_key_and_the_problem() {
             "gate.offline_label",
             "same as",
         ),
+    ]);
+    let e = FileConfig::load(Path::new("/nonexistent/valve.toml")).unwrap_err();
+    assert!(e.to_string().contains("cannot read it"), "{e}");
+}
+
+#[test]
+fn errors_in_the_offline_kubernetes_and_harvest_tables_are_named_too() {
+    check_errors(&[
         (
             "[offline]\ncgroups = [\"kubepods\"]",
             "offline.cgroups",
@@ -169,19 +192,7 @@ fn errors_name_the_file_the_key_and_the_problem() {
             "line 2",
             "unknown field `window`",
         ),
-    ];
-    for (text, key, problem) in cases {
-        let e = parse(text).unwrap_err();
-        assert_eq!(&e.key, key, "{text}: {e}");
-        assert!(e.problem.contains(problem), "{text}: {e}");
-        assert!(
-            e.to_string()
-                .starts_with(&format!("/etc/valve/valve.toml: {key}: ")),
-            "{e}"
-        );
-    }
-    let e = FileConfig::load(Path::new("/nonexistent/valve.toml")).unwrap_err();
-    assert!(e.to_string().contains("cannot read it"), "{e}");
+    ]);
 }
 
 #[test]

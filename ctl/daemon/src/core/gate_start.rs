@@ -13,13 +13,13 @@
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use valve::driver::RmDriver;
 
 use super::DaemonCore;
 use crate::gate::supervisor::{ActiveGate, Rescan, SYNC_WITHIN};
 use crate::gate::ProbeState;
-use crate::protocol::{GateSpec, Reply, EXIT_BPF};
+use crate::protocol::{ErrorCode, GateReply, GateSpec, Reply};
+use valve_protocol::control::SignalReply;
 
 /// A `gate start` under way.
 pub(crate) enum PendingGate {
@@ -73,15 +73,15 @@ impl<D: RmDriver> DaemonCore<D> {
     ) -> Result<(), Reply> {
         self.fill_gate_defaults(&mut spec);
         if self.gate.is_some() {
-            return Err(Reply::err(
-                1,
+            return Err(Reply::fail(
+                ErrorCode::Failed,
                 "a gate is already running (see `valvectl gate status`); stop it first with \
                  `valvectl gate stop`",
             ));
         }
         if self.gate_pending.is_some() {
-            return Err(Reply::err(
-                1,
+            return Err(Reply::fail(
+                ErrorCode::Failed,
                 "a gate is starting (see `valvectl gate status`); stop it once it has started",
             ));
         }
@@ -95,7 +95,10 @@ impl<D: RmDriver> DaemonCore<D> {
             return Err(refused);
         }
         let Some(starter) = self.gate_starter.clone() else {
-            return Err(Reply::err(1, "this daemon cannot run a gate"));
+            return Err(Reply::fail(
+                ErrorCode::Failed,
+                "this daemon cannot run a gate",
+            ));
         };
         let offline_label = spec.offline_label.clone();
         let history = self.kept_hold_history(&spec);
@@ -111,7 +114,7 @@ impl<D: RmDriver> DaemonCore<D> {
                 let _ = tx.send(started);
                 done();
             })
-            .map_err(|e| Reply::err(1, format!("starting the gate: {e}")))?;
+            .map_err(|e| Reply::fail(ErrorCode::Failed, format!("starting the gate: {e}")))?;
         self.gate_pending = Some(PendingGate::Starting {
             rx,
             offline_label,
@@ -164,7 +167,10 @@ impl<D: RmDriver> DaemonCore<D> {
             Some(PendingGate::Starting { signal, .. }) => {
                 *signal = Some(busy);
                 let which = if busy { "busy" } else { "idle" };
-                Some(Reply::ok(json!({"signal": which, "queued": true})))
+                Some(Reply::ok(SignalReply {
+                    signal: which.into(),
+                    queued: true,
+                }))
             }
             _ => None,
         }
@@ -246,8 +252,8 @@ impl<D: RmDriver> DaemonCore<D> {
                 return None;
             }
             Err(TryRecvError::Disconnected) => {
-                return Some(Reply::err(
-                    EXIT_BPF,
+                return Some(Reply::fail(
+                    ErrorCode::Bpf,
                     "starting the gate: its helper thread died",
                 ))
             }
@@ -330,11 +336,13 @@ impl<D: RmDriver> DaemonCore<D> {
                  last_error); the gate does not see their launches"
             ));
         }
-        let mut data = self.gate_status().data;
+        let mut data = self.gate_reply();
         if !notes.is_empty() {
             let note = notes.join("; ");
             tracing::warn!("gate start: {note}");
-            data["note"] = json!(note);
+            if let GateReply::Active(s) = &mut data {
+                s.note = Some(note);
+            }
         }
         Reply::ok(data)
     }

@@ -10,7 +10,7 @@ use valve_ebpf::Registry;
 use super::DaemonCore;
 use crate::mps::{refusal, MpsLookup, MpsRole};
 use crate::procfs::comm;
-use crate::protocol::{Reply, EXIT_MPS};
+use crate::protocol::{ErrorCode, Reply};
 
 /// The processes among which MPS servers are looked for: those with GPU objects, watched or
 /// started before the daemon.
@@ -50,7 +50,10 @@ impl<D: RmDriver> DaemonCore<D> {
     /// client that connected a moment ago is refused too).
     pub(super) fn mps_refusal(&self, pid: u32) -> Option<Reply> {
         let role = self.mps_roles([pid]).remove(&pid)?;
-        Some(Reply::err(EXIT_MPS, refusal(pid, &comm(pid), &role)))
+        Some(Reply::fail(
+            ErrorCode::MpsProcess,
+            refusal(pid, &comm(pid), &role),
+        ))
     }
 }
 

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::gate;
+use crate::protocol::EXIT_PROCESS;
+use serde_json::json;
 use valve::fake::FakeRm;
 use valve_ebpf::{AllocEvent, FreeEvent};
 use valve_ioctl_bindings::{self as b, ChannelHandle, ClientHandle, ObjectHandle};
@@ -134,7 +136,7 @@ fn a_restarted_daemon_still_knows_running_processes_but_not_reused_pids() {
         gpu: None,
         max_hold_ms: None,
     });
-    assert_eq!(r.data["channels"], 4, "{r:?}");
+    assert_eq!(r.data_json()["channels"], 4, "{r:?}");
     assert!(second
         .handle(Request::Resume { pid: PID_A })
         .error
@@ -199,8 +201,8 @@ fn preempt_and_resume_by_pid_on_all_its_gpus() {
         max_hold_ms: None,
     });
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["channels"], 10);
-    assert_eq!(r.data["gpus"], 2);
+    assert_eq!(r.data_json()["channels"], 10);
+    assert_eq!(r.data_json()["gpus"], 2);
     let disabled = rm.disabled();
     assert_eq!(disabled.len(), 10);
     assert!(disabled.iter().all(|(cl, _)| cl.0 == 0xc1d0_0010));
@@ -210,7 +212,7 @@ fn preempt_and_resume_by_pid_on_all_its_gpus() {
         .iter()
         .all(|r| r.pid == PID_A && r.channels.len() == 5));
 
-    let ps = c.handle(Request::Ps).data;
+    let ps = c.handle(Request::Ps).data_json();
     let a = ps["processes"]
         .as_array()
         .unwrap()
@@ -285,7 +287,7 @@ fn gpu_filter_and_process_errors() {
         "{}",
         e.message
     );
-    let ps = c.handle(Request::Ps).data;
+    let ps = c.handle(Request::Ps).data_json();
     assert!(ps["processes"]
         .as_array()
         .unwrap()
@@ -335,7 +337,7 @@ fn hold_limit_and_process_exit() {
         gpu: None,
         max_hold_ms: Some(0),
     });
-    assert_eq!(r.data["max_hold_ms"], 0);
+    assert_eq!(r.data_json()["max_hold_ms"], 0);
     assert!(c
         .handle(Request::Preempt {
             pid: PID_B,
@@ -531,11 +533,11 @@ fn the_gate_freezes_only_offline_and_records_it_first() {
     assert_eq!(code(c.handle(gate_spec(1, 4_199_999))), Some(EXIT_PROCESS));
     assert_eq!(code(c.handle(Request::GateStop)), Some(1));
     assert_eq!(code(c.handle(Request::OnlineBusy)), Some(1));
-    assert_eq!(c.handle(Request::GateStatus).data["running"], false);
+    assert_eq!(c.handle(Request::GateStatus).data_json()["running"], false);
 
     let r = c.handle(gate_spec(1, me));
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["offline_channels"], 4);
+    assert_eq!(r.data_json()["offline_channels"], 4);
     assert_eq!(
         code(c.handle(gate_spec(1, me))),
         Some(1),
@@ -564,25 +566,31 @@ fn the_gate_freezes_only_offline_and_records_it_first() {
     assert!(r.error.is_none(), "{r:?}");
     assert!(c.handle(Request::OnlineIdle).error.is_none());
     wait_for("the gate resumed", || {
-        c.handle(Request::GateStatus).data["resumes"] == 2
+        c.handle(Request::GateStatus).data_json()["resumes"] == 2
     });
     // Read after the resume: by then the gate thread has applied the offline set sent before
     // the idle signal (a status right after the signal could still show the old set).
-    let st = c.handle(Request::GateStatus).data;
+    let st = c.handle(Request::GateStatus).data_json();
     assert_eq!(st["offline_channels"], 0);
     assert_eq!(rm.disabled().len(), 4, "still held by the manual preempt");
     assert!(c.handle(Request::Resume { pid: me }).error.is_none());
     assert!(rm.disabled().is_empty());
-    assert_eq!(c.handle(Request::GateStatus).data["offline_channels"], 4);
+    assert_eq!(
+        c.handle(Request::GateStatus).data_json()["offline_channels"],
+        4
+    );
 
     // Status shows the gate; stop resumes and clears the records.
     assert!(c.handle(Request::OnlineBusy).error.is_none());
     wait_for("busy disables", || rm.disabled().len() == 4);
-    assert_eq!(c.handle(Request::Status).data["gate"]["running"], true);
+    assert_eq!(
+        c.handle(Request::Status).data_json()["gate"]["running"],
+        true
+    );
     let r = c.handle(Request::GateStop);
     assert!(r.error.is_none());
-    assert_eq!(r.data["running"], false);
-    assert_eq!(r.data["preemptions"], 3);
+    assert_eq!(r.data_json()["running"], false);
+    assert_eq!(r.data_json()["preemptions"], 3);
     assert!(rm.disabled().is_empty());
     assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
 }
@@ -609,8 +617,8 @@ fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
         ..Default::default()
     })));
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["offline_pids"], serde_json::json!([kid]));
-    assert_eq!(r.data["offline_channels"], 3);
+    assert_eq!(r.data_json()["offline_pids"], serde_json::json!([kid]));
+    assert_eq!(r.data_json()["offline_channels"], 3);
     assert!(c.handle(Request::OnlineBusy).error.is_none());
     wait_for("busy disables", || rm.disabled().len() == 3);
     assert!(rm.disabled().iter().all(|(cl, _)| cl.0 == 0xc1d0_0030));
@@ -623,7 +631,7 @@ fn offline_by_label_includes_labelled_processes_only_and_never_online_ones() {
         ..Default::default()
     })));
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["offline_channels"], 0);
+    assert_eq!(r.data_json()["offline_channels"], 0);
     assert!(c.handle(Request::GateStop).error.is_none());
     let _ = child.kill();
     let _ = child.wait();
@@ -714,7 +722,7 @@ fn a_truncated_state_file_and_journal_do_not_stop_the_daemon() {
     assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
     let status = second.handle(Request::Status);
     assert_eq!(
-        status.data["state_file_moved_aside"],
+        status.data_json()["state_file_moved_aside"],
         json!(salvage.moved_to),
         "status tells the operator where the bad file went"
     );
@@ -782,8 +790,9 @@ fn a_gate_started_again_for_the_same_service_starts_its_hold_from_the_last_one_s
     // Kept an hour ago (within the 24 h they are good for).
     c.hold_histories
         .keep(key.clone(), history.clone(), now() - 3600);
-    let gaps_now =
-        |c: &mut DaemonCore<Arc<FakeRm>>| c.handle(Request::GateStatus).data["hold_gaps"].clone();
+    let gaps_now = |c: &mut DaemonCore<Arc<FakeRm>>| {
+        c.handle(Request::GateStatus).data_json()["hold_gaps"].clone()
+    };
     let file = dir.path().join(crate::gate::hold_history::FILE_NAME);
 
     // Without a hold the gaps are not handed over, and stay as they were.
@@ -839,7 +848,7 @@ fn gate_defaults_fill_what_a_gate_start_leaves_out() {
     }));
     let r = c.handle(own);
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["offline_label"], "batch", "{r:?}");
+    assert_eq!(r.data_json()["offline_label"], "batch", "{r:?}");
     assert!(c.handle(Request::GateStop).error.is_none());
     // The same for the gap memory (0 is refused).
     c.set_policy(
@@ -872,21 +881,24 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
         max_hold_ms: Some(2000),
     });
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["from_gate"], true, "{r:?}");
-    assert_eq!(r.data["timing_us"]["disable"], 0, "{r:?}");
-    assert!(r.data["timing_us"]["gate"].is_u64(), "{r:?}");
+    assert_eq!(r.data_json()["from_gate"], true, "{r:?}");
+    assert_eq!(r.data_json()["timing_us"]["disable"], 0, "{r:?}");
+    assert!(r.data_json()["timing_us"]["gate"].is_u64(), "{r:?}");
     assert_eq!(calls(&rm), before, "taken over as it was: no ioctl");
     assert_eq!(rm.disabled().len(), 4);
     let r = c.handle(Request::Resume { pid: me });
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["to_gate"], true, "{r:?}");
+    assert_eq!(r.data_json()["to_gate"], true, "{r:?}");
     assert_eq!(
         calls(&rm),
         before,
         "handed back frozen: no enable, no disable"
     );
     assert_eq!(rm.disabled().len(), 4);
-    assert_eq!(c.handle(Request::GateStatus).data["offline_channels"], 4);
+    assert_eq!(
+        c.handle(Request::GateStatus).data_json()["offline_channels"],
+        4
+    );
     // The gate owns it again: its resume enables it, its next preempt disables it.
     assert!(c.handle(Request::OnlineIdle).error.is_none());
     wait_for("idle enables", || rm.disabled().is_empty());
@@ -901,8 +913,8 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
         gpu: None,
         max_hold_ms: None,
     });
-    assert_eq!(r.data["from_gate"], false, "{r:?}");
-    assert!(r.data["timing_us"]["record"].is_u64(), "{r:?}");
+    assert_eq!(r.data_json()["from_gate"], false, "{r:?}");
+    assert!(r.data_json()["timing_us"]["record"].is_u64(), "{r:?}");
     assert_eq!(rm.disabled().len(), 4);
     assert!(c.handle(Request::Resume { pid: me }).error.is_none());
     assert!(rm.disabled().is_empty());
@@ -941,7 +953,7 @@ fn a_reclaim_preempt_of_a_gated_process_writes_no_state_file_and_the_next_turn_t
             max_hold_ms: None,
         });
         assert!(r.error.is_none(), "{r:?}");
-        assert_eq!(r.data["from_gate"], busy, "{r:?}");
+        assert_eq!(r.data_json()["from_gate"], busy, "{r:?}");
         assert_eq!(c.state.writes(), writes, "no write while preempting");
         assert_eq!(file.load().unwrap().len(), 1, "still listed: {r:?}");
         assert!(c.handle(Request::Resume { pid: me }).error.is_none());
@@ -972,9 +984,9 @@ fn without_discovery_status_says_so_and_a_preempt_by_pid_names_the_switch() {
     let rm = Arc::new(FakeRm::host(1));
     let dir = tempfile::tempdir().unwrap();
     let mut c = core(&rm, dir.path(), None);
-    assert_eq!(c.handle(Request::Status).data["discovery"], true);
+    assert_eq!(c.handle(Request::Status).data_json()["discovery"], true);
     c.set_discovery_off();
-    assert_eq!(c.handle(Request::Status).data["discovery"], false);
+    assert_eq!(c.handle(Request::Status).data_json()["discovery"], false);
     let r = c.handle(Request::Preempt {
         pid: std::process::id(),
         gpu: None,

@@ -11,7 +11,6 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use valve::controller::Controller;
 use valve::driver::RmDriver;
 use valve::state::{reenable, DisabledRecord};
@@ -21,10 +20,12 @@ use super::policy::{GateConfig, HoldHistory};
 use super::ports::{listening_ports, port_owners};
 use super::runtime::{ChannelSet, GateHandle, GateInput, GateShared, ProbeState};
 use crate::procfs::{alive, all_pids};
-use crate::protocol::{GateSpec, Reply, EXIT_BPF, EXIT_PROCESS};
+use crate::protocol::{ErrorCode, GateSpec, Reply, TraceReply};
 use crate::workload::label_of;
 use valve::IssueMode;
 use valve_ebpf::WatchedPort;
+use valve_protocol::control::SignalReply;
+use valve_protocol::gate::GateStatus;
 
 /// Starts a gate thread with the given tuning (the real one attaches uprobes and opens the
 /// driver, which takes a quarter of a second; tests use the fake RM). It runs on a helper
@@ -39,7 +40,7 @@ pub const SYNC_WITHIN: Duration = Duration::from_secs(2);
 /// registers a uprobe per libcuda entry point, each taking the write lock of every process that
 /// maps libcuda: beside busy offline jobs a full set took 5.6-12.3 s (H100, H200), and under kept
 /// watchers a new online process's probes came about 7 s after the start had answered
-/// (hwtest-11). 20 s covers those with room, and still answers if an attach hangs.
+/// (hardware test, docs/results). 20 s covers those with room, and still answers if an attach hangs.
 pub const PROBES_WITHIN: Duration = Duration::from_secs(20);
 
 /// How often labels are looked up again in `/proc`.
@@ -168,37 +169,49 @@ fn config_of(spec: &GateSpec) -> Result<GateConfig, String> {
 fn check_spec(spec: &GateSpec) -> Result<(), Reply> {
     let label_ok = |l: &Option<String>| l.as_deref().is_none_or(|s| !s.is_empty());
     if !label_ok(&spec.online_label) || !label_ok(&spec.offline_label) {
-        return Err(Reply::err(2, "a label must not be empty"));
+        return Err(Reply::fail(
+            ErrorCode::BadRequest,
+            "a label must not be empty",
+        ));
     }
     if spec.online.is_empty() && spec.online_label.is_none() && spec.online_ports.is_empty() {
-        return Err(Reply::err(
-            2,
+        return Err(Reply::fail(
+            ErrorCode::BadRequest,
             "name the online service: --online PID[,PID...], --online-label LABEL or \
              --online-port PORT[,PORT...]",
         ));
     }
     if spec.online_ports.contains(&0) {
-        return Err(Reply::err(2, "--online-port 0 is no port"));
+        return Err(Reply::fail(
+            ErrorCode::BadRequest,
+            "--online-port 0 is no port",
+        ));
     }
     if spec.offline.is_empty() && spec.offline_label.is_none() {
-        return Err(Reply::err(
-            2,
+        return Err(Reply::fail(
+            ErrorCode::BadRequest,
             "name the offline processes: --offline PID[,PID...] or --offline-label LABEL \
              (nothing else is ever frozen)",
         ));
     }
     if let Some(p) = spec.online.iter().find(|p| spec.offline.contains(p)) {
-        return Err(Reply::err(
-            2,
+        return Err(Reply::fail(
+            ErrorCode::BadRequest,
             format!("pid {p} is named both online and offline"),
         ));
     }
     if spec.online_label.is_some() && spec.online_label == spec.offline_label {
-        return Err(Reply::err(2, "the online and offline labels are the same"));
+        return Err(Reply::fail(
+            ErrorCode::BadRequest,
+            "the online and offline labels are the same",
+        ));
     }
     for &pid in spec.online.iter().chain(&spec.offline) {
         if !alive(pid) {
-            return Err(Reply::err(EXIT_PROCESS, format!("no such process: {pid}")));
+            return Err(Reply::fail(
+                ErrorCode::Process,
+                format!("no such process: {pid}"),
+            ));
         }
     }
     Ok(())
@@ -214,17 +227,17 @@ impl ActiveGate {
     ) -> Result<GateConfig, Reply> {
         check_spec(spec)?;
         if let Some(reason) = spec.offline.iter().find_map(|&p| not_discoverable(p)) {
-            return Err(Reply::err(EXIT_PROCESS, reason));
+            return Err(Reply::fail(ErrorCode::Process, reason));
         }
-        config_of(spec).map_err(|e| Reply::err(2, e))
+        config_of(spec).map_err(|e| Reply::fail(ErrorCode::BadRequest, e))
     }
 
     /// Starts a gate thread for a checked `spec` and looks its labels and ports up in /proc
     /// once. Slow (the starter attaches BPF programs): run it off the daemon's loop. The gate
     /// holds nothing until the daemon records and applies its first offline set.
     pub fn launch(spec: GateSpec, cfg: GateConfig, starter: &GateStarter) -> Result<Self, Reply> {
-        let handle =
-            starter(cfg).map_err(|e| Reply::err(EXIT_BPF, format!("starting the gate: {e}")))?;
+        let handle = starter(cfg)
+            .map_err(|e| Reply::fail(ErrorCode::Bpf, format!("starting the gate: {e}")))?;
         let mut gate = ActiveGate {
             handle,
             spec,
@@ -246,15 +259,17 @@ impl ActiveGate {
         Ok(gate)
     }
 
-    /// The decision trace after sequence number `after`: `{"head": N, "records": [...]}`.
-    pub fn trace(&self, after: u64, limit: usize) -> serde_json::Value {
-        let records: Vec<serde_json::Value> = self
-            .handle
-            .trace(after, limit)
-            .iter()
-            .map(|r| r.to_json())
-            .collect();
-        json!({"head": self.handle.status().trace_head, "records": records})
+    /// The decision trace after sequence number `after`.
+    pub fn trace(&self, after: u64, limit: usize) -> TraceReply {
+        TraceReply {
+            head: self.handle.status().trace_head,
+            records: self
+                .handle
+                .trace(after, limit)
+                .iter()
+                .map(|r| r.entry())
+                .collect(),
+        }
     }
 
     /// What the gate thread shares: its status and its decision trace.
@@ -297,18 +312,19 @@ impl ActiveGate {
     }
 
     /// The status `valvectl gate status` prints.
-    pub fn status(&self) -> serde_json::Value {
-        let mut v = json!(self.handle.status());
-        v["online_label"] = json!(self.spec.online_label);
-        v["offline_label"] = json!(self.spec.offline_label);
-        v["arrivals_on"] = json!(self.spec.arrivals.unwrap_or(true));
-        v
+    pub fn status(&self) -> GateStatus {
+        GateStatus {
+            online_label: self.spec.online_label.clone(),
+            offline_label: self.spec.offline_label.clone(),
+            arrivals_on: self.spec.arrivals.unwrap_or(true),
+            ..self.handle.status()
+        }
     }
 
     /// Stops the gate thread (it enables offline) and returns its final status, and the hold's
     /// gaps between requests as it left them ([`Self::history_key`] names the service they belong
     /// to). If the thread had panicked, offline is re-enabled here.
-    pub fn stop<D: RmDriver>(self, ctl: &Controller<D>) -> (serde_json::Value, HoldHistory) {
+    pub fn stop<D: RmDriver>(self, ctl: &Controller<D>) -> (GateStatus, HoldHistory) {
         let shared = self.handle.shared();
         let (status, panicked) = self.handle.stop();
         if let Some(e) = panicked {
@@ -316,7 +332,7 @@ impl ActiveGate {
             let (_, failures) = reenable(ctl, &self.records);
             tracing::error!("{e}; re-enabled offline from the daemon, failures: {failures:?}");
         }
-        (json!(status), shared.hold_history())
+        (status, shared.hold_history())
     }
 
     /// Hands the gate the gaps between requests an earlier gate on the same service learned, so
@@ -350,13 +366,16 @@ impl ActiveGate {
     }
 
     /// Passes a busy (`true`) or idle signal of the serving framework to the gate thread.
-    pub fn signal(&self, busy: bool) -> serde_json::Value {
+    pub fn signal(&self, busy: bool) -> SignalReply {
         self.handle.send(if busy {
             GateInput::Busy
         } else {
             GateInput::Idle
         });
-        json!({"signal": if busy { "busy" } else { "idle" }})
+        SignalReply {
+            signal: if busy { "busy" } else { "idle" }.into(),
+            queued: false,
+        }
     }
 
     /// Brings the gate thread's online set up to date and works out its offline channels from

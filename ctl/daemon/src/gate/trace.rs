@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
+use valve_protocol::gate::{TraceEntry, TraceEvent};
 
 /// What a trace record is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -79,43 +80,44 @@ pub struct TraceRecord {
 }
 
 impl TraceRecord {
-    /// The record as one JSON object with named fields (one line of `valvectl gate trace`).
-    pub fn to_json(&self) -> serde_json::Value {
-        use serde_json::json;
-        let base = json!({"seq": self.seq, "event": self.kind, "t_ns": self.t_ns});
-        let mut v = base;
-        let o = v.as_object_mut().expect("object");
-        let mut put = |k: &str, x: serde_json::Value| {
-            o.insert(k.into(), x);
+    /// The record with its fields named (one line of `valvectl gate trace`).
+    pub fn entry(&self) -> TraceEntry {
+        let event = match self.kind {
+            TraceKind::Arrival => TraceEvent::Arrival {
+                port: self.id,
+                recv_ns: self.a,
+                idle_ns: self.b,
+                read_ns: self.c,
+            },
+            TraceKind::Launch | TraceKind::LaunchAfterResume => TraceEvent::Launch {
+                pid: self.id,
+                recv_ns: self.a,
+                idle_ns: self.b,
+                after_resume: self.kind == TraceKind::LaunchAfterResume,
+            },
+            TraceKind::Busy => TraceEvent::Busy,
+            TraceKind::Idle => TraceEvent::Idle,
+            TraceKind::Disable => TraceEvent::Disable {
+                pid: self.id,
+                end_ns: self.a,
+                ok: self.b == 0,
+            },
+            TraceKind::Enable => TraceEvent::Enable {
+                pid: self.id,
+                end_ns: self.a,
+                ok: self.b == 0,
+            },
+            TraceKind::Cooldown => TraceEvent::Cooldown {
+                last_activity_ns: self.a,
+                cooldown_ns: self.b,
+                waits_ignored: self.id == 1,
+            },
         };
-        match self.kind {
-            TraceKind::Arrival => {
-                put("port", json!(self.id));
-                put("recv_ns", json!(self.a));
-                put("idle_ns", json!(self.b));
-                put("read_ns", json!(self.c));
-            }
-            TraceKind::Launch | TraceKind::LaunchAfterResume => {
-                let after_resume = self.kind == TraceKind::LaunchAfterResume;
-                put("event", json!(TraceKind::Launch));
-                put("pid", json!(self.id));
-                put("recv_ns", json!(self.a));
-                put("idle_ns", json!(self.b));
-                put("after_resume", json!(after_resume));
-            }
-            TraceKind::Busy | TraceKind::Idle => {}
-            TraceKind::Disable | TraceKind::Enable => {
-                put("pid", json!(self.id));
-                put("end_ns", json!(self.a));
-                put("ok", json!(self.b == 0));
-            }
-            TraceKind::Cooldown => {
-                put("last_activity_ns", json!(self.a));
-                put("cooldown_ns", json!(self.b));
-                put("waits_ignored", json!(self.id == 1));
-            }
+        TraceEntry {
+            seq: self.seq,
+            t_ns: self.t_ns,
+            event,
         }
-        v
     }
 }
 
@@ -235,7 +237,7 @@ mod tests {
         assert_eq!(r.since(5, 100).len(), 1);
         assert_eq!(r.since(2, 2).len(), 2);
         assert_eq!(r.head(), 6);
-        let j = all[0].to_json();
+        let j = serde_json::to_value(all[0].entry()).unwrap();
         assert_eq!(j["event"], "launch");
         assert_eq!(j["after_resume"], false);
         assert_eq!(
@@ -252,18 +254,18 @@ mod tests {
         }
         let got: Vec<TraceKind> = r.since(0, 100).iter().map(|x| x.kind).collect();
         assert_eq!(got, TraceKind::ALL.to_vec());
-        let arrival = r.since(0, 1)[0].to_json();
+        let arrival = serde_json::to_value(r.since(0, 1)[0].entry()).unwrap();
         assert_eq!(
             (arrival["recv_ns"].as_u64(), arrival["read_ns"].as_u64()),
             (Some(2), Some(4)),
             "an arrival carries both hops"
         );
-        let after = r.since(2, 1)[0].to_json();
+        let after = serde_json::to_value(r.since(2, 1)[0].entry()).unwrap();
         assert_eq!(
             (after["event"].as_str(), after["after_resume"].as_bool()),
             (Some("launch"), Some(true))
         );
-        let d = r.since(5, 1)[0].to_json();
+        let d = serde_json::to_value(r.since(5, 1)[0].entry()).unwrap();
         assert_eq!(
             (d["event"].as_str(), d["ok"].as_bool()),
             (Some("disable"), Some(false))

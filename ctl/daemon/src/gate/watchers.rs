@@ -259,7 +259,7 @@ impl LaunchSource for GateWatchers {
         self.w().launch.counts(pid).sync_end_ns
     }
     fn probe_hits(&self, pid: u32) -> ProbeHits {
-        ProbeHits::from(&self.w().launch.counts(pid))
+        super::runtime::probe_hits(&self.w().launch.counts(pid))
     }
     fn watch_port(&mut self, port: WatchedPort) -> Result<(), String> {
         self.ports.insert(port.port);

@@ -663,7 +663,7 @@ fn the_socket_request_answers_with_the_cached_document() {
     let client = std::thread::spawn(move || request(&path, "{\"op\":\"harvest\"}\n"));
     let (reply, _) = serve_until(&mut server, &mut core, &events, client);
     assert!(reply.error.is_none(), "{reply:?}");
-    let back: NodeHarvest = serde_json::from_value(reply.data).unwrap();
+    let back: NodeHarvest = serde_json::from_value(reply.data_json()).unwrap();
     assert_eq!(back, doc);
 }
 

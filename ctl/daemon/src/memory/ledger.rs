@@ -16,15 +16,7 @@ pub type HandleId = u32;
 /// A registered client process.
 pub type ClientId = u64;
 
-/// What a process is to the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Latency-critical: may take memory back from offline.
-    Online,
-    /// Preemptible: gets only free memory, and gives it back on demand.
-    Offline,
-}
+pub use valve_protocol::pool::{GpuUsage, PoolErrorCode, Role};
 
 /// Where one GPU's physical memory comes from.
 pub trait Backing: Send {
@@ -99,14 +91,16 @@ pub enum PoolError {
 }
 
 impl PoolError {
-    /// The protocol's numeric code (docs/memory.md).
-    pub fn code(&self) -> i32 {
+    /// The protocol's code for it.
+    pub fn code(&self) -> PoolErrorCode {
         match self {
-            PoolError::TooLarge { .. } => 11,
-            PoolError::Exhausted { .. } | PoolError::Capped { .. } | PoolError::Backing(_) => 12,
-            PoolError::NotRegistered(_) => 13,
-            PoolError::NotHeld { .. } => 14,
-            PoolError::NoSuchGpu(_) => 6,
+            PoolError::TooLarge { .. } => PoolErrorCode::TooLarge,
+            PoolError::Exhausted { .. } | PoolError::Capped { .. } | PoolError::Backing(_) => {
+                PoolErrorCode::Exhausted
+            }
+            PoolError::NotRegistered(_) => PoolErrorCode::NotRegistered,
+            PoolError::NotHeld { .. } => PoolErrorCode::NotHeld,
+            PoolError::NoSuchGpu(_) => PoolErrorCode::NoSuchGpu,
         }
     }
 }
@@ -164,34 +158,6 @@ pub struct Ledger {
     next_client: ClientId,
 }
 
-/// One GPU's numbers, for `status` and metrics.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct GpuUsage {
-    /// GPU index.
-    pub gpu: usize,
-    /// Bytes per handle.
-    pub handle_bytes: usize,
-    /// Handles that exist.
-    pub handles: usize,
-    /// The most that may exist.
-    pub max_handles: usize,
-    /// Held by nobody.
-    pub free: usize,
-    /// Held by online processes.
-    pub online: usize,
-    /// Held by offline processes.
-    pub offline: usize,
-    /// Not created yet, and creatable now: below the maximum, with device memory free beyond
-    /// what the pool keeps free.
-    pub creatable: usize,
-    /// The most offline may hold (`valvectl pool cap`), if capped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub offline_cap: Option<usize>,
-    /// Handles taken back from offline since the pool started (the harvest profile turns it
-    /// into bytes reclaimed per window).
-    pub reclaimed_total: u64,
-}
-
 /// The pool's per-GPU numbers as its thread last published them (about once a second), for
 /// readers on other threads (the harvest profile): reading never waits for the pool's work.
 #[derive(Debug, Default)]
@@ -211,16 +177,6 @@ impl UsageSnapshot {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-    }
-}
-
-impl GpuUsage {
-    /// Memory left to offline now: free handles, handles the pool may still create and those
-    /// offline holds (online may take any of them back).
-    pub fn offline_available_bytes(&self) -> u64 {
-        let handles =
-            (self.free + self.creatable + self.offline).min(self.offline_cap.unwrap_or(usize::MAX));
-        handles as u64 * self.handle_bytes as u64
     }
 }
 
@@ -634,7 +590,7 @@ pub(crate) mod tests {
                 asked: 1
             }
         );
-        assert_eq!(e.code(), 12);
+        assert_eq!(i32::from(e.code()), 12);
         assert_eq!(
             l.client(off).unwrap().held.len(),
             6,
@@ -660,7 +616,11 @@ pub(crate) mod tests {
                 asked: 3
             }
         );
-        assert_eq!(e.code(), 12, "offline's clients treat it as a full pool");
+        assert_eq!(
+            i32::from(e.code()),
+            12,
+            "offline's clients treat it as a full pool"
+        );
         l.take(b, 2).unwrap();
         assert_eq!(
             l.take(on, 8).unwrap().handles.len(),
@@ -704,7 +664,7 @@ pub(crate) mod tests {
         let freed = l.unregister(off);
         assert_eq!(freed, vec![0, 1, 2, 3, 4]);
         assert_eq!(l.usage()[0].free, 5);
-        assert_eq!(l.client(off).unwrap_err().code(), 13);
+        assert_eq!(i32::from(l.client(off).unwrap_err().code()), 13);
         assert_eq!(l.take(off, 1).unwrap_err(), PoolError::NotRegistered(off));
         let other = l.register(3, Role::Offline, 0, false).unwrap();
         let t = l.take(other, 5).unwrap();
@@ -720,7 +680,7 @@ pub(crate) mod tests {
         let on = l.register(1, Role::Online, 0, true).unwrap();
         let off = l.register(2, Role::Offline, 0, false).unwrap();
         let e = l.take(on, 17).unwrap_err();
-        assert_eq!(e.code(), 11);
+        assert_eq!(i32::from(e.code()), 11);
         assert!(
             e.to_string().contains("more than GPU 0 holds (16 handles)"),
             "{e}"

@@ -13,8 +13,8 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use serde_json::{json, Value};
+use valve_protocol::control::{PreemptReply, Reply, Request};
+use valve_protocol::pool::{Callback, CallbackReply};
 use valve_vmm::wire;
 
 use super::ledger::{ClientId, HandleId};
@@ -79,11 +79,14 @@ pub struct DaemonLaneFreezer {
 }
 
 impl DaemonLaneFreezer {
-    fn call(&self, op: LaneOp) -> Result<Value, String> {
+    fn call(&self, op: LaneOp) -> Result<Option<PreemptReply>, String> {
         let reply = self.lane.call(op, DAEMON_ANSWER_WITHIN)?;
         match reply.error {
             Some(e) => Err(e.message),
-            None => serde_json::to_value(&reply).map_err(|e| e.to_string()),
+            None => Ok(match reply.data {
+                Some(crate::protocol::Data::Preempt(p)) => Some(*p),
+                _ => None,
+            }),
         }
     }
 }
@@ -92,7 +95,7 @@ impl Freezer for DaemonLaneFreezer {
     fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
         let max_hold_ms = self.max_hold.as_millis() as u64;
         let reply = self.call(LaneOp::Freeze { pid, max_hold_ms })?;
-        Ok(freeze_report(&reply))
+        Ok(freeze_report(reply.as_ref()))
     }
     fn thaw(&mut self, pid: u32) -> Result<(), String> {
         self.call(LaneOp::Thaw { pid }).map(|_| ())
@@ -109,52 +112,58 @@ pub struct DaemonSocketFreezer {
 }
 
 impl DaemonSocketFreezer {
-    fn call(&self, req: Value) -> Result<Value, String> {
+    fn call(&self, req: &Request) -> Result<Option<PreemptReply>, String> {
         let stream = UnixStream::connect(&self.socket)
             .map_err(|e| format!("daemon socket {}: {e}", self.socket.display()))?;
         let _ = stream.set_read_timeout(Some(DAEMON_ANSWER_WITHIN));
         (&stream)
-            .write_all(format!("{req}\n").as_bytes())
+            .write_all(
+                format!(
+                    "{}\n",
+                    serde_json::to_string(req).map_err(|e| e.to_string())?
+                )
+                .as_bytes(),
+            )
             .map_err(|e| e.to_string())?;
         let mut line = String::new();
         BufReader::new(&stream)
             .read_line(&mut line)
             .map_err(|e| e.to_string())?;
-        let reply: Value = serde_json::from_str(&line).map_err(|e| format!("daemon reply: {e}"))?;
-        match reply.get("error").filter(|e| !e.is_null()) {
-            Some(e) => Err(e
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("daemon error")
-                .to_string()),
-            None => Ok(reply),
+        // A resume's reply is no preempt's: only a preempt's data is read.
+        let reply: Reply<serde_json::Value> =
+            serde_json::from_str(&line).map_err(|e| format!("daemon reply: {e}"))?;
+        match reply.into_result() {
+            Err(e) => Err(e.message),
+            Ok(data) => Ok(data.and_then(|d| serde_json::from_value(d).ok())),
         }
     }
 }
 
 impl Freezer for DaemonSocketFreezer {
     fn freeze(&mut self, pid: u32) -> Result<FreezeReport, String> {
-        let reply = self.call(
-            json!({"op": "preempt", "pid": pid, "max_hold_ms": self.max_hold.as_millis() as u64}),
-        )?;
-        Ok(freeze_report(&reply))
+        let reply = self.call(&Request::Preempt {
+            pid,
+            gpu: None,
+            max_hold_ms: Some(self.max_hold.as_millis() as u64),
+        })?;
+        Ok(freeze_report(reply.as_ref()))
     }
     fn thaw(&mut self, pid: u32) -> Result<(), String> {
-        self.call(json!({"op": "resume", "pid": pid})).map(|_| ())
+        self.call(&Request::Resume { pid }).map(|_| ())
     }
 }
 
-/// Reads the breakdown out of the daemon's preempt reply (`{"data": {"from_gate", "timing_us"}}`).
-fn freeze_report(reply: &Value) -> FreezeReport {
-    let data = &reply["data"];
-    let us = |k: &str| data["timing_us"][k].as_u64().unwrap_or(0);
+/// Reads the breakdown out of the daemon's preempt reply (zeros where an older daemon sent no
+/// timings).
+fn freeze_report(reply: Option<&PreemptReply>) -> FreezeReport {
+    let t = reply.and_then(|r| r.timing_us).unwrap_or_default();
     FreezeReport {
-        from_gate: data["from_gate"].as_bool().unwrap_or(false),
-        record_us: us("record"),
-        gate_us: us("gate"),
-        disable_us: us("disable"),
-        drain_us: us("drain"),
-        queued_us: us("queued"),
+        from_gate: reply.is_some_and(|r| r.from_gate),
+        record_us: t.record,
+        gate_us: t.gate,
+        disable_us: t.disable,
+        drain_us: t.drain.unwrap_or(0),
+        queued_us: t.queued.unwrap_or(0),
         round_trip_us: 0,
     }
 }
@@ -191,36 +200,7 @@ pub struct Outcome {
     pub slowest_freeze: FreezeReport,
 }
 
-/// Counters for `status` and metrics.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ReclaimStats {
-    /// Reclaims run.
-    pub reclaims: u64,
-    /// Handles taken from offline.
-    pub handles: u64,
-    /// Offline processes killed for missing the deadline.
-    pub killed: u64,
-    /// Freeze failures.
-    pub freeze_failures: u64,
-    /// Time from the start of a reclaim to the handles being transferable, last reclaim, us.
-    pub last_us: u64,
-    /// The last process killed for missing the deadline, and where its threads were.
-    pub last_kill: Option<KillRecord>,
-}
-
-/// An offline process the pool killed, as `pool status` shows it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct KillRecord {
-    /// Its pid.
-    pub pid: u32,
-    /// When (seconds since the Unix epoch).
-    pub unix_s: u64,
-    /// Whether it answered at all (late, or with handles it did not hold).
-    pub answered: bool,
-    /// Each thread's name, state, wait channel and system call just before the kill
-    /// ([`super::threads::summary`]).
-    pub threads: String,
-}
+pub use valve_protocol::pool::{KillRecord, ReclaimStats};
 
 /// Runs reclaims.
 pub struct Reclaimer {
@@ -311,12 +291,11 @@ impl Reclaimer {
             frozen.pids.push(t.pid);
             self.next_rid += 1;
             let sent = t.callback.as_ref().is_some_and(|s| {
-                wire::send(
-                    s,
-                    &json!({"op": "reclaim", "rid": self.next_rid, "count": t.count}),
-                    &[],
-                )
-                .is_ok()
+                let ask = Callback::Reclaim {
+                    rid: self.next_rid,
+                    count: t.count,
+                };
+                serde_json::to_value(&ask).is_ok_and(|m| wire::send(s, &m, &[]).is_ok())
             });
             asked.push((t, self.next_rid, sent));
         }
@@ -383,33 +362,36 @@ fn wait_answer(sock: Option<&UnixStream>, rid: u64, deadline: Instant) -> Option
             return None;
         }
         let (msg, _) = wire::recv(sock).ok()??;
-        if msg.get("rid").and_then(Value::as_u64) != Some(rid) {
+        let Ok(answer) = serde_json::from_value::<CallbackReply>(msg) else {
+            continue; // not an answer
+        };
+        if answer.rid != rid {
             continue; // a stale answer to an earlier, timed-out request
         }
-        if msg.get("ok") != Some(&Value::Bool(true)) {
-            return None;
-        }
-        return msg
-            .get("handles")?
-            .as_array()?
-            .iter()
-            .map(|v| v.as_u64().and_then(|h| HandleId::try_from(h).ok()))
-            .collect();
+        return answer.ok.then_some(answer.handles);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{ErrorCode, PreemptTiming};
+    use serde_json::json;
+
+    fn preempt_reply(line: serde_json::Value) -> Option<PreemptReply> {
+        serde_json::from_value::<Reply<PreemptReply>>(line)
+            .unwrap()
+            .data
+    }
 
     #[test]
     fn a_preempt_reply_gives_the_freeze_breakdown_and_an_old_reply_gives_zeros() {
-        let handed = json!({"data": {"from_gate": true,
+        let handed = preempt_reply(json!({"data": {"pid": 7, "from_gate": true,
                                      "timing_us": {"record": 40, "gate": 300,
                                                    "disable": 0, "drain": 12, "queued": 80}},
-                            "error": null});
+                            "error": null}));
         assert_eq!(
-            freeze_report(&handed),
+            freeze_report(handed.as_ref()),
             FreezeReport {
                 from_gate: true,
                 record_us: 40,
@@ -420,8 +402,8 @@ mod tests {
                 round_trip_us: 0,
             }
         );
-        let old = json!({"data": {"pid": 7, "channels": 4}, "error": null});
-        assert_eq!(freeze_report(&old), FreezeReport::default());
+        let old = preempt_reply(json!({"data": {"pid": 7, "channels": 4}, "error": null}));
+        assert_eq!(freeze_report(old.as_ref()), FreezeReport::default());
     }
 
     #[test]
@@ -436,10 +418,20 @@ mod tests {
                 };
                 seen.push(call.op.request());
                 let reply = match seen.len() {
-                    1 => crate::protocol::Reply::ok(json!({"from_gate": true,
-                        "timing_us": {"record": 3, "gate": 40, "disable": 0, "queued": 9}})),
-                    2 => crate::protocol::Reply::ok(Value::Null),
-                    _ => crate::protocol::Reply::err(8, "no such process: 9"),
+                    1 => crate::protocol::Reply::ok(PreemptReply {
+                        pid: 7,
+                        from_gate: true,
+                        timing_us: Some(PreemptTiming {
+                            record: 3,
+                            gate: 40,
+                            disable: 0,
+                            drain: None,
+                            queued: Some(9),
+                        }),
+                        ..PreemptReply::default()
+                    }),
+                    2 => crate::protocol::Reply::empty(),
+                    _ => crate::protocol::Reply::fail(ErrorCode::Process, "no such process: 9"),
                 };
                 call.reply.send(reply).unwrap();
             }

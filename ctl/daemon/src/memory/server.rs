@@ -1,7 +1,7 @@
 //! The pool socket: registers client processes, grows and shrinks their memory, and reclaims
 //! from offline for online (freeze, ask, transfer, thaw). One thread, one poll loop.
 //!
-//! Protocol: `docs/memory.md`, "The pool protocol". Connections are identified by SO_PEERCRED;
+//! Protocol: the types of `valve_protocol::pool` (`docs/memory.md` explains them). Connections are identified by SO_PEERCRED;
 //! a control connection that closes unregisters its process and frees what it held. Online
 //! reservations are saved across restarts by [`warm`].
 
@@ -12,7 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use valve_protocol::pool::{
+    ok_json, AttachReply, CapReply, ClientEntry, GpuRef, GrowReply, PoolErrorCode, PoolFailure,
+    PoolHandles, PoolRequest, PoolStatus, RegisterReply, ReservationState, ShrinkReply,
+    TakeBackReply, UsageReply,
+};
 use valve_vmm::wire;
 
 use super::ledger::{ClientId, HandleId, Ledger, PoolError, Role, UsageSnapshot};
@@ -112,8 +117,8 @@ fn random_token() -> u64 {
     u64::from_ne_bytes(b) | 1
 }
 
-fn err_reply(code: i32, message: impl Into<String>) -> Value {
-    json!({"ok": false, "code": code, "error": message.into()})
+fn err_reply(code: PoolErrorCode, message: impl Into<String>) -> Value {
+    PoolFailure::new(code, message).to_json()
 }
 
 fn pool_err(e: PoolError) -> Value {
@@ -230,16 +235,13 @@ impl PoolServer {
     }
 
     /// `usage`: an online client's used bytes; the reply says how many handles it should hold.
-    fn usage(&mut self, client: ClientId, msg: &Value) -> Value {
-        let Some(used) = msg.get("used_bytes").and_then(Value::as_u64) else {
-            return err_reply(2, "usage needs \"used_bytes\"");
-        };
+    fn usage(&mut self, client: ClientId, used: u64) -> Value {
         let Ok(info) = self.ledger.client(client) else {
-            return err_reply(13, "not registered");
+            return err_reply(PoolErrorCode::NotRegistered, "not registered");
         };
         if info.role != Role::Online {
             return err_reply(
-                15,
+                PoolErrorCode::WrongRole,
                 "usage is for online clients: offline gets only free memory",
             );
         }
@@ -259,9 +261,13 @@ impl PoolServer {
         let ledger = &self.ledger;
         let spare = || ledger.spare_handles(gpu).unwrap_or(0) as u64;
         let d = c.observe_with_spare(self.started.elapsed(), used, mapped, spare);
-        json!({"ok": true, "target_handles": d.target_mapped_handles, "pressure": d.pressure,
-               "headroom_handles": d.headroom_handles, "interval_ms": d.interval.as_millis() as u64,
-               "event_rate_per_min": c.event_rate_per_min()})
+        ok_json(UsageReply {
+            target_handles: d.target_mapped_handles,
+            pressure: d.pressure,
+            headroom_handles: d.headroom_handles,
+            interval_ms: d.interval.as_millis() as u64,
+            event_rate_per_min: c.event_rate_per_min(),
+        })
     }
 
     /// The per-GPU numbers this server publishes about once a second while it runs.
@@ -420,7 +426,10 @@ impl PoolServer {
                 );
                 self.drop_conn(fd);
             }
-            Err(e) => self.answer(fd, err_reply(2, format!("bad request: {e}"))),
+            Err(e) => self.answer(
+                fd,
+                err_reply(PoolErrorCode::BadRequest, format!("bad request: {e}")),
+            ),
         }
     }
 
@@ -484,60 +493,67 @@ impl PoolServer {
         fd: RawFd,
         msg: &Value,
     ) -> (Option<Value>, Option<(ClientId, (Value, Vec<HandleId>))>) {
-        let op = msg.get("op").and_then(Value::as_str).unwrap_or("");
         let conn = &self.conns[&fd];
-        let (pid, kind) = (conn.pid, &conn.kind);
-        match (kind, op) {
-            (Kind::New, "register") => (Some(self.register(fd, pid, msg)), None),
-            (Kind::New, "attach") => (Some(self.attach(fd, pid, msg)), None),
-            (Kind::New, "status") | (Kind::Control(_), "status") => (Some(self.status()), None),
-            (Kind::New, "cap") => (Some(self.cap(conn.uid, msg)), None),
-            (Kind::New, "reclaim") => (Some(self.take_back(conn.uid, msg)), None),
-            (Kind::New, _) => (Some(err_reply(13, "not registered: the first message on a pool connection is `register` (or `attach`)")), None),
-            (Kind::Control(c), "grow") => {
+        let (pid, uid, kind) = (conn.pid, conn.uid, &conn.kind);
+        let req = match serde_json::from_value::<PoolRequest>(msg.clone()) {
+            Ok(req) => req,
+            Err(e) => return (Some(refusal(kind, msg, &e.to_string())), None),
+        };
+        match (kind, req) {
+            (Kind::New, PoolRequest::Register { role, gpu, premap }) => {
+                (Some(self.register(fd, pid, role, &gpu, premap)), None)
+            }
+            (Kind::New, PoolRequest::Attach { client, token }) => {
+                (Some(self.attach(fd, pid, client, &token)), None)
+            }
+            (Kind::New | Kind::Control(_), PoolRequest::Status) => (Some(self.status()), None),
+            (Kind::New, PoolRequest::Cap { gpu, offline_mib }) => {
+                (Some(self.cap(uid, gpu, offline_mib)), None)
+            }
+            (Kind::New, PoolRequest::Reclaim { gpu, mib }) => {
+                (Some(self.take_back(uid, gpu, mib)), None)
+            }
+            (Kind::New, _) => (Some(not_registered()), None),
+            (Kind::Control(c), PoolRequest::Grow { count }) => {
                 let c = *c;
-                match self.grow(c, msg) {
+                match self.grow(c, count) {
                     Ok(with_fds) => (None, Some((c, with_fds))),
                     Err(e) => (Some(e), None),
                 }
             }
-            (Kind::Control(c), "shrink") => (Some(self.shrink(*c, msg)), None),
-            (Kind::Control(c), "usage") => (Some(self.usage(*c, msg)), None),
-            (Kind::Control(_), other) => (Some(err_reply(2, format!("unknown op `{other}`: register, grow, shrink, usage, status"))), None),
+            (Kind::Control(c), PoolRequest::Shrink { handles }) => {
+                (Some(self.shrink(*c, &handles)), None)
+            }
+            (Kind::Control(c), PoolRequest::Usage { used_bytes }) => {
+                (Some(self.usage(*c, used_bytes)), None)
+            }
+            (Kind::Control(_), other) => (Some(unknown_op(other.op())), None),
             (Kind::Callback(_), _) => (None, None),
         }
     }
 
     /// `cap`: limit what offline may hold on a GPU (`{"op":"cap","gpu":0,"offline_mib":4096}`;
     /// `null` lifts it). Root only: it changes what every offline job gets.
-    fn cap(&mut self, uid: u32, msg: &Value) -> Value {
+    fn cap(&mut self, uid: u32, gpu: usize, offline_mib: Option<u64>) -> Value {
         if uid != 0 {
-            return err_reply(1, "only root may cap the pool (sudo valvectl pool cap ...)");
+            return err_reply(
+                PoolErrorCode::NotPermitted,
+                "only root may cap the pool (sudo valvectl pool cap ...)",
+            );
         }
-        let Some(gpu) = msg.get("gpu").and_then(Value::as_u64) else {
-            return err_reply(2, "cap needs \"gpu\": the GPU index (e.g. 0)");
-        };
-        let gpu = gpu as usize;
         let handle_bytes = match self.ledger.handle_bytes(gpu) {
             Ok(b) => b as u64,
             Err(e) => return pool_err(e),
         };
-        let cap =
-            match msg.get("offline_mib") {
-                None | Some(Value::Null) => None,
-                Some(v) => match v.as_u64() {
-                    Some(mib) => Some(((mib << 20) / handle_bytes.max(1)) as usize),
-                    None => return err_reply(
-                        2,
-                        "\"offline_mib\" must be a whole number of MiB, or null to lift the cap",
-                    ),
-                },
-            };
+        let cap = offline_mib.map(|mib| ((mib << 20) / handle_bytes.max(1)) as usize);
         match self.ledger.set_offline_cap(gpu, cap) {
             Ok(()) => {
                 self.publish_usage_now();
-                json!({"ok": true, "gpu": gpu, "offline_cap_handles": cap,
-                       "offline_cap_mib": cap.map(|c| (c as u64 * handle_bytes) >> 20)})
+                ok_json(CapReply {
+                    gpu,
+                    offline_cap_handles: cap,
+                    offline_cap_mib: cap.map(|c| (c as u64 * handle_bytes) >> 20),
+                })
             }
             Err(e) => pool_err(e),
         }
@@ -546,23 +562,13 @@ impl PoolServer {
     /// `reclaim`: take memory back from offline on a GPU now, as an online burst would, and
     /// leave it free (`{"op":"reclaim","gpu":0,"mib":1024}`). Root only: `valve-scheduler
     /// profile-job` measures what a job loses per GiB reclaimed with it.
-    fn take_back(&mut self, uid: u32, msg: &Value) -> Value {
+    fn take_back(&mut self, uid: u32, gpu: usize, mib: u64) -> Value {
         if uid != 0 {
             return err_reply(
-                1,
+                PoolErrorCode::NotPermitted,
                 "only root may reclaim from offline (sudo valvectl pool reclaim ...)",
             );
         }
-        let (Some(gpu), Some(mib)) = (
-            msg.get("gpu").and_then(Value::as_u64),
-            msg.get("mib").and_then(Value::as_u64),
-        ) else {
-            return err_reply(
-                2,
-                "reclaim needs \"gpu\" (an index) and \"mib\" (a whole number)",
-            );
-        };
-        let gpu = gpu as usize;
         let handle_bytes = match self.ledger.handle_bytes(gpu) {
             Ok(b) => b as u64,
             Err(e) => return pool_err(e),
@@ -570,25 +576,28 @@ impl PoolServer {
         let count = ((mib << 20).div_ceil(handle_bytes.max(1))) as usize;
         let freed = self.reclaim(gpu, count, None).len();
         self.publish_usage_now();
-        json!({"ok": true, "gpu": gpu, "reclaimed": freed,
-               "reclaimed_mib": (freed as u64 * handle_bytes) >> 20})
+        ok_json(TakeBackReply {
+            gpu,
+            reclaimed: freed,
+            reclaimed_mib: (freed as u64 * handle_bytes) >> 20,
+        })
     }
 
-    fn register(&mut self, fd: RawFd, pid: u32, msg: &Value) -> Value {
-        let role = match msg.get("role").and_then(Value::as_str) {
-            Some("online") => Role::Online,
-            Some("offline") => Role::Offline,
-            _ => return err_reply(2, "register needs \"role\": \"online\" or \"offline\""),
+    fn register(
+        &mut self,
+        fd: RawFd,
+        pid: u32,
+        role: Role,
+        gpu: &GpuRef,
+        premap: Option<bool>,
+    ) -> Value {
+        let Some(gpu) = gpu.index() else {
+            return err_reply(
+                PoolErrorCode::BadRequest,
+                "register needs \"gpu\": the GPU index (e.g. 0)",
+            );
         };
-        let Some(gpu) = msg
-            .get("gpu")
-            .and_then(|g| g.as_u64().or_else(|| g.as_str()?.parse().ok()))
-        else {
-            return err_reply(2, "register needs \"gpu\": the GPU index (e.g. 0)");
-        };
-        let premap = msg.get("premap").and_then(Value::as_bool).unwrap_or(true);
-        let gpu = gpu as usize;
-        let client = match self.ledger.register(pid, role, gpu, premap) {
+        let client = match self.ledger.register(pid, role, gpu, premap.unwrap_or(true)) {
             Ok(c) => c,
             Err(e) => return pool_err(e),
         };
@@ -598,22 +607,25 @@ impl PoolServer {
             c.kind = Kind::Control(client);
         }
         let info = self.ledger.client(client).expect("just registered");
-        json!({"ok": true, "client": client, "token": token.to_string(), "gpu_index": gpu,
-               "premapped": info.premapped,
-               "handle_bytes": self.ledger.handle_bytes(gpu).unwrap_or(0),
-               "pool_capacity_handles": self.ledger.max_handles(gpu).unwrap_or(0),
-               "gpu_pci": self.ledger.pci_bus_id(gpu)})
+        ok_json(RegisterReply {
+            client,
+            token: token.to_string(),
+            gpu_index: gpu,
+            premapped: info.premapped,
+            handle_bytes: self.ledger.handle_bytes(gpu).unwrap_or(0),
+            pool_capacity_handles: self.ledger.max_handles(gpu).unwrap_or(0),
+            gpu_pci: self.ledger.pci_bus_id(gpu),
+        })
     }
 
-    fn attach(&mut self, fd: RawFd, pid: u32, msg: &Value) -> Value {
-        let client = msg.get("client").and_then(Value::as_u64).unwrap_or(0);
-        let token = msg
-            .get("token")
-            .and_then(Value::as_str)
-            .and_then(|t| t.parse::<u64>().ok());
+    fn attach(&mut self, fd: RawFd, pid: u32, client: ClientId, token: &str) -> Value {
+        let token = token.parse::<u64>().ok();
         let owner = self.ledger.client(client).map(|c| c.pid).ok();
         if token.is_none() || self.tokens.get(&client) != token.as_ref() || owner != Some(pid) {
-            return err_reply(13, "attach refused: wrong client, token or process");
+            return err_reply(
+                PoolErrorCode::NotRegistered,
+                "attach refused: wrong client, token or process",
+            );
         }
         if let Some(c) = self.conns.get_mut(&fd) {
             c.kind = Kind::Callback(client);
@@ -625,7 +637,7 @@ impl PoolServer {
             );
             return self.attach_reply_with_pool(fd, client, gpu, all);
         }
-        json!({"ok": true})
+        ok_json(AttachReply {})
     }
 
     /// A premapped online client attaching gets every existing handle with the reply.
@@ -637,7 +649,7 @@ impl PoolServer {
         all: Vec<HandleId>,
     ) -> Value {
         let handles = self.ledger.mark_sent(client, &all);
-        let reply = json!({"ok": true, "event": "pool_handles", "handles": handles});
+        let reply = ok_json(PoolHandles::new(handles.clone()));
         let sent = match (self.ledger.fds(gpu, &handles), self.conns.get(&fd)) {
             (Ok(fds), Some(c)) => wire::send_borrowed(&c.stream, &reply, &fds).is_ok(),
             _ => false,
@@ -662,7 +674,8 @@ impl PoolServer {
                 continue;
             };
             let handles = self.ledger.mark_sent(client, created);
-            let msg = json!({"event": "pool_handles", "handles": handles});
+            let msg =
+                serde_json::to_value(PoolHandles::new(handles.clone())).expect("events serialise");
             let sent = match (self.ledger.fds(gpu, &handles), self.conns.get(&fd)) {
                 (Ok(fds), Some(c)) => wire::send_borrowed(&c.stream, &msg, &fds).is_ok(),
                 _ => false,
@@ -680,61 +693,91 @@ impl PoolServer {
             .map(|(&fd, _)| fd)
     }
 
-    fn shrink(&mut self, client: ClientId, msg: &Value) -> Value {
-        let Some(handles) = handle_list(msg) else {
-            return err_reply(2, "shrink needs \"handles\": [ids]");
-        };
-        match self.ledger.release(client, &handles) {
-            Ok(()) => json!({"ok": true, "released": handles.len()}),
+    fn shrink(&mut self, client: ClientId, handles: &[HandleId]) -> Value {
+        match self.ledger.release(client, handles) {
+            Ok(()) => ok_json(ShrinkReply {
+                released: handles.len(),
+            }),
             Err(e) => pool_err(e),
         }
     }
 
     fn status(&self) -> Value {
-        let clients: Vec<Value> = self
+        let clients = self
             .ledger
             .clients()
-            .map(|(id, c)| {
-                let mut v = json!({"client": id, "pid": c.pid, "role": c.role, "gpu": c.gpu, "handles": c.held.len()});
-                if let Some(r) = self.controllers.get(&id) {
-                    v["reservation"] = reservation_state(r);
-                }
-                v
+            .map(|(id, c)| ClientEntry {
+                client: id,
+                pid: c.pid,
+                role: c.role,
+                gpu: c.gpu,
+                handles: c.held.len(),
+                reservation: self.controllers.get(&id).map(reservation_state),
             })
             .collect();
-        json!({"ok": true, "gpus": self.ledger.usage(), "clients": clients, "reclaims": self.reclaimer.stats()})
+        ok_json(PoolStatus {
+            gpus: self.ledger.usage(),
+            clients,
+            reclaims: self.reclaimer.stats(),
+        })
     }
+}
+
+/// The refusal of a message that is no valid [`PoolRequest`]: a known op with bad fields is a
+/// bad request; an unknown one is refused as unregistered on a new connection (whose first
+/// message must be `register` or `attach`), else named.
+fn refusal(kind: &Kind, msg: &Value, why: &str) -> Value {
+    let op = msg.get("op").and_then(Value::as_str).unwrap_or("");
+    if PoolRequest::OPS.contains(&op) {
+        return err_reply(
+            PoolErrorCode::BadRequest,
+            format!("bad `{op}` request: {why}"),
+        );
+    }
+    match kind {
+        Kind::New => not_registered(),
+        _ => unknown_op(op),
+    }
+}
+
+fn not_registered() -> Value {
+    err_reply(
+        PoolErrorCode::NotRegistered,
+        "not registered: the first message on a pool connection is `register` (or `attach`)",
+    )
+}
+
+fn unknown_op(op: &str) -> Value {
+    err_reply(
+        PoolErrorCode::BadRequest,
+        format!("unknown op `{op}`: register, grow, shrink, usage, status"),
+    )
 }
 
 /// An online client's MIAD state for `status`: what it is asked to hold, its headroom and interval T,
 /// how its pressure events compare with the target (the balance is positive when over it), the
 /// name it is saved under and whether it started warm.
-fn reservation_state(r: &OnlineReservation) -> Value {
+fn reservation_state(r: &OnlineReservation) -> ReservationState {
     let ctl = &r.ctl;
-    json!({"target_handles": ctl.target_handles(), "headroom_handles": ctl.headroom_handles(),
-           "interval_ms": ctl.interval().as_millis() as u64, "event_rate_per_min": ctl.event_rate_per_min(),
-           "balance_events": ctl.balance_events(), "events": ctl.total_events(),
-           "target_rate_per_min": ctl.config().target_rate_per_min,
-           "online": r.online, "gpu_name": r.gpu, "start": r.start.to_json()})
-}
-
-fn handle_list(msg: &Value) -> Option<Vec<HandleId>> {
-    msg.get("handles")?
-        .as_array()?
-        .iter()
-        .map(|v| v.as_u64().and_then(|h| HandleId::try_from(h).ok()))
-        .collect()
+    ReservationState {
+        target_handles: ctl.target_handles(),
+        headroom_handles: ctl.headroom_handles(),
+        interval_ms: ctl.interval().as_millis() as u64,
+        event_rate_per_min: ctl.event_rate_per_min(),
+        balance_events: ctl.balance_events(),
+        events: ctl.total_events(),
+        target_rate_per_min: ctl.config().target_rate_per_min,
+        online: r.online.clone(),
+        gpu_name: r.gpu.clone(),
+        start: r.start.wire(),
+    }
 }
 
 impl PoolServer {
     /// `grow`: take free memory, reclaim the rest from offline for online, and say which
     /// descriptors travel with the reply (every handle for a client that maps on demand; only
     /// handles it has not been sent yet for a premapped one).
-    fn grow(&mut self, client: ClientId, msg: &Value) -> Result<(Value, Vec<HandleId>), Value> {
-        let count = msg
-            .get("count")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| err_reply(2, "grow needs \"count\""))? as usize;
+    fn grow(&mut self, client: ClientId, count: usize) -> Result<(Value, Vec<HandleId>), Value> {
         let started = Instant::now();
         let taken = self.ledger.take(client, count).map_err(pool_err)?;
         let mut handles = taken.handles.clone();
@@ -755,9 +798,13 @@ impl PoolServer {
             handles.clone()
         };
         let elapsed_us = started.elapsed().as_micros() as u64;
-        let reply = json!({"ok": true, "handles": handles, "fds_for": with_fds,
-                           "reclaimed": reclaimed.len(), "short": count - handles.len(),
-                           "elapsed_us": elapsed_us});
+        let reply = ok_json(GrowReply {
+            short: count - handles.len(),
+            handles,
+            fds_for: with_fds.clone(),
+            reclaimed: reclaimed.len(),
+            elapsed_us,
+        });
         if !reclaimed.is_empty() {
             let (freeze_us, answer_us, slowest) = self.reclaim_times;
             self.reclaim_log = Some((
@@ -833,6 +880,7 @@ impl PoolServer {
 mod tests {
     use super::*;
     use crate::memory::ledger::tests::ledger;
+    use serde_json::json;
     use std::sync::{Arc, Mutex};
 
     /// Records the freezer's calls; a freeze takes `.1` (a busy daemon).
@@ -1003,13 +1051,13 @@ mod tests {
             Box::new(Log::default()),
             Duration::from_millis(200),
         );
-        let reply = server.cap(1000, &json!({"op": "cap", "gpu": 0, "offline_mib": 64}));
+        let reply = server.cap(1000, 0, Some(64));
         assert!(
             reply["error"].as_str().unwrap().contains("only root"),
             "{reply}"
         );
         assert_eq!(server.ledger.usage()[0].offline_cap, None);
-        let reply = server.take_back(1000, &json!({"op": "reclaim", "gpu": 0, "mib": 64}));
+        let reply = server.take_back(1000, 0, 64);
         assert!(
             reply["error"].as_str().unwrap().contains("only root"),
             "{reply}"

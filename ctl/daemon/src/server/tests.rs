@@ -10,6 +10,7 @@ use valve::fake::FakeRm;
 use valve::state::StateFile;
 
 use super::*;
+use crate::protocol::PROTOCOL_VERSION;
 
 /// RM events a test hands to the loop.
 #[derive(Default)]
@@ -72,7 +73,7 @@ pub(crate) fn serve_until<D: RmDriver, T>(
     (client.join().unwrap(), most)
 }
 
-pub(crate) fn request(socket: &Path, req: &str) -> Reply {
+pub(crate) fn request(socket: &Path, req: &str) -> Reply<serde_json::Value> {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(req.as_bytes()).unwrap();
@@ -105,7 +106,7 @@ fn a_request_over_the_size_limit_is_refused_unread() {
         (line, writer.join().unwrap())
     });
     let ((line, written), _) = serve_until(&mut server, &mut core, &events, client);
-    let reply: Reply = serde_json::from_str(&line).unwrap();
+    let reply: Reply<serde_json::Value> = serde_json::from_str(&line).unwrap();
     let err = reply.error.expect("refused");
     assert_eq!(err.code, 2);
     assert!(
@@ -155,7 +156,7 @@ fn the_socket_answers_with_a_thousand_idle_connections_open() {
     });
     let ((reply, still_open), most) = serve_until(&mut server, &mut core, &events, client);
     assert!(reply.error.is_none(), "{reply:?}");
-    assert!(reply.data["uptime_s"].is_number(), "{reply:?}");
+    assert!(reply.data_json()["uptime_s"].is_number(), "{reply:?}");
     assert_eq!(still_open, IDLE);
     // The request was answered while every idle connection was held open, not refused.
     assert!(
@@ -179,7 +180,7 @@ fn a_preempt_over_the_socket_says_how_long_it_queued_and_drained_events() {
     let client = std::thread::spawn(move || request(&path, &req));
     let (reply, _) = serve_until(&mut server, &mut core, &events, client);
     assert!(reply.error.is_none(), "{reply:?}");
-    let t = &reply.data["timing_us"];
+    let t = &reply.data_json()["timing_us"];
     for k in ["record", "gate", "disable", "drain", "queued"] {
         assert!(t[k].is_u64(), "timing_us.{k} missing: {reply:?}");
     }
@@ -197,9 +198,9 @@ fn a_preempt_over_the_socket_says_how_long_it_queued_and_drained_events() {
 }
 
 #[test]
-fn the_metrics_op_is_answered_by_the_loop_and_says_how_to_get_metrics() {
+fn the_metrics_op_is_answered_by_the_loop_and_an_unknown_op_is_named() {
     // No test in this binary installs the process-wide metrics (valvectl's `top` test does, in
-    // its own): the op names the flag that turns them on, and is not taken for a bad request.
+    // its own): the op says so, and is not taken for a bad request.
     let (_rm, _dir, mut core, socket, listener) = bound_core();
     let audit = Audit::log_only();
     let causes = RefCell::new(Vec::new());
@@ -211,16 +212,49 @@ fn the_metrics_op_is_answered_by_the_loop_and_says_how_to_get_metrics() {
         (
             request(&path, "{\"op\":\"metrics\"}\n"),
             request(&path, "{\"op\":\"metricz\"}\n"),
+            request(&path, "{\"op\":\"preempt\",\"pid\":\"x\"}\n"),
         )
     });
-    let ((metrics, bad), _) = serve_until(&mut server, &mut core, &events, client);
+    let ((metrics, unknown, bad), _) = serve_until(&mut server, &mut core, &events, client);
     let e = metrics.error.expect("no metrics in this daemon");
-    assert_eq!(e.code, 1);
-    assert!(e.message.contains("--metrics-addr"), "{}", e.message);
-    let e = bad.error.expect("unknown op");
-    assert_eq!(e.code, 2);
+    assert_eq!((e.code, e.kind), (1, ErrorCode::Failed));
+    assert!(e.message.contains("keeps no metrics"), "{}", e.message);
+    let e = unknown.error.expect("unknown op");
+    assert_eq!((e.code, e.kind), (2, ErrorCode::UnknownOp));
+    assert!(e.message.contains("unknown op `metricz`"), "{}", e.message);
+    let e = bad.error.expect("bad fields");
+    assert_eq!((e.code, e.kind), (2, ErrorCode::BadRequest));
     assert!(e.message.contains("bad request"), "{}", e.message);
     assert!(causes.borrow().contains(&ErrorCause::Malformed));
+}
+
+#[test]
+fn a_hello_gets_the_daemons_version_or_the_named_mismatch() {
+    let (_rm, _dir, mut core, socket, listener) = bound_core();
+    let audit = Audit::log_only();
+    let mut server = Server::new(&listener, own_group(), &audit);
+    let events = QueuedEvents::default();
+    let (same, other) = (PROTOCOL_VERSION, PROTOCOL_VERSION + 1);
+    let client = std::thread::spawn(move || {
+        let hello = |v: u32| format!("{{\"op\":\"hello\",\"protocol_version\":{v}}}\n");
+        (
+            request(&socket, &hello(same)),
+            request(&socket, &hello(other)),
+        )
+    });
+    let ((ok, newer), _) = serve_until(&mut server, &mut core, &events, client);
+    let hello: crate::protocol::Hello = serde_json::from_value(ok.data.unwrap()).unwrap();
+    assert_eq!(hello.protocol_version, PROTOCOL_VERSION);
+    let e = newer.error.expect("mismatch");
+    assert_eq!(
+        (e.kind, e.code),
+        (ErrorCode::VersionMismatch, crate::protocol::EXIT_VERSION)
+    );
+    assert!(
+        e.message.contains("upgrade the older side, the daemon"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]

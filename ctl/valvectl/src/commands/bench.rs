@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use nix::sys::signal::Signal;
-use serde_json::json;
+use serde::Serialize;
 use valve::controller::{Controller, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
 use valve::gpu::GpuInfo;
@@ -137,19 +137,26 @@ fn report(
         .collect();
     let serial = &args.serial;
     if g.json {
-        let per_json: Vec<_> = per
+        let per_gpu = per
             .iter()
-            .map(|(g, d, e)| json!({"gpu": g, "name": gpus[*g].name, "disable_ioctl": d, "enable_ioctl": e}))
-            .collect();
-        writeln!(
-            out,
-            "{}",
-            json!({
-                "channels": plan.channels(), "gpus": plan.gpus(), "serial": serial,
-                "mode": plan.mode(), "cycles": s.disable_wall.len(),
-                "disable_wall": sd, "enable_wall": se, "per_gpu": per_json,
+            .map(|(g, d, e)| BenchGpu {
+                gpu: *g,
+                name: &gpus[*g].name,
+                disable_ioctl: *d,
+                enable_ioctl: *e,
             })
-        )?;
+            .collect();
+        let line = BenchReport {
+            channels: plan.channels(),
+            gpus: plan.gpus(),
+            serial: *serial,
+            mode: plan.mode(),
+            cycles: s.disable_wall.len(),
+            disable_wall: sd,
+            enable_wall: se,
+            per_gpu,
+        };
+        writeln!(out, "{}", crate::print::json(&line))?;
     } else {
         writeln!(
             out,
@@ -174,4 +181,26 @@ fn report(
         }
     }
     Ok(())
+}
+
+/// `bench --json`: the cycle's wall times and each GPU's ioctl times.
+#[derive(Serialize)]
+struct BenchReport<'a> {
+    channels: usize,
+    gpus: usize,
+    serial: bool,
+    mode: PreemptMode,
+    cycles: usize,
+    disable_wall: Summary,
+    enable_wall: Summary,
+    per_gpu: Vec<BenchGpu<'a>>,
+}
+
+/// One GPU in [`BenchReport`].
+#[derive(Serialize)]
+struct BenchGpu<'a> {
+    gpu: usize,
+    name: &'a str,
+    disable_ioctl: Summary,
+    enable_ioctl: Summary,
 }

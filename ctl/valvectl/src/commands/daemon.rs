@@ -253,13 +253,21 @@ pub fn settings(args: &DaemonArgs, socket: &Path) -> Result<(DaemonConfig, LogFo
     Ok((cfg, log))
 }
 
+/// Whether stderr is a terminal: logs carry ANSI colours only then, never into a file, a pipe
+/// or the journal.
+pub fn stderr_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}
+
 /// The daemon's log: `VALVE_LOG` filters (default `info`, so audit records show), as text or
-/// JSON lines on stderr.
+/// JSON lines on stderr, coloured only on a terminal.
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("VALVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let fmt = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(stderr_is_terminal())
         .with_env_filter(filter);
     let _ = match format {
         LogFormat::Json => fmt.json().try_init(),

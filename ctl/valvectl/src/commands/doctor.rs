@@ -4,7 +4,6 @@
 use std::io::Write;
 
 use clap::Args;
-use serde_json::json;
 
 use crate::args::Globals;
 use crate::doctor::{self, Status};
@@ -19,7 +18,14 @@ pub fn exec(_args: &DoctorArgs, g: Globals, out: &mut dyn Write) -> Result<(), C
     let exe = std::env::current_exe().map_err(CliError::Io)?;
     let findings = doctor::run(&exe);
     if g.json {
-        writeln!(out, "{}", json!({"findings": findings}))?;
+        #[derive(serde::Serialize)]
+        struct Report<'a> {
+            findings: &'a [doctor::Finding],
+        }
+        let report = Report {
+            findings: &findings,
+        };
+        writeln!(out, "{}", crate::print::json(&report))?;
     } else {
         for f in &findings {
             let tag = match f.status {

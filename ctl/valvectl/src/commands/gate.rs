@@ -5,7 +5,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use valve_daemon::protocol::{GateSpec, Request};
+use valve_daemon::protocol::{GateReply, GateSpec, Request, TraceReply};
+use valve_protocol::control::SignalReply;
 
 use crate::args::{parse_duration, parse_percent, Globals};
 use crate::client::{daemon_call, daemon_call_within};
@@ -83,8 +84,8 @@ pub struct StartArgs {
     /// Do not preempt on request arrivals, only on GPU launch edges.
     #[arg(long)]
     no_arrivals: bool,
-    /// Ignore online threads waiting for their GPU work (the gate before issue 11: launch
-    /// gaps alone decide when online is idle; for comparison).
+    /// Ignore online threads waiting for their GPU work (launch gaps alone decide when online
+    /// is idle, as the gate did before it watched waits; for comparison).
     #[arg(long)]
     no_waits: bool,
     /// How several offline GPUs are issued: auto measures serial against parallel once on
@@ -246,19 +247,22 @@ pub fn exec(args: &GateArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
         return trace(g, *after, *follow, out);
     }
     let req = request(action)?;
-    let data = if matches!(req, Request::GateStart(_)) {
+    if matches!(action, GateCommand::Busy | GateCommand::Idle) {
+        let data: SignalReply = daemon_call(g.socket, &req)?;
+        if g.json {
+            writeln!(out, "{}", print::json(&data))?;
+        } else {
+            writeln!(out, "sent: online {}", data.signal)?;
+        }
+        return Ok(());
+    }
+    let data: GateReply = if matches!(req, Request::GateStart(_)) {
         daemon_call_within(g.socket, &req, START_REPLY_WITHIN)?
     } else {
         daemon_call(g.socket, &req)?
     };
     if g.json {
-        writeln!(out, "{data}")?;
-    } else if matches!(action, GateCommand::Busy | GateCommand::Idle) {
-        writeln!(
-            out,
-            "sent: online {}",
-            data["signal"].as_str().unwrap_or("")
-        )?;
+        writeln!(out, "{}", print::json(&data))?;
     } else {
         print::gate_status(out, &data)?;
     }
@@ -269,15 +273,14 @@ pub fn exec(args: &GateArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliE
 fn trace(g: Globals, mut after: u64, follow: bool, out: &mut dyn Write) -> Result<(), CliError> {
     loop {
         let req = Request::GateTrace { after, limit: None };
-        let data = daemon_call(g.socket, &req)?;
-        let records = data["records"].as_array().cloned().unwrap_or_default();
-        for r in &records {
+        let data: TraceReply = daemon_call(g.socket, &req)?;
+        for r in &data.records {
             if g.json {
-                writeln!(out, "{r}")?;
+                writeln!(out, "{}", print::json(r))?;
             } else {
                 writeln!(out, "{}", print::trace_line(r))?;
             }
-            after = after.max(r["seq"].as_u64().unwrap_or(after));
+            after = after.max(r.seq);
         }
         out.flush()?;
         if !follow {

@@ -4,7 +4,6 @@
 use std::io::Write;
 
 use clap::Args;
-use serde_json::json;
 use valve::controller::Controller;
 use valve::driver::{DriverInfo, RmDriver};
 
@@ -26,7 +25,16 @@ pub fn exec<D: RmDriver>(
     let gpus = ctl.gpus();
     if g.json {
         let driver = DriverInfo::read().ok();
-        writeln!(out, "{}", json!({"driver": driver, "gpus": gpus}))?;
+        #[derive(serde::Serialize)]
+        struct Report<'a> {
+            driver: Option<DriverInfo>,
+            gpus: &'a [valve::gpu::GpuInfo],
+        }
+        let report = Report {
+            driver,
+            gpus: &gpus,
+        };
+        writeln!(out, "{}", print::json(&report))?;
     } else {
         print::gpus(out, DriverInfo::read().ok().as_ref(), &gpus)?;
     }

@@ -4,13 +4,16 @@
 //! both used to profile a job).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::args::Globals;
 use crate::client::pool_call;
 use crate::error::CliError;
+use crate::print;
 use clap::{Args, Subcommand};
-use serde_json::{json, Value};
+use valve_protocol::pool::{
+    CapReply, PoolOk, PoolRequest, PoolStatus, ReservationState, Role, TakeBackReply,
+};
 
 /// The arguments of `valvectl pool`.
 #[derive(Debug, Args)]
@@ -66,146 +69,150 @@ pub struct CapArgs {
     pub lift: bool,
 }
 
-fn ask(socket: &std::path::Path) -> Result<Value, CliError> {
-    pool_call(socket, &json!({"op": "status"}))
+fn ask(socket: &std::path::Path) -> Result<PoolStatus, CliError> {
+    pool_call(socket, &PoolRequest::Status)
 }
 
 /// Asks the pool and prints its answer.
 pub fn exec(args: &PoolArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
-    if let PoolCommand::Cap(c) = &args.cmd {
-        let mib = if c.lift {
-            Value::Null
-        } else {
-            json!(c.offline_mib)
-        };
-        let v = pool_call(
-            &args.pool_socket,
-            &json!({"op": "cap", "gpu": c.gpu, "offline_mib": mib}),
-        )?;
-        if g.json {
-            writeln!(out, "{v}")?;
-        } else if v["offline_cap_mib"].is_null() {
-            writeln!(out, "GPU {}: offline is not capped", c.gpu)?;
-        } else {
-            writeln!(
-                out,
-                "GPU {}: offline may hold {} MiB",
-                c.gpu, v["offline_cap_mib"]
-            )?;
+    match &args.cmd {
+        PoolCommand::Cap(c) => cap(&args.pool_socket, c, g, out),
+        PoolCommand::Reclaim(c) => take_back(&args.pool_socket, c, g, out),
+        PoolCommand::Status => {
+            let v = ask(&args.pool_socket)?;
+            if g.json {
+                writeln!(out, "{}", print::json(&PoolOk { ok: true, body: &v }))?;
+                return Ok(());
+            }
+            status(out, &v)
         }
-        return Ok(());
     }
-    if let PoolCommand::Reclaim(c) = &args.cmd {
-        let v = pool_call(
-            &args.pool_socket,
-            &json!({"op": "reclaim", "gpu": c.gpu, "mib": c.mib}),
-        )?;
-        if g.json {
-            writeln!(out, "{v}")?;
-        } else {
-            writeln!(
-                out,
-                "GPU {}: took {} MiB back from offline",
-                c.gpu, v["reclaimed_mib"]
-            )?;
-        }
-        return Ok(());
-    }
-    let v = ask(&args.pool_socket)?;
-    if g.json {
-        writeln!(out, "{v}")?;
-        return Ok(());
-    }
-    let mib = |h: &Value, n: &str| {
-        (h[n].as_u64().unwrap_or(0) * h["handle_bytes"].as_u64().unwrap_or(0)) >> 20
+}
+
+/// `pool cap`.
+fn cap(socket: &Path, c: &CapArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
+    let req = PoolRequest::Cap {
+        gpu: c.gpu as usize,
+        offline_mib: if c.lift { None } else { c.offline_mib },
     };
+    let v: CapReply = pool_call(socket, &req)?;
+    if g.json {
+        writeln!(out, "{}", print::json(&PoolOk { ok: true, body: v }))?;
+    } else if let Some(mib) = v.offline_cap_mib {
+        writeln!(out, "GPU {}: offline may hold {mib} MiB", c.gpu)?;
+    } else {
+        writeln!(out, "GPU {}: offline is not capped", c.gpu)?;
+    }
+    Ok(())
+}
+
+/// `pool reclaim`.
+fn take_back(
+    socket: &Path,
+    c: &ReclaimArgs,
+    g: Globals,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let req = PoolRequest::Reclaim {
+        gpu: c.gpu as usize,
+        mib: c.mib,
+    };
+    let v: TakeBackReply = pool_call(socket, &req)?;
+    if g.json {
+        writeln!(out, "{}", print::json(&PoolOk { ok: true, body: v }))?;
+    } else {
+        writeln!(
+            out,
+            "GPU {}: took {} MiB back from offline",
+            c.gpu, v.reclaimed_mib
+        )?;
+    }
+    Ok(())
+}
+
+/// `pool status` as a table, the processes and their reservations, and the reclaim counters.
+fn status(out: &mut dyn Write, v: &PoolStatus) -> Result<(), CliError> {
     writeln!(
         out,
         "{:<4} {:>8} {:>10} {:>10} {:>10} {:>10}",
         "GPU", "HANDLE", "POOL MiB", "FREE MiB", "ONLINE", "OFFLINE"
     )?;
-    for gpu in v["gpus"].as_array().into_iter().flatten() {
+    for gpu in &v.gpus {
+        let mib = |n: usize| (n as u64 * gpu.handle_bytes as u64) >> 20;
         writeln!(
             out,
             "{:<4} {:>6}Mi {:>10} {:>10} {:>10} {:>10}",
-            gpu["gpu"],
-            gpu["handle_bytes"].as_u64().unwrap_or(0) >> 20,
-            mib(gpu, "handles"),
-            mib(gpu, "free"),
-            mib(gpu, "online"),
-            mib(gpu, "offline")
+            gpu.gpu,
+            gpu.handle_bytes >> 20,
+            mib(gpu.handles),
+            mib(gpu.free),
+            mib(gpu.online),
+            mib(gpu.offline)
         )?;
     }
-    for c in v["clients"].as_array().into_iter().flatten() {
+    for c in &v.clients {
+        let role = match c.role {
+            Role::Online => "online",
+            Role::Offline => "offline",
+        };
         writeln!(
             out,
             "  pid {:<8} {:<8} GPU {} holds {} handle(s)",
-            c["pid"],
-            c["role"].as_str().unwrap_or(""),
-            c["gpu"],
-            c["handles"]
+            c.pid, role, c.gpu, c.handles
         )?;
-        let m = &c["reservation"];
-        if m.is_object() {
+        if let Some(m) = &c.reservation {
             writeln!(
                 out,
-                "    MIAD: holds {} handle(s) by target, headroom {}, T {} ms, {:.1} events/min against {}/min (balance {:+.1})",
-                m["target_handles"],
-                m["headroom_handles"],
-                m["interval_ms"],
-                m["event_rate_per_min"].as_f64().unwrap_or(0.0),
-                m["target_rate_per_min"],
-                m["balance_events"].as_f64().unwrap_or(0.0)
+                "    MIAD: holds {} handle(s) by target, headroom {}, T {} ms, {:.1} events/min against {:.1}/min (balance {:+.1})",
+                m.target_handles,
+                m.headroom_handles,
+                m.interval_ms,
+                m.event_rate_per_min,
+                m.target_rate_per_min,
+                m.balance_events
             )?;
             write_start(out, m)?;
         }
     }
-    let r = &v["reclaims"];
+    let r = &v.reclaims;
     writeln!(
         out,
         "reclaims {}, handles taken from offline {}, offline killed for missing the deadline {}, last reclaim {} us",
-        r["reclaims"], r["handles"], r["killed"], r["last_us"]
+        r.reclaims, r.handles, r.killed, r.last_us
     )?;
-    let kill = &r["last_kill"];
-    if let Some(pid) = kill["pid"].as_u64() {
-        let answered = if kill["answered"] == true {
+    if let Some(kill) = &r.last_kill {
+        let answered = if kill.answered {
             "answered too late or wrongly"
         } else {
             "did not answer"
         };
         writeln!(
             out,
-            "last kill: pid {pid} ({answered}) at unix time {}; its threads then: {}",
-            kill["unix_s"],
-            kill["threads"].as_str().unwrap_or("?")
+            "last kill: pid {} ({answered}) at unix time {}; its threads then: {}",
+            kill.pid, kill.unix_s, kill.threads
         )?;
     }
     Ok(())
 }
 
 /// How a reservation started: warm (from which file, how old, what was adjusted) or cold (why).
-fn write_start(out: &mut dyn Write, m: &Value) -> Result<(), CliError> {
-    let st = &m["start"];
-    let online = m["online"].as_str().unwrap_or("?");
-    if st["warm"] == true {
-        let adjusted: Vec<&str> = st["adjusted"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+fn write_start(out: &mut dyn Write, m: &ReservationState) -> Result<(), CliError> {
+    let st = &m.start;
+    let online = &m.online;
+    if st.warm {
         write!(
             out,
             "    started warm: {online}'s reservation saved {} s before in {}",
-            st["saved_s_ago"],
-            st["from"].as_str().unwrap_or("?")
+            st.saved_s_ago.unwrap_or(0),
+            st.from.as_deref().unwrap_or("?")
         )?;
+        let adjusted = st.adjusted.as_deref().unwrap_or_default();
         if !adjusted.is_empty() {
             write!(out, " (adjusted: {})", adjusted.join("; "))?;
         }
         writeln!(out)?;
-    } else if st["warm"] == false {
-        let why = st["why"].as_str().unwrap_or("?");
+    } else {
+        let why = st.why.as_deref().unwrap_or("?");
         writeln!(out, "    started cold ({online}): {why}")?;
     }
     Ok(())
@@ -213,6 +220,7 @@ fn write_start(out: &mut dyn Write, m: &Value) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
     use valve_vmm::wire;
 
     use super::*;

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use nix::sys::signal::Signal;
-use serde_json::json;
+use serde::Serialize;
+use valve::controller::BatchReport;
 use valve::controller::{Controller, DisabledChannels, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
 use valve::Signals;
-use valve_daemon::protocol::Request;
+use valve_daemon::protocol::{PreemptReply, Request, ResumeReply};
 
 use crate::args::{parse_duration, Globals, TargetArgs};
 use crate::client::daemon_call;
@@ -75,11 +76,12 @@ fn detach<D: RmDriver>(
 ) -> Result<(), CliError> {
     let rep = guard.keep_disabled();
     if g.json {
-        writeln!(
-            out,
-            "{}",
-            json!({"disabled": rep, "channels": plan.channels(), "resume_command": undo})
-        )?;
+        let line = Detached {
+            disabled: &rep,
+            channels: plan.channels(),
+            resume_command: undo,
+        };
+        writeln!(out, "{}", print::json(&line))?;
     } else {
         writeln!(
             out,
@@ -121,16 +123,15 @@ fn hold_then_resume<D: RmDriver>(
     let held = held_from.elapsed();
     let enable_rep = guard.enable()?;
     if g.json {
-        writeln!(
-            out,
-            "{}",
-            json!({
-                "channels": plan.channels(), "gpus": plan.gpus(),
-                "disable": disable_rep, "enable": enable_rep,
-                "held_us": held.as_secs_f64() * 1e6,
-                "ended_by": signal.map(|s| s.as_str()).unwrap_or("timer"),
-            })
-        )?;
+        let line = Held {
+            channels: plan.channels(),
+            gpus: plan.gpus(),
+            disable: &disable_rep,
+            enable: &enable_rep,
+            held_us: held.as_secs_f64() * 1e6,
+            ended_by: signal.map(|s| s.as_str()).unwrap_or("timer"),
+        };
+        writeln!(out, "{}", print::json(&line))?;
     } else {
         print::batch(out, "disable", &disable_rep)?;
         writeln!(
@@ -176,7 +177,7 @@ pub fn exec_pid(
     let max_hold_ms = args
         .hold
         .map(|h| (h + Duration::from_secs(1)).as_millis() as u64);
-    let data = daemon_call(
+    let data: PreemptReply = daemon_call(
         g.socket,
         &Request::Preempt {
             pid,
@@ -186,13 +187,18 @@ pub fn exec_pid(
     )?;
     if args.detach {
         if g.json {
+            let line = PidDetached {
+                preempted: &data,
+                resume_command: format!("valvectl resume --pid {pid}"),
+            };
+            writeln!(out, "{}", print::json(&line))?;
+        } else {
             writeln!(
                 out,
-                "{}",
-                json!({"preempted": data, "resume_command": format!("valvectl resume --pid {pid}")})
+                "preempted pid {pid}: {} channel(s) on {} GPU(s); it stays frozen until \
+                 `valvectl resume --pid {pid}`",
+                data.channels, data.gpus
             )?;
-        } else {
-            writeln!(out, "preempted pid {pid}: {} channel(s) on {} GPU(s); it stays frozen until `valvectl resume --pid {pid}`", data["channels"], data["gpus"])?;
         }
         return Ok(());
     }
@@ -200,8 +206,8 @@ pub fn exec_pid(
         writeln!(
             out,
             "preempted pid {pid}: {} channel(s) on {} GPU(s){}",
-            data["channels"],
-            data["gpus"],
+            data.channels,
+            data.gpus,
             match args.hold {
                 Some(d) => format!(", holding for {d:?}"),
                 None => "; Ctrl-C or SIGTERM resumes it".into(),
@@ -212,25 +218,62 @@ pub fn exec_pid(
     let signal = signals.wait(args.hold);
     let resumed = resume_pid(g, pid)?;
     if g.json {
-        writeln!(
-            out,
-            "{}",
-            json!({"preempt": data, "resume": resumed, "ended_by": signal.map(|s| s.as_str()).unwrap_or("timer")})
-        )?;
+        let line = PidHeld {
+            preempt: &data,
+            resume: &resumed,
+            ended_by: signal.map(|s| s.as_str()).unwrap_or("timer"),
+        };
+        writeln!(out, "{}", print::json(&line))?;
     } else {
         writeln!(out, "resumed pid {pid}")?;
     }
     Ok(())
 }
 
+/// `preempt --detach --json` by handle.
+#[derive(Serialize)]
+struct Detached<'a> {
+    disabled: &'a BatchReport,
+    channels: usize,
+    resume_command: &'a str,
+}
+
+/// `preempt --for --json` by handle: both steps and how the hold ended.
+#[derive(Serialize)]
+struct Held<'a> {
+    channels: usize,
+    gpus: usize,
+    disable: &'a BatchReport,
+    enable: &'a BatchReport,
+    held_us: f64,
+    ended_by: &'a str,
+}
+
+/// `preempt --pid --detach --json`.
+#[derive(Serialize)]
+struct PidDetached<'a> {
+    preempted: &'a PreemptReply,
+    resume_command: String,
+}
+
+/// `preempt --pid --json` after its hold.
+#[derive(Serialize)]
+struct PidHeld<'a> {
+    preempt: &'a PreemptReply,
+    resume: &'a ResumeReply,
+    ended_by: &'a str,
+}
+
 /// Asks the daemon to resume `pid` at the end of a hold.
-fn resume_pid(g: Globals, pid: u32) -> Result<serde_json::Value, CliError> {
+fn resume_pid(g: Globals, pid: u32) -> Result<ResumeReply, CliError> {
     match daemon_call(g.socket, &Request::Resume { pid }) {
         Ok(v) => Ok(v),
         // The daemon's own limit may have resumed it first.
-        Err(CliError::Daemon(8, m)) if m.contains("not preempted") => {
-            Ok(json!({"note": "already resumed by the daemon"}))
-        }
+        Err(CliError::Daemon(8, m)) if m.contains("not preempted") => Ok(ResumeReply {
+            pid,
+            note: Some("already resumed by the daemon".into()),
+            ..ResumeReply::default()
+        }),
         Err(e) => Err(e),
     }
 }

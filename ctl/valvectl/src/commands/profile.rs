@@ -59,7 +59,7 @@ pub struct ProfileArgs {}
 
 /// Asks the daemon for its harvest document and prints it.
 pub fn exec(_args: &ProfileArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
-    let data = daemon_call(g.socket, &Request::Harvest)?;
+    let data: serde_json::Value = daemon_call(g.socket, &Request::Harvest)?;
     let doc = document(data)?;
     if g.json {
         let text = serde_json::to_string(&doc).expect("the document serialises");

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use clap::Args;
-use valve_daemon::protocol::Request;
+use valve_daemon::protocol::{PsReply, Request};
 
 use crate::args::Globals;
 use crate::client::daemon_call;
@@ -17,9 +17,9 @@ pub struct PsArgs {}
 
 /// Asks the daemon and prints its answer.
 pub fn exec(_args: &PsArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
-    let data = daemon_call(g.socket, &Request::Ps)?;
+    let data: PsReply = daemon_call(g.socket, &Request::Ps)?;
     if g.json {
-        writeln!(out, "{data}")?;
+        writeln!(out, "{}", crate::print::json(&data))?;
         return Ok(());
     }
     print::processes(out, &data)?;

@@ -4,11 +4,12 @@
 use std::io::Write;
 
 use clap::Args;
-use serde_json::json;
+use serde::Serialize;
+use valve::controller::BatchReport;
 use valve::controller::{Controller, PreemptMode};
 use valve::driver::RmDriver;
 use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
-use valve_daemon::protocol::{Request, DEFAULT_STATE_DIR};
+use valve_daemon::protocol::{Request, ResumeAllReply, ResumeReply, DEFAULT_STATE_DIR};
 use valve_daemon::EXIT_NO_DAEMON;
 
 use crate::args::{Globals, TargetArgs};
@@ -40,11 +41,11 @@ pub fn exec<D: RmDriver>(
     let plan = ctl.plan(&t, PreemptMode::Preempt)?;
     let rep = ctl.enable(&plan)?;
     if g.json {
-        writeln!(
-            out,
-            "{}",
-            json!({"enabled": rep, "channels": plan.channels()})
-        )?;
+        let line = Enabled {
+            enabled: &rep,
+            channels: plan.channels(),
+        };
+        writeln!(out, "{}", print::json(&line))?;
     } else {
         writeln!(
             out,
@@ -57,28 +58,66 @@ pub fn exec<D: RmDriver>(
     Ok(())
 }
 
+/// `resume --json` by handle.
+#[derive(Serialize)]
+struct Enabled<'a> {
+    enabled: &'a BatchReport,
+    channels: usize,
+}
+
 /// `resume --pid` and `resume --all`, through the daemon.
 pub fn exec_daemon(args: &ResumeArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
-    let req = if args.all {
-        Request::ResumeAll
-    } else {
-        Request::Resume {
-            pid: args.targets.pid.expect("dispatched on pid"),
+    if !args.all {
+        let pid = args.targets.pid.expect("dispatched on pid");
+        let data: ResumeReply = daemon_call(g.socket, &Request::Resume { pid })?;
+        if g.json {
+            writeln!(out, "{}", print::json(&data))?;
+        } else {
+            writeln!(out, "{}", resumed_sentence(&data))?;
+            if let Some(rep) = &data.enable {
+                print::batch_timing(out, "enable", rep)?;
+            }
         }
-    };
-    match daemon_call(g.socket, &req) {
+        return Ok(());
+    }
+    match daemon_call::<ResumeAllReply>(g.socket, &Request::ResumeAll) {
         Ok(data) => {
             if g.json {
-                writeln!(out, "{data}")?;
+                writeln!(out, "{}", print::json(&data))?;
+            } else if data.resumed.is_empty() {
+                writeln!(
+                    out,
+                    "nothing to resume: the daemon held no process preempted"
+                )?;
             } else {
-                writeln!(out, "resumed: {data}")?;
+                writeln!(out, "resumed pid(s) {:?}", data.resumed)?;
             }
             Ok(())
         }
-        Err(CliError::Daemon(code, _)) if args.all && code == EXIT_NO_DAEMON => {
-            from_state_file(out)
-        }
+        Err(CliError::Daemon(code, _)) if code == EXIT_NO_DAEMON => from_state_file(out),
         Err(e) => Err(e),
+    }
+}
+
+/// What `resume --pid` says the daemon did, as `preempt` says what it did.
+fn resumed_sentence(r: &ResumeReply) -> String {
+    let held = r
+        .held_ms
+        .map(|ms| format!(" after {ms:.1} ms"))
+        .unwrap_or_default();
+    match (&r.note, r.to_gate, &r.enable) {
+        (Some(note), ..) => format!("resumed pid {}: {note}", r.pid),
+        (None, true, _) => format!(
+            "resumed pid {}{held}: handed back to the gate, which runs it while online is idle",
+            r.pid
+        ),
+        (None, false, Some(rep)) => format!(
+            "resumed pid {}{held}: {} channel(s) on {} GPU(s) enabled",
+            r.pid,
+            rep.gpus.iter().map(|g| g.channels).sum::<usize>(),
+            rep.gpus.len()
+        ),
+        (None, false, None) => format!("resumed pid {}{held}", r.pid),
     }
 }
 
@@ -145,6 +184,43 @@ fn salvage_note(s: &Salvage, kept: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resume_by_pid_says_what_happened_in_a_sentence() {
+        use valve_daemon::protocol::{BatchTiming, GpuBatchTiming};
+        let enabled = ResumeReply {
+            pid: 42,
+            enable: Some(BatchTiming {
+                gpus: vec![GpuBatchTiming {
+                    gpu: 0,
+                    channels: 3,
+                    ..GpuBatchTiming::default()
+                }],
+                wall: 40.0,
+            }),
+            held_ms: Some(1500.25),
+            ..ResumeReply::default()
+        };
+        assert_eq!(
+            resumed_sentence(&enabled),
+            "resumed pid 42 after 1500.2 ms: 3 channel(s) on 1 GPU(s) enabled"
+        );
+        let to_gate = ResumeReply {
+            enable: None,
+            to_gate: true,
+            ..enabled.clone()
+        };
+        assert!(resumed_sentence(&to_gate).contains("handed back to the gate"));
+        let gone = ResumeReply {
+            pid: 7,
+            note: Some("the process's channels are gone (it exited)".into()),
+            ..ResumeReply::default()
+        };
+        assert_eq!(
+            resumed_sentence(&gone),
+            "resumed pid 7: the process's channels are gone (it exited)"
+        );
+    }
 
     #[test]
     fn a_salvaged_state_file_is_reported_with_where_it_went_and_what_to_do() {

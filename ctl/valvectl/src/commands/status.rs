@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use clap::Args;
-use valve_daemon::protocol::Request;
+use valve_daemon::protocol::{Request, StatusReply};
 
 use crate::args::Globals;
 use crate::client::daemon_call;
@@ -17,9 +17,9 @@ pub struct StatusArgs {}
 
 /// Asks the daemon and prints its answer.
 pub fn exec(_args: &StatusArgs, g: Globals, out: &mut dyn Write) -> Result<(), CliError> {
-    let data = daemon_call(g.socket, &Request::Status)?;
+    let data: StatusReply = daemon_call(g.socket, &Request::Status)?;
     if g.json {
-        writeln!(out, "{data}")?;
+        writeln!(out, "{}", print::json(&data))?;
     } else {
         print::daemon_status(out, &data)?;
     }

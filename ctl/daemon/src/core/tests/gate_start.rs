@@ -43,7 +43,7 @@ fn while_the_gate_starts_a_reclaims_freeze_and_thaw_are_served_and_a_stop_is_ref
         .expect("the gate thread reaches its start");
     assert!(c.gate_starting());
     assert!(c.poll_gate_start().is_none(), "held: not finished");
-    assert_eq!(c.handle(Request::GateStatus).data["starting"], true);
+    assert_eq!(c.handle(Request::GateStatus).data_json()["starting"], true);
     let code = |r: Reply| r.error.map(|e| e.code);
     assert_eq!(code(c.handle(Request::GateStop)), Some(1));
     assert_eq!(
@@ -63,7 +63,7 @@ fn while_the_gate_starts_a_reclaims_freeze_and_thaw_are_served_and_a_stop_is_ref
     assert!(rm.disabled().is_empty());
     // A busy signal waits for the gate; nothing of the gate is recorded before it runs.
     let r = c.handle(Request::OnlineBusy);
-    assert_eq!(r.data["queued"], true, "{r:?}");
+    assert_eq!(r.data_json()["queued"], true, "{r:?}");
     let file = StateFile::in_dir(dir.path());
     assert!(file.load().unwrap().is_empty());
     held.release.send(()).unwrap();
@@ -71,8 +71,8 @@ fn while_the_gate_starts_a_reclaims_freeze_and_thaw_are_served_and_a_stop_is_ref
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(
         (
-            r.data["running"].clone(),
-            r.data["offline_channels"].clone()
+            r.data_json()["running"].clone(),
+            r.data_json()["offline_channels"].clone()
         ),
         (serde_json::json!(true), serde_json::json!(4)),
         "{r:?}"
@@ -99,7 +99,7 @@ fn a_gate_that_fails_to_start_leaves_nothing_running_or_recorded() {
     assert_eq!(e.code, crate::protocol::EXIT_BPF);
     assert!(e.message.contains("no libcuda"), "{}", e.message);
     assert_eq!(
-        c.handle(Request::GateStatus).data,
+        c.handle(Request::GateStatus).data_json(),
         serde_json::json!({"running": false})
     );
     assert!(StateFile::in_dir(dir.path()).load().unwrap().is_empty());
@@ -182,7 +182,7 @@ fn a_gate_start_answers_only_once_its_online_probes_are_attached() {
     unanswered_for(&mut c, Duration::from_millis(300));
     assert!(c.gate_starting());
     // The loop goes on serving: the installed gate's status says what it waits for.
-    let st = c.handle(Request::GateStatus).data;
+    let st = c.handle(Request::GateStatus).data_json();
     assert_eq!(st["online_probes"]["1"], "attaching", "{st}");
     assert_eq!(st["online_probes_attached"], false);
     assert_eq!(
@@ -193,9 +193,9 @@ fn a_gate_start_answers_only_once_its_online_probes_are_attached() {
     attached.store(true, Ordering::SeqCst);
     let r = finished(&mut c);
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["online_probes"]["1"], "attached", "{r:?}");
-    assert_eq!(r.data["online_probes_attached"], true);
-    assert!(r.data.get("note").is_none(), "{r:?}");
+    assert_eq!(r.data_json()["online_probes"]["1"], "attached", "{r:?}");
+    assert_eq!(r.data_json()["online_probes_attached"], true);
+    assert!(r.data_json().get("note").is_none(), "{r:?}");
     assert!(c.handle(Request::GateStop).error.is_none());
 }
 
@@ -215,16 +215,20 @@ fn a_gate_start_whose_probes_do_not_attach_in_time_answers_with_a_note() {
         "waited the bound"
     );
     assert!(r.error.is_none(), "the start still succeeds: {r:?}");
-    let note = r.data["note"].as_str().unwrap_or_default();
+    let data = r.data_json();
+    let note = data["note"].as_str().unwrap_or_default();
     assert!(
         note.contains("online pid(s) [1] are not attached yet"),
         "{note}"
     );
-    assert_eq!(r.data["running"], true);
-    assert_eq!(r.data["online_probes_attached"], false);
+    assert_eq!(r.data_json()["running"], true);
+    assert_eq!(r.data_json()["online_probes_attached"], false);
     // The one-call start (tests) waits the same way.
     assert!(c.handle(Request::GateStop).error.is_none());
     let r = c.handle(gate_spec(1, me));
-    assert!(r.data["note"].as_str().unwrap_or_default().contains("[1]"));
+    assert!(r.data_json()["note"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("[1]"));
     assert!(c.handle(Request::GateStop).error.is_none());
 }

@@ -95,7 +95,7 @@ fn preempt_refuses_mps_clients_and_servers_and_ps_marks_them() {
         "nothing disabled for an MPS process"
     );
     assert!(!c.is_preempted(me) && !c.is_preempted(SERVER));
-    let ps = c.handle(Request::Ps).data;
+    let ps = c.handle(Request::Ps).data_json();
     let mps_of = |pid: u32| {
         ps["processes"]
             .as_array()
@@ -125,13 +125,13 @@ fn gate_start_refuses_an_mps_offline_process_and_the_gate_leaves_one_out() {
         c.handle(gate_spec(1, me)).error.expect("refused")
     };
     assert_eq!(e.code, EXIT_MPS, "{}", e.message);
-    assert_eq!(c.handle(Request::GateStatus).data["running"], false);
+    assert_eq!(c.handle(Request::GateStatus).data_json()["running"], false);
     // Not an MPS client when the gate starts (not connected, another pipe directory); it
     // becomes one: the gate's next refresh drops it, and a busy online freezes nothing.
     c.set_mps_lookup(mps_node(&dir.path().join("b"), me, PID_B, false));
     let r = c.handle(gate_spec(1, me));
     assert!(r.error.is_none(), "{r:?}");
-    assert_eq!(r.data["offline_channels"], 4);
+    assert_eq!(r.data_json()["offline_channels"], 4);
     c.set_mps_lookup(mps_node(&dir.path().join("c"), me, PID_B, true));
     c.refresh_gate(Instant::now(), crate::gate::Rescan::Now);
     assert!(c.gate.as_ref().unwrap().records().is_empty());

@@ -277,7 +277,10 @@ mod tests {
             .iter()
             .find(|r| r.kind == TraceKind::LaunchAfterResume)
             .expect("the trace marks it");
-        assert_eq!(flagged.to_json()["after_resume"], true);
+        assert_eq!(
+            serde_json::to_value(flagged.entry()).unwrap()["after_resume"],
+            true
+        );
         // A resume on an explicit idle signal arms too.
         rt.handle(GateInput::Busy, 120 * MS);
         rt.handle(GateInput::Idle, 130 * MS);
@@ -309,7 +312,7 @@ mod tests {
             .rfind(|r| r.kind == TraceKind::Cooldown)
             .unwrap();
         assert_eq!(
-            cooldown.to_json()["waits_ignored"],
+            serde_json::to_value(cooldown.entry()).unwrap()["waits_ignored"],
             true,
             "the trace says the resume ignored a wait"
         );

@@ -4,7 +4,6 @@
 use std::collections::BTreeSet;
 use std::sync::mpsc;
 
-use serde::Serialize;
 use valve::state::DisabledRecord;
 use valve_ebpf::realtime::Scheduling;
 use valve_ebpf::{ArrivalCounts, ArrivalEdge, LaunchEdge, WatchedPort};
@@ -107,7 +106,7 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
         self.counts(pid).sync_end_ns
     }
     fn probe_hits(&self, pid: u32) -> ProbeHits {
-        ProbeHits::from(&self.counts(pid))
+        probe_hits(&self.counts(pid))
     }
     fn arm_resume(&self, now_ns: u64) {
         if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
@@ -116,33 +115,13 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
     }
 }
 
-/// Calls of the online processes that hit the launch watcher's probes: what the gate costs
-/// their host threads (about 1-2 us per launch; a synchronising call is probed on entry and
-/// on return).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ProbeHits {
-    /// Kernel launches (every variant).
-    pub kernel_launches: u64,
-    /// Graph launches.
-    pub graph_launches: u64,
-    /// Synchronising calls.
-    pub syncs: u64,
-}
+pub use valve_protocol::gate::ProbeHits;
 
-impl From<&valve_ebpf::LaunchCounts> for ProbeHits {
-    fn from(c: &valve_ebpf::LaunchCounts) -> Self {
-        ProbeHits {
-            kernel_launches: c.kernel_launches,
-            graph_launches: c.graph_launches,
-            syncs: c.syncs,
-        }
-    }
-}
-
-impl std::ops::AddAssign for ProbeHits {
-    fn add_assign(&mut self, o: ProbeHits) {
-        self.kernel_launches += o.kernel_launches;
-        self.graph_launches += o.graph_launches;
-        self.syncs += o.syncs;
+/// The launch watcher's counts of a process as the gate's status reports them.
+pub fn probe_hits(c: &valve_ebpf::LaunchCounts) -> ProbeHits {
+    ProbeHits {
+        kernel_launches: c.kernel_launches,
+        graph_launches: c.graph_launches,
+        syncs: c.syncs,
     }
 }

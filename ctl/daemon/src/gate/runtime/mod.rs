@@ -21,7 +21,7 @@ mod state;
 mod status;
 mod thread;
 
-pub use input::{GateInput, LaunchSource, ProbeHits};
+pub use input::{probe_hits, GateInput, LaunchSource, ProbeHits};
 pub(crate) use shared::channel_set;
 pub use shared::{ChannelSet, GateShared};
 pub use state::GateRuntime;

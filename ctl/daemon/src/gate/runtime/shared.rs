@@ -7,6 +7,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use valve::state::DisabledRecord;
 use valve::stats::summarize_us;
+use valve_protocol::gate::LatencySummary;
 
 use super::status::{GateStatus, SharedStatus};
 use crate::gate::policy::HoldHistory;
@@ -127,6 +128,19 @@ impl GateShared {
     }
 }
 
+/// Latency samples (us) summarised as the status carries them.
+fn summary(samples: &[f64]) -> LatencySummary {
+    let s = summarize_us(samples);
+    LatencySummary {
+        n: s.n,
+        p50_us: s.p50_us,
+        p90_us: s.p90_us,
+        p99_us: s.p99_us,
+        max_us: s.max_us,
+        mean_us: s.mean_us,
+    }
+}
+
 /// A snapshot of `shared` with the latency summaries filled in. Only the copy happens under the
 /// lock, so a status request never holds up the gate thread for the sorting.
 pub(super) fn snapshot(shared: &GateShared) -> GateStatus {
@@ -134,11 +148,11 @@ pub(super) fn snapshot(shared: &GateShared) -> GateStatus {
         let g = shared.status.lock().unwrap_or_else(PoisonError::into_inner);
         (g.status.clone(), g.samples.clone())
     };
-    s.disable_us = summarize_us(&samples.disable);
-    s.enable_us = summarize_us(&samples.enable);
-    s.reaction_us = summarize_us(&samples.reaction);
-    s.edge_to_disable_us = summarize_us(&samples.edge_to_disable);
-    s.arrival_to_disable_us = summarize_us(&samples.arrival_to_disable);
+    s.disable_us = summary(&samples.disable);
+    s.enable_us = summary(&samples.enable);
+    s.reaction_us = summary(&samples.reaction);
+    s.edge_to_disable_us = summary(&samples.edge_to_disable);
+    s.arrival_to_disable_us = summary(&samples.arrival_to_disable);
     s.trace_head = shared.trace.head();
     s
 }

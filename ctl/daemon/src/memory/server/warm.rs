@@ -9,7 +9,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
+use valve_protocol::pool::ReservationStart;
 
 use crate::memory::reservation::Learned;
 
@@ -89,11 +90,22 @@ pub enum Start {
 
 impl Start {
     /// The `start` object of a reservation in `pool status`.
-    pub fn to_json(&self) -> Value {
+    pub fn wire(&self) -> ReservationStart {
         match self {
-            Start::Warm { file, age_s, notes } => json!({"warm": true,
-                "from": file.display().to_string(), "saved_s_ago": age_s, "adjusted": notes}),
-            Start::Cold(why) => json!({"warm": false, "why": why}),
+            Start::Warm { file, age_s, notes } => ReservationStart {
+                warm: true,
+                from: Some(file.display().to_string()),
+                saved_s_ago: Some(*age_s),
+                adjusted: Some(notes.clone()),
+                why: None,
+            },
+            Start::Cold(why) => ReservationStart {
+                warm: false,
+                from: None,
+                saved_s_ago: None,
+                adjusted: None,
+                why: Some(why.clone()),
+            },
         }
     }
 }

@@ -59,7 +59,7 @@ fn a_reclaim_is_answered_while_a_gate_start_is_held_in_its_attach() {
     let path = socket.clone();
     let status = std::thread::spawn(move || request(&path, "{\"op\":\"gate_status\"}\n"));
     let (status, _) = serve_until(&mut server, &mut core, &events, status);
-    assert_eq!(status.data["starting"], true, "{status:?}");
+    assert_eq!(status.data_json()["starting"], true, "{status:?}");
     let pool = dir.path().join("pool.sock");
     let grow = std::thread::spawn(move || {
         let (off, _held) = offline_client(&pool, 10);
@@ -79,7 +79,7 @@ fn a_reclaim_is_answered_while_a_gate_start_is_held_in_its_attach() {
     held.release.send(()).unwrap();
     let (started, _) = serve_until(&mut server, &mut core, &events, starting);
     assert!(started.error.is_none(), "{started:?}");
-    assert_eq!(started.data["running"], true, "{started:?}");
+    assert_eq!(started.data_json()["running"], true, "{started:?}");
     stop.store(true, Ordering::Relaxed);
     pool_thread.join().unwrap();
     assert!(core.shutdown().error.is_none());

@@ -43,9 +43,9 @@ What it shows:
              `valvectl preempt` counts as offline), STATE (running, frozen (gate) or frozen
              (preempt)), channels, and the pool handles it holds.
 
-Per-GPU counts, the disable time and harvested time come from the daemon's metrics: start the
-daemon with --metrics-addr (or [metrics] address in its config), else only the gate's own
-counts are shown. Pool figures need `valvectl daemon --pool`.
+Per-GPU counts, the disable time, and harvested and frozen time come from the daemon's own
+counters, read on its control socket (no --metrics-addr needed; a daemon older than this
+valvectl shows only the gate's own counts). Pool figures need `valvectl daemon --pool`.
 
 Keys: q, Esc or Ctrl-C quit (the terminal is restored on every exit). No mouse: works over SSH.
 

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use serde_json::Value;
-use valve_daemon::protocol::{LoopRequest, Request};
+use valve_daemon::protocol::{LoopRequest, MetricsReply, PsReply, Request, StatusReply};
+use valve_harvest::NodeHarvest;
+use valve_protocol::pool::{PoolRequest, PoolStatus};
 
 use crate::client::{daemon_call_within, pool_call};
 use crate::error::CliError;
@@ -34,31 +35,28 @@ pub struct Sample {
     /// The same moment as Unix time, milliseconds.
     pub unix_ms: u64,
     /// The daemon's `status` reply.
-    pub status: Value,
+    pub status: StatusReply,
     /// The daemon's `ps` reply.
-    pub ps: Value,
+    pub ps: PsReply,
     /// The counters from the daemon's metrics, or why there are none.
     pub metrics: Result<Counters, String>,
     /// The daemon's harvest profile (`valvectl profile --json`), where it serves one.
-    pub harvest: Option<Value>,
+    pub harvest: Option<NodeHarvest>,
     /// The pool's `status`, or why there is none.
-    pub pool: Result<Value, String>,
+    pub pool: Result<PoolStatus, String>,
 }
 
 /// Takes one sample. Fails only when the daemon does not answer `status` or `ps` (not running,
 /// no permission): the error names the socket and how to start the daemon.
 pub fn take(src: &Sources) -> Result<Sample, CliError> {
-    let call = |req: &Request| daemon_call_within(&src.socket, req, REPLY_TIMEOUT);
-    let status = call(&Request::Status)?;
-    let ps = call(&Request::Ps)?;
-    let metrics = daemon_call_within(&src.socket, &LoopRequest::Metrics, REPLY_TIMEOUT)
-        .map_err(|e| e.to_string())
-        .and_then(|v| match v["text"].as_str() {
-            Some(t) => Ok(Counters::parse(t)),
-            None => Err("the daemon's metrics reply has no text".into()),
-        });
-    let harvest = call(&Request::Harvest).ok();
-    let pool = pool_call(&src.pool_socket, &serde_json::json!({"op": "status"}))
+    let status = daemon_call_within(&src.socket, &Request::Status, REPLY_TIMEOUT)?;
+    let ps = daemon_call_within(&src.socket, &Request::Ps, REPLY_TIMEOUT)?;
+    let metrics =
+        daemon_call_within::<MetricsReply>(&src.socket, &LoopRequest::Metrics, REPLY_TIMEOUT)
+            .map(|m| Counters::parse(&m.text))
+            .map_err(|e| e.to_string());
+    let harvest = daemon_call_within(&src.socket, &Request::Harvest, REPLY_TIMEOUT).ok();
+    let pool = pool_call(&src.pool_socket, &PoolRequest::Status)
         .map_err(|e| pool_error(&src.pool_socket, e));
     Ok(Sample {
         at: Instant::now(),

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use serde_json::Value;
+use valve_daemon::protocol::{GateReply, StatusReply};
+use valve_protocol::gate::GateStatus;
 
 use super::sample::{Counters, Sample};
 
@@ -197,9 +198,10 @@ impl Tracker {
                     g.resumes = Some(gate.resumes as f64);
                     g.preemptions_per_s = gate.preemptions_per_s;
                     g.resumes_per_s = gate.resumes_per_s;
-                    g.disable_p50_us = cur.status["gate"]["disable_us"]["p50_us"]
-                        .as_f64()
-                        .filter(|_| cur.status["gate"]["disable_us"]["n"].as_u64() > Some(0));
+                    g.disable_p50_us = gate_status(&cur.status)
+                        .map(|s| s.disable_us)
+                        .filter(|d| d.n > 0)
+                        .map(|d| d.p50_us);
                 }
                 "gate"
             }
@@ -216,7 +218,7 @@ impl Tracker {
         let snap = Snapshot {
             socket: self.socket.clone(),
             unix_ms: cur.unix_ms,
-            uptime_s: cur.status["uptime_s"].as_f64().unwrap_or(0.0),
+            uptime_s: cur.status.uptime_s,
             interval_s: dt,
             counters,
             gate,
@@ -261,42 +263,45 @@ fn rate(now: f64, before: f64, dt: f64) -> Option<f64> {
     (now >= before).then(|| (now - before) / dt)
 }
 
+/// The gate's status in a daemon's `status` reply, if one runs (or has just stopped).
+fn gate_status(status: &StatusReply) -> Option<&GateStatus> {
+    status.gate.as_ref().and_then(GateReply::status)
+}
+
 fn gate_view(cur: &Sample, prev: Option<&Sample>, dt: Option<f64>) -> GateView {
-    let g = &cur.status["gate"];
     let metrics = cur.metrics.as_ref().ok();
     // The metrics keep offline time across gates (and frozen time by hand too). A fold, not
     // `sum`: an empty f64 sum is -0.0.
     let harvested_s = metrics.map(|m| m.harvested_s.values().fold(0.0, |a, b| a + b));
     let frozen_s = metrics.map(|m| m.frozen_s.values().fold(0.0, |a, b| a + b));
-    if g["running"] != true {
+    let Some(g) = gate_status(&cur.status).filter(|g| g.running) else {
         return GateView {
             harvested_s,
             frozen_s,
             ..GateView::default()
         };
-    }
-    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+    };
     let before = prev
-        .map(|p| &p.status["gate"])
-        .filter(|b| b["running"] == true);
-    let per_s = |k: &str| {
+        .and_then(|p| gate_status(&p.status))
+        .filter(|b| b.running);
+    let per_s = |f: fn(&GateStatus) -> u64| {
         before
             .zip(dt)
-            .and_then(|(b, dt)| rate(n(g, k) as f64, n(b, k) as f64, dt))
+            .and_then(|(b, dt)| rate(f(g) as f64, f(b) as f64, dt))
     };
     GateView {
         running: true,
-        offline_frozen: g["preempted"] == true,
-        pinned: g["pinned"] == true,
-        online_label: g["online_label"].as_str().map(String::from),
-        offline_label: g["offline_label"].as_str().map(String::from),
-        preemptions: n(g, "preemptions"),
-        resumes: n(g, "resumes"),
-        preemptions_per_s: per_s("preemptions"),
-        resumes_per_s: per_s("resumes"),
-        cooldown_us: g["cooldown_us"].as_f64(),
+        offline_frozen: g.preempted,
+        pinned: g.pinned,
+        online_label: g.online_label.clone(),
+        offline_label: g.offline_label.clone(),
+        preemptions: g.preemptions,
+        resumes: g.resumes,
+        preemptions_per_s: per_s(|s| s.preemptions),
+        resumes_per_s: per_s(|s| s.resumes),
+        cooldown_us: Some(g.cooldown_us),
         harvested_s,
-        frozen_s: frozen_s.or_else(|| g["preempted_s"].as_f64()),
+        frozen_s: frozen_s.or(Some(g.preempted_s)),
     }
 }
 
@@ -310,65 +315,55 @@ fn pool_view(cur: &Sample, prev: Option<&Sample>, dt: Option<f64>) -> PoolView {
             }
         }
     };
-    let r = &v["reclaims"];
-    let reclaims = r["reclaims"].as_u64();
+    let r = &v.reclaims;
     let before = prev
         .and_then(|p| p.pool.as_ref().ok())
-        .and_then(|p| p["reclaims"]["reclaims"].as_u64());
+        .map(|p| p.reclaims.reclaims);
     PoolView {
         running: true,
         error: None,
-        reclaims,
-        reclaims_per_s: match (reclaims, before, dt) {
-            (Some(now), Some(b), Some(dt)) => rate(now as f64, b as f64, dt),
+        reclaims: Some(r.reclaims),
+        reclaims_per_s: match (before, dt) {
+            (Some(b), Some(dt)) => rate(r.reclaims as f64, b as f64, dt),
             _ => None,
         },
-        handles_reclaimed: r["handles"].as_u64(),
-        killed: r["killed"].as_u64(),
-        last_reclaim_us: r["last_us"].as_u64(),
+        handles_reclaimed: Some(r.handles),
+        killed: Some(r.killed),
+        last_reclaim_us: Some(r.last_us),
     }
 }
 
 fn gpu_views(cur: &Sample) -> Vec<GpuView> {
-    cur.status["gpus"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(k, g)| GpuView {
-            index: g["index"].as_u64().map_or(k, |i| i as usize),
-            name: g["name"].as_str().unwrap_or("").to_string(),
+    cur.status
+        .gpus
+        .iter()
+        .map(|g| GpuView {
+            index: g.index,
+            name: g.name.clone(),
             ..GpuView::default()
         })
         .collect()
 }
 
-fn pid_set(v: &Value) -> BTreeSet<u32> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.as_u64().map(|p| p as u32))
-        .collect()
-}
-
 /// Puts each process the daemon knows on the GPUs it has channels on, with its role and state.
 fn place_processes(cur: &Sample, gpus: &mut [GpuView], notes: &mut Vec<String>) {
-    let gate = &cur.status["gate"];
-    let gate_on = gate["running"] == true;
-    let online = pid_set(&gate["online_pids"]);
-    let offline = pid_set(&gate["offline_pids"]);
-    let by_hand = pid_set(&cur.status["preempted"]);
-    let gate_frozen = gate_on && gate["preempted"] == true;
+    let gate = gate_status(&cur.status).filter(|g| g.running);
+    let pids = |f: fn(&GateStatus) -> &Vec<u32>| -> BTreeSet<u32> {
+        gate.map(|g| f(g).iter().copied().collect())
+            .unwrap_or_default()
+    };
+    let online = pids(|g| &g.online_pids);
+    let offline = pids(|g| &g.offline_pids);
+    let by_hand: BTreeSet<u32> = cur.status.preempted.iter().copied().collect();
+    let gate_frozen = gate.is_some_and(|g| g.preempted);
     let mut undiscoverable = 0;
-    for p in cur.ps["processes"].as_array().into_iter().flatten() {
-        let Some(pid) = p["pid"].as_u64().map(|p| p as u32) else {
-            continue;
-        };
-        if p["discoverable"] == false {
+    for p in &cur.ps.processes {
+        let pid = p.pid;
+        if !p.discoverable {
             undiscoverable += 1;
             continue;
         }
-        let manual = by_hand.contains(&pid) || p["preempted"] == true;
+        let manual = by_hand.contains(&pid) || p.preempted == Some(true);
         let (role, state, frozen_by) = if online.contains(&pid) {
             ("online", "running", None)
         } else if manual {
@@ -381,8 +376,8 @@ fn place_processes(cur: &Sample, gpus: &mut [GpuView], notes: &mut Vec<String>) 
         } else {
             ("-", "running", None)
         };
-        for v in p["gpus"].as_array().into_iter().flatten() {
-            let Some(i) = v["gpu"].as_u64().map(|i| i as usize) else {
+        for v in &p.gpus {
+            let Some(i) = v.gpu else {
                 continue;
             };
             let Some(g) = gpus.iter_mut().find(|g| g.index == i) else {
@@ -390,11 +385,11 @@ fn place_processes(cur: &Sample, gpus: &mut [GpuView], notes: &mut Vec<String>) 
             };
             g.processes.push(ProcessView {
                 pid,
-                comm: p["comm"].as_str().unwrap_or("?").to_string(),
+                comm: p.comm.clone(),
                 role,
                 state,
                 frozen_by,
-                channels: v["channels"].as_u64().unwrap_or(0),
+                channels: v.channels as u64,
                 pool_handles: None,
             });
         }
@@ -421,17 +416,19 @@ fn place_processes(cur: &Sample, gpus: &mut [GpuView], notes: &mut Vec<String>) 
 /// The share of the profile's shortest window in which offline could run, per GPU.
 fn harvest_shares(cur: &Sample, gpus: &mut [GpuView]) {
     let Some(h) = &cur.harvest else { return };
-    for hg in h["gpus"].as_array().into_iter().flatten() {
-        let Some(g) = hg["index"]
-            .as_u64()
-            .and_then(|i| gpus.iter_mut().find(|g| g.index as u64 == i))
+    for hg in &h.gpus {
+        let Some(g) = gpus
+            .iter_mut()
+            .find(|g| g.index as u64 == u64::from(hg.index))
         else {
             continue;
         };
-        let w = &hg["windows"][0];
-        if w["covered_s"].as_f64().unwrap_or(0.0) > 0.0 {
-            g.offline_could_run = w["busy_fraction"].as_f64().map(|b| 1.0 - b);
-            g.harvest_window_s = w["window_s"].as_u64();
+        let Some(w) = hg.windows.first() else {
+            continue;
+        };
+        if w.covered_s > 0.0 {
+            g.offline_could_run = Some(1.0 - w.busy_fraction);
+            g.harvest_window_s = Some(u64::from(w.window_s));
         }
     }
 }
@@ -439,31 +436,23 @@ fn harvest_shares(cur: &Sample, gpus: &mut [GpuView]) {
 /// The pool's handles per GPU and per process.
 fn pool_gpus(cur: &Sample, gpus: &mut [GpuView]) {
     let Ok(v) = &cur.pool else { return };
-    for pg in v["gpus"].as_array().into_iter().flatten() {
-        let Some(g) = pg["gpu"]
-            .as_u64()
-            .and_then(|i| gpus.iter_mut().find(|g| g.index as u64 == i))
-        else {
+    for pg in &v.gpus {
+        let Some(g) = gpus.iter_mut().find(|g| g.index == pg.gpu) else {
             continue;
         };
-        let n = |k: &str| pg[k].as_u64().unwrap_or(0);
         g.pool = Some(PoolGpu {
-            handle_mib: n("handle_bytes") >> 20,
-            free: n("free"),
-            online: n("online"),
-            offline: n("offline"),
+            handle_mib: pg.handle_bytes as u64 >> 20,
+            free: pg.free as u64,
+            online: pg.online as u64,
+            offline: pg.offline as u64,
         });
     }
-    for c in v["clients"].as_array().into_iter().flatten() {
-        let (Some(pid), Some(gpu)) = (c["pid"].as_u64(), c["gpu"].as_u64()) else {
+    for c in &v.clients {
+        let Some(g) = gpus.iter_mut().find(|g| g.index == c.gpu) else {
             continue;
         };
-        let handles = c["handles"].as_u64().unwrap_or(0);
-        let Some(g) = gpus.iter_mut().find(|g| g.index as u64 == gpu) else {
-            continue;
-        };
-        if let Some(p) = g.processes.iter_mut().find(|p| p.pid as u64 == pid) {
-            *p.pool_handles.get_or_insert(0) += handles;
+        if let Some(p) = g.processes.iter_mut().find(|p| p.pid == c.pid) {
+            *p.pool_handles.get_or_insert(0) += c.handles as u64;
         }
     }
 }
@@ -473,28 +462,15 @@ pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use serde_json::json;
+    use valve_daemon::protocol::{GpuEntry, ProcessEntry, ProcessGpu, PsReply};
+    use valve_protocol::gate::LatencySummary;
+    use valve_protocol::pool::{ClientEntry, GpuUsage, PoolStatus, ReclaimStats, Role};
 
     use super::*;
 
     /// A two-GPU node: online 100 on GPU 0, offline 200 (gated, frozen now) on both, offline
     /// 300 frozen by hand on GPU 1; the pool on GPU 0; `n` freezes so far on GPU 0.
     pub(crate) fn sample(at: Instant, n: f64, pool_reclaims: u64) -> Sample {
-        let status = json!({
-            "uptime_s": 3725.0,
-            "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}, {"index": 1, "name": "NVIDIA H100 80GB HBM3"}],
-            "preempted": [300],
-            "gate": {"running": true, "preempted": true, "pinned": false, "preemptions": n as u64,
-                     "resumes": n as u64 - 1, "online_pids": [100], "offline_pids": [200],
-                     "online_label": null, "offline_label": "batch", "cooldown_us": 12000.0,
-                     "preempted_s": 4.0, "disable_us": {"n": 3, "p50_us": 700.0}},
-        });
-        let gpu = |i: u32, ch: u32| json!({"gpu": i, "channels": ch});
-        let ps = json!({"processes": [
-            {"pid": 100, "comm": "vllm", "discoverable": true, "preempted": false, "gpus": [gpu(0, 20)]},
-            {"pid": 200, "comm": "train.py", "discoverable": true, "preempted": false, "gpus": [gpu(0, 20), gpu(1, 20)]},
-            {"pid": 300, "comm": "bench", "discoverable": true, "preempted": true, "gpus": [gpu(1, 8)]},
-            {"pid": 400, "comm": "old", "discoverable": false},
-        ]});
         let text = format!(
             "valve_preemptions_total{{gpu=\"0\",label=\"batch\",source=\"gate\"}} {n}\n\
              valve_resumes_total{{gpu=\"0\",label=\"batch\",source=\"gate\"}} {}\n\
@@ -507,21 +483,119 @@ pub(crate) mod tests {
             n - 1.0,
             n * 0.0007
         );
-        let pool = json!({"ok": true,
-            "gpus": [{"gpu": 0, "handle_bytes": 64u64 << 20, "handles": 10, "free": 2, "online": 5, "offline": 3}],
-            "clients": [{"pid": 100, "role": "online", "gpu": 0, "handles": 5},
-                        {"pid": 200, "role": "offline", "gpu": 0, "handles": 3}],
-            "reclaims": {"reclaims": pool_reclaims, "handles": 12, "killed": 0, "last_us": 1800}});
         Sample {
             at,
             unix_ms: 1_764_000_000_000,
-            status,
-            ps,
+            status: status_fixture(n),
+            ps: ps_fixture(),
             metrics: Ok(Counters::parse(&text)),
-            harvest: Some(json!({"gpus": [{"index": 0, "windows": [
-                {"window_s": 60, "covered_s": 60.0, "busy_fraction": 0.25}]}]})),
-            pool: Ok(pool),
+            harvest: Some(harvest_fixture()),
+            pool: Ok(pool_fixture(pool_reclaims)),
         }
+    }
+
+    /// The daemon's status: two GPUs, pid 300 frozen by hand, a gate that froze `n` times.
+    fn status_fixture(n: f64) -> StatusReply {
+        let gpu_entry = |index: usize| GpuEntry {
+            index,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            ..GpuEntry::default()
+        };
+        let gate = GateStatus {
+            running: true,
+            preempted: true,
+            preemptions: n as u64,
+            resumes: n as u64 - 1,
+            online_pids: vec![100],
+            offline_pids: vec![200],
+            offline_label: Some("batch".into()),
+            cooldown_us: 12000.0,
+            preempted_s: 4.0,
+            disable_us: LatencySummary {
+                n: 3,
+                p50_us: 700.0,
+                ..LatencySummary::default()
+            },
+            ..GateStatus::default()
+        };
+        StatusReply {
+            uptime_s: 3725.0,
+            gpus: vec![gpu_entry(0), gpu_entry(1)],
+            preempted: vec![300],
+            gate: Some(gate.into()),
+            ..StatusReply::default()
+        }
+    }
+
+    /// Online 100 on GPU 0, offline 200 on both, 300 on GPU 1, 400 undiscoverable.
+    fn ps_fixture() -> PsReply {
+        let gpu = |i: usize, channels: usize| ProcessGpu {
+            gpu: Some(i),
+            channels,
+            ..ProcessGpu::default()
+        };
+        let process = |pid: u32, comm: &str, preempted: bool, gpus: Vec<ProcessGpu>| ProcessEntry {
+            pid,
+            comm: comm.into(),
+            discoverable: true,
+            preempted: Some(preempted),
+            gpus,
+            note: None,
+            mps: None,
+        };
+        PsReply {
+            processes: vec![
+                process(100, "vllm", false, vec![gpu(0, 20)]),
+                process(200, "train.py", false, vec![gpu(0, 20), gpu(1, 20)]),
+                process(300, "bench", true, vec![gpu(1, 8)]),
+                ProcessEntry {
+                    pid: 400,
+                    comm: "old".into(),
+                    ..ProcessEntry::default()
+                },
+            ],
+        }
+    }
+
+    /// The pool on GPU 0: online 100 holds 5 handles, offline 200 holds 3.
+    fn pool_fixture(pool_reclaims: u64) -> PoolStatus {
+        let client = |pid: u32, role: Role, handles: usize| ClientEntry {
+            client: u64::from(pid),
+            pid,
+            role,
+            gpu: 0,
+            handles,
+            reservation: None,
+        };
+        PoolStatus {
+            gpus: vec![GpuUsage {
+                gpu: 0,
+                handle_bytes: 64 << 20,
+                handles: 10,
+                free: 2,
+                online: 5,
+                offline: 3,
+                ..GpuUsage::default()
+            }],
+            clients: vec![client(100, Role::Online, 5), client(200, Role::Offline, 3)],
+            reclaims: ReclaimStats {
+                reclaims: pool_reclaims,
+                handles: 12,
+                killed: 0,
+                last_us: 1800,
+                ..ReclaimStats::default()
+            },
+        }
+    }
+
+    /// A harvest profile in which GPU 0 was busy a quarter of its shortest window.
+    fn harvest_fixture() -> valve_harvest::NodeHarvest {
+        serde_json::from_value(json!({"version": 1, "node": "n1",
+            "generated_unix_ms": 1, "source": "test", "gpus": [{"index": 0,
+            "memory_total_bytes": 1, "windows": [
+                {"window_s": 60, "covered_s": 60.0, "busy_fraction": 0.25, "offline_memory":
+                 {"samples": 0, "mean_bytes": 0, "quantiles_bytes": []}}]}]}))
+        .unwrap()
     }
 
     #[test]
