@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde_json::json;
 use valve::fake::FakeRm;
 use valve::Signals;
-use valve_daemon::protocol::{GateSpec, Request};
+use valve_daemon::protocol::{GateReply, GateSpec, Request};
 
 use crate::args::Globals;
 use crate::client::daemon_call_within;
@@ -151,18 +150,29 @@ struct Frame {
     snap: Snapshot,
 }
 
+/// A [`Frame`] as one `--json` line.
+#[derive(serde::Serialize)]
+struct FrameLine<'a> {
+    frame: u32,
+    t_s: f64,
+    caption: &'a str,
+    driver_disabled_channels: usize,
+    driver_channels: u32,
+    top: &'a Snapshot,
+}
+
 impl Frame {
     fn write(&self, out: &mut dyn Write, json: bool, width: u16) -> Result<(), CliError> {
         if json {
-            let line = json!({
-                "frame": self.n,
-                "t_s": self.t_s,
-                "caption": self.caption,
-                "driver_disabled_channels": self.disabled,
-                "driver_channels": ONLINE_CHANNELS + OFFLINE_CHANNELS,
-                "top": self.snap,
-            });
-            writeln!(out, "{line}")?;
+            let line = FrameLine {
+                frame: self.n,
+                t_s: self.t_s,
+                caption: &self.caption,
+                driver_disabled_channels: self.disabled,
+                driver_channels: ONLINE_CHANNELS + OFFLINE_CHANNELS,
+                top: &self.snap,
+            };
+            writeln!(out, "{}", crate::print::json(&line))?;
         } else {
             writeln!(
                 out,
@@ -222,7 +232,19 @@ impl Viewer {
             cooldown_floor_us: Some(COOLDOWN_FLOOR.as_micros() as u64),
             ..GateSpec::default()
         };
-        self.call(Request::GateStart(Box::new(spec)))?;
+        let started = self.call(Request::GateStart(Box::new(spec)))?;
+        if matches!(
+            started,
+            GateReply::Idle {
+                starting: false,
+                ..
+            }
+        ) {
+            return Err(CliError::Daemon(
+                1,
+                "demo: the daemon answered the gate start with no gate running or starting".into(),
+            ));
+        }
         let caption = "gate started; the online server is idle";
         let mut last = self.show(&mut frames, caption, "the gate to run", |s| {
             s.gate.running && !s.gate.offline_frozen
@@ -249,7 +271,8 @@ impl Viewer {
         })
     }
 
-    fn call(&self, req: Request) -> Result<serde_json::Value, CliError> {
+    /// Sends `req`; its reply read as the gate's state (all the demo asks for is the gate).
+    fn call(&self, req: Request) -> Result<GateReply, CliError> {
         daemon_call_within(&self.src.socket, &req, Duration::from_secs(10))
     }
 
