@@ -162,6 +162,9 @@ fn error_kinds_with_their_own_meaning_have_their_own_exit_code() {
         ErrorCode::BadRequest.exit_code()
     );
     assert_eq!((EXIT_MPS, EXIT_VERSION), (10, 11));
+    let wire = |k: ErrorCode| serde_json::to_value(k).unwrap();
+    assert_eq!(wire(ErrorCode::MpsProcess), "mps_process");
+    assert_eq!(wire(ErrorCode::VersionMismatch), "version_mismatch");
 }
 
 #[test]

@@ -88,6 +88,7 @@ fn preempt_refuses_mps_clients_and_servers_and_ps_marks_them() {
     for pid in [me, SERVER] {
         let e = preempt(&mut c, pid).error.expect("refused");
         assert_eq!(e.code, EXIT_MPS, "{}", e.message);
+        assert_eq!(e.kind, crate::protocol::ErrorCode::MpsProcess);
         assert!(e.message.contains("cannot be frozen"), "{}", e.message);
     }
     assert!(
