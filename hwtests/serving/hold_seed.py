@@ -4,8 +4,8 @@ window the run replays, as a daemon restarted on a busy node would have kept it 
     python3 hold_seed.py azure-code --load 0.1 --run-s 90 --service-s 0.3 --port 18080 \\
         --arrival-seed 0 --out DIR [--budget 8] [--history-s 3600] [--gate-hold BIN]
 
-It writes DIR/history-arrivals.csv (the arrivals of the --history-s before the window, at the
-run's rate), DIR/window-arrivals.csv (the window bench.py replays in round 0 at that load: the same
+It writes DIR/history-arrivals.csv (the arrivals of the --history-s before the window, on the
+window's own time scale: one timeline with it), DIR/window-arrivals.csv (the window bench.py replays in round 0 at that load: the same
 arrivals, loadgen.trace_window) and DIR/gate-hold-history.json: the history that the gate's own
 policy learned on the first, replayed by ctl/daemon/examples/gate_hold.rs (no policy here), for
 the service `gate start --online-port PORT` keys it by. bench.py --hold-history copies it into
@@ -40,10 +40,28 @@ def window_seed(arrival_seed: int, load: float, rnd: int = 0) -> int:
     return arrival_seed + int(load * 100) + 1000 * rnd
 
 
-def history_count(rate: float, history_s: float, trace_len: int, n: int) -> int:
-    """Arrivals of the stretch before the window: `history_s` at `rate`, but never so many that
-    they wrap around the trace into the window itself."""
-    return max(2, min(round(rate * history_s), trace_len - 1 - n))
+def trace_at(trace: list[float], i: int) -> float:
+    """Arrival i of the trace repeated end to end (as loadgen.trace_window counts them; i may be
+    negative: laps before the first)."""
+    laps, k = divmod(i, len(trace) - 1)
+    return trace[k] + laps * (trace[-1] - trace[0])
+
+
+def preceding(trace: list[float], seed: int, n: int, rate: float, history_s: float) -> list[float]:
+    """The arrivals of the `history_s` before the window bench.py replays from `seed` (n at `rate`),
+    on the window's own time scale (the run's seconds per trace second), so that they and the
+    window are one timeline; as offsets from the first of them (s). Never so many that they wrap
+    around the trace into the window itself."""
+    first = seed % (len(trace) - 1)
+    scale = n / rate / (trace_at(trace, first + n) - trace_at(trace, first))
+    start, out = trace_at(trace, first), []
+    for back in range(len(trace) - 1 - n):
+        t = (trace_at(trace, first - back) - start) * scale
+        if t < -history_s:
+            break
+        out.append(t)
+    out.reverse()
+    return [t - out[0] for t in out]
 
 
 def default_gate_hold() -> str:
@@ -79,12 +97,15 @@ def build(a) -> dict:
     rate = loadgen.rate_at(a.load, a.service_s)
     n = max(1, round(rate * a.run_s))
     seed = window_seed(a.arrival_seed, a.load)
-    m = history_count(rate, a.history_s, len(trace), n)
+    history = preceding(trace, seed, n, rate, a.history_s)
+    if len(history) < 2:
+        raise SystemExit(f"hold_seed: fewer than 2 arrivals in the {a.history_s:g} s before the window: give a "
+                         "longer --history-s")
+    m = len(history)
     os.makedirs(a.out, exist_ok=True)
     hist_csv = os.path.join(a.out, "history-arrivals.csv")
     win_csv = os.path.join(a.out, "window-arrivals.csv")
-    # The m arrivals before the window's first: the window starting m arrivals earlier.
-    hist_rate = trace_windows.write_window(hist_csv, loadgen.arrivals(rate, m, seed - m, trace))
+    hist_rate = trace_windows.write_window(hist_csv, history)
     window = loadgen.arrivals(rate, n, seed, trace)
     win_rate = trace_windows.write_window(win_csv, window)
     path = os.path.join(a.out, "gate-hold-history.json")
@@ -99,7 +120,7 @@ def build(a) -> dict:
         gaps = len(json.load(f)["services"][key]["history"]["gaps"])
     return {"trace": a.trace, "load": a.load, "rate_per_s": rate, "window_requests": n,
             "window_seed": seed, "window_idle_arrivals": trace_windows.idle_arrivals(window, a.service_s),
-            "history_requests": m, "history_s": m / rate, "history_gaps": gaps, "service": key,
+            "history_requests": m, "history_s": history[-1], "history_gaps": gaps, "service": key,
             "budget_pct": a.budget, "service_s": a.service_s, "history_file": path,
             "predicted_seeded": seeded, "predicted_fresh": fresh}
 
@@ -133,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(info, f, indent=1)
     s, fr = info["predicted_seeded"], info["predicted_fresh"]
     print(f"hold history: {info['history_gaps']} gaps from {info['history_requests']} arrivals "
-          f"({info['history_s']:.0f} s at {info['rate_per_s']:.3f}/s) before the window -> {info['history_file']}")
+          f"over {info['history_s']:.0f} s before the window, on its time scale -> {info['history_file']}")
     print(f"window: {info['window_requests']} requests from trace position {info['window_seed']}, "
           f"{info['window_idle_arrivals']} find a one-at-a-time server idle")
     for name, p in (("seeded", s), ("fresh gate", fr)):

@@ -61,23 +61,27 @@ class HoldSeedTest(unittest.TestCase):
         self.assertEqual(hold_seed.window_seed(5, 0.1), 15)
         self.assertEqual(hold_seed.window_seed(0, 0.3, rnd=2), 2030)
 
-    def test_the_history_never_wraps_into_the_window(self):
-        self.assertEqual(hold_seed.history_count(1.0, 3600, 5000, 100), 3600)
-        self.assertEqual(hold_seed.history_count(2.0, 3600, 3628, 100), 3628 - 1 - 100)
-
-    def test_the_key_is_the_daemon_s_for_an_online_port(self):
-        self.assertEqual(hold_seed.service_key(8000), "ports=8000 label= pids=")
+    def test_the_history_is_on_the_window_s_timeline_and_never_wraps_into_it(self):
+        trace = [0.0, 1.0, 3.0, 4.0, 10.0, 11.0, 12.0, 20.0]  # 7 gaps, span 20
+        # Window of 2 from seed 4: arrivals 5, 6 (11, 12) after arrival 4 (10); 2 trace-s -> 2 / rate.
+        rate = 0.5
+        scale = 2 / rate / 2.0
+        hist = hold_seed.preceding(trace, 4, 2, rate, history_s=6.5 * scale)
+        # Back from arrival 4 (t 10) for 6.5 trace-s: 10 and 4, not 3 (7 before).
+        self.assertEqual([round(t / scale, 6) for t in hist], [0.0, 6.0])
+        # Never more than the trace less the window (5 arrivals here), however long the history.
+        self.assertEqual(len(hold_seed.preceding(trace, 4, 2, rate, history_s=1e9)), len(trace) - 1 - 2)
 
     def test_the_history_ends_where_the_window_starts(self):
         trace = loadgen.load_trace(loadgen.trace_path("azure-code"))
-        rate, n, m, seed = 0.3, 27, 500, 10
-        hist = loadgen.arrivals(rate, m, seed - m, trace)
-        # Both windows start right after an arrival; the history's last is the window's start.
+        rate, n, seed = 0.3, 27, 10
+        window = loadgen.arrivals(rate, n, seed, trace)
+        hist = hold_seed.preceding(trace, seed, n, rate, 3600)
         first = seed % (len(trace) - 1)
-        self.assertEqual(len(hist), m)
-        span_h = trace[first] - trace[first - m]
-        self.assertAlmostEqual(hist[-1], span_h * (m / rate / span_h), places=6)
-        self.assertEqual(len(loadgen.arrivals(rate, n, seed, trace)), n)
+        scale = window[-1] / (trace[first + n] - trace[first])
+        # The history's last arrival is the one the window's times count from.
+        self.assertAlmostEqual(hist[-1] - hist[-2], (trace[first] - trace[first - 1]) * scale, places=6)
+        self.assertLessEqual(hist[-1], 3600)
 
     def test_builds_the_history_then_predicts_with_and_without_it(self):
         with tempfile.TemporaryDirectory() as d:
