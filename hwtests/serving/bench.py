@@ -882,6 +882,8 @@ def main(argv=None):
     ap.add_argument("--mps-dir", default=None, help="mps: the MPS daemon's pipe/log directories go under this")
     ap.add_argument("--xsched-dir", default=None, help="xsched: XSched's install dir (bin/xserver, lib/libshimcuda.so)")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--check-args", action="store_true",
+                    help="check the options (the hold history's key, the peer's needs), print the plan, start nothing")
     ap.add_argument("--keep-model", help="reuse/keep the model dir here")
     ap.add_argument("--stamp-first-kernel", metavar="PTX",
                     help="graph and graph-raw servers: report arrival -> first kernel running on the GPU per idle arrival "
@@ -905,6 +907,10 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown configuration(s) {', '.join(unknown)}: choose from {', '.join(CONFIG_NAMES)}")
     peer = check_peer_args(a, ap, configs)
+    if a.check_args:
+        log(f"== options checked: configurations {','.join(configs)}, peer {peer or 'none'}, loads {a.loads}, "
+            f"hold history {a.hold_history or 'none'}")
+        return 0
     if a.dry_run:
         configs = [c for c in configs if not c.startswith("gate") and c != "alone-offline-frozen"
                    and c not in peers.PEERS]
