@@ -1,6 +1,8 @@
 """The sharing mechanisms the gate is compared with, as environments for the benchmark's server and
 training: CUDA MPS (training at low client priority) and XSched's CUDA shim (online high, training low).
 
+    python3 peers.py --smoke mps|xsched [--mps-dir D] [--xsched-dir D]   # a CUDA op in each role
+
 Each peer is started before the two processes and stopped after them, on every exit path:
 `Mps.stop` sends `quit` to the control daemon of its own pipe directory (bursty.sh's trap does the
 same where python is killed), `XSched.stop` ends its xserver. Time-slicing needs no environment.
@@ -8,10 +10,13 @@ same where python is killed), `XSched.stop` ends its xserver. Time-slicing needs
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 
 PEERS = ("mps", "xsched")
 
@@ -158,3 +163,61 @@ def make(name: str | None, args, logdir: str, port: int):
     if name == "xsched":
         return XSched(args.xsched_dir, logdir, port)
     return None
+
+
+# A few CUDA matrix products, run as online and as training under a peer at once.
+SMOKE = ("import torch; a = torch.randn(512, 512, device='cuda')\n"
+         "for _ in range(50): a = a @ a; a = a / a.norm()\n"
+         "torch.cuda.synchronize(); print('SMOKE-OK', torch.version.cuda)")
+
+
+def smoke(peer, python=sys.executable, timeout=90) -> list[str]:
+    """Starts `peer`, runs SMOKE as online and as training at once, stops it: what failed."""
+    failed = []
+    try:
+        peer.start()
+        env = dict(os.environ)
+        procs = {role: subprocess.Popen([python, "-c", SMOKE], env=make_env(env), stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                 for role, make_env in (("online", peer.online_env), ("training", peer.offline_env))}
+        for role, p in procs.items():
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+                out += f"\n(killed after {timeout} s)"
+            if p.returncode != 0 or "SMOKE-OK" not in out:
+                failed.append(f"{role}: exit {p.returncode}: {out.strip()[-600:]}")
+    except PeerError as e:
+        failed.append(str(e))
+    finally:
+        peer.stop()
+    return failed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Starts a peer, runs a CUDA op as online and as training under it, stops it.")
+    ap.add_argument("--smoke", choices=PEERS, required=True)
+    ap.add_argument("--mps-dir")
+    ap.add_argument("--xsched-dir")
+    ap.add_argument("--out", default=tempfile.gettempdir(), help="where xserver.log goes")
+    a = ap.parse_args(argv)
+    if a.smoke == "xsched" and not a.xsched_dir:
+        ap.error("--smoke xsched needs --xsched-dir (XSched's install dir)")
+    a.mps_dir = a.mps_dir or tempfile.mkdtemp(prefix="valve-mps-")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    failed = smoke(make(a.smoke, a, a.out, port))
+    for f in failed:
+        print(f"SMOKE FAILED {a.smoke} {f}")
+    if not failed:
+        print(f"SMOKE OK {a.smoke}: a CUDA op ran as online and as training")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

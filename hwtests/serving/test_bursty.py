@@ -147,6 +147,33 @@ class PeersTest(unittest.TestCase):
             self.assertTrue(lines[0].startswith("-d " + os.path.join(d, "mps", "pipe")))
             self.assertTrue(lines[1].endswith("quit"))
 
+    def test_the_smoke_runs_both_roles_under_the_peer_and_says_which_failed(self):
+        class Peer:
+            started = stopped = 0
+
+            def start(self):
+                Peer.started += 1
+
+            def stop(self):
+                Peer.stopped += 1
+
+            def online_env(self, env):
+                return dict(env, ROLE="online")
+
+            def offline_env(self, env):
+                return dict(env, ROLE="training")
+
+        with tempfile.TemporaryDirectory() as d:
+            py = fake_bin(d, "py", '#!/bin/sh\n[ "$ROLE" = "$GOOD" ] && echo SMOKE-OK && exit 0; echo broken; exit 3\n')
+            os.environ["GOOD"] = "online"
+            try:
+                failed = peers.smoke(Peer(), python=py)
+            finally:
+                del os.environ["GOOD"]
+        self.assertEqual(len(failed), 1)
+        self.assertTrue(failed[0].startswith("training: exit 3"), failed)
+        self.assertEqual((Peer.started, Peer.stopped), (1, 1))
+
     def test_xsched_online_high_training_low_and_missing_builds_refused(self):
         x = peers.XSched("/opt/xs", "/tmp", 50000)
         x.libcuda = "/usr/lib/libcuda.so.1"
