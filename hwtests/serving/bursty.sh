@@ -137,9 +137,11 @@ if [ "$dry" = 0 ]; then
     echo $(( $(date +%s) - b0 )) > "$out/xsched/build-seconds.txt"
     exit $rc ) &
   build_pid=$!
-  say "building stamp.ptx (hwtests/cuda/build.sh)"
-  bash "$root/hwtests/cuda/build.sh" "$work/cuda" > "$out/cuda-build.log" 2>&1 || true
-  [ -f "$work/cuda/stamp.ptx" ] || { echo "bursty.sh: stamp.ptx did not build (see $out/cuda-build.log)" >&2; exit 1; }
+  say "building stamp.ptx (as hwtests/cuda/build.sh does, that file alone)"
+  nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  mkdir -p "$work/cuda"
+  "$nvcc_bin" -O2 -arch="${CUDA_ARCH:-sm_90}" -ptx -o "$work/cuda/stamp.ptx" "$root/hwtests/cuda/stamp.cu" \
+    > "$out/cuda-build.log" 2>&1 || { cat "$out/cuda-build.log"; echo "bursty.sh: stamp.ptx did not build" >&2; exit 1; }
   bench+=(--stamp-first-kernel "$work/cuda/stamp.ptx")
 else
   # A stand-in, so that bench.py --check-args can check the rest (it checks only that the file is there).
