@@ -65,7 +65,10 @@ cleanup() {
   if [ -f "$out/xsched/xserver.pid" ]; then
     kill "$(cat "$out/xsched/xserver.pid")" 2>/dev/null || true
   fi
-  [ -n "${build_pid:-}" ] && kill "$build_pid" 2>/dev/null || true
+  if [ -n "${build_pid:-}" ]; then
+    [ -f "$work/xsched-build.pid" ] && kill -TERM -- "-$(cat "$work/xsched-build.pid")" 2>/dev/null
+    kill "$build_pid" 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -132,8 +135,11 @@ if [ "$dry" = 0 ]; then
   ( if [ "$cpus" -ge 8 ]; then pin=(taskset -c "$(( cpus / 2 ))-$(( cpus - 1 ))"); else pin=(); fi
     b0=$(date +%s)
     rc=0
-    "${pin[@]}" nice -n 10 bash "$here/xsched_build.sh" "$root/.carry/xsched/xsched-src.tar.gz" \
-      "$work/xsched-install" "$jobs" > "$out/xsched/build.log" 2>&1 || rc=$?
+    # In a session of its own, so that the cleanup can end the build's whole process group.
+    "${pin[@]}" setsid nice -n 10 bash "$here/xsched_build.sh" "$root/.carry/xsched/xsched-src.tar.gz" \
+      "$work/xsched-install" "$jobs" > "$out/xsched/build.log" 2>&1 &
+    echo $! > "$work/xsched-build.pid"
+    wait $! || rc=$?
     echo $(( $(date +%s) - b0 )) > "$out/xsched/build-seconds.txt"
     exit $rc ) &
   build_pid=$!
