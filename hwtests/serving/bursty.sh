@@ -181,5 +181,7 @@ else
   say "no part wrote a report"
 fi
 say "done; what the first call reaches: windows of $window s (the hold's measurement wants 20 minutes of trace, alone and the gate without the hold 5-minute windows: later calls)"
-tar -C "$out" --exclude=bursty-results.tar.gz -czf "$out/bursty-results.tar.gz" .
+# Written beside, then moved in: a tarball growing inside the directory it reads changes it.
+tar -C "$out" --exclude=bursty-results.tar.gz -czf "$work/bursty-results.tar.gz" .
+mv "$work/bursty-results.tar.gz" "$out/bursty-results.tar.gz"
 echo "results: $out/bursty-results.tar.gz"
