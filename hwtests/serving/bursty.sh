@@ -180,7 +180,7 @@ if [ ${#reports[@]} -gt 0 ]; then
 else
   say "no part wrote a report"
 fi
-say "done; what the first call reaches: windows of $window s (the hold's measurement wants 20 minutes of trace, alone and the gate without the hold 5-minute windows: later calls)"
+say "done: windows of $window s of $trace; the hold's 20 minutes of trace, and alone and the gate without the hold on 5-minute windows, are not reached by a call this short"
 # Written beside, then moved in: a tarball growing inside the directory it reads changes it.
 tar -C "$out" --exclude=bursty-results.tar.gz -czf "$work/bursty-results.tar.gz" .
 mv "$work/bursty-results.tar.gz" "$out/bursty-results.tar.gz"
