@@ -66,7 +66,7 @@ cleanup() {
     kill "$(cat "$out/xsched/xserver.pid")" 2>/dev/null || true
   fi
   if [ -n "${build_pid:-}" ]; then
-    [ -f "$work/xsched-build.pid" ] && kill -TERM -- "-$(cat "$work/xsched-build.pid")" 2>/dev/null
+    [ -f "$work/xsched-build.pid" ] && kill -TERM -- "-$(cat "$work/xsched-build.pid")" 2>/dev/null || true
     kill "$build_pid" 2>/dev/null || true
   fi
   rm -rf "$work"
@@ -128,7 +128,7 @@ run_part() { # NAME CONFIGS [extra bench.py args...]
 if [ "$dry" = 0 ]; then
   [ -e /dev/nvidiactl ] || { echo "SKIP: no NVIDIA driver here (/dev/nvidiactl missing); --dry-run runs on a CPU"; exit 0; }
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-  say "building XSched in the background (the build log: $out/xsched/build.log)"
+  say "building XSched in the background (its output: $out/xsched/xsched_build.out)"
   mkdir -p "$out/xsched"
   cpus="$(nproc)"; jobs=$(( cpus > 8 ? cpus / 2 : 2 ))
   # On the upper half of the cores, so that the server's and the gate's threads keep the lower.
@@ -137,7 +137,7 @@ if [ "$dry" = 0 ]; then
     rc=0
     # In a session of its own, so that the cleanup can end the build's whole process group.
     "${pin[@]}" setsid nice -n 10 bash "$here/xsched_build.sh" "$root/.carry/xsched/xsched-src.tar.gz" \
-      "$work/xsched-install" "$jobs" > "$out/xsched/build.log" 2>&1 &
+      "$work/xsched-install" "$jobs" > "$out/xsched/xsched_build.out" 2>&1 &
     echo $! > "$work/xsched-build.pid"
     wait $! || rc=$?
     echo $(( $(date +%s) - b0 )) > "$out/xsched/build-seconds.txt"
@@ -162,7 +162,9 @@ for p in ${peers//,/ }; do
   if [ "$p" = xsched ] && [ "$dry" = 0 ]; then
     say "waiting for the XSched build"
     if ! wait "$build_pid" || [ ! -x "$work/xsched-install/bin/xserver" ]; then
-      say "SKIPPED xsched: its build failed (tail of $out/xsched/build.log:)"; tail -20 "$out/xsched/build.log"
+      say "SKIPPED xsched: its build failed (tail of $out/xsched/xsched_build.out:)"
+      tail -20 "$out/xsched/xsched_build.out"
+      cp "$work/xsched-install/"*.log "$out/xsched/" 2>/dev/null || true
       build_pid=""; continue
     fi
     build_pid=""
