@@ -17,6 +17,10 @@
 #   --arrival-seed N          which windows of the trace (hwtests/serving/trace_windows.py counts
 #                             each window's idle arrivals)
 #   --gate-hold-budget PCT    the gate holds offline for likely arrivals (`gate start --hold-budget`)
+#   --configs ...,gate-hold   the gate with the hold (8% unless --gate-hold-budget); peers: mps,
+#                             xsched (one per invocation; hwtests/serving/bursty.sh runs them all)
+#   --hold-history FILE --port P --nominal-service-s S
+#                             start the hold from hwtests/serving/hold_seed.py's history for port P
 #   --loads 0.3,0.7           online busy shares to run
 #   VALVE_BIN=DIR             prebuilt valvectl (default: .carry/bin, else target/release, else cargo)
 # Without an NVIDIA driver it prints SKIP and exits 0. It never loads, unloads or resets anything.

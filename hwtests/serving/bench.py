@@ -18,6 +18,13 @@ gate-arrival-spin (gate-arrival with --arrival-busy-poll), alone-2 (alone again:
 alone-offline-frozen (no gate; offline's channels disabled for the whole run by `valvectl preempt
 --pid` while its host threads run: what a frozen offline process costs online from the host side).
 
+gate-hold (gate-arrival with the hold for likely arrivals: `gate start --hold-budget`, 8% unless
+--gate-hold-budget; --hold-history seeds it), and the peers: mps (no gate; server and training
+clients of a CUDA MPS daemon of their own, training at low client priority) and xsched (no gate;
+both under XSched's CUDA shim and xserver, online at high priority, training at low). A peer
+starts the server and training under it for the whole invocation, so one invocation runs at most
+one peer, and its other configurations run under it too (bursty.sh runs each peer in its own).
+
 --dry-run: no daemon and no gate (CPU checks of the pipeline); the gate rows are skipped.
 
 --stamp-first-kernel OUTDIR/stamp.ptx (graph and graph-raw servers, CUDA; hwtests/cuda/build.sh
@@ -49,6 +56,7 @@ sys.path.insert(0, HERE)
 
 import analysis  # noqa: E402
 import loadgen  # noqa: E402
+import peers  # noqa: E402
 import stamp  # noqa: E402
 
 # hwtests/lanes.sh gives each lane its own label (and VALVE_GPU), so no lane's gate freezes
@@ -66,17 +74,49 @@ CONFIG_NAMES = {
     "gate-arrival-normal": "valvectl gate, arrivals + launch edges, gate threads on the normal scheduler (--realtime-priority 0)",
     "gate-arrival-spin": "valvectl gate, arrivals + launch edges, busy-polled while offline runs (--arrival-busy-poll)",
     "alone-offline-frozen": "online alone, no gate, offline frozen throughout (valvectl preempt --pid; its host threads run)",
+    "gate-hold": "valvectl gate, arrivals + launch edges, with the hold for likely arrivals (--hold-budget)",
+    "mps": "CUDA MPS, training at low client priority (no gate)",
+    "xsched": "XSched Level 1 (CUDA shim, xserver HPF), online high, training low (no gate)",
 }
+
+# The hold's budget (percent of idle time) of gate-hold where --gate-hold-budget is not given.
+DEFAULT_HOLD_BUDGET = 8.0
 
 # The servers that are the decoder of decoder.py (no model dir; they can stamp the first kernel).
 GRAPH_SERVERS = ("graph", "graph-raw")
 
 # The configurations whose gate preempts on request arrivals.
-ARRIVAL_CONFIGS = ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal", "gate-arrival-spin")
+ARRIVAL_CONFIGS = ("gate-arrival", "gate-offline-stopped", "gate-arrival-normal", "gate-arrival-spin", "gate-hold")
 
 
 def log(*a):
     print(*a, flush=True)
+
+
+HOLD_HISTORY_FILE = "gate-hold-history.json"  # the daemon's name for it in its state directory
+
+
+def check_hold_history(path, port):
+    """Why the hold history at `path` cannot seed the gate of `--online-port port`, or None."""
+    import hold_seed
+
+    try:
+        with open(path) as f:
+            services = json.load(f)["services"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{path}: not a hold history file ({type(e).__name__}: {e}); make one with hold_seed.py"
+    key = hold_seed.service_key(port)
+    if key not in services:
+        return (f"{path} has no history for '{key}' (it has {sorted(services)}): give hold_seed.py the same "
+                "--port as bench.py")
+    return None
+
+
+def hold_budget_for(a, config):
+    """The hold budget (percent) a gate configuration starts with, or None."""
+    if config == "gate-hold":
+        return a.gate_hold_budget or DEFAULT_HOLD_BUDGET
+    return a.gate_hold_budget
 
 
 def free_port():
@@ -149,7 +189,7 @@ def daemon_cpus_prefix(env=os.environ):
 class Valve:
     """The daemon and `valvectl gate` (absent in a dry run)."""
 
-    def __init__(self, valvectl, workdir, logdir, dry):
+    def __init__(self, valvectl, workdir, logdir, dry, hold_history=None):
         self.dry = dry
         self.vc = valvectl
         self.sock = os.path.join(workdir, "valve.sock")
@@ -158,6 +198,9 @@ class Valve:
             return
         state = os.path.join(workdir, "state")
         os.makedirs(state, exist_ok=True)
+        if hold_history:
+            # Read by the daemon once, at its start: as a daemon restarted on a busy node has it.
+            shutil.copyfile(hold_history, os.path.join(state, HOLD_HISTORY_FILE))
         self.daemon = Proc(
             "daemon", [*daemon_cpus_prefix(), valvectl, "--socket", self.sock, "daemon", "--state-dir", state],
             logdir,
@@ -423,9 +466,10 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             valve.gate_start(a.port, arrivals=config in ARRIVAL_CONFIGS,
                              waits=config != "gate-old", realtime=config != "gate-arrival-normal",
                              busy_poll=config == "gate-arrival-spin", fixed_cooldown=a.gate_fixed_cooldown,
-                             hold_budget=a.gate_hold_budget)
+                             hold_budget=hold_budget_for(a, config))
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
+            out["hold_gaps_at_start"] = before.get("hold_gaps")
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
         out["records"] = recs
         if config.startswith("gate"):
@@ -520,7 +564,7 @@ def summarize(a, runs, rate_alone, device):
         alone = rows.get("alone")
         entry = {"load": load, "rate_per_s": next(r["rate"] for r in runs if r["load"] == load),
                  "rows": rows, "checks": {}, "tails": tails, "late_arrivals": late}
-        for cfg in ("gate-old", "gate-launch", "gate-arrival", "gate-arrival-normal", "gate-arrival-spin"):
+        for cfg in ("gate-old", "gate-launch", "gate-arrival", "gate-arrival-normal", "gate-arrival-spin", "gate-hold"):
             if alone and cfg in rows:
                 g = rows[cfg]
                 entry["checks"][cfg] = analysis.check_targets(
@@ -757,6 +801,29 @@ def report_md(res, meta):
     return "\n".join(lines) + "\n"
 
 
+def check_peer_args(a, ap, configs):
+    """The peer the configurations need (None: none), with the options it and the hold history need."""
+    asked = [c for c in configs if c in peers.PEERS]
+    if len(asked) > 1:
+        ap.error(f"{' and '.join(asked)}: one peer per invocation (each starts the server and training under it)")
+    if a.hold_history:
+        if not a.port:
+            ap.error("--hold-history needs --port: the history is kept by the gate's port")
+        why = check_hold_history(a.hold_history, a.port)
+        if why:
+            ap.error(why)
+    if a.nominal_service_s is not None and a.nominal_service_s <= 0:
+        ap.error("--nominal-service-s must be above 0 (seconds per request alone)")
+    if not 0 <= a.port < 65536:
+        ap.error("--port must be 1-65535 (or 0: a free one)")
+    peer = asked[0] if asked else None
+    if peer == "mps":
+        a.mps_dir = a.mps_dir or tempfile.mkdtemp(prefix="valve-mps-")
+    if peer == "xsched" and not a.xsched_dir:
+        ap.error("xsched needs --xsched-dir: XSched's install dir (hwtests/serving/xsched_build.sh makes it)")
+    return peer
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(prefix="serving-"))
@@ -804,7 +871,19 @@ def main(argv=None):
                          "step is bound by the host's Python, and two alone runs differ by 8-16%% in TTFT p50)")
     ap.add_argument("--start-timeout", type=float, default=240)
     ap.add_argument("--alone-s", type=float, default=5.0, help="seconds to measure offline alone")
+    ap.add_argument("--port", type=int, default=0,
+                    help="the online server's port (default: a free one); the hold history's key names it")
+    ap.add_argument("--nominal-service-s", type=float, metavar="S",
+                    help="take each load's rate from this service time instead of the one measured, so that "
+                         "the replayed windows are known before the run (hold_seed.py --service-s)")
+    ap.add_argument("--hold-history", metavar="FILE",
+                    help="gate-hold-history.json (hold_seed.py) put in the daemon's state directory before the "
+                         "daemon starts: the hold starts from it; needs --port")
+    ap.add_argument("--mps-dir", default=None, help="mps: the MPS daemon's pipe/log directories go under this")
+    ap.add_argument("--xsched-dir", default=None, help="xsched: XSched's install dir (bin/xserver, lib/libshimcuda.so)")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--check-args", action="store_true",
+                    help="check the options (the hold history's key, the peer's needs), print the plan, start nothing")
     ap.add_argument("--keep-model", help="reuse/keep the model dir here")
     ap.add_argument("--stamp-first-kernel", metavar="PTX",
                     help="graph and graph-raw servers: report arrival -> first kernel running on the GPU per idle arrival "
@@ -827,14 +906,20 @@ def main(argv=None):
     unknown = [c for c in configs if c not in CONFIG_NAMES]
     if unknown:
         ap.error(f"unknown configuration(s) {', '.join(unknown)}: choose from {', '.join(CONFIG_NAMES)}")
+    peer = check_peer_args(a, ap, configs)
+    if a.check_args:
+        log(f"== options checked: configurations {','.join(configs)}, peer {peer or 'none'}, loads {a.loads}, "
+            f"hold history {a.hold_history or 'none'}")
+        return 0
     if a.dry_run:
-        configs = [c for c in configs if not c.startswith("gate") and c != "alone-offline-frozen"]
+        configs = [c for c in configs if not c.startswith("gate") and c != "alone-offline-frozen"
+                   and c not in peers.PEERS]
     os.makedirs(a.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="valve-serving-")
     t_start = time.time()
     device = device_name(a.dry_run)
     log(f"== device: {device}; server: {a.server}; out: {a.out}")
-    procs, valve = [], None
+    procs, valve, peer_env = [], None, None
     try:
         model_dir = None
         if a.server not in GRAPH_SERVERS:
@@ -845,16 +930,23 @@ def main(argv=None):
 
                 info = make_model.build(model_dir, a.model_size, 0, device=a.device)
                 log(f"   {info}")
-        valve = Valve(a.valvectl, work, a.out, a.dry_run)
+        valve = Valve(a.valvectl, work, a.out, a.dry_run, a.hold_history)
+        a.port = a.port or free_port()
         progress = os.path.join(work, "offline.progress")
         env = offline_env(a)
+        if peer and not a.dry_run:
+            peer_env = peers.make(peer, a, a.out, free_port())
+            log(f"== starting the peer: {CONFIG_NAMES[peer]}")
+            peer_env.start()
+            env = peer_env.offline_env(env)
         off = Proc("offline", [sys.executable, os.path.join(HERE, "training.py"), "--progress", progress,
                                "--size", a.offline_size, "--device", a.device], a.out, env=env)
         procs.append(off)
         off.wait_line("READY", 300)
-        a.port = free_port()
         senv = {k: v for k, v in os.environ.items() if k != "VALVE_LABEL"}
         senv.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if peer_env:
+            senv = peer_env.online_env(senv)
         log("== starting the online server")
         srv = start_server(a, model_dir, a.port, a.out, senv)
         procs.append(srv)
@@ -884,7 +976,7 @@ def main(argv=None):
         for load in a.loads:
             if stopped:
                 break
-            rate = loadgen.rate_at(load, s)
+            rate = loadgen.rate_at(load, a.nominal_service_s or s)
             # An unrecorded run at this load first: the first measured run was slower than the same
             # configuration run again last, whatever it was (alone TPOT p99 105 ms, again 47 ms).
             log(f"== load {load:.0%} ({rate:.2f}/s): warm-up run, not recorded")
@@ -959,7 +1051,11 @@ def main(argv=None):
             "offline": f"training.py --size {a.offline_size} (PyTorch Llama training, AdamW), {fmt(rate_alone)} it/s alone"
                        + (f" (mean of {fmt(rate_start)} before the runs and {fmt(rate_end)} after: moved {100 * moved:.1f}%)"
                           if moved is not None else ""),
-            "service time alone (s)": f"{s:.4f}",
+            "service time alone (s)": f"{s:.4f}" + (f" (rates from {a.nominal_service_s:g} s, --nominal-service-s)"
+                                                    if a.nominal_service_s else ""),
+            "peer": CONFIG_NAMES[peer] if peer else "none",
+            "hold history": (f"seeded from {a.hold_history} (hold_seed.py: the trace before the window, replayed "
+                             "through the gate's policy on the CPU)" if a.hold_history else "none (as the daemon had it)"),
             "gate cooldown": (f"fixed at {a.gate_fixed_cooldown}" if a.gate_fixed_cooldown else "learned (the default)")
                              + (f", hold budget {a.gate_hold_budget:g}% of idle time" if a.gate_hold_budget else ""),
             "arrivals": ("Poisson" if a.arrivals == "poisson" else
@@ -983,6 +1079,8 @@ def main(argv=None):
         return 0 if not failed and len(runs) == planned else 1
     finally:
         stop_all(procs, valve)
+        if peer_env:
+            peer_env.stop()
         for p in procs:
             if p.name == "offline":
                 done = [x for x in p.lines if x.startswith("DONE")]

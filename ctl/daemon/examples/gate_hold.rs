@@ -12,13 +12,20 @@
 //! With `--keep-history` each new gate starts from the gaps the last one learned, as the daemon
 //! does for a gate started again on the same online service.
 //!
+//! `--history-out FILE --history-service KEY` writes what the first hold-budget row's gate learned
+//! as the daemon's `gate-hold-history.json`, for the service KEY (`ports=P label= pids=` for
+//! `gate start --online-port P`); put it in a daemon's state directory before the daemon starts
+//! and its first gate on that service starts from the replayed history. `--history-in FILE`
+//! starts every row's gate from such a file (the same KEY), as that daemon's gate would.
+//!
 //!     cargo run --release -p valve-daemon --example gate_hold -- \
 //!         sched/data/azure-llm-2023-code-arrivals-first20min.csv --rate 1.01
 //!     cargo run --release -p valve-daemon --example gate_hold -- poisson --rate 1.01
 
 use std::time::Duration;
 
-use valve_daemon::gate::policy::{Action, GateConfig, GatePolicy};
+use valve_daemon::gate::hold_history::HoldHistories;
+use valve_daemon::gate::policy::{Action, GateConfig, GatePolicy, HoldHistory};
 
 const MS: u64 = 1_000_000;
 const US: u64 = 1_000;
@@ -33,12 +40,16 @@ struct Args {
     fixed_ms: Vec<u64>,
     restart_every_ns: Option<u64>,
     keep_history: bool,
+    history_out: Option<String>,
+    history_in: Option<String>,
+    history_service: Option<String>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: gate_hold (ARRIVALS.csv | poisson) [--rate PER_S] [--service-ms MS] [--steps N] \
-         [--budgets PCT,...] [--fixed-ms MS,...] [--restart-every S [--keep-history]]\n  ARRIVALS.csv: one column offset_us \
+         [--budgets PCT,...] [--fixed-ms MS,...] [--restart-every S [--keep-history]]\n  \
+         [--history-out FILE] [--history-in FILE] --history-service KEY (with either)\n  ARRIVALS.csv: one column offset_us \
          (sched/data/azure-llm-2023-*-arrivals-first20min.csv)"
     );
     std::process::exit(2)
@@ -61,6 +72,9 @@ fn parse_args() -> Args {
         fixed_ms: vec![50, 200, 500],
         restart_every_ns: None,
         keep_history: false,
+        history_out: None,
+        history_in: None,
+        history_service: None,
     };
     while let Some(flag) = it.next() {
         if flag == "--keep-history" {
@@ -75,7 +89,11 @@ fn parse_args() -> Args {
             }
             "--steps" => a.steps = value.parse().unwrap_or_else(|_| usage()),
             "--budgets" => a.budgets = list(&value),
+            "--fixed-ms" if value == "none" => a.fixed_ms = vec![],
             "--fixed-ms" => a.fixed_ms = list(&value),
+            "--history-out" => a.history_out = Some(value),
+            "--history-in" => a.history_in = Some(value),
+            "--history-service" => a.history_service = Some(value),
             "--restart-every" => {
                 let s: f64 = value.parse().unwrap_or_else(|_| usage());
                 if s.is_nan() || s < 1.0 {
@@ -86,7 +104,66 @@ fn parse_args() -> Args {
             _ => usage(),
         }
     }
+    if (a.history_out.is_some() || a.history_in.is_some()) != a.history_service.is_some() {
+        fail(
+            "--history-out and --history-in need --history-service KEY (the gate's service, e.g. \
+              'ports=8000 label= pids='), and --history-service needs one of them",
+        );
+    }
+    if a.history_out.is_some() && !a.budgets.iter().any(|&b| b > 0.0) {
+        fail("--history-out writes a hold's history: give a hold budget above 0 in --budgets");
+    }
     a
+}
+
+fn fail(why: &str) -> ! {
+    eprintln!("gate_hold: {why}");
+    std::process::exit(2)
+}
+
+/// The history `--history-in` names for `--history-service` (none given: none).
+fn seed_history(a: &Args) -> Option<HoldHistory> {
+    let (path, service) = (a.history_in.as_ref()?, a.history_service.as_ref()?);
+    let path = std::path::Path::new(path);
+    if !path.exists() {
+        fail(&format!("{}: no such file (--history-in)", path.display()));
+    }
+    let (histories, warning) = HoldHistories::load(path);
+    if let Some(w) = warning {
+        fail(&w);
+    }
+    let now = unix_now_s();
+    match histories.for_service(service, now) {
+        Some((history, _age)) => Some(history),
+        None => fail(&format!(
+            "{}: no history for service '{service}' (or older than a day): write it with \
+             --history-out and the same --history-service",
+            path.display()
+        )),
+    }
+}
+
+/// Writes `history` as the daemon's hold-history file for `--history-service`. The replay's
+/// clock is not the host's monotonic clock, so the last activity is left out.
+fn write_history(a: &Args, path: &str, mut history: HoldHistory) {
+    history.last_activity_ns = None;
+    let gaps = history.gaps.len();
+    let mut histories = HoldHistories::default();
+    let service = a.history_service.clone().unwrap_or_default();
+    if !histories.keep(service.clone(), history, unix_now_s()) {
+        fail("the replay left the hold no gaps to keep (too few requests, or a service name over 1000 characters)");
+    }
+    if let Err(e) = histories.save(std::path::Path::new(path)) {
+        fail(&format!("{path}: {e}"));
+    }
+    println!("{path}: {gaps} gaps for service '{service}'");
+}
+
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Arrival times (ns), scaled so that they come at `rate` a second on average.
@@ -163,11 +240,15 @@ struct Outcome {
     preemptions: u64,
     hold: Duration,
     cooldown: Duration,
+    history: HoldHistory,
 }
 
-fn run(events: &[(u64, Kind)], cfg: GateConfig, a: &Args) -> Outcome {
+fn run(events: &[(u64, Kind)], cfg: GateConfig, a: &Args, seed: Option<&HoldHistory>) -> Outcome {
     let restart_every_ns = a.restart_every_ns;
     let mut g = GatePolicy::new(cfg);
+    if let Some(h) = seed {
+        g.seed_hold_history(h);
+    }
     let mut o = Outcome::default();
     let (mut running, mut busy, mut now) = (true, false, 0u64);
     let mut next_restart = restart_every_ns.unwrap_or(u64::MAX);
@@ -218,6 +299,7 @@ fn run(events: &[(u64, Kind)], cfg: GateConfig, a: &Args) -> Outcome {
     o.preemptions += g.preemptions();
     o.hold = g.hold();
     o.cooldown = g.learned_cooldown();
+    o.history = g.hold_history();
     o
 }
 
@@ -226,6 +308,7 @@ fn main() {
     let arrivals = arrivals(&a);
     let events = events(&arrivals, &a);
     let span_s = *arrivals.last().unwrap() as f64 / 1e9;
+    let seed = seed_history(&a);
     println!(
         "{}: {} requests over {:.0} s ({:.2}/s), service {:.1} ms in {} steps{}",
         a.source,
@@ -246,6 +329,12 @@ fn main() {
             ))
             .unwrap_or_default()
     );
+    if let (Some(path), Some(h)) = (&a.history_in, &seed) {
+        println!(
+            "every gate starts from {path}'s history: {} gaps",
+            h.gaps.len()
+        );
+    }
     println!("| gate | idle arrivals | caught (offline already off) | harvest (offline ran in idle time) | preemptions | learned cooldown / hold at the end |");
     println!("| --- | --- | --- | --- | --- | --- |");
     let mut rows: Vec<(String, GateConfig)> = a
@@ -276,8 +365,9 @@ fn main() {
             },
         )
     }));
+    let mut out = a.history_out.clone();
     for (name, cfg) in rows {
-        let o = run(&events, cfg, &a);
+        let o = run(&events, cfg, &a, seed.as_ref());
         println!(
             "| {name} | {} | {:.1}% | {:.1}% | {} | {:.1} / {:.0} ms |",
             o.idle_arrivals,
@@ -287,5 +377,10 @@ fn main() {
             o.cooldown.as_secs_f64() * 1e3,
             o.hold.as_secs_f64() * 1e3
         );
+        if cfg.hold_budget.is_some() {
+            if let Some(path) = out.take() {
+                write_history(&a, &path, o.history);
+            }
+        }
     }
 }

@@ -1,0 +1,173 @@
+"""The bursty-traffic comparison: the gate (with and without its hold) and its peers (time-slicing,
+MPS, XSched) on the same window, server and job, each as ratios to online alone from the same run.
+
+    python3 bursty_report.py OUT/plain/report.json [OUT/mps/report.json ...] --out OUT/bursty.md
+
+Reads bench.py's report.json files (the first holds `alone`), and writes a table per load: idle
+arrivals, the share caught (offline already stopped when they came; gates only), arrival -> first
+kernel running on the GPU (p50/p99; caught, uncaught), TTFT p50/p99 and TPOT p99 against alone,
+idle time harvested and preemptions per request. A gate's figure is marked "ahead" only where it
+beats every peer of the same load. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import analysis  # noqa: E402
+
+PEER_CONFIGS = ("timeslice", "mps", "xsched")
+GATE_CONFIGS = ("gate-hold", "gate-arrival")
+# (key, lower is better) of the figures compared for "ahead".
+COMPARED = (("first_kernel_p50_ms", True), ("first_kernel_p99_ms", True), ("ttft_p50_ratio", True),
+            ("ttft_p99_ratio", True), ("tpot_p99_ratio", True), ("harvested", False))
+
+
+def first_kernels(runs):
+    """Arrival -> first kernel running (ms) of every idle arrival of `runs` (one configuration at
+    one load), with whether offline was already stopped then (None: no gate trace)."""
+    out = []
+    for r in runs:
+        caught = None
+        if "trace" in r:
+            caught = {x["send_ns"]: x["already_stopped"]
+                      for x in analysis.per_request(r["records"], r["trace"], set(r.get("online_pids") or []) or None)}
+        for g in analysis.gpu_start_rows(r["records"]):
+            out.append((g["arrival_to_gpu_start_ms"], None if caught is None else caught.get(g["send_ns"], False)))
+    return out
+
+
+def kernel_figures(rows):
+    """p50/p99 of the first kernels, all and split by caught."""
+    fig = {}
+    for name, keep in (("", lambda c: True), ("caught_", lambda c: c is True), ("uncaught_", lambda c: c is not True)):
+        ms = [t for t, c in rows if t is not None and keep(c)]
+        fig[f"{name}first_kernel_p50_ms"] = analysis.percentile(ms, 50)
+        fig[f"{name}first_kernel_p99_ms"] = analysis.percentile(ms, 99)
+        fig[f"{name}n"] = len(ms)
+    return fig
+
+
+def ratio(x, base):
+    return None if x is None or not base else x / base
+
+
+def config_row(runs, stats, alone):
+    """One configuration's figures at one load."""
+    rows = first_kernels(runs)
+    gated = [c for _, c in rows if c is not None]
+    row = {"idle_arrivals": len(rows), "caught_share": sum(gated) / len(gated) if gated else None,
+           "harvested": stats.get("harvested"), "preemptions_per_request": stats.get("preemptions_per_request"),
+           "hold_gaps_at_start": next((r.get("hold_gaps_at_start") for r in runs), None)}
+    row.update(kernel_figures(rows))
+    for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms"):
+        row[m] = stats.get(m)
+        row[m.replace("_ms", "_ratio")] = ratio(stats.get(m), (alone or {}).get(m))
+    if alone:
+        row["first_kernel_p50_vs_alone_ms"] = (None if row["first_kernel_p50_ms"] is None or alone.get("first_kernel_p50_ms") is None
+                                               else row["first_kernel_p50_ms"] - alone["first_kernel_p50_ms"])
+    return row
+
+
+def collect(reports):
+    """{load: {config: (runs, stats)}} over every report (a later report's same config is kept apart
+    by no means: each config is to come from one report)."""
+    out = {}
+    for res in reports:
+        for e in res.get("loads", []):
+            for cfg, stats in e["rows"].items():
+                runs = [r for r in res.get("runs", []) if r["config"] == cfg and r.get("load") == e["load"]]
+                out.setdefault(e["load"], {})[cfg] = (runs, stats)
+    return out
+
+
+def compare(reports):
+    """{load: {config: row}} with each gate row's "ahead" list."""
+    table = {}
+    for load, cfgs in collect(reports).items():
+        alone = None
+        if "alone" in cfgs:
+            alone = config_row(*cfgs["alone"], None)
+        rows = {cfg: config_row(runs, stats, alone) for cfg, (runs, stats) in cfgs.items()}
+        for g in GATE_CONFIGS:
+            if g in rows:
+                rows[g]["ahead"] = ahead(rows[g], [rows[p] for p in PEER_CONFIGS if p in rows])
+        table[load] = rows
+    return table
+
+
+def ahead(gate, peer_rows):
+    """The figures where `gate` beats every peer (none without peers or where a figure is missing)."""
+    if not peer_rows:
+        return []
+    out = []
+    for key, lower in COMPARED:
+        g = gate.get(key)
+        ps = [p.get(key) for p in peer_rows]
+        if g is None or any(p is None for p in ps):
+            continue
+        if all(g < p for p in ps) if lower else all(g > p for p in ps):
+            out.append(key)
+    return out
+
+
+def fmt(v, spec=".3f"):
+    return "n/a" if v is None else format(v, spec)
+
+
+def markdown(table, sources):
+    lines = ["# Bursty traffic: the gate and its peers, each against online alone from the same run", "",
+             "Sources: " + ", ".join(sources), ""]
+    for load, rows in sorted(table.items()):
+        lines += [f"## Load {load:.0%}", "",
+                  "| configuration | idle arrivals | caught | first kernel p50 / p99 (ms) | caught p50 / p99 | uncaught p50 / p99 "
+                  "| TTFT p50 / p99 vs alone | TPOT p99 vs alone | harvested | preemptions/request |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for cfg, r in rows.items():
+            lines.append(
+                f"| {cfg} | {r['idle_arrivals']} | {fmt(r['caught_share'], '.0%')} "
+                f"| {fmt(r['first_kernel_p50_ms'])} / {fmt(r['first_kernel_p99_ms'])} "
+                f"| {fmt(r['caught_first_kernel_p50_ms'])} / {fmt(r['caught_first_kernel_p99_ms'])} "
+                f"| {fmt(r['uncaught_first_kernel_p50_ms'])} / {fmt(r['uncaught_first_kernel_p99_ms'])} "
+                f"| {fmt(r['ttft_p50_ratio'])} / {fmt(r['ttft_p99_ratio'])} | {fmt(r['tpot_p99_ratio'])} "
+                f"| {fmt(r['harvested'], '.0%')} | {fmt(r['preemptions_per_request'], '.2f')} |")
+        for g in GATE_CONFIGS:
+            if g in rows:
+                peers_here = [p for p in PEER_CONFIGS if p in rows]
+                lines += ["", f"{g} ahead of every peer here ({', '.join(peers_here) or 'none measured'}): "
+                          + (", ".join(rows[g]["ahead"]) or "nothing")
+                          + (f"; the hold started from {rows[g]['hold_gaps_at_start']} gaps"
+                             if rows[g].get("hold_gaps_at_start") is not None else "")]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("reports", nargs="+", help="bench.py report.json files; the one with alone first")
+    ap.add_argument("--out", required=True, help="the markdown table; a .json beside it gets the figures")
+    a = ap.parse_args(argv)
+    reports = []
+    for p in a.reports:
+        try:
+            with open(p) as f:
+                reports.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"bursty_report: {p}: {e} (skipped: that part did not run or did not finish)", file=sys.stderr)
+    if not reports:
+        ap.error("no readable report.json: nothing ran")
+    table = compare(reports)
+    with open(a.out, "w") as f:
+        f.write(markdown(table, a.reports))
+    with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
+        json.dump({str(k): v for k, v in table.items()}, f, indent=1)
+    print(markdown(table, a.reports))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""CPU tests of the bursty-traffic harness: the hold's seeded history (hold_seed.py), the peers'
+environments (peers.py), the comparison (bursty_report.py), bench.py's new options and
+bursty.sh --dry-run. gate_hold is faked unless built (then the real one is used too)."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench  # noqa: E402
+import bursty_report  # noqa: E402
+import hold_seed  # noqa: E402
+import loadgen  # noqa: E402
+import peers  # noqa: E402
+
+# A stand-in for gate_hold: prints its table and, with --history-out, writes a history file of
+# as many gaps as the CSV has arrivals; logs its argv.
+FAKE_GATE_HOLD = r'''#!/usr/bin/env python3
+import json, sys
+args = sys.argv[1:]
+open(sys.argv[0] + ".argv", "a").write(json.dumps(args) + "\n")
+n = sum(1 for _ in open(args[0])) - 1
+val = lambda f: args[args.index(f) + 1] if f in args else None
+caught = 60.0 if "--history-in" in args else 10.0
+print("| gate | idle arrivals | caught | harvest | preemptions | x |")
+print(f"| hold budget {val('--budgets')}% | {n // 2} | {caught}% | 91.5% | 7 | 1 / 2 ms |")
+if val("--history-out"):
+    hist = {"gaps": list(range(1, n)), "last_activity_ns": None}
+    json.dump({"version": 1, "services": {val("--history-service"): {"saved_unix_s": 1, "boot_id": "", "history": hist}}},
+              open(val("--history-out"), "w"))
+'''
+
+REAL_GATE_HOLD = os.path.join(HERE, "..", "..", "target", "release", "examples", "gate_hold")
+
+
+def fake_bin(d, name, text):
+    p = os.path.join(d, name)
+    with open(p, "w") as f:
+        f.write(text)
+    os.chmod(p, os.stat(p).st_mode | stat.S_IEXEC)
+    return p
+
+
+def seed_args(out, gate_hold, **kw):
+    a = ["azure-code", "--load", "0.1", "--run-s", "90", "--service-s", "0.3", "--port", "18080",
+         "--gate-hold", gate_hold, "--out", out]
+    for k, v in kw.items():
+        a += [f"--{k.replace('_', '-')}", str(v)]
+    return a
+
+
+class HoldSeedTest(unittest.TestCase):
+    def test_the_window_seed_is_bench_s_round_seed(self):
+        # bench.py's measure() seed for round r at load L: arrival seed + 100 L + 1000 r.
+        self.assertEqual(hold_seed.window_seed(5, 0.1), 15)
+        self.assertEqual(hold_seed.window_seed(0, 0.3, rnd=2), 2030)
+
+    def test_the_history_is_on_the_window_s_timeline_and_never_wraps_into_it(self):
+        trace = [0.0, 1.0, 3.0, 4.0, 10.0, 11.0, 12.0, 20.0]  # 7 gaps, span 20
+        # Window of 2 from seed 4: arrivals 5, 6 (11, 12) after arrival 4 (10); 2 trace-s -> 2 / rate.
+        rate = 0.5
+        scale = 2 / rate / 2.0
+        hist = hold_seed.preceding(trace, 4, 2, rate, history_s=6.5 * scale)
+        # Back from arrival 4 (t 10) for 6.5 trace-s: 10 and 4, not 3 (7 before).
+        self.assertEqual([round(t / scale, 6) for t in hist], [0.0, 6.0])
+        # Never more than the trace less the window (5 arrivals here), however long the history.
+        self.assertEqual(len(hold_seed.preceding(trace, 4, 2, rate, history_s=1e9)), len(trace) - 1 - 2)
+
+    def test_the_history_ends_where_the_window_starts(self):
+        trace = loadgen.load_trace(loadgen.trace_path("azure-code"))
+        rate, n, seed = 0.3, 27, 10
+        window = loadgen.arrivals(rate, n, seed, trace)
+        hist = hold_seed.preceding(trace, seed, n, rate, 3600)
+        first = seed % (len(trace) - 1)
+        scale = window[-1] / (trace[first + n] - trace[first])
+        # The history's last arrival is the one the window's times count from.
+        self.assertAlmostEqual(hist[-1] - hist[-2], (trace[first] - trace[first - 1]) * scale, places=6)
+        self.assertLessEqual(hist[-1], 3600)
+
+    def test_builds_the_history_then_predicts_with_and_without_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            gh = fake_bin(d, "gate_hold", FAKE_GATE_HOLD)
+            out = os.path.join(d, "seed")
+            self.assertEqual(hold_seed.main(seed_args(out, gh)), 0)
+            calls = [json.loads(x) for x in open(gh + ".argv")]
+            self.assertEqual(len(calls), 3)
+            self.assertIn("--history-out", calls[0])
+            self.assertTrue(calls[0][0].endswith("history-arrivals.csv"))
+            self.assertIn("--history-in", calls[1])
+            self.assertNotIn("--history-in", calls[2])
+            info = json.load(open(os.path.join(out, "hold-seed.json")))
+            self.assertEqual(info["service"], "ports=18080 label= pids=")
+            self.assertEqual(info["predicted_seeded"]["caught_pct"], 60.0)
+            self.assertEqual(info["predicted_fresh"]["caught_pct"], 10.0)
+            self.assertEqual(info["history_gaps"], info["history_requests"] - 1)
+            self.assertEqual(info["window_requests"], round(loadgen.rate_at(0.1, 0.3) * 90))
+            self.assertIsNone(bench.check_hold_history(info["history_file"], 18080))
+            self.assertIn("no history for", bench.check_hold_history(info["history_file"], 18081))
+
+    def test_bad_input_is_refused_with_the_fix(self):
+        with tempfile.TemporaryDirectory() as d, self.assertRaises(SystemExit):
+            hold_seed.main(seed_args(d, os.path.join(d, "absent")))
+
+    @unittest.skipUnless(os.access(REAL_GATE_HOLD, os.X_OK), "gate_hold not built")
+    def test_the_real_gate_hold_writes_a_history_the_daemon_reads_back(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "seed")
+            self.assertEqual(hold_seed.main(seed_args(out, REAL_GATE_HOLD, history_s=1800)), 0)
+            info = json.load(open(os.path.join(out, "hold-seed.json")))
+            self.assertGreater(info["history_gaps"], 8)  # the hold chooses nothing before 8 gaps
+            self.assertIsNotNone(info["predicted_seeded"])
+            self.assertIsNotNone(info["predicted_fresh"])
+
+
+class PeersTest(unittest.TestCase):
+    def test_mps_clients_share_its_directories_and_training_is_low(self):
+        m = peers.Mps("/tmp/base")
+        on, off = m.online_env({"A": "1"}), m.offline_env({"A": "1"})
+        self.assertEqual(on["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/base/pipe")
+        self.assertEqual(off["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/base/pipe")
+        self.assertNotIn("CUDA_MPS_CLIENT_PRIORITY", on)
+        self.assertEqual(off["CUDA_MPS_CLIENT_PRIORITY"], peers.MPS_LOW_PRIORITY)
+
+    def test_mps_starts_and_quits_its_own_daemon(self):
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "calls")
+            fake_bin(d, "nvidia-cuda-mps-control",
+                     f'#!/bin/sh\necho "$* $CUDA_MPS_PIPE_DIRECTORY $(cat)" >> {log}\n'
+                     'if [ "$1" = -d ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; fi\n')
+            path = os.environ["PATH"]
+            os.environ["PATH"] = d + ":" + path
+            try:
+                m = peers.Mps(os.path.join(d, "mps"))
+                m.start()
+                m.stop()
+                m.stop()  # once only
+            finally:
+                os.environ["PATH"] = path
+            lines = open(log).read().splitlines()
+            self.assertEqual(len(lines), 2)
+            self.assertTrue(lines[0].startswith("-d " + os.path.join(d, "mps", "pipe")))
+            self.assertTrue(lines[1].endswith("quit"))
+
+    def test_the_smoke_runs_both_roles_under_the_peer_and_says_which_failed(self):
+        class Peer:
+            started = stopped = 0
+
+            def start(self):
+                Peer.started += 1
+
+            def stop(self):
+                Peer.stopped += 1
+
+            def online_env(self, env):
+                return dict(env, ROLE="online")
+
+            def offline_env(self, env):
+                return dict(env, ROLE="training")
+
+        with tempfile.TemporaryDirectory() as d:
+            py = fake_bin(d, "py", '#!/bin/sh\n[ "$ROLE" = "$GOOD" ] && echo SMOKE-OK && exit 0; echo broken; exit 3\n')
+            os.environ["GOOD"] = "online"
+            try:
+                failed = peers.smoke(Peer(), python=py)
+            finally:
+                del os.environ["GOOD"]
+        self.assertEqual(len(failed), 1)
+        self.assertTrue(failed[0].startswith("training: exit 3"), failed)
+        self.assertEqual((Peer.started, Peer.stopped), (1, 1))
+
+    def test_xsched_online_high_training_low_and_missing_builds_refused(self):
+        x = peers.XSched("/opt/xs", "/tmp", 50000)
+        x.libcuda = "/usr/lib/libcuda.so.1"
+        on, off = x.online_env({"LD_LIBRARY_PATH": "/a"}), x.offline_env({})
+        self.assertGreater(int(on["XSCHED_AUTO_XQUEUE_PRIORITY"]), int(off["XSCHED_AUTO_XQUEUE_PRIORITY"]))
+        self.assertEqual(on["LD_LIBRARY_PATH"], "/opt/xs/lib:/a")
+        self.assertEqual(off["LD_LIBRARY_PATH"], "/opt/xs/lib")
+        self.assertEqual(on["XSCHED_CUDA_LIB"], "/usr/lib/libcuda.so.1")
+        self.assertEqual(on["XSCHED_SCHEDULER"], "GLB")
+        with tempfile.TemporaryDirectory() as d, self.assertRaisesRegex(peers.PeerError, "xsched_build.sh"):
+            peers.XSched(d, d, 1).start()
+
+
+def run(config, idle_sends, stops=(), stamps=None, gated=True):
+    """A report.json run: idle requests sent at `idle_sends` (ms), offline stopped over `stops`."""
+    recs = []
+    for i, t in enumerate(idle_sends):
+        s = int(t * 1e6)
+        recs.append({"i": i, "send_ns": s, "end_ns": s + 300_000_000, "idle_at_send": True,
+                     "gpu_start_ns": s + int((stamps or {}).get(t, 0.3) * 1e6)})
+    r = {"config": config, "load": 0.1, "records": recs}
+    if gated:
+        trace = []
+        for a, b in stops:
+            trace += [{"event": "disable", "t_ns": int(a * 1e6), "end_ns": int(a * 1e6), "pid": 0, "seq": 0},
+                      {"event": "enable", "t_ns": int(b * 1e6), "pid": 0, "seq": 0}]
+        r.update(trace=trace, online_pids=[])
+    return r
+
+
+def stats(ttft, tpot, harvested, ppr=None):
+    return {"ttft_p50_ms": ttft, "ttft_p99_ms": ttft * 2, "tpot_p99_ms": tpot, "harvested": harvested,
+            "preemptions_per_request": ppr}
+
+
+class BurstyReportTest(unittest.TestCase):
+    def report(self, hold_stats, stamps):
+        rows = {"alone": stats(10, 5, None), "gate-hold": hold_stats, "timeslice": stats(12, 6, 0.99)}
+        runs = [run("alone", [0, 1000], gated=False),
+                # The first arrival finds offline stopped since before it (caught), the second not.
+                run("gate-hold", [0, 1000], stops=[(-50, 5), (1000.1, 1010)], stamps=stamps),
+                run("timeslice", [0, 1000], stamps={0: 0.7, 1000: 0.7}, gated=False)]
+        return {"loads": [{"load": 0.1, "rows": rows}], "runs": runs}
+
+    def test_caught_and_uncaught_first_kernels_and_ratios_to_alone(self):
+        t = bursty_report.compare([self.report(stats(10.1, 5.05, 0.95, 0.5), {0: 0.31, 1000: 0.65})])
+        g = t[0.1]["gate-hold"]
+        self.assertEqual(g["idle_arrivals"], 2)
+        self.assertEqual(g["caught_share"], 0.5)
+        self.assertAlmostEqual(g["caught_first_kernel_p50_ms"], 0.31, places=6)
+        self.assertAlmostEqual(g["uncaught_first_kernel_p50_ms"], 0.65, places=6)
+        self.assertAlmostEqual(g["ttft_p50_ratio"], 1.01)
+        self.assertAlmostEqual(g["tpot_p99_ratio"], 1.01)
+        self.assertIsNone(t[0.1]["timeslice"]["caught_share"])
+        # Lower latency than the only peer, but less harvest: ahead on latency only.
+        self.assertIn("ttft_p50_ratio", g["ahead"])
+        self.assertIn("first_kernel_p50_ms", g["ahead"])
+        self.assertNotIn("harvested", g["ahead"])
+
+    def test_nothing_is_ahead_without_peers_or_where_a_peer_is_better(self):
+        self.assertEqual(bursty_report.ahead({"ttft_p50_ratio": 1.0}, []), [])
+        got = bursty_report.ahead({"ttft_p50_ratio": 1.0, "harvested": 0.9},
+                                  [{"ttft_p50_ratio": 1.1, "harvested": 0.95}, {"ttft_p50_ratio": 0.99, "harvested": 0.5}])
+        self.assertEqual(got, [])
+
+    def test_markdown_and_json_are_written_and_unreadable_parts_skipped(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "plain.json")
+            json.dump(self.report(stats(10.1, 5.05, 0.95, 0.5), {}), open(p, "w"))
+            out = os.path.join(d, "bursty.md")
+            self.assertEqual(bursty_report.main([p, os.path.join(d, "absent.json"), "--out", out]), 0)
+            md = open(out).read()
+            self.assertIn("| gate-hold | 2 |", md)
+            self.assertIn("ahead of every peer here (timeslice)", md)
+            self.assertIn("0.1", json.load(open(os.path.join(d, "bursty.json"))))
+
+
+class BenchOptionsTest(unittest.TestCase):
+    def main_error(self, *argv):
+        with tempfile.TemporaryDirectory() as out, self.assertRaises(SystemExit), \
+                unittest.mock.patch("sys.stderr") as err:
+            bench.main([*argv, "--dry-run", "--out", out])
+        return "".join(str(c.args[0]) for c in err.write.call_args_list)
+
+    def test_one_peer_per_invocation_and_what_each_needs(self):
+        self.assertIn("one peer per invocation", self.main_error("--configs", "mps,xsched"))
+        self.assertIn("--xsched-dir", self.main_error("--configs", "xsched"))
+        self.assertIn("--port", self.main_error("--configs", "alone", "--hold-history", __file__))
+        self.assertIn("not a hold history", self.main_error("--configs", "alone", "--hold-history", __file__,
+                                                            "--port", "80"))
+        self.assertIn("--nominal-service-s", self.main_error("--configs", "alone", "--nominal-service-s", "0"))
+
+    def test_gate_hold_has_a_budget_and_other_gates_only_when_asked(self):
+        a = type("A", (), {"gate_hold_budget": None})()
+        self.assertEqual(bench.hold_budget_for(a, "gate-hold"), bench.DEFAULT_HOLD_BUDGET)
+        self.assertIsNone(bench.hold_budget_for(a, "gate-arrival"))
+        a.gate_hold_budget = 5.0
+        self.assertEqual(bench.hold_budget_for(a, "gate-hold"), 5.0)
+        self.assertEqual(bench.hold_budget_for(a, "gate-arrival"), 5.0)
+
+
+class BurstyShTest(unittest.TestCase):
+    def test_dry_run_seeds_the_hold_and_plans_every_part(self):
+        with tempfile.TemporaryDirectory() as d:
+            bindir = os.path.join(d, "bin")
+            os.makedirs(bindir)
+            fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
+            fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+            out = os.path.join(d, "out")
+            r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), out, "--dry-run", "--window-s", "60"],
+                               capture_output=True, text=True, env=dict(os.environ, VALVE_BIN=bindir), timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            dry = [x for x in r.stdout.splitlines() if x.startswith("DRY: ")]
+            self.assertEqual(len(dry), 3, r.stdout)
+            self.assertIn("--run-s 60", dry[0])
+            self.assertIn("--configs alone,gate-hold,timeslice", dry[0])
+            self.assertIn("--hold-history " + os.path.join(out, "seed", "gate-hold-history.json"), dry[0])
+            self.assertIn("--configs xsched", dry[1])
+            self.assertIn("--configs mps", dry[2])
+            self.assertTrue(os.path.exists(os.path.join(out, "seed", "hold-seed.json")))
+            self.assertTrue(os.path.exists(os.path.join(out, "bursty-results.tar.gz")))
+
+    def test_a_part_that_does_not_fit_the_deadline_is_skipped_and_said(self):
+        with tempfile.TemporaryDirectory() as d:
+            def dry(*extra):
+                r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), os.path.join(d, "o"), "--dry-run",
+                                    *extra], capture_output=True, text=True, env=dict(os.environ, VALVE_BIN=d),
+                                   timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                return r.stdout
+            # 90-s windows in 530 s: the plain part and the first peer, not the second.
+            out = dry()
+            self.assertIn("--configs alone,gate-hold,timeslice", out)
+            self.assertIn("DRY: ", out.split("--configs xsched")[0])
+            self.assertIn("SKIPPED mps", out)
+            self.assertIn("SKIPPED xsched", dry("--deadline-s", "400"))
+            # A later call: alone again and the peer the first one left.
+            later = dry("--plain", "alone", "--peers", "mps")
+            self.assertIn("--configs alone --out", later)
+            self.assertIn("--configs mps", later)
+
+    def test_an_unknown_peer_is_refused(self):
+        r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), "/tmp/x", "--peers", "mig"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not mig", r.stderr)
+
+
+import unittest.mock  # noqa: E402
+
+if __name__ == "__main__":
+    unittest.main()
