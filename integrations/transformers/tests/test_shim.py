@@ -419,7 +419,7 @@ def test_offline_short_of_blocks_asks_for_everything_the_pool_lends_at_a_step_bo
 def test_offline_at_the_schedulers_safety_margin_grows_before_it_runs_short(model):
     # transformers' margin is a share of the whole space (here half of it, 24 blocks). Offline holding
     # half the pool is at the margin from the start: it admits one new prefill a step, never runs short,
-    # and so never grew (the H200's cluster check: held 8 GiB of 12 at margin 0.2, issue 28). It asks
+    # and so never grew (the H200's cluster check: held 8 GiB of 12 at margin 0.2). It asks
     # for the rest of the pool at the first step boundary with requests waiting.
     pool = FakePool(HANDLES, HANDLE_BYTES, PAGE)
     asks: list[tuple[int, int]] = []
