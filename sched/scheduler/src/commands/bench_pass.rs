@@ -51,6 +51,9 @@ pub struct BenchPassArgs {
     /// Passes per configuration (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Passes per configuration of the exact and reference passes (default: --reps).
+    #[arg(long)]
+    pub reference_reps: Option<usize>,
     /// Random seed of the synthetic cluster.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -70,6 +73,9 @@ pub fn exec(a: &BenchPassArgs, json: bool) -> anyhow::Result<ExitCode> {
         return Err(usage(
             "--nodes, --gpus and --classes must be at least 1, and --passes must name a pass",
         ));
+    }
+    if a.reps == 0 || a.reference_reps == Some(0) {
+        return Err(usage("--reps and --reference-reps must be at least 1"));
     }
     if a.candidates == 0 || a.visits == 0 {
         return Err(usage("--candidates and --visits must be at least 1"));
@@ -112,10 +118,10 @@ pub fn exec(a: &BenchPassArgs, json: bool) -> anyhow::Result<ExitCode> {
                         PassKind::Fast(_) => PassKind::Fast(limits),
                         other => other,
                     };
-                    let cap = (!matches!(p, PassKind::Fast(_)))
-                        .then_some(a.reference_max_jobs)
-                        .flatten();
-                    time_pass(&c, p, a.reps, cap)
+                    let slow = !matches!(p, PassKind::Fast(_));
+                    let cap = slow.then_some(a.reference_max_jobs).flatten();
+                    let reps = if slow { a.reference_reps } else { None };
+                    time_pass(&c, p, reps.unwrap_or(a.reps), cap)
                 })
                 .collect();
             let row = Row::new(timings);
