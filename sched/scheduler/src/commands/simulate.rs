@@ -33,7 +33,8 @@ static (a static memory split), valve (Valve's model), oracle (Valve's placement
 next hour and each job's true level). All but random place through the scheduler's own pass
 (cycle::plan); all evict through its monitor. Operator variants: `valve:margin=0.1`,
 `valve:monitor=3600`, `valve:misses=2`, `valve:align=0.7`, `valve:hysteresis=0.1`,
-`valve:calibrate=0`, `valve:jobcal=0`.
+`valve:calibrate=0`, `valve:jobcal=0`, `valve:pass=exact` (the placement pass: fast, the
+default, exact or reference).
 
 Ground truth differs from the model on purpose (the model sees past windows; the truth is each
 minute, with preemption costs, a per-job profile error and reclaim losses). The results list
