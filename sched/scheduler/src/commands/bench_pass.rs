@@ -48,6 +48,9 @@ pub struct BenchPassArgs {
     /// The fast pass's search per job: nodes evaluated at most.
     #[arg(long, default_value_t = FastLimits::default().visits)]
     pub visits: usize,
+    /// The fast pass's search per job: nodes looked at most (the cheaply ruled out included).
+    #[arg(long, default_value_t = FastLimits::default().scan)]
+    pub scan: usize,
     /// Passes per configuration (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -77,12 +80,15 @@ pub fn exec(a: &BenchPassArgs, json: bool) -> anyhow::Result<ExitCode> {
     if a.reps == 0 || a.reference_reps == Some(0) {
         return Err(usage("--reps and --reference-reps must be at least 1"));
     }
-    if a.candidates == 0 || a.visits == 0 {
-        return Err(usage("--candidates and --visits must be at least 1"));
+    if a.candidates == 0 || a.visits == 0 || a.scan == 0 {
+        return Err(usage(
+            "--candidates, --visits and --scan must be at least 1",
+        ));
     }
     let limits = FastLimits {
         candidates: a.candidates,
         visits: a.visits,
+        scan: a.scan,
     };
     if let Some(n) = a.compare {
         return run_compare(n, a.seed, limits, json);

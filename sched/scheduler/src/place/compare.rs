@@ -249,7 +249,8 @@ mod tests {
     fn the_fast_pass_keeps_the_sla_and_nearly_all_the_harvest_on_small_random_clusters() {
         let tight = FastLimits {
             candidates: 2,
-            visits: 8,
+            visits: 4,
+            scan: 8,
         };
         let (mut want, mut got, mut moved) = (0.0, 0.0, 0);
         for seed in 0..300 {

@@ -3,8 +3,9 @@
 //!
 //! A job walks the index of its size ([`NodeIndex`]) from the top and stops as the exhaustive
 //! pass does (no later node can beat the best found, or meet the SLA), or earlier: once
-//! `candidates` nodes met its SLA, or after `visits` nodes. A node a cheap bound on the job's
-//! memory factor rules out is not evaluated. The search may miss a better node further down;
+//! `candidates` nodes met its SLA, or after `visits` nodes evaluated (`scan` looked at). A node a cheap bound on the job's memory factor rules out is not
+//! evaluated. The search may miss a
+//! better node further down;
 //! the comparison with the exhaustive pass (`compare.rs`) measures what that costs. A job left
 //! pending is told the best place among the nodes evaluated, not over the whole cluster.
 
@@ -30,13 +31,16 @@ pub struct FastLimits {
     pub candidates: usize,
     /// Nodes evaluated at most per job.
     pub visits: usize,
+    /// Nodes looked at most per job, those the cheap bound rules out included.
+    pub scan: usize,
 }
 
 impl Default for FastLimits {
     fn default() -> Self {
         FastLimits {
-            candidates: 16,
-            visits: 256,
+            candidates: 32,
+            visits: 512,
+            scan: 4096,
         }
     }
 }
@@ -49,7 +53,7 @@ pub enum Stop {
     Bound,
     /// `candidates` nodes met the SLA.
     Candidates,
-    /// `visits` nodes were evaluated.
+    /// `visits` nodes were evaluated, or `scan` looked at.
     Visits,
     /// The index ran out.
     Exhausted,
@@ -145,42 +149,15 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// At least `job`'s share on any k-GPU set of node `n`'s free GPUs: the k-th largest over
-    /// them of idle x the most its curve gives with the GPU's largest memory x speed (a set
-    /// scores at most its worst GPU alone), capped by the index's `bound`.
-    fn quick_bound(&mut self, job: &PendingJob, curve: &Curve, n: usize, bound: f64) -> f64 {
-        let k = job.profile.gpus as usize;
-        let slot = &self.nodes[n];
-        if self.params.model.memory == MemoryModel::Ignore
-            || slot.model.speed.is_nan()
-            || slot.model.speed < 0.0
-        {
-            return bound;
-        }
-        self.solo.clear();
-        for (g, _) in slot.model.gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
-            let top = g.memory_quantiles.last().copied().unwrap_or(0);
-            self.solo
-                .push((1.0 - g.busy) * curve.at_most(top) * slot.model.speed);
-        }
-        if self.solo.iter().any(|x| x.is_nan()) || self.solo.len() < k.max(1) {
-            return bound;
-        }
-        self.solo.sort_by(|a, b| b.total_cmp(a));
-        self.solo[k.max(1) - 1].min(bound)
-    }
-
     /// The best place among the nodes the job's search reaches, taken if it meets the SLA.
     fn place_one(&mut self, job: &PendingJob) -> (Outcome, Stop) {
         let k = job.profile.gpus as usize;
         let needed = job.sla + self.params.margin;
         let curve = Curve::new(&job.profile);
         let mut best: Option<(usize, Vec<usize>, Prediction)> = None;
-        let (mut considered, mut met, mut below) = (0, 0, 0);
+        let (mut considered, mut evaluated, mut met, mut below) = (0, 0, 0, 0);
         let mut stop = Stop::Exhausted;
-        let walk: Vec<(usize, f64)> = self.index.walk(k).take(self.limits.visits).collect();
-        let scanned = walk.len();
-        for (n, bound) in walk {
+        for (scanned, (n, bound)) in self.index.walk(k).enumerate() {
             match &best {
                 Some((_, _, b)) if bound <= b.share || bound < needed => {
                     stop = Stop::Bound;
@@ -195,6 +172,10 @@ impl<'a> Pass<'a> {
                 }
                 _ => {}
             }
+            if scanned >= self.limits.scan {
+                stop = Stop::Visits;
+                break;
+            }
             let slot = &self.nodes[n];
             if job.avoid.iter().any(|a| a == &slot.model.name) {
                 continue;
@@ -202,12 +183,12 @@ impl<'a> Pass<'a> {
             considered += 1;
             let floor = best.as_ref().map_or(-1.0, |(_, _, b)| b.share);
             if best.is_some() {
-                let quick = self.quick_bound(job, &curve, n, bound);
+                let quick = quick_bound(&mut self.solo, slot, self.params, job, &curve, bound);
                 if quick <= floor || quick < needed {
                     continue; // cannot beat the best found, or meet the SLA
                 }
             }
-            let slot = &self.nodes[n];
+            evaluated += 1;
             let ties_lose = best
                 .as_ref()
                 .is_some_and(|(bn, _, _)| self.free_count[n] >= self.free_count[*bn]);
@@ -235,9 +216,10 @@ impl<'a> Pass<'a> {
                 stop = Stop::Candidates;
                 break;
             }
-        }
-        if stop == Stop::Exhausted && scanned == self.limits.visits {
-            stop = Stop::Visits;
+            if evaluated >= self.limits.visits {
+                stop = Stop::Visits;
+                break;
+            }
         }
         let Some((n, set, prediction)) = best else {
             let gpus = job.profile.gpus;
@@ -279,4 +261,32 @@ impl<'a> Pass<'a> {
         self.index.update(n, &self.nodes[n], &self.params.model);
         Outcome::Placed(placement)
     }
+}
+
+/// At least `job`'s share on any k-GPU set of the free GPUs of `slot`: the k-th largest over
+/// them of idle x the most its curve gives with the GPU's largest memory x speed (a set scores
+/// at most its worst GPU alone), capped by the index's `bound`. `solo` is scratch space.
+fn quick_bound(
+    solo: &mut Vec<f64>,
+    slot: &NodeSlot,
+    params: &PlaceParams,
+    job: &PendingJob,
+    curve: &Curve,
+    bound: f64,
+) -> f64 {
+    let k = job.profile.gpus as usize;
+    let speed = slot.model.speed;
+    if params.model.memory == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
+        return bound;
+    }
+    solo.clear();
+    for (g, _) in slot.model.gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
+        let top = g.memory_quantiles.last().copied().unwrap_or(0);
+        solo.push((1.0 - g.busy) * curve.at_most(top) * speed);
+    }
+    if solo.iter().any(|x| x.is_nan()) || solo.len() < k.max(1) {
+        return bound;
+    }
+    solo.sort_by(|a, b| b.total_cmp(a));
+    solo[k.max(1) - 1].min(bound)
 }
