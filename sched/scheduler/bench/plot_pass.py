@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Draws pass time against cluster size from `valve-scheduler --json bench-pass --sweep` output.
 
-Usage: plot_pass.py SWEEP.json OUT.svg
+Usage: plot_pass.py OUT.svg [LABEL=]SWEEP.json ...
 
-One line per pass and number of job profiles, on log-log axes: x is pending jobs + nodes, y the
-median wall time of one pass. Where the reference pass ran on the first jobs of its order only
+One line per input, pass and number of job profiles (LABEL, if given, names the input's passes
+in the legend), on log-log axes: x is pending jobs + nodes, y the
+median wall time of one pass. Only the sizes of 10 jobs per node are drawn (the sweep's diagonal:
+1,000 x 100, 10,000 x 1,000, 100,000 x 10,000), so that each line is one way of growing. Where the reference pass ran on the first jobs of its order only
 and its time was scaled to the whole queue, its marker is hollow. Standard library only.
 """
 
@@ -22,18 +24,18 @@ def median(xs):
     return s[len(s) // 2]
 
 
-def series(rows):
-    """{(pass, classes): [(size, ms, estimated)]}, each sorted by size."""
-    out = {}
+def series(rows, label, out):
+    """Adds {(pass, classes): [(size, ms, estimated)]} to `out`, each sorted by size."""
     for row in rows:
         for t in row["timings"]:
+            if t["pending"] != 10 * t["nodes"]:
+                continue
             est = t["timed_jobs"] < t["pending"]
             ms = t["estimated_ms"] if est else median(t["pass_ms"])
-            key = (t["pass"], t["classes"])
+            key = (f'{t["pass"]}{label}', t["classes"])
             out.setdefault(key, []).append((t["pending"] + t["nodes"], ms, est))
     for v in out.values():
         v.sort()
-    return out
 
 
 def log_axis(lo, hi):
@@ -99,16 +101,25 @@ def svg(data):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: plot_pass.py SWEEP.json OUT.svg (SWEEP.json from "
+    if len(sys.argv) < 3:
+        sys.exit("usage: plot_pass.py OUT.svg [LABEL=]SWEEP.json ... (SWEEP.json from "
                  "`valve-scheduler --json bench-pass --sweep`)")
-    with open(sys.argv[1]) as f:
-        doc = json.load(f)
-    rows = doc.get("rows") if isinstance(doc, dict) else None
-    if not rows:
-        sys.exit(f"{sys.argv[1]}: no rows; expected `valve-scheduler --json bench-pass` output")
-    with open(sys.argv[2], "w") as f:
-        f.write(svg(series(rows)))
+    data = {}
+    for arg in sys.argv[2:]:
+        label, _, path = arg.rpartition("=")
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except OSError as e:
+            sys.exit(f"cannot read {path}: {e.strerror}")
+        except json.JSONDecodeError as e:
+            sys.exit(f"{path} is not JSON ({e}); give `valve-scheduler --json bench-pass` output")
+        rows = doc.get("rows") if isinstance(doc, dict) else None
+        if not rows:
+            sys.exit(f"{path}: no rows; expected `valve-scheduler --json bench-pass` output")
+        series(rows, f" ({label})" if label else "", data)
+    with open(sys.argv[1], "w") as f:
+        f.write(svg(data))
 
 
 if __name__ == "__main__":
