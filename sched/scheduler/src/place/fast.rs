@@ -3,11 +3,11 @@
 //!
 //! A job walks the index of its size ([`NodeIndex`]) from the top and stops as the exhaustive
 //! pass does (no later node can beat the best found, or meet the SLA), or earlier: once
-//! `candidates` nodes met its SLA, or after `visits` nodes evaluated (`scan` looked at). A node a cheap bound on the job's memory factor rules out is not
-//! evaluated. The search may miss a
-//! better node further down;
-//! the comparison with the exhaustive pass (`compare.rs`) measures what that costs. A job left
-//! pending is told the best place among the nodes evaluated, not over the whole cluster.
+//! `candidates` nodes met its SLA, or after `visits` nodes evaluated (`scan` looked at). A node
+//! that a cheap bound on the job's memory factor rules out is not evaluated. The search may miss
+//! a better node further down; the comparison with the exhaustive pass (`compare.rs`) measures
+//! what that costs. A job left pending is told the best place among the nodes evaluated, not
+//! over the whole cluster.
 
 use std::collections::HashMap;
 
