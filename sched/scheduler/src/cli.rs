@@ -46,7 +46,8 @@ pub enum Command {
     ProfileJob(commands::profile_job::ProfileJobArgs),
     /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
     BenchPass(commands::bench_pass::BenchPassArgs),
-    /// Simulate a large cluster for a week, once per scheduling policy.
+    /// Simulate a large cluster for a week, once per scheduling policy (`--preset small`: a quick
+    /// one).
     Simulate(commands::simulate::SimulateArgs),
 }
 

@@ -2,10 +2,16 @@
 //! if that meets its SLA; otherwise it stays pending with the reason and the best it could get.
 //!
 //! Jobs are taken hardest first (highest SLA, then most GPUs, then submission order), so easy
-//! jobs do not take the only GPUs a demanding one could use. Memory factors are cached per job
-//! profile and node ([`cache`]), and computed only where bounds ([`bound`]) do not show that a
-//! node cannot change the decision: a pass over 10,000 jobs of as many profiles and 1,000 nodes
-//! takes under half a second. The decisions are those of the plain pass (`reference.rs`).
+//! jobs do not take the only GPUs a demanding one could use. Three passes share that rule and
+//! differ in how far they search ([`PassKind`]):
+//! - the fast pass (the default, `fast.rs`) walks an index of nodes by the idle time of their
+//!   free GPUs and stops after a bounded number of candidates per job;
+//! - the exact pass (below) searches as far as the exhaustive one, but computes memory factors
+//!   ([`cache`]) only where bounds ([`bound`]) do not show that a node cannot change the decision;
+//! - the exhaustive pass (`reference.rs`), the reference both are measured against.
+//!
+//! The exact pass decides as the exhaustive one, decision for decision; the fast one may pick
+//! other GPUs (`compare.rs` measures the harvest that costs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,9 +23,13 @@ use crate::predict::{MemoryModel, ModelParams, NodeModel, Prediction};
 
 mod bound;
 mod cache;
-#[cfg(test)]
+pub mod compare;
+mod fast;
+mod index;
 mod reference;
 mod search;
+
+pub use fast::FastLimits;
 
 use bound::{may_exceed, non_negative, Curve, Free, NodeSummary};
 use cache::MemoryCache;
@@ -36,6 +46,8 @@ pub struct PlaceParams {
     /// The most GPU sets evaluated per job and node (multi-GPU jobs); the search keeps the best
     /// found by then.
     pub max_combinations: usize,
+    /// Which pass places the jobs.
+    pub pass: PassKind,
 }
 
 impl Default for PlaceParams {
@@ -44,6 +56,42 @@ impl Default for PlaceParams {
             model: ModelParams::default(),
             margin: 0.05,
             max_combinations: 256,
+            pass: PassKind::Fast(FastLimits::default()),
+        }
+    }
+}
+
+/// Which placement pass runs (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PassKind {
+    /// A bounded search per job over an index of nodes.
+    Fast(FastLimits),
+    /// The exhaustive pass's decisions, with bounds that skip nodes that cannot change them.
+    Exact,
+    /// The exhaustive pass.
+    Reference,
+}
+
+impl PassKind {
+    /// The pass called `name`: `fast`, `exact` or `reference`.
+    pub fn parse(name: &str) -> Result<PassKind, String> {
+        match name {
+            "fast" => Ok(PassKind::Fast(FastLimits::default())),
+            "exact" => Ok(PassKind::Exact),
+            "reference" => Ok(PassKind::Reference),
+            _ => Err(format!(
+                "unknown pass {name:?}: use fast (the default), exact or reference"
+            )),
+        }
+    }
+
+    /// Its name, as [`PassKind::parse`] reads it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PassKind::Fast(_) => "fast",
+            PassKind::Exact => "exact",
+            PassKind::Reference => "reference",
         }
     }
 }
@@ -146,9 +194,18 @@ impl std::fmt::Display for Decision {
     }
 }
 
-/// Places `jobs` on `nodes`, marking the GPUs it gives away as taken. Returns one decision per
-/// job, in the order the jobs were considered.
+/// Places `jobs` on `nodes` with the pass `params.pass` names, marking the GPUs it gives away as
+/// taken. Returns one decision per job, in the order the jobs were considered.
 pub fn place(jobs: &[PendingJob], nodes: &mut [NodeSlot], params: &PlaceParams) -> Vec<Decision> {
+    match params.pass {
+        PassKind::Fast(limits) => fast::place(jobs, nodes, params, limits),
+        PassKind::Exact => place_exact(jobs, nodes, params),
+        PassKind::Reference => reference::place(jobs, nodes, params),
+    }
+}
+
+/// The jobs in the order every pass considers them: highest SLA, then most GPUs, then oldest.
+fn order_jobs(jobs: &[PendingJob]) -> Vec<&PendingJob> {
     let mut order: Vec<&PendingJob> = jobs.iter().collect();
     order.sort_by(|a, b| {
         b.sla
@@ -156,12 +213,17 @@ pub fn place(jobs: &[PendingJob], nodes: &mut [NodeSlot], params: &PlaceParams) 
             .then(b.profile.gpus.cmp(&a.profile.gpus))
             .then(a.order.cmp(&b.order))
     });
+    order
+}
+
+/// The exact pass (see the module documentation).
+fn place_exact(jobs: &[PendingJob], nodes: &mut [NodeSlot], params: &PlaceParams) -> Vec<Decision> {
     let mut pass = Pass::new(nodes, params);
     // A (class, SLA) job that found nothing, without nodes to avoid: the same job after it finds
     // nothing either, since nodes only fill up during a pass.
     let mut failed: HashMap<(u64, u64), Pending> = HashMap::new();
     let mut decisions = Vec::with_capacity(jobs.len());
-    for job in order {
+    for job in order_jobs(jobs) {
         let key = (job.class, job.sla.to_bits());
         let outcome = match failed.get(&key) {
             Some(p) if job.avoid.is_empty() => Outcome::Pending(p.clone()),

@@ -1,10 +1,9 @@
 //! `valve-scheduler simulate`: a simulated week of a large GPU cluster, once per policy, over the
-//! same online load and offline arrivals; prints the results table (or JSON) and the issue's
-//! targets.
+//! same online load and offline arrivals; prints the results table (or JSON) and the targets.
 
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use crate::error::{exit, usage};
 use valve_scheduler::sim::cluster::{alibaba_multi_gpu_share, OnlineConfig, Shape};
@@ -34,7 +33,8 @@ static (a static memory split), valve (Valve's model), oracle (Valve's placement
 next hour and each job's true level). All but random place through the scheduler's own pass
 (cycle::plan); all evict through its monitor. Operator variants: `valve:margin=0.1`,
 `valve:monitor=3600`, `valve:misses=2`, `valve:align=0.7`, `valve:hysteresis=0.1`,
-`valve:calibrate=0`, `valve:jobcal=0`.
+`valve:calibrate=0`, `valve:jobcal=0`, `valve:pass=exact` (the placement pass: fast, the
+default, exact or reference).
 
 Ground truth differs from the model on purpose (the model sees past windows; the truth is each
 minute, with preemption costs, a per-job profile error and reclaim losses). The results list
@@ -45,6 +45,10 @@ target is missed.";
 #[derive(Args, Debug)]
 #[command(after_long_help = LONG_ABOUT)]
 pub struct SimulateArgs {
+    /// A ready-made size instead of --nodes and --days: `small` is 50 nodes for one day, every
+    /// policy (the utilisation table in well under a minute on 2 cores).
+    #[arg(long, value_enum, conflicts_with_all = ["nodes", "days"])]
+    pub preset: Option<Preset>,
     /// Nodes.
     #[arg(long, default_value_t = 1000)]
     pub nodes: usize,
@@ -141,61 +145,25 @@ pub struct SimulateArgs {
     pub check: bool,
 }
 
-/// Runs the simulation and prints the results.
-pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
-    let shape: Shape = a.shape.parse().map_err(usage)?;
-    let (multi, source) = match a.online_multi_gpu_share.as_str() {
-        "alibaba" => alibaba_multi_gpu_share(),
-        s => match s.parse::<f64>() {
-            Ok(f) if (0.0..=1.0).contains(&f) => (f, "given".to_string()),
-            _ => {
-                return Err(usage(format!(
-                    "--online-multi-gpu-share {s:?}: give a share in [0, 1] or `alibaba`"
-                )))
-            }
-        },
-    };
-    check_ranges(a)?;
-    let mut policies = a
-        .policies
-        .iter()
-        .map(|p| Policy::parse(p, a.nodes))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
-    if a.no_calibration {
-        for p in &mut policies {
-            p.params.calibration = false;
+/// A ready-made simulation size (see `--preset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// 50 nodes, one day.
+    Small,
+}
+
+impl Preset {
+    /// Its nodes and days.
+    fn size(self) -> (usize, f64) {
+        match self {
+            Preset::Small => (50, 1.0),
         }
     }
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let cfg = SimConfig {
-        online: OnlineConfig {
-            nodes: a.nodes,
-            shape,
-            multi_gpu_share: multi,
-            out_of_step_share: a.out_of_step_share,
-            target_busy: a.online_busy,
-            seed: a.seed,
-        },
-        minutes: (a.days * 1440.0).round().max(1.0) as u32,
-        offline_multi_gpu_share: a.offline_multi_gpu_share,
-        offered_load: a.offered_load,
-        max_pending_per_stream: a.max_pending_per_stream.max(1),
-        policies,
-        threads: threads.max(1),
-        seed: a.offline_seed.unwrap_or(a.seed),
-        costs: Costs {
-            preempt_s: a.preempt_cost_ms / 1000.0,
-            gate_overhead: a.gate_overhead,
-            profiled: a.profiled_costs,
-        },
-        node_speed_sd: a.node_speed_sd,
-        profile_error_sd: a.profile_error_sd,
-        level_drift_sd: a.level_drift_sd,
-        level_drift_minutes: a.level_drift_minutes,
-    };
+}
+
+/// Runs the simulation and prints the results.
+pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let (cfg, source) = config(a)?;
     let command = std::env::args()
         .map(|s| if s.contains(' ') { format!("'{s}'") } else { s })
         .collect::<Vec<_>>()
@@ -217,6 +185,66 @@ pub fn exec(a: &SimulateArgs, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The flags checked and turned into a simulation (the preset, if any, sets nodes and days),
+/// with where the online multi-GPU share came from (`given`, or the trace it was read from).
+fn config(a: &SimulateArgs) -> anyhow::Result<(SimConfig, String)> {
+    let (nodes, days) = a.preset.map_or((a.nodes, a.days), Preset::size);
+    let shape: Shape = a.shape.parse().map_err(usage)?;
+    let (multi, source) = match a.online_multi_gpu_share.as_str() {
+        "alibaba" => alibaba_multi_gpu_share(),
+        s => match s.parse::<f64>() {
+            Ok(f) if (0.0..=1.0).contains(&f) => (f, "given".to_string()),
+            _ => {
+                return Err(usage(format!(
+                    "--online-multi-gpu-share {s:?}: give a share in [0, 1] or `alibaba`"
+                )))
+            }
+        },
+    };
+    check_ranges(a)?;
+    let mut policies = a
+        .policies
+        .iter()
+        .map(|p| Policy::parse(p, nodes))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
+    if a.no_calibration {
+        for p in &mut policies {
+            p.params.calibration = false;
+        }
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let sim = SimConfig {
+        online: OnlineConfig {
+            nodes,
+            shape,
+            multi_gpu_share: multi,
+            out_of_step_share: a.out_of_step_share,
+            target_busy: a.online_busy,
+            seed: a.seed,
+        },
+        minutes: (days * 1440.0).round().max(1.0) as u32,
+        offline_multi_gpu_share: a.offline_multi_gpu_share,
+        offered_load: a.offered_load,
+        max_pending_per_stream: a.max_pending_per_stream.max(1),
+        policies,
+        threads: threads.max(1),
+        seed: a.offline_seed.unwrap_or(a.seed),
+        costs: Costs {
+            preempt_s: a.preempt_cost_ms / 1000.0,
+            gate_overhead: a.gate_overhead,
+            profiled: a.profiled_costs,
+        },
+        node_speed_sd: a.node_speed_sd,
+        profile_error_sd: a.profile_error_sd,
+        level_drift_sd: a.level_drift_sd,
+        level_drift_minutes: a.level_drift_minutes,
+    };
+    Ok((sim, source))
 }
 
 /// Refuses flag values out of range, each with a named error.
@@ -264,7 +292,8 @@ fn check_ranges(a: &SimulateArgs) -> anyhow::Result<()> {
 mod tests {
     use clap::Parser;
 
-    use super::{check_ranges, SimulateArgs};
+    use super::{check_ranges, config, Preset, SimulateArgs};
+    use valve_scheduler::sim::{report, simulate};
 
     #[derive(Parser)]
     struct Cli {
@@ -277,6 +306,32 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
             .expect("flags parse");
         check_ranges(&cli.args).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_small_preset_prints_the_utilisation_table_of_every_policy() {
+        let cli = Cli::try_parse_from(["simulate", "--preset", "small"]).unwrap();
+        assert_eq!(cli.args.preset, Some(Preset::Small));
+        let (mut cfg, source) = config(&cli.args).unwrap();
+        assert_eq!(cfg.online.nodes, 50);
+        assert_eq!(cfg.minutes, 1440);
+        assert!(Cli::try_parse_from(["simulate", "--preset", "small", "--nodes", "3"]).is_err());
+        // The same run, smaller, so that a debug build finishes it in seconds.
+        cfg.online.nodes = 3;
+        cfg.minutes = 60;
+        let r = simulate(&cfg, "test", &source);
+        let table = report::render(&r);
+        assert!(table.contains("| policy | online busy |"), "{table}");
+        for p in [
+            "online-only",
+            "idle-only",
+            "random",
+            "static",
+            "valve",
+            "oracle",
+        ] {
+            assert!(table.contains(&format!("| {p} |")), "{p}: {table}");
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The placement pass as it was before issue 28's optimisations (commit e2edd4f), kept verbatim
-//! as the reference the optimised pass must match decision for decision (`tests.rs`).
+//! The exhaustive placement pass, kept as it was first written: the reference the exact pass must
+//! match decision for decision (`tests.rs`) and the fast pass is measured against (`compare.rs`).
 
 use std::collections::HashMap;
 

@@ -191,6 +191,7 @@ fn random_instance(seed: u64) -> (Vec<PendingJob>, Vec<NodeSlot>, PlaceParams) {
     let mut params = PlaceParams {
         margin: [0.0, 0.05, 0.1][rng.usize(0..3)],
         max_combinations: [256, 256, 1, 5][rng.usize(0..4)],
+        pass: PassKind::Exact,
         ..PlaceParams::default()
     };
     params.model.memory = [
@@ -299,7 +300,10 @@ fn the_pass_decides_as_the_reference_pass_on_random_instances() {
 fn the_pass_decides_as_the_reference_pass_on_the_benchmarks_queue() {
     for classes in [1, 100, 10_000] {
         let mut rng = fastrand::Rng::with_seed(1);
-        let params = PlaceParams::default();
+        let params = PlaceParams {
+            pass: PassKind::Exact,
+            ..PlaceParams::default()
+        };
         let nodes: Vec<NodeSlot> = (0..1000)
             .map(|n| {
                 let doc = crate::bench::random_doc(&mut rng, &format!("node{n:05}"), 8, 0);

@@ -55,7 +55,7 @@ pub struct Metrics {
     /// SLA-violating job-hours per SLA.
     pub violated_by_sla: Vec<u64>,
     /// Partial hours (at least 10 minutes) of runs that ended in an eviction or kill: not
-    /// job-hours by the definition, counted here for the strict SLA figure.
+    /// job-hours by the targets' definition, counted here for the strict SLA figure.
     pub partial_hours_evicted: u64,
     /// Of them, those whose mean share met the SLA.
     pub partial_hours_evicted_met: u64,

@@ -1,4 +1,4 @@
-//! The cluster simulator (issue 28, part 6): a week of a large GPU cluster whose online load
+//! The cluster simulator: a week of a large GPU cluster whose online load
 //! replays the Azure LLM trace, with offline jobs placed by the scheduler's own pass.
 //!
 //! - [`trace`]: the Azure trace as per-minute busy tables; the daily cycle.
@@ -8,7 +8,7 @@
 //! - [`drift`]: the drift of a running job's own level over minutes (ground truth only).
 //! - [`run`]: the loop, the policies and the ground truth of each job's minute.
 //! - [`counts`]: each policy's raw counts, minute by minute.
-//! - [`report`]: metrics, the issue's targets and the tables.
+//! - [`report`]: metrics, the targets and the tables.
 //!
 //! Every policy but `random` places through [`crate::cycle::plan`], and every policy evicts
 //! through [`crate::monitor::Monitor`] (inside `plan`): the code the Slurm adapter runs.

@@ -1,4 +1,4 @@
-//! What a simulation measured, per policy, and the issue's targets: utilisation over online only,
+//! What a simulation measured, per policy, and the targets: utilisation over online only,
 //! harvested GPU-hours against the oracle, SLA job-hours, SLA violations where online GPUs run out
 //! of step, the model's prediction error, and the cost of a scheduling pass.
 
@@ -65,7 +65,7 @@ pub struct PolicyReport {
     pub counts: Metrics,
 }
 
-/// One of the issue's targets.
+/// One of the targets.
 #[derive(Clone, Debug, Serialize)]
 pub struct Target {
     /// What is asked.
@@ -103,7 +103,7 @@ pub struct Results {
     pub arrivals: ArrivalSummary,
     /// Per policy.
     pub policies: Vec<PolicyReport>,
-    /// The issue's targets.
+    /// The targets.
     pub targets: Vec<Target>,
     /// Wall time of the whole run (s).
     pub wall_s: f64,
@@ -251,7 +251,7 @@ pub fn policy_reports(
         .collect()
 }
 
-/// The issue's targets for every Valve row (the default and any operator variants).
+/// The targets for every Valve row (the default and any operator variants).
 pub fn targets(reports: &[PolicyReport]) -> Vec<Target> {
     let oracle = reports.iter().find(|r| r.kind == PolicyKind::Oracle);
     let idle = reports.iter().find(|r| r.kind == PolicyKind::IdleOnly);
@@ -530,7 +530,7 @@ fn render_when(cycle_ones: &[&PolicyReport]) -> String {
     s
 }
 
-/// The issue's targets, PASS or FAIL.
+/// The targets, PASS or FAIL.
 /// The speed factors each calibrating policy learned, against the nodes' true speeds.
 fn render_speeds(r: &Results) -> String {
     let mut s = String::new();
@@ -553,7 +553,7 @@ fn render_speeds(r: &Results) -> String {
 
 fn render_targets(r: &Results) -> String {
     let mut s = String::new();
-    s += "\nTargets (issue 28):\n\n";
+    s += "\nTargets:\n\n";
     for t in &r.targets {
         s += &format!(
             "- {} [{}]: {} ({})\n",

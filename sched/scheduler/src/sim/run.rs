@@ -115,6 +115,8 @@ pub struct Policy {
 /// A policy's settings as reported.
 #[derive(Clone, Debug, Serialize)]
 pub struct PolicySettings {
+    /// The placement pass (`fast`, `exact` or `reference`).
+    pub pass: &'static str,
     /// Placement margin over the SLA.
     pub margin: f64,
     /// How memory enters the prediction.
@@ -155,6 +157,10 @@ impl Policy {
             let (k, v) = opt
                 .split_once('=')
                 .ok_or_else(|| format!("policy option {opt:?}: use key=value"))?;
+            if k == "pass" {
+                params.place.pass = crate::place::PassKind::parse(v)?;
+                continue;
+            }
             let num: f64 = v
                 .parse()
                 .map_err(|_| format!("policy option {k}={v:?}: not a number"))?;
@@ -169,7 +175,7 @@ impl Policy {
                 "jobcal" => params.job_calibration = num != 0.0,
                 _ => {
                     return Err(format!(
-                    "policy option {k:?}: use margin, monitor, misses, align, window, hysteresis, calibrate or jobcal"
+                    "policy option {k:?}: use margin, monitor, misses, align, window, hysteresis, calibrate, jobcal or pass"
                 ))
                 }
             }
@@ -190,6 +196,7 @@ impl Policy {
     pub fn settings(&self) -> PolicySettings {
         let p = &self.params;
         PolicySettings {
+            pass: p.place.pass.name(),
             margin: p.place.margin,
             memory: p.place.model.memory,
             alignment: p.place.model.alignment,

@@ -184,6 +184,11 @@ fn policies_parse_with_operator_settings() {
         .unwrap_err()
         .contains("60, 600 or 3600"));
     assert!(Policy::parse("valve:speed=2", 5).is_err());
+    let exact = Policy::parse("valve:pass=exact", 5).unwrap();
+    assert_eq!(exact.params.place.pass, crate::place::PassKind::Exact);
+    assert!(Policy::parse("valve:pass=quick", 5)
+        .unwrap_err()
+        .contains("fast (the default), exact or reference"));
 }
 
 #[test]
