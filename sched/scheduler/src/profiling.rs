@@ -1,5 +1,5 @@
 //! Turning measurements of a job run at several memory caps into its profile: T_alone and the
-//! memory-throughput curve T(m) (issue 28, part 2). `valve-scheduler profile-job` measures.
+//! memory-throughput curve T(m). `valve-scheduler profile-job` measures.
 
 use crate::job::{CurvePoint, EpisodeCost, InterruptCosts, JobProfile, Measured, PROFILE_VERSION};
 
