@@ -96,7 +96,9 @@ def compare(reports):
         rows = {cfg: config_row(runs, stats, alone) for cfg, (runs, stats) in cfgs.items()}
         for g in GATE_CONFIGS:
             if g in rows:
-                rows[g]["ahead"] = ahead(rows[g], [rows[p] for p in PEER_CONFIGS if p in rows])
+                peers = [rows[p] for p in PEER_CONFIGS if p in rows]
+                rows[g]["ahead"] = ahead(rows[g], peers)
+                rows[g]["ahead_overall"] = ahead_overall(rows[g], peers)
         table[load] = rows
     return table
 
@@ -114,6 +116,16 @@ def ahead(gate, peer_rows):
         if all(g < p for p in ps) if lower else all(g > p for p in ps):
             out.append(key)
     return out
+
+
+def ahead_overall(gate, peer_rows):
+    """Whether `gate` is ahead by the benchmark's rule: TTFT p99 and TPOT p99 ratios to alone lower
+    than every peer's, at an idle-time harvest no lower than theirs (None without peers or data)."""
+    keys = ("ttft_p99_ratio", "tpot_p99_ratio", "harvested")
+    if not peer_rows or any(gate.get(k) is None or any(p.get(k) is None for p in peer_rows) for k in keys):
+        return None
+    return all(gate["ttft_p99_ratio"] < p["ttft_p99_ratio"] and gate["tpot_p99_ratio"] < p["tpot_p99_ratio"]
+               and gate["harvested"] >= p["harvested"] for p in peer_rows)
 
 
 def fmt(v, spec=".3f"):
@@ -139,8 +151,10 @@ def markdown(table, sources):
         for g in GATE_CONFIGS:
             if g in rows:
                 peers_here = [p for p in PEER_CONFIGS if p in rows]
-                lines += ["", f"{g} ahead of every peer here ({', '.join(peers_here) or 'none measured'}): "
-                          + (", ".join(rows[g]["ahead"]) or "nothing")
+                overall = {True: "AHEAD", False: "NOT ahead", None: "not decided"}[rows[g].get("ahead_overall")]
+                lines += ["", f"{g} against every peer here ({', '.join(peers_here) or 'none measured'}): "
+                          f"{overall} (p99 TTFT and TPOT ratios lower at a harvest no lower); "
+                          "lower or higher on: " + (", ".join(rows[g]["ahead"]) or "nothing")
                           + (f"; the hold started from {rows[g]['hold_gaps_at_start']} gaps"
                              if rows[g].get("hold_gaps_at_start") is not None else "")]
     return "\n".join(lines) + "\n"

@@ -239,6 +239,13 @@ class BurstyReportTest(unittest.TestCase):
                                   [{"ttft_p50_ratio": 1.1, "harvested": 0.95}, {"ttft_p50_ratio": 0.99, "harvested": 0.5}])
         self.assertEqual(got, [])
 
+    def test_ahead_overall_needs_lower_latency_at_no_lower_harvest(self):
+        gate = {"ttft_p99_ratio": 1.02, "tpot_p99_ratio": 0.99, "harvested": 0.84}
+        slicing = {"ttft_p99_ratio": 6.9, "tpot_p99_ratio": 2.3, "harvested": 1.14}
+        self.assertIs(bursty_report.ahead_overall(gate, [slicing]), False)
+        self.assertIs(bursty_report.ahead_overall(dict(gate, harvested=1.2), [slicing]), True)
+        self.assertIsNone(bursty_report.ahead_overall(gate, []))
+
     def test_markdown_and_json_are_written_and_unreadable_parts_skipped(self):
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "plain.json")
@@ -247,7 +254,7 @@ class BurstyReportTest(unittest.TestCase):
             self.assertEqual(bursty_report.main([p, os.path.join(d, "absent.json"), "--out", out]), 0)
             md = open(out).read()
             self.assertIn("| gate-hold | 2 |", md)
-            self.assertIn("ahead of every peer here (timeslice)", md)
+            self.assertIn("against every peer here (timeslice)", md)
             self.assertIn("0.1", json.load(open(os.path.join(d, "bursty.json"))))
 
 
