@@ -47,7 +47,7 @@ pub enum Command {
     /// Time one scheduling pass over a synthetic cluster (a benchmark, not a test).
     BenchPass(commands::bench_pass::BenchPassArgs),
     /// Simulate a large cluster for a week, once per scheduling policy (`--preset small`: a quick
-    /// one).
+    /// one); runs the `valve-sim` program (`simulate --help`: its options).
     Simulate(commands::simulate::SimulateArgs),
 }
 

@@ -10,11 +10,12 @@
 //! - [`monitor`]: the SLA monitor and its evictions.
 //! - [`meta`]: what the scheduler stores with each job in the engine.
 //! - [`cycle`]: one engine-independent pass: snapshot + documents -> placements, evictions.
-//! - [`sim`]: the cluster simulator, driving [`cycle::plan`].
 //! - [`driver`]: the loop against a real engine: plan, apply, back off, keep state.
 //! - [`agents`] / [`replay`]: fetching nodes' harvest documents / serving a recorded one.
 //! - [`slurm`]: the Slurm adapter (its CLIs' JSON output, placement by update + release,
 //!   eviction by requeue-hold).
+//!
+//! The cluster simulator, which drives [`cycle::plan`] too, is the `valve-sim` crate.
 
 pub mod agents;
 pub mod bench;
@@ -28,7 +29,6 @@ pub mod place;
 pub mod predict;
 pub mod profiling;
 pub mod replay;
-pub mod sim;
 pub mod slurm;
 
 #[cfg(test)]

@@ -36,10 +36,10 @@ pub const TRANSITIONS_CAP_PER_MIN: f64 = 600.0;
 /// Minutes in the week the load is calibrated over (whatever length is simulated).
 const WEEK_MIN: i64 = 7 * 24 * 60;
 
-const NODES_CSV: &str = include_str!("../../../data/alibaba-gpu-v2023-nodes.csv");
-const POD_MIX_CSV: &str = include_str!("../../../data/alibaba-gpu-v2023-pod-mix.csv");
-const CODE_PER_MIN: &str = include_str!("../../../data/azure-llm-2023-code-per-minute.csv");
-const CONV_PER_MIN: &str = include_str!("../../../data/azure-llm-2023-conv-per-minute.csv");
+const NODES_CSV: &str = include_str!("../../data/alibaba-gpu-v2023-nodes.csv");
+const POD_MIX_CSV: &str = include_str!("../../data/alibaba-gpu-v2023-pod-mix.csv");
+const CODE_PER_MIN: &str = include_str!("../../data/azure-llm-2023-code-per-minute.csv");
+const CONV_PER_MIN: &str = include_str!("../../data/azure-llm-2023-conv-per-minute.csv");
 
 /// The daily cycle's amplitude of a trace (an assumption: code completion follows the working
 /// day more than conversation).

@@ -1,7 +1,7 @@
 //! The simulation loop: minute by minute, every policy over the same online load and the same
 //! offline arrivals; every [`PASS_EVERY_MIN`] minutes a scheduling pass through
-//! [`crate::cycle::plan`] (the code the Slurm adapter runs), whose placements and evictions the
-//! simulated cluster then carries out.
+//! [`valve_scheduler::cycle::plan`] (the code the Slurm adapter runs), whose placements and
+//! evictions the simulated cluster then carries out.
 //!
 //! Ground truth per running job and minute (what the model does not see): the time all its GPUs
 //! are idle (a product over its independent busy series), the worst of its GPUs' T(m)/T_alone at
@@ -22,11 +22,11 @@ use super::counts::{Metrics, SpeedCheck};
 use super::docs::{Dir, Ring, Templates};
 use super::drift::{self, LevelDrift};
 use super::jobs::{self, Arrival, Class};
-use crate::cycle::{self, JobInfo, NodeInfo, Params, Phase, Report, Snapshot};
-use crate::meta::{JobMeta, PlacedOn};
-use crate::monitor::{Action, MonitorParams};
-use crate::place::Outcome;
-use crate::predict::{MemoryModel, ModelParams};
+use valve_scheduler::cycle::{self, JobInfo, NodeInfo, Params, Phase, Report, Snapshot};
+use valve_scheduler::meta::{JobMeta, PlacedOn};
+use valve_scheduler::monitor::{Action, MonitorParams};
+use valve_scheduler::place::Outcome;
+use valve_scheduler::predict::{MemoryModel, ModelParams};
 
 /// Simulated minutes between scheduling passes.
 pub const PASS_EVERY_MIN: u32 = 5;
@@ -158,7 +158,7 @@ impl Policy {
                 .split_once('=')
                 .ok_or_else(|| format!("policy option {opt:?}: use key=value"))?;
             if k == "pass" {
-                params.place.pass = crate::place::PassKind::parse(v)?;
+                params.place.pass = valve_scheduler::place::PassKind::parse(v)?;
                 continue;
             }
             let num: f64 = v
@@ -542,7 +542,7 @@ struct PolicySim<'w> {
     /// Per snapshot entry: its job slot.
     snap_owner: Vec<u32>,
     reports: HashMap<String, Report>,
-    monitor: crate::monitor::Monitor,
+    monitor: valve_scheduler::monitor::Monitor,
     stream_pending: Vec<usize>,
     rng: fastrand::Rng,
     m: Metrics,
@@ -589,7 +589,7 @@ impl<'w> PolicySim<'w> {
             snap,
             snap_owner: Vec::new(),
             reports: HashMap::new(),
-            monitor: crate::monitor::Monitor::default(),
+            monitor: valve_scheduler::monitor::Monitor::default(),
             stream_pending: vec![0; classes * jobs::SLAS.len()],
             rng: fastrand::Rng::with_seed(seed),
         }
@@ -796,8 +796,10 @@ impl<'w> PolicySim<'w> {
                     let node = self.w.node_index[&p.node];
                     self.start(slot, node, &p.gpus, Some(p.prediction.share), t, ring);
                 }
-                Outcome::Pending(crate::place::Pending::NoFreeGpus { .. }) => no_gpus += 1,
-                Outcome::Pending(crate::place::Pending::BelowSla { .. }) => below += 1,
+                Outcome::Pending(valve_scheduler::place::Pending::NoFreeGpus { .. }) => {
+                    no_gpus += 1
+                }
+                Outcome::Pending(valve_scheduler::place::Pending::BelowSla { .. }) => below += 1,
             }
         }
         self.m.pending_no_free_gpus_last = no_gpus;
@@ -1112,7 +1114,7 @@ impl<'w> PolicySim<'w> {
         let (mut pairs, mut err, mut err0) = (Vec::new(), 0.0, 0.0);
         for (node, &truth) in nodes.iter().zip(&self.w.node_speed) {
             let factor = factors.get(&node.name).copied().unwrap_or(1.0);
-            if cal.samples(&node.name) >= crate::calibrate::MIN_SAMPLES {
+            if cal.samples(&node.name) >= valve_scheduler::calibrate::MIN_SAMPLES {
                 pairs.push((factor, truth));
             }
             err += (factor - truth).abs();

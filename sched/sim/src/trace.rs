@@ -14,8 +14,8 @@ pub enum Kind {
     Conv,
 }
 
-const CODE: &str = include_str!("../../../data/azure-llm-2023-code-per-second-hour0.csv");
-const CONV: &str = include_str!("../../../data/azure-llm-2023-conv-per-second-hour0.csv");
+const CODE: &str = include_str!("../../data/azure-llm-2023-code-per-second-hour0.csv");
+const CONV: &str = include_str!("../../data/azure-llm-2023-conv-per-second-hour0.csv");
 
 /// GPU time per prompt token relative to a generated token (prefill is batched and cheap per
 /// token; decoding pays per step).

@@ -10,8 +10,9 @@
 //! - [`counts`]: each policy's raw counts, minute by minute.
 //! - [`report`]: metrics, the targets and the tables.
 //!
-//! Every policy but `random` places through [`crate::cycle::plan`], and every policy evicts
-//! through [`crate::monitor::Monitor`] (inside `plan`): the code the Slurm adapter runs.
+//! Every policy but `random` places through [`valve_scheduler::cycle::plan`], and every policy
+//! evicts through [`valve_scheduler::monitor::Monitor`] (inside `plan`): the code the Slurm
+//! adapter runs. The `valve-sim` binary (run by `valve-scheduler simulate`) is its command line.
 
 pub mod cluster;
 pub mod counts;

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::sim::jobs::{classes, SLAS};
+use crate::jobs::{classes, SLAS};
 
 const GIB: f32 = 1.0;
 
@@ -185,7 +185,10 @@ fn policies_parse_with_operator_settings() {
         .contains("60, 600 or 3600"));
     assert!(Policy::parse("valve:speed=2", 5).is_err());
     let exact = Policy::parse("valve:pass=exact", 5).unwrap();
-    assert_eq!(exact.params.place.pass, crate::place::PassKind::Exact);
+    assert_eq!(
+        exact.params.place.pass,
+        valve_scheduler::place::PassKind::Exact
+    );
     assert!(Policy::parse("valve:pass=quick", 5)
         .unwrap_err()
         .contains("fast (the default), exact or reference"));
@@ -194,7 +197,7 @@ fn policies_parse_with_operator_settings() {
 #[test]
 fn online_only_runs_no_offline_work() {
     let cfg = SimConfig::small(3, 120, &["online-only", "valve"]);
-    let r = crate::sim::simulate(&cfg, "test", "given");
+    let r = crate::simulate(&cfg, "test", "given");
     let online = &r.policies[0];
     assert_eq!(online.offline_busy, 0.0);
     assert_eq!(online.harvested_gpu_h, 0.0);
@@ -219,7 +222,7 @@ fn the_same_seed_gives_the_same_results_and_no_gpu_is_overbooked() {
     ];
     let run = || {
         let cfg = SimConfig::small(4, 240, &all);
-        crate::sim::simulate(&cfg, "test", "given")
+        crate::simulate(&cfg, "test", "given")
     };
     let (a, b) = (run(), run());
     for (x, y) in a.policies.iter().zip(&b.policies) {
@@ -244,7 +247,7 @@ fn the_same_seed_gives_the_same_results_and_no_gpu_is_overbooked() {
     assert!(placed > 0, "jobs ran");
     let mut other = SimConfig::small(4, 240, &["random"]);
     other.seed = 2;
-    let c = crate::sim::simulate(&other, "test", "given");
+    let c = crate::simulate(&other, "test", "given");
     assert_ne!(
         c.policies[0].counts.arrived, a.policies[2].counts.arrived,
         "another seed, other arrivals"
@@ -398,17 +401,17 @@ fn valve_learns_a_slow_nodes_speed_and_the_oracle_knows_it() {
 
 #[test]
 fn node_speeds_are_one_without_spread_and_clamped_and_repeatable_with_it() {
-    assert!(crate::sim::cluster::node_speeds(50, 0.0, 7)
+    assert!(crate::cluster::node_speeds(50, 0.0, 7)
         .iter()
         .all(|&s| s == 1.0));
-    let a = crate::sim::cluster::node_speeds(500, 0.5, 7);
-    assert_eq!(a, crate::sim::cluster::node_speeds(500, 0.5, 7));
+    let a = crate::cluster::node_speeds(500, 0.5, 7);
+    assert_eq!(a, crate::cluster::node_speeds(500, 0.5, 7));
     assert!(a.iter().all(|&s| (0.5..=1.5).contains(&s)));
     assert!(
         a.contains(&0.5) && a.contains(&1.5),
         "a wide spread is clamped"
     );
-    assert_ne!(a, crate::sim::cluster::node_speeds(500, 0.5, 8));
+    assert_ne!(a, crate::cluster::node_speeds(500, 0.5, 8));
 }
 
 #[test]
@@ -443,7 +446,7 @@ fn the_oracle_knows_a_jobs_level_and_leaves_a_job_that_would_miss_waiting() {
 
 /// `r` as JSON without what depends on the machine (wall and pass times) or on `cfg`'s drift
 /// correlation time.
-fn comparable(r: &crate::sim::report::Results) -> serde_json::Value {
+fn comparable(r: &crate::report::Results) -> serde_json::Value {
     let mut v = serde_json::to_value(r).unwrap();
     v["wall_s"] = serde_json::Value::Null;
     v["config"]["level_drift_minutes"] = serde_json::Value::Null;
@@ -457,7 +460,7 @@ fn comparable(r: &crate::sim::report::Results) -> serde_json::Value {
 #[test]
 fn level_drift_is_recorded_and_changes_nothing_when_off() {
     let base = SimConfig::small(3, 600, &["valve"]);
-    let plain = crate::sim::simulate(&base, "test", "given");
+    let plain = crate::simulate(&base, "test", "given");
     assert_eq!(plain.config.level_drift_sd, 0.0);
     assert_eq!(plain.config.level_drift_minutes, 10.0);
     assert!(plain.policies[0].counts.job_hours > 0, "jobs ran");
@@ -465,17 +468,17 @@ fn level_drift_is_recorded_and_changes_nothing_when_off() {
         level_drift_minutes: 30.0,
         ..base.clone()
     };
-    let off = crate::sim::simulate(&off, "test", "given");
+    let off = crate::simulate(&off, "test", "given");
     assert_eq!(comparable(&off), comparable(&plain), "sd 0 changes nothing");
-    assert!(!crate::sim::report::render(&off).contains("drifts"));
+    assert!(!crate::report::render(&off).contains("drifts"));
     let on = SimConfig {
         level_drift_sd: 0.1,
         level_drift_minutes: 5.0,
         ..base
     };
     let (a, b) = (
-        crate::sim::simulate(&on, "test", "given"),
-        crate::sim::simulate(&on, "test", "given"),
+        crate::simulate(&on, "test", "given"),
+        crate::simulate(&on, "test", "given"),
     );
     assert_eq!(comparable(&a), comparable(&b), "repeatable");
     assert_eq!(
@@ -483,7 +486,7 @@ fn level_drift_is_recorded_and_changes_nothing_when_off() {
         (0.1, 5.0)
     );
     assert!(a.assumptions.iter().any(|s| s.contains("drifts")));
-    assert!(crate::sim::report::render(&a).contains("sd 0.1, correlation time 5 min"));
+    assert!(crate::report::render(&a).contains("sd 0.1, correlation time 5 min"));
     let (pa, pp) = (&a.policies[0], &plain.policies[0]);
     assert_eq!(pa.counts.arrived, pp.counts.arrived, "the same arrivals");
     assert_ne!(

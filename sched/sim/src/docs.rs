@@ -368,7 +368,7 @@ pub fn quantiles(values: &[f32]) -> (f64, [u64; QUANTILES]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::cluster::OnlineConfig;
+    use crate::cluster::OnlineConfig;
     use std::sync::Arc;
 
     #[test]

@@ -4,10 +4,10 @@
 
 use serde::Serialize;
 
-use crate::job::{CurvePoint, JobProfile, PROFILE_VERSION};
-use crate::meta::ClassedProfile;
+use valve_scheduler::job::{CurvePoint, JobProfile, PROFILE_VERSION};
+use valve_scheduler::meta::ClassedProfile;
 
-const POD_MIX_CSV: &str = include_str!("../../../data/alibaba-gpu-v2023-pod-mix.csv");
+const POD_MIX_CSV: &str = include_str!("../../data/alibaba-gpu-v2023-pod-mix.csv");
 
 const GIB: u64 = 1 << 30;
 
@@ -86,7 +86,7 @@ fn profile(
             .collect(),
         required_bytes: None,
         deficit_penalty: penalty,
-        costs: crate::job::InterruptCosts::default(),
+        costs: valve_scheduler::job::InterruptCosts::default(),
         measured: None,
     }
 }
