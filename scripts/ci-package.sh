@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI's check of the Debian packages (root, Debian 12): build them (scripts/package.sh), install
-# them with dpkg, run what they installed in /usr/bin (`valvectl demo`; `valvectl doctor` must
-# fail, naming the missing driver, on a machine without a GPU), check the group and the config,
+# them with dpkg, run what they installed in /usr/bin (`valvectl demo`; `valve-scheduler simulate`
+# through the installed valve-sim; `valvectl doctor` must fail, naming the missing driver, on a
+# machine without a GPU), check the group and the config,
 # then purge them and check nothing is left. On any failure the packages are purged too.
 # VALVE_PACKAGE_PROFILE (default dev: the binaries `cargo test` built, so CI compiles nothing
 # new) picks the cargo profile packaged; scripts/package.sh alone packages release builds.
@@ -43,6 +44,7 @@ echo "== dpkg -i ${debs[*]}"
 dpkg -i "${debs[@]}"
 /usr/bin/valvectl --version | grep -qx "valvectl [0-9.]*" || fail "valvectl --version"
 /usr/bin/valve-scheduler --version | grep -qx "valve-scheduler [0-9.]*" || fail "valve-scheduler --version"
+/usr/bin/valve-sim --version | grep -qx "valve-sim [0-9.]*" || fail "valve-sim --version"
 getent group valve >/dev/null || fail "the package created no 'valve' group"
 if [ -n "$group_before" ]; then echo "== the valve group was there before: its creation was not tested"; fi
 [ -f /etc/valve/valve.toml ] || fail "no /etc/valve/valve.toml"
@@ -55,6 +57,13 @@ echo "== /usr/bin/valvectl demo --requests 1 (the gate on the in-memory GPU)"
 demo=$(/usr/bin/valvectl demo --requests 1) || fail "valvectl demo failed"
 echo "$demo" | grep -q "froze the offline job 1 time(s) and released it 1 time(s)" \
   || fail "valvectl demo did not show one freeze and one release"
+
+# A tiny simulation (the small preset takes a minute in a dev build): the scheduler must find and
+# run the packaged simulator.
+echo "== /usr/bin/valve-scheduler simulate --nodes 3 --days 0.05 --policies online-only,valve"
+sim=$(env -u VALVE_SIM /usr/bin/valve-scheduler simulate --nodes 3 --days 0.05 --policies online-only,valve) \
+  || fail "valve-scheduler simulate failed"
+echo "$sim" | grep -q '^| valve |' || fail "valve-scheduler simulate printed no row for the valve policy"
 
 # doctor without a GPU: exit code 1 (a FAIL line) and a line that names the missing driver.
 if [ -e /dev/nvidiactl ]; then
@@ -73,7 +82,8 @@ fi
 
 echo "== dpkg --purge valvectl valve-scheduler"
 dpkg --purge valvectl valve-scheduler
-for f in /usr/bin/valvectl /usr/bin/valve-scheduler /etc/valve/valve.toml /lib/systemd/system/valve.service; do
+for f in /usr/bin/valvectl /usr/bin/valve-scheduler /usr/bin/valve-sim /etc/valve/valve.toml \
+  /lib/systemd/system/valve.service; do
   [ ! -e "$f" ] || fail "$f is still there after the purge"
 done
 purge

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Valve's Debian packages with cargo-deb from release builds:
 #   target/debian/valvectl_<version>_amd64.deb         valvectl, valve.service, /etc/valve/valve.toml
-#   target/debian/valve-scheduler_<version>_amd64.deb  valve-scheduler
+#   target/debian/valve-scheduler_<version>_amd64.deb  valve-scheduler, valve-sim
 # and prints their paths. Installs the pinned cargo-deb first if it is missing. Install with
 #   sudo apt install ./target/debian/valvectl_*.deb ./target/debian/valve-scheduler_*.deb
 # Options: --profile NAME packages another cargo profile's binaries (scripts/ci-package.sh uses
@@ -32,15 +32,15 @@ if ! command -v dpkg-shlibdeps >/dev/null; then
   exit 1
 fi
 
-echo "package: cargo build --profile $profile -p valvectl -p valve-scheduler"
-cargo build --profile "$profile" --locked -p valvectl -p valve-scheduler
+echo "package: cargo build --profile $profile -p valvectl -p valve-scheduler -p valve-sim"
+cargo build --profile "$profile" --locked -p valvectl -p valve-scheduler -p valve-sim
 # cargo-deb warns that a dev profile is not for releases: scripts/ci-package.sh knows, and
 # checks the packaging with those binaries only to reuse the test build.
 if [ "$profile" = dev ]; then deb_flags+=(--quiet); fi
 mkdir -p target/debian
 rm -f target/debian/valvectl_*.deb target/debian/valve-scheduler_*.deb
 for p in valvectl valve-scheduler; do
-  # --no-build: the build above made both binaries in one cargo run. --strip: the release
+  # --no-build: the build above made every binary in one cargo run. --strip: the release
   # profile keeps line tables (for profiling), which would make the package 8x larger.
   cargo deb --no-build --locked --strip --profile "$profile" "${deb_flags[@]}" -p "$p" \
     -o target/debian/ >/dev/null

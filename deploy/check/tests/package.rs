@@ -109,6 +109,11 @@ fn the_packaged_config_and_unit_work_together() {
         installed_from(&scheduler, "/usr/bin/valve-scheduler"),
         "target/release/valve-scheduler"
     );
+    // `valve-scheduler simulate` runs the valve-sim found next to it.
+    assert_eq!(
+        installed_from(&scheduler, "/usr/bin/valve-sim"),
+        "target/release/valve-sim"
+    );
 }
 
 #[test]
