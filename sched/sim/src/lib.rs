@@ -107,9 +107,47 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
     };
     let (arrivals, arrival_summary) = jobs::arrivals(&classes, &mix, &work, offer);
     let cluster_summary = cluster.summary();
-    let class_summaries = classes
+    let class_summaries = class_summaries(&classes, &mix);
+    let world = World::new(
+        cluster,
+        classes,
+        arrivals,
+        cfg.minutes,
+        cfg.max_pending_per_stream,
+    )
+    .with_costs(cfg.costs)
+    .with_node_speeds(cfg.node_speed_sd, cfg.online.seed)
+    .with_level_drift(
+        drift::LevelDrift::new(cfg.level_drift_sd, cfg.level_drift_minutes),
+        cfg.seed,
+    );
+    let out = run::run_world(&world, cfg);
+    let online = out.online_busy_gpu_min / out.gpu_minutes.max(1.0);
+    let online_memory = online_memory(&out.memory_hist, out.gpu_minutes);
+    let policies = report::policy_reports(out.policies, out.online_busy_gpu_min, out.gpu_minutes);
+    let targets = report::targets(&policies);
+    Results {
+        device: "this machine (CPU), no GPU".into(),
+        command: command.into(),
+        config: config_summary(cfg, multi_source),
+        assumptions: assumptions(cfg),
+        cluster: cluster_summary,
+        online_busy_measured: online,
+        online_memory,
+        classes: class_summaries,
+        work,
+        arrivals: arrival_summary,
+        policies,
+        targets,
+        wall_s: wall.elapsed().as_secs_f64(),
+    }
+}
+
+/// What the report says of each job class: its size, memory needs, share of the mix and curve.
+fn class_summaries(classes: &[jobs::Class], mix: &[f64]) -> Vec<ClassSummary> {
+    classes
         .iter()
-        .zip(&mix)
+        .zip(mix)
         .map(|(c, &p)| {
             let pr = &c.profile.profile;
             ClassSummary {
@@ -131,26 +169,15 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
                     .collect(),
             }
         })
-        .collect();
-    let world = World::new(
-        cluster,
-        classes,
-        arrivals,
-        cfg.minutes,
-        cfg.max_pending_per_stream,
-    )
-    .with_costs(cfg.costs)
-    .with_node_speeds(cfg.node_speed_sd, cfg.online.seed)
-    .with_level_drift(
-        drift::LevelDrift::new(cfg.level_drift_sd, cfg.level_drift_minutes),
-        cfg.seed,
-    );
-    let out = run::run_world(&world, cfg);
-    let online = out.online_busy_gpu_min / out.gpu_minutes.max(1.0);
+        .collect()
+}
+
+/// The share of GPU-minutes online spent in each memory bin.
+fn online_memory(memory_hist: &[f64], gpu_minutes: f64) -> Vec<(String, f64)> {
     let mut lo = 0.0;
-    let online_memory = run::MEMORY_BINS_GIB
+    run::MEMORY_BINS_GIB
         .iter()
-        .zip(out.memory_hist)
+        .zip(memory_hist.iter().copied())
         .map(|(&hi, n)| {
             let bin = if hi.is_finite() {
                 format!("{lo}-{hi} GiB")
@@ -158,42 +185,30 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
                 format!("{lo}+ GiB")
             };
             lo = hi;
-            (bin, n / out.gpu_minutes.max(1.0))
+            (bin, n / gpu_minutes.max(1.0))
         })
-        .collect();
-    let policies = report::policy_reports(out.policies, out.online_busy_gpu_min, out.gpu_minutes);
-    let targets = report::targets(&policies);
-    Results {
-        device: "this machine (CPU), no GPU".into(),
-        command: command.into(),
-        config: ConfigSummary {
-            nodes: cfg.online.nodes,
-            shape: cfg.online.shape.to_string(),
-            days: f64::from(cfg.minutes) / 1440.0,
-            pass_every_min: run::PASS_EVERY_MIN,
-            online_multi_gpu_share: cfg.online.multi_gpu_share,
-            online_multi_gpu_share_source: multi_source.into(),
-            out_of_step_share: cfg.online.out_of_step_share,
-            offline_multi_gpu_share: cfg.offline_multi_gpu_share,
-            offered_load: cfg.offered_load,
-            target_online_busy: cfg.online.target_busy,
-            max_pending_per_stream: cfg.max_pending_per_stream,
-            seeds: (cfg.online.seed, cfg.seed),
-            threads: cfg.threads,
-            node_speed_sd: cfg.node_speed_sd,
-            profile_error_sd: cfg.profile_error_sd,
-            level_drift_sd: cfg.level_drift_sd,
-            level_drift_minutes: cfg.level_drift_minutes,
-        },
-        assumptions: assumptions(cfg),
-        cluster: cluster_summary,
-        online_busy_measured: online,
-        online_memory,
-        classes: class_summaries,
-        work,
-        arrivals: arrival_summary,
-        policies,
-        targets,
-        wall_s: wall.elapsed().as_secs_f64(),
+        .collect()
+}
+
+/// The configuration as the report names it.
+fn config_summary(cfg: &SimConfig, multi_source: &str) -> ConfigSummary {
+    ConfigSummary {
+        nodes: cfg.online.nodes,
+        shape: cfg.online.shape.to_string(),
+        days: f64::from(cfg.minutes) / 1440.0,
+        pass_every_min: run::PASS_EVERY_MIN,
+        online_multi_gpu_share: cfg.online.multi_gpu_share,
+        online_multi_gpu_share_source: multi_source.into(),
+        out_of_step_share: cfg.online.out_of_step_share,
+        offline_multi_gpu_share: cfg.offline_multi_gpu_share,
+        offered_load: cfg.offered_load,
+        target_online_busy: cfg.online.target_busy,
+        max_pending_per_stream: cfg.max_pending_per_stream,
+        seeds: (cfg.online.seed, cfg.seed),
+        threads: cfg.threads,
+        node_speed_sd: cfg.node_speed_sd,
+        profile_error_sd: cfg.profile_error_sd,
+        level_drift_sd: cfg.level_drift_sd,
+        level_drift_minutes: cfg.level_drift_minutes,
     }
 }
