@@ -55,7 +55,7 @@ for _ in $(seq 100); do [ -S /run/valve/valve.sock ] && break; sleep 0.2; done
 CUBLAS_WORKSPACE_CONFIG=:4096:8 VALVE_LABEL=batch python3 hwtests/serving/training.py \
   --progress "$out/gate-train.iters" --size small --device cuda >"$out/gate-train.log" 2>&1 &
 pids=("$!" "${pids[@]}")
-python3 hwtests/package/online.py --port 18411 >"$out/online.log" 2>&1 &
+python3 hwtests/package/gpu_server.py --port 18411 >"$out/online.log" 2>&1 &
 pids=("$!" "${pids[@]}")
 for _ in $(seq 120); do
   [ "$(/usr/bin/valvectl --json ps 2>/dev/null | grep -c '"pid"')" -ge 2 ] && break
@@ -63,7 +63,7 @@ for _ in $(seq 120); do
 done
 /usr/bin/valvectl --json ps >"$out/gate-ps.json" || true
 check "gate start" /usr/bin/valvectl gate start --online-port 18411 --offline-label batch
-python3 hwtests/package/online.py --client --port 18411 --requests 40 --gap-ms 150 >"$out/client.json"
+python3 hwtests/package/gpu_server.py --client --port 18411 --requests 40 --gap-ms 150 >"$out/client.json"
 /usr/bin/valvectl --json gate status >"$out/gate-status.json" || true
 /usr/bin/valvectl top --once >"$out/gate-top.txt" 2>&1 || true
 check "gate stop" /usr/bin/valvectl gate stop
