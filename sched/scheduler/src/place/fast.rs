@@ -122,7 +122,7 @@ struct Pass<'a> {
     index: NodeIndex,
     cache: MemoryCache,
     /// Per node and GPU position: its idle time, largest memory and trace summary, for the
-    /// quick bound.
+    /// quick bound; made the first time the node is bounded (empty before).
     gpus: Vec<Vec<GpuSummary>>,
     /// Per GPU position of the node being looked at: a bound on the job's share alone there.
     solo: Vec<f64>,
@@ -141,7 +141,7 @@ impl<'a> Pass<'a> {
             .collect();
         let cache = MemoryCache::new(nodes.iter().map(|n| n.model.gpus.len()));
         let index = NodeIndex::new(nodes, sizes, &params.model);
-        let gpus = nodes.iter().map(|n| summarise(&n.model)).collect();
+        let gpus = nodes.iter().map(|_| Vec::new()).collect();
         Pass {
             nodes,
             params,
@@ -193,6 +193,9 @@ impl<'a> Pass<'a> {
                     needed,
                     cap: bound,
                 };
+                if self.gpus[n].is_empty() {
+                    self.gpus[n] = summarise(&slot.model);
+                }
                 let gpus = &self.gpus[n];
                 let quick = quick_bound(&mut self.solo, slot, gpus, self.params, job, &curve, bar);
                 if quick <= floor || quick < needed {
