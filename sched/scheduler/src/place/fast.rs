@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::bound::Curve;
+use super::bound::{non_negative, Curve, GpuSummary, Trace};
 use super::cache::MemoryCache;
 use super::index::NodeIndex;
 use super::search::{best_set, Hints};
@@ -121,6 +121,9 @@ struct Pass<'a> {
     free_count: Vec<usize>,
     index: NodeIndex,
     cache: MemoryCache,
+    /// Per node and GPU position: its idle time, largest memory and trace summary, for the
+    /// quick bound; made the first time the node is bounded (empty before).
+    gpus: Vec<Vec<GpuSummary>>,
     /// Per GPU position of the node being looked at: a bound on the job's share alone there.
     solo: Vec<f64>,
 }
@@ -138,6 +141,7 @@ impl<'a> Pass<'a> {
             .collect();
         let cache = MemoryCache::new(nodes.iter().map(|n| n.model.gpus.len()));
         let index = NodeIndex::new(nodes, sizes, &params.model);
+        let gpus = nodes.iter().map(|_| Vec::new()).collect();
         Pass {
             nodes,
             params,
@@ -145,6 +149,7 @@ impl<'a> Pass<'a> {
             free_count,
             index,
             cache,
+            gpus,
             solo: Vec::new(),
         }
     }
@@ -183,7 +188,16 @@ impl<'a> Pass<'a> {
             considered += 1;
             let floor = best.as_ref().map_or(-1.0, |(_, _, b)| b.share);
             if best.is_some() {
-                let quick = quick_bound(&mut self.solo, slot, self.params, job, &curve, bound);
+                let bar = Bar {
+                    floor,
+                    needed,
+                    cap: bound,
+                };
+                if self.gpus[n].is_empty() {
+                    self.gpus[n] = summarise(&slot.model);
+                }
+                let gpus = &self.gpus[n];
+                let quick = quick_bound(&mut self.solo, slot, gpus, self.params, job, &curve, bar);
                 if quick <= floor || quick < needed {
                     continue; // cannot beat the best found, or meet the SLA
                 }
@@ -263,30 +277,165 @@ impl<'a> Pass<'a> {
     }
 }
 
+/// The per-GPU figures of `model` the quick bound reads.
+fn summarise(model: &crate::predict::NodeModel) -> Vec<GpuSummary> {
+    model
+        .gpus
+        .iter()
+        .map(|g| GpuSummary {
+            idle: 1.0 - g.busy,
+            top: g.memory_quantiles.last().copied().unwrap_or(0),
+            trace: Trace::of(&g.memory_quantiles),
+        })
+        .collect()
+}
+
+/// What a node must pass to be evaluated: a share above `floor` (the best found) and at least
+/// `needed` (the SLA with its margin); `cap` is the index's bound on the node.
+#[derive(Clone, Copy)]
+struct Bar {
+    floor: f64,
+    needed: f64,
+    cap: f64,
+}
+
 /// At least `job`'s share on any k-GPU set of the free GPUs of `slot`: the k-th largest over
-/// them of idle x the most its curve gives with the GPU's largest memory x speed (a set scores
-/// at most its worst GPU alone), capped by the index's `bound`. `solo` is scratch space.
+/// them of a bound on the GPU's share alone (a set scores at most its worst GPU alone), capped
+/// by the index's bound `bar.cap`. A GPU's bound is idle x the most its curve gives with the GPU's
+/// largest memory x speed, tightened with its trace's summary ([`Curve::factor_bound`]) where
+/// that alone would still pass `bar`; a GPU whose trace has no summary leaves the node unbounded
+/// (`bar.cap`). `gpus` summarises the node's GPUs; `solo` is scratch.
 fn quick_bound(
     solo: &mut Vec<f64>,
     slot: &NodeSlot,
+    gpus: &[GpuSummary],
     params: &PlaceParams,
     job: &PendingJob,
     curve: &Curve,
-    bound: f64,
+    bar: Bar,
 ) -> f64 {
+    let bound = bar.cap;
     let k = job.profile.gpus as usize;
     let speed = slot.model.speed;
-    if params.model.memory == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
+    let mm = params.model.memory;
+    if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
         return bound;
     }
     solo.clear();
-    for (g, _) in slot.model.gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
-        let top = g.memory_quantiles.last().copied().unwrap_or(0);
-        solo.push((1.0 - g.busy) * curve.at_most(top) * speed);
+    let passes = |x: f64| x > bar.floor && x >= bar.needed;
+    for (g, _) in gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
+        // At least the coarse figure (a curve gives at most 1, and at least 0): where it fails
+        // `bar`, so does the coarse one, and the curve is not looked up.
+        let idle_only = non_negative(g.idle) * speed;
+        if g.trace.is_some() && !passes(idle_only) {
+            solo.push(idle_only);
+            continue;
+        }
+        let coarse = g.idle * curve.at_most(g.top) * speed;
+        let refine = passes(coarse);
+        solo.push(match &g.trace {
+            // Quantiles not ascending (the last is not the largest) or too few: no bound.
+            None => f64::NAN,
+            Some(t) if refine => {
+                let fine = g.idle * curve.factor_bound(t, mm) * speed;
+                // NaN (the curve is not bounded) keeps the coarse figure.
+                if fine < coarse {
+                    fine
+                } else {
+                    coarse
+                }
+            }
+            Some(_) => coarse,
+        });
     }
     if solo.iter().any(|x| x.is_nan()) || solo.len() < k.max(1) {
         return bound;
     }
-    solo.sort_by(|a, b| b.total_cmp(a));
-    solo[k.max(1) - 1].min(bound)
+    let (_, kth, _) = solo.select_nth_unstable_by(k.max(1) - 1, |a, b| b.total_cmp(a));
+    kth.min(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::predict::predict;
+
+    /// Every set's share, over the free GPUs of random nodes and random jobs.
+    fn subsets(free: &[usize], k: usize) -> Vec<Vec<usize>> {
+        let n = free.len();
+        (0u32..1 << n)
+            .filter(|m| m.count_ones() as usize == k)
+            .map(|m| {
+                (0..n)
+                    .filter(|i| m & (1 << i) != 0)
+                    .map(|i| free[i])
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_quick_bound_is_at_least_every_sets_share_and_the_trace_tightens_it() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (mut tighter, mut sets, mut skips) = (0, 0, 0);
+        for i in 0..300 {
+            let slot = super::super::tests::random_node(&mut rng, "n", [1, 2, 4, 8][i % 4]);
+            let profile = Arc::new(super::super::tests::random_profile(&mut rng));
+            let params = PlaceParams::default();
+            let job = PendingJob {
+                id: "j".into(),
+                class: 0,
+                sla: 0.0,
+                avoid: vec![],
+                order: 0,
+                profile: profile.clone(),
+            };
+            let curve = Curve::new(&profile);
+            let gpus = summarise(&slot.model);
+            let open = Bar {
+                floor: -1.0,
+                needed: -1.0,
+                cap: f64::INFINITY,
+            };
+            // Above every share: the trace is never consulted.
+            let coarse_only = Bar {
+                needed: 2.0,
+                ..open
+            };
+            let mut solo = Vec::new();
+            let quick = quick_bound(&mut solo, &slot, &gpus, &params, &job, &curve, open);
+            let coarse = quick_bound(&mut solo, &slot, &gpus, &params, &job, &curve, coarse_only);
+            tighter += usize::from(quick < coarse);
+            // A node the pass skips at a random bar has no set that passes it.
+            let bar = Bar {
+                floor: rng.f64() - 0.2,
+                needed: rng.f64(),
+                cap: 1.0 + rng.f64(),
+            };
+            let at_bar = quick_bound(&mut solo, &slot, &gpus, &params, &job, &curve, bar);
+            let skipped = at_bar <= bar.floor || at_bar < bar.needed;
+            let free: Vec<usize> = (0..slot.free.len()).filter(|&p| slot.free[p]).collect();
+            for set in subsets(&free, profile.gpus as usize) {
+                let share = predict(&profile, &slot.model, &set, &params.model).share;
+                // A GPU busier than the whole time bounds below 0, where no share goes.
+                assert!(
+                    share <= quick.max(0.0),
+                    "node {i}: {set:?} scores {share} > {quick} (coarse {coarse})"
+                );
+                let passes = share > bar.floor && share >= bar.needed;
+                assert!(
+                    !(skipped && passes),
+                    "node {i}: {set:?} ({share}) skipped at {at_bar}"
+                );
+                sets += 1;
+                skips += usize::from(skipped);
+            }
+        }
+        assert!(
+            tighter > 10 && sets > 100 && skips > 10,
+            "{tighter} tighter, {sets} sets, {skips} skipped"
+        );
+    }
 }

@@ -205,7 +205,7 @@ fn random_instance(seed: u64) -> (Vec<PendingJob>, Vec<NodeSlot>, PlaceParams) {
     (jobs, nodes, params)
 }
 
-fn random_node(rng: &mut fastrand::Rng, name: &str, gpus: usize) -> NodeSlot {
+pub(super) fn random_node(rng: &mut fastrand::Rng, name: &str, gpus: usize) -> NodeSlot {
     let gpu = |i: usize, rng: &mut fastrand::Rng| {
         let base = rng.u64(1..64) * GIB;
         let mut q: Vec<u64> = (0..21)
@@ -249,7 +249,7 @@ fn random_node(rng: &mut fastrand::Rng, name: &str, gpus: usize) -> NodeSlot {
     }
 }
 
-fn random_profile(rng: &mut fastrand::Rng) -> crate::job::JobProfile {
+pub(super) fn random_profile(rng: &mut fastrand::Rng) -> crate::job::JobProfile {
     let mut p = profile([1, 1, 2, 3, 4][rng.usize(0..5)]);
     let mut m = 0;
     p.curve = (0..rng.usize(1..5))
