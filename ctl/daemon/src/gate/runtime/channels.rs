@@ -54,10 +54,12 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             let failed = u64::from(r.is_err());
             self.trace(TraceKind::Disable, issue_ns, 0, done_ns, failed);
         }
+        let mut stopped = None;
         let wall = match result {
             Some(Ok(report)) => {
-                self.count_disable(&report, cause, done_ns);
-                Some(report.wall.as_secs_f64() * 1e6)
+                let w = report.wall.as_secs_f64() * 1e6;
+                stopped = Some(report);
+                Some(w)
             }
             Some(Err(e)) => {
                 // The controller rolled back. Most likely an offline process just exited and
@@ -77,6 +79,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             }
         };
         drop(claims);
+        // Metrics after the claims are released, as the enable does: nothing else waits on them.
+        if let Some(report) = &stopped {
+            self.count_disable(report, cause, done_ns);
+        }
         // The latency samples count the retry too: that is how long online waited.
         let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
         self.sample(|s| {
