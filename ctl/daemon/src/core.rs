@@ -112,7 +112,10 @@ pub struct DaemonCore<D: RmDriver> {
     mps: crate::mps::MpsLookup,
     /// Whether the gate leaves a pid out as an MPS client or server, looked up once per process.
     mps_cache: RefCell<BTreeMap<u32, bool>>,
-    /// `events` when a scan last found no MPS server (see `mps_guard`).
+    /// RM root clients the watcher has seen opened: a new MPS server opens one before any
+    /// client can use it.
+    rm_clients_opened: u64,
+    /// `rm_clients_opened` when a scan last found no MPS server (see `mps_guard`).
     mps_none_at: std::cell::Cell<Option<u64>>,
 }
 
@@ -198,6 +201,7 @@ impl<D: RmDriver> DaemonCore<D> {
             harvest_view_at: None,
             mps: crate::mps::MpsLookup::default(),
             mps_cache: RefCell::new(BTreeMap::new()),
+            rm_clients_opened: 0,
             mps_none_at: std::cell::Cell::new(None),
         })
     }
@@ -270,6 +274,11 @@ impl<D: RmDriver> DaemonCore<D> {
     /// Folds one watcher event into the registry.
     pub fn on_event(&mut self, ev: &RmEvent) {
         self.events += 1;
+        if let RmEventKind::Alloc(a) = &ev.kind {
+            if valve_ebpf::registry::is_root_client_class(a.class) {
+                self.rm_clients_opened += 1;
+            }
+        }
         let applied = self.registry.apply(ev);
         self.journal.record(ev, &applied);
         if ev.kind == RmEventKind::Exit {

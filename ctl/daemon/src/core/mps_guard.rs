@@ -29,17 +29,18 @@ impl<D: RmDriver> DaemonCore<D> {
     }
 
     /// The MPS role of each of `pids` that has one, looked up now. When the last scan found no
-    /// MPS server and no RM event has come since, none can have started (a server allocates RM
-    /// objects before any client can use it), and `/proc` is not read again.
+    /// MPS server and no RM client has been opened since, none can have started (a server opens
+    /// one before any client can use it), and `/proc` is not read again: the pool's freezes
+    /// come with a steady stream of memory allocations, which do not count.
     pub(super) fn mps_roles(&self, pids: impl IntoIterator<Item = u32>) -> BTreeMap<u32, MpsRole> {
-        if self.mps_none_at.get() == Some(self.events) {
+        if self.mps_none_at.get() == Some(self.rm_clients_opened) {
             return BTreeMap::new();
         }
         let scan = self
             .mps
             .scan(candidates(&self.registry, &self.pre_existing));
         if scan.daemons().is_empty() {
-            self.mps_none_at.set(Some(self.events));
+            self.mps_none_at.set(Some(self.rm_clients_opened));
             return BTreeMap::new();
         }
         self.mps_none_at.set(None);

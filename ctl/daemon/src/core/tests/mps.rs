@@ -152,10 +152,26 @@ fn a_server_that_starts_after_a_scan_is_found_once_its_rm_objects_arrive() {
     let (mut c, _, me) = gated_core(&rm, dir.path(), false);
     c.set_mps_lookup(mps_node(dir.path(), me, PID_B, true));
     // The server's process exists in /proc but the daemon has not seen its RM objects yet: it
-    // is no candidate, nothing is refused, and that answer is kept until the next RM event.
+    // is no candidate, nothing is refused, and that answer is kept until an RM client opens.
     assert!(preempt(&mut c, me).error.is_none());
     assert!(c.handle(Request::Resume { pid: me }).error.is_none());
-    for e in cuda_process(&rm, SERVER, 0xc1d0_0030, &[0], 4) {
+    let mut server = cuda_process(&rm, SERVER, 0xc1d0_0030, &[0], 4).into_iter();
+    let root_client = server.next().unwrap();
+    // Objects under clients the daemon knows (memory, channels) open no MPS server: no new
+    // scan. (The server is made a candidate by hand here, so a scan would find it.)
+    c.pre_existing.insert(SERVER);
+    c.on_event(&super::alloc(
+        me,
+        0xc1d0_0010,
+        0xc1d0_0010,
+        0x5c00_0f00,
+        0x3e,
+        None,
+    ));
+    assert!(preempt(&mut c, me).error.is_none());
+    assert!(c.handle(Request::Resume { pid: me }).error.is_none());
+    c.on_event(&root_client);
+    for e in server {
         c.on_event(&e);
     }
     let e = preempt(&mut c, me)
