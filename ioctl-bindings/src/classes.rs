@@ -1,4 +1,5 @@
-//! RM class ids Valve allocates or recognises: root client, device, subdevice, channel group (TSG),
+//! RM class ids Valve allocates or recognises: root client, device, subdevice, its diag object,
+//! channel group (TSG),
 //! and the GPFIFO channel, compute and copy classes of every generation from Volta to Blackwell.
 
 /// `NV01_ROOT_CLIENT`.
@@ -7,6 +8,9 @@ pub const NV01_ROOT_CLIENT: u32 = 0x0041;
 pub const NV01_DEVICE_0: u32 = 0x0080;
 /// `NV20_SUBDEVICE_0`: params [`crate::Nv2080AllocParams`].
 pub const NV20_SUBDEVICE_0: u32 = 0x2080;
+/// `NV20_SUBDEVICE_DIAG`: a subdevice's diagnostic object, allocated without params
+/// ([`crate::Nv208fAllocParams`]); the freeze check reads channel state through it.
+pub const NV20_SUBDEVICE_DIAG: u32 = 0x208F;
 /// `KEPLER_CHANNEL_GROUP_A`: a TSG.
 pub const KEPLER_CHANNEL_GROUP_A: u32 = 0xA06C;
 

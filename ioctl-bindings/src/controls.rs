@@ -12,6 +12,10 @@ pub const NV2080_CTRL_CMD_GPU_GET_GID_INFO: u32 = 0x2080_014A;
 /// `NV2080_CTRL_CMD_FIFO_DISABLE_CHANNELS`, on a subdevice: [`crate::Nv2080FifoDisableChannelsParams`].
 /// Non-privileged: it may name channels of any client on that GPU.
 pub const NV2080_CTRL_CMD_FIFO_DISABLE_CHANNELS: u32 = 0x2080_110B;
+/// `NV208F_CTRL_CMD_FIFO_GET_CHANNEL_STATE`, on a subdevice's diag object:
+/// [`crate::Nv208fGetChannelStateParams`]. Names a channel of any client; RM asks GSP for the
+/// channel's runlist state (enabled, scheduled).
+pub const NV208F_CTRL_CMD_FIFO_GET_CHANNEL_STATE: u32 = 0x208F_0403;
 
 /// `gpuNameStringFlags` value for an ASCII name.
 pub const NV2080_GPU_NAME_STRING_ASCII: u32 = 0;
@@ -34,5 +38,9 @@ mod tests {
             assert_eq!(cmd >> 16, crate::NV20_SUBDEVICE_0);
         }
         assert_eq!(NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS >> 16, 0);
+        assert_eq!(
+            NV208F_CTRL_CMD_FIFO_GET_CHANNEL_STATE >> 16,
+            crate::NV20_SUBDEVICE_DIAG
+        );
     }
 }

@@ -316,6 +316,35 @@ impl Default for Nv2080FifoDisableChannelsParams {
     }
 }
 
+/// Parameters of an `NV20_SUBDEVICE_DIAG` allocation: none (`paramsSize` 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Nv208fAllocParams;
+
+/// `NV208F_CTRL_FIFO_GET_CHANNEL_STATE_PARAMS`: one channel's state as RM and GSP keep it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Nv208fGetChannelStateParams {
+    /// `hChannel`.
+    pub channel: ChannelHandle,
+    /// `hClient`: the channel's owner (any client).
+    pub client: ClientHandle,
+    /// `bBound`.
+    pub bound: u8,
+    /// `bEnabled`: 0 once FIFO_DISABLE_CHANNELS took hold.
+    pub enabled: u8,
+    /// `bScheduled`: on its runlist.
+    pub scheduled: u8,
+    /// `bCpuMap`.
+    pub cpu_map: u8,
+    /// `bContention`.
+    pub contention: u8,
+    /// `bRunlistSet`.
+    pub runlist_set: u8,
+    /// `bDeferRC`.
+    pub defer_rc: u8,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +416,13 @@ mod tests {
         assert_layout!(Nv2080FifoDisableChannelsParams, size = 536, disable @ 0, num_channels @ 4,
             only_disable_scheduling @ 8, rewind_gp_put @ 9, p_runlist_preempt_event @ 16,
             client_list @ 24, channel_list @ 280);
+    }
+
+    #[test]
+    fn channel_state_layout() {
+        assert_layout!(Nv208fGetChannelStateParams, size = 16, channel @ 0, client @ 4,
+            bound @ 8, enabled @ 9, scheduled @ 10, defer_rc @ 14);
+        assert_eq!(std::mem::size_of::<Nv208fAllocParams>(), 0);
     }
 
     #[test]

@@ -129,6 +129,7 @@ impl Audit {
                 pid,
                 gpu,
                 max_hold_ms,
+                ..
             } => (
                 "preempt",
                 Targets::Preempt {
@@ -226,6 +227,7 @@ mod tests {
             pid: 77,
             gpu: Some("1".into()),
             max_hold_ms: Some(500),
+            confirm: false,
         };
         let served = |req: &Request, reply: &Reply| {
             audit.served(caller, Audit::event_of(req), reply);

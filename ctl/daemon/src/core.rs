@@ -19,6 +19,7 @@ use valve::state::{reenable, DisabledRecord, Salvage, StateFile};
 use valve_ebpf::{Registry, RmEvent, RmEventKind};
 
 use crate::config::OfflinePolicy;
+use crate::freeze_check::{self, FreezeChecker, FreezeRecorder, Origin};
 use crate::gate::hold_history::{self, HoldHistories};
 use crate::gate::supervisor::{ActiveGate, GateStarter, Rescan, PROBES_WITHIN};
 use crate::harvest::{HarvestShared, ProcessView};
@@ -40,11 +41,33 @@ use recorded::RecordedState;
 
 struct Preempted {
     records: Vec<DisabledRecord>,
+    /// The channels, as disable targets (what the freeze check reads back).
+    targets: Vec<ChannelTarget>,
+    /// Ends the freeze's check off the loop, if one runs (set before any enable, and on drop).
+    check: CheckCancel,
     /// The process's workload label as a metric label (set after the disable).
     label: String,
     plan: PreemptPlan,
     since: Instant,
     deadline: Option<Instant>,
+}
+
+/// Set when a preemption ends, so that its check never reads channels enabled again.
+#[derive(Default)]
+struct CheckCancel(Option<Arc<std::sync::atomic::AtomicBool>>);
+
+impl CheckCancel {
+    fn cancel(&self) {
+        if let Some(c) = &self.0 {
+            c.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+impl Drop for CheckCancel {
+    fn drop(&mut self) {
+        self.cancel();
+    }
 }
 
 /// When each step of a preempt began: where its time goes (the memory pool logs it with each
@@ -117,6 +140,9 @@ pub struct DaemonCore<D: RmDriver> {
     rm_clients_opened: u64,
     /// `rm_clients_opened` when a scan last found no MPS server (see `mps_guard`).
     mps_none_at: std::cell::Cell<Option<u64>>,
+    /// Where freeze checks are booked, and the thread that checks the pool's freezes.
+    freeze: Arc<FreezeRecorder>,
+    freeze_checker: Option<FreezeChecker>,
 }
 
 impl<D: RmDriver> DaemonCore<D> {
@@ -203,6 +229,8 @@ impl<D: RmDriver> DaemonCore<D> {
             mps_cache: RefCell::new(BTreeMap::new()),
             rm_clients_opened: 0,
             mps_none_at: std::cell::Cell::new(None),
+            freeze: FreezeRecorder::new(None),
+            freeze_checker: None,
         })
     }
 
@@ -227,7 +255,19 @@ impl<D: RmDriver> DaemonCore<D> {
 
     /// Records preemptions, resumes and the gate's start and stop into `m` from now on.
     pub fn set_metrics(&mut self, m: Arc<Metrics>) {
+        self.freeze = FreezeRecorder::new(Some(&m));
         self.metrics = Some(m);
+    }
+
+    /// Checks freezes that the request did not wait for (the memory pool's) on `checker`'s
+    /// thread (without one, only the freezes a request waits for are checked).
+    pub fn set_freeze_checker(&mut self, checker: FreezeChecker) {
+        self.freeze_checker = Some(checker);
+    }
+
+    /// Where freeze checks are booked (the gate books its own there too).
+    pub fn freeze_recorder(&self) -> Arc<FreezeRecorder> {
+        self.freeze.clone()
     }
 
     /// Sets the gauges: processes known, frozen by hand and by the gate.
@@ -336,7 +376,13 @@ impl<D: RmDriver> DaemonCore<D> {
                 pid,
                 gpu,
                 max_hold_ms,
-            } => self.preempt(pid, gpu.as_deref(), max_hold_ms.map(Duration::from_millis)),
+                confirm,
+            } => self.preempt(
+                pid,
+                gpu.as_deref(),
+                max_hold_ms.map(Duration::from_millis),
+                confirm,
+            ),
             Request::Resume { pid } => self.resume_to_gate(pid),
             Request::ResumeAll => self.resume_all(),
             Request::GateStart(spec) => self.gate_start(*spec),
@@ -380,6 +426,7 @@ impl<D: RmDriver> DaemonCore<D> {
             state_file_moved_aside: self.state_salvage.as_ref().map(|s| s.moved_to.clone()),
             gpus: self.ctl.gpus().iter().map(gpu_entry).collect(),
             gate: Some(self.gate_reply()),
+            freeze_checks: self.freeze.counts(),
         }
     }
 
@@ -474,7 +521,13 @@ impl<D: RmDriver> DaemonCore<D> {
         }
     }
 
-    fn preempt(&mut self, pid: u32, gpu: Option<&str>, hold: Option<Duration>) -> Reply {
+    fn preempt(
+        &mut self,
+        pid: u32,
+        gpu: Option<&str>,
+        hold: Option<Duration>,
+        confirm: bool,
+    ) -> Reply {
         if self.preempted.contains_key(&pid) {
             return Reply::ok(PreemptReply {
                 pid,
@@ -494,7 +547,7 @@ impl<D: RmDriver> DaemonCore<D> {
         if let Some(refused) = self.mps_refusal(pid) {
             return refused;
         }
-        let (records, plan) = match self.preempt_plan(pid, gpu) {
+        let (records, targets, plan) = match self.preempt_plan(pid, gpu) {
             Ok(found) => found,
             Err(reply) => return reply,
         };
@@ -504,6 +557,8 @@ impl<D: RmDriver> DaemonCore<D> {
         };
         let preempted = Preempted {
             records,
+            targets,
+            check: CheckCancel::default(),
             label: String::new(),
             plan,
             since: Instant::now(),
@@ -527,7 +582,31 @@ impl<D: RmDriver> DaemonCore<D> {
                 ..PreemptReply::default()
             });
         }
-        self.disable_preempted(pid, &who, max_hold_ms, timing)
+        let mut reply = self.disable_preempted(pid, &who, max_hold_ms, timing);
+        self.check_freeze(pid, confirm, &mut reply);
+        reply
+    }
+
+    /// After a preempt's disable returned: with `confirm`, reads its channels back now and puts
+    /// the check in the reply; else hands the check to the checker thread (cancelled by the
+    /// resume), so that the pool's reclaim does not wait for it.
+    fn check_freeze(&mut self, pid: u32, confirm: bool, reply: &mut Reply) {
+        let Some(crate::protocol::Data::Preempt(data)) = reply.data.as_mut() else {
+            return;
+        };
+        let Some(p) = self.preempted.get_mut(&pid) else {
+            return;
+        };
+        let done = Instant::now();
+        if confirm {
+            let never = std::sync::atomic::AtomicBool::new(false);
+            let c = freeze_check::check(&self.ctl, &p.targets, done, &never);
+            self.freeze.record(Origin::Preempt, pid, &c);
+            data.freeze = Some(c);
+        } else if let Some(checker) = &self.freeze_checker {
+            let cancel = checker.submit(Origin::Pool, pid, p.targets.clone(), done);
+            p.check = CheckCancel(Some(cancel));
+        }
     }
 
     /// What a preempt of `pid` disables (its channels on the GPU `gpu` names, else on every
@@ -536,7 +615,7 @@ impl<D: RmDriver> DaemonCore<D> {
         &self,
         pid: u32,
         gpu: Option<&str>,
-    ) -> Result<(Vec<DisabledRecord>, PreemptPlan), Reply> {
+    ) -> Result<(Vec<DisabledRecord>, Vec<ChannelTarget>, PreemptPlan), Reply> {
         let gpus = self.ctl.gpus();
         let want = match gpu.map(|s| s.parse::<GpuSelector>()) {
             None => None,
@@ -562,7 +641,7 @@ impl<D: RmDriver> DaemonCore<D> {
             .ctl
             .plan(&targets, PreemptMode::Preempt)
             .map_err(|e| Reply::fail(ErrorCode::Rm, e.to_string()))?;
-        Ok((records, plan))
+        Ok((records, targets, plan))
     }
 
     /// The registry's channels of `pid` on the GPU whose RM instance is `want` (every GPU if
@@ -724,6 +803,7 @@ impl<D: RmDriver> DaemonCore<D> {
             );
         };
         let held = p.since.elapsed();
+        p.check.cancel();
         let result = self.ctl.enable(&p.plan);
         let gone = result.as_ref().err().is_some_and(|e| {
             matches!(

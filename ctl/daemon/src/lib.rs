@@ -41,6 +41,7 @@ pub mod audit;
 pub mod config;
 pub mod core;
 pub mod error;
+pub mod freeze_check;
 pub mod gate;
 pub mod harvest;
 pub mod journal;

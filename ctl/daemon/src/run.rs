@@ -126,6 +126,22 @@ struct HarvestAudit<'a> {
     windows_s: &'a [u32],
 }
 
+/// Starts the thread that checks the freezes nobody waits for (the pool's, the gate's) on an
+/// RM client of its own; without it those freezes go unchecked, and the log says so.
+fn start_freeze_checker(core: &mut DaemonCore<NvDriver>) {
+    match Controller::<NvDriver>::open() {
+        Ok(ctl) => {
+            let checker = crate::freeze_check::FreezeChecker::start(ctl, core.freeze_recorder());
+            crate::freeze_check::install_for_gate(checker.clone());
+            core.set_freeze_checker(checker);
+        }
+        Err(e) => tracing::warn!(
+            "no freeze check thread ({e}): the pool's and the gate's freezes go unchecked; \
+             `valvectl preempt` still checks its own"
+        ),
+    }
+}
+
 /// Creates the metrics and has the core and the gate thread record into them, always: the
 /// control socket serves them (`valvectl top` reads offline's harvested and frozen time there).
 /// With `addr` they are served over HTTP too.
@@ -234,6 +250,7 @@ pub fn run_with_pool(
     if let Some(m) = &metrics {
         m.serve_profile(harvest.shared());
     }
+    start_freeze_checker(&mut core);
     let mut server = server::Server::new(&listener, gid, &audit)
         .with_lane(lane)
         .on_error(|cause| {

@@ -43,6 +43,11 @@ pub enum Request {
         gpu: Option<String>,
         /// Resume by itself after this long (capped by the daemon's own maximum).
         max_hold_ms: Option<u64>,
+        /// Check the freeze before answering: the reply's `freeze` says whether RM reports every
+        /// channel stopped (`valvectl preempt` asks; the memory pool does not wait, its freezes
+        /// are checked after the reply).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        confirm: bool,
     },
     /// Enable what the daemon disabled for `pid`; answered with [`ResumeReply`].
     Resume {
@@ -282,6 +287,8 @@ pub const EXIT_BPF: i32 = 9;
 pub const EXIT_MPS: i32 = 10;
 /// Exit code: client and daemon speak different protocol versions.
 pub const EXIT_VERSION: i32 = 11;
+/// Exit code: the channels were disabled but RM reports some still enabled: not frozen.
+pub const EXIT_NOT_FROZEN: i32 = 12;
 
 /// Why a request failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -528,6 +535,9 @@ pub struct StatusReply {
     pub gpus: Vec<GpuEntry>,
     /// The gate, as [`Request::GateStatus`] answers.
     pub gate: Option<GateReply>,
+    /// Every freeze's check so far, by outcome.
+    #[serde(default)]
+    pub freeze_checks: FreezeCounts,
 }
 
 /// How long each step of a preempt took, us.
@@ -595,6 +605,78 @@ pub struct PreemptReply {
     /// Where the preempt's time went.
     #[serde(default)]
     pub timing_us: Option<PreemptTiming>,
+    /// The freeze's check, when the request asked for it (`confirm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<FreezeCheck>,
+}
+
+/// Whether a freeze took hold, read back from RM after the disable returned: each disabled
+/// channel's runlist state (`NV208F_CTRL_CMD_FIFO_GET_CHANNEL_STATE`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreezeCheck {
+    /// What the check found.
+    pub outcome: FreezeOutcome,
+    /// From the disable's return to the outcome, us.
+    pub after_us: u64,
+    /// Channels read back.
+    pub checked: usize,
+    /// Channels the freeze covers.
+    pub channels: usize,
+    /// Channels RM reported still enabled, `CLIENT:CHANNEL` in hex.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<String>,
+    /// Why the freeze could not be confirmed (`unconfirmed`, `resumed_first`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A [`FreezeCheck`]'s finding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreezeOutcome {
+    /// RM reports every channel of the freeze disabled.
+    Confirmed,
+    /// RM reports a channel still enabled: its work keeps running; not frozen.
+    Running,
+    /// RM could not say (no diag object, a read failed): the channels were disabled, the freeze
+    /// is not confirmed.
+    Unconfirmed,
+    /// The freeze ended before its check did (a gate that resumed within the check).
+    ResumedFirst,
+}
+
+impl FreezeOutcome {
+    /// Every outcome, for metrics.
+    pub const ALL: [FreezeOutcome; 4] = [
+        FreezeOutcome::Confirmed,
+        FreezeOutcome::Running,
+        FreezeOutcome::Unconfirmed,
+        FreezeOutcome::ResumedFirst,
+    ];
+
+    /// Its wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FreezeOutcome::Confirmed => "confirmed",
+            FreezeOutcome::Running => "running",
+            FreezeOutcome::Unconfirmed => "unconfirmed",
+            FreezeOutcome::ResumedFirst => "resumed_first",
+        }
+    }
+}
+
+/// Freeze checks since the daemon started, by outcome ([`StatusReply::freeze_checks`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FreezeCounts {
+    /// RM reported every channel disabled.
+    pub confirmed: u64,
+    /// A channel was still enabled: a freeze that did not happen.
+    pub running: u64,
+    /// RM could not say.
+    pub unconfirmed: u64,
+    /// Resumed before the check finished.
+    pub resumed_first: u64,
 }
 
 /// The answer to [`Request::Resume`].

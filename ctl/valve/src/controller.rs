@@ -21,20 +21,22 @@ use crate::issue::{
 };
 
 /// Handles of the objects Valve allocates under its own client: `BASE | instance << 8 | kind`.
-const OWN_HANDLE_BASE: u32 = 0xcaf0_0000;
+pub(crate) const OWN_HANDLE_BASE: u32 = 0xcaf0_0000;
 
 /// One GPU opened for control.
-struct OpenGpu {
-    info: GpuInfo,
-    subdevice: SubdeviceHandle,
+pub(crate) struct OpenGpu {
+    pub(crate) info: GpuInfo,
+    pub(crate) subdevice: SubdeviceHandle,
+    /// Its diag object, allocated on first use (the error if RM refused it).
+    pub(crate) diag: std::sync::OnceLock<std::result::Result<ObjectHandle, String>>,
 }
 
 /// The driver, the client and the GPUs: shared with the issue workers. Dropping it frees the
 /// client (RM frees everything under it).
-struct Inner<D: RmDriver> {
-    rm: D,
-    client: ClientHandle,
-    gpus: Vec<OpenGpu>,
+pub(crate) struct Inner<D: RmDriver> {
+    pub(crate) rm: D,
+    pub(crate) client: ClientHandle,
+    pub(crate) gpus: Vec<OpenGpu>,
 }
 
 /// A parallel issue's job for one worker: that GPU's chunks, disable or enable, the batch start.
@@ -43,7 +45,7 @@ type IssueJob = (Arc<GpuBatch>, bool, Instant);
 /// Valve's handle on the driver: an RM root client plus a device and subdevice on every GPU.
 /// Dropping it stops its issue workers and frees the client.
 pub struct Controller<D: RmDriver = NvDriver> {
-    inner: Arc<Inner<D>>,
+    pub(crate) inner: Arc<Inner<D>>,
     /// One worker per GPU slot (none with one GPU), started with the controller.
     workers: Option<WorkerPool<IssueJob, GpuTiming>>,
     mode: ModeCell,
@@ -583,7 +585,11 @@ fn open_gpu<D: RmDriver>(inner: &Inner<D>, mut info: GpuInfo) -> Result<OpenGpu>
         let len = (gid.length as usize).min(gid.data.len());
         info.uuid = c_string(&gid.data[..len]);
     }
-    Ok(OpenGpu { info, subdevice })
+    Ok(OpenGpu {
+        info,
+        subdevice,
+        diag: std::sync::OnceLock::new(),
+    })
 }
 
 impl<D: RmDriver> Drop for Controller<D> {

@@ -13,8 +13,8 @@ use nix::errno::Errno;
 use valve_ioctl_bindings::{
     self as b, CardInfo, ClientHandle, Nv0000GetAttachedIdsParams, Nv0000GetIdInfoV2Params,
     Nv0080AllocParams, Nv2080AllocParams, Nv2080FifoDisableChannelsParams, Nv2080GetGidInfoParams,
-    Nv2080GetNameStringParams, Nvos00Free, Nvos54Control, Nvos64Alloc, ObjectHandle, RegisterFd,
-    RmStatus, MAX_CARDS,
+    Nv2080GetNameStringParams, Nv208fAllocParams, Nv208fGetChannelStateParams, Nvos00Free,
+    Nvos54Control, Nvos64Alloc, ObjectHandle, RegisterFd, RmStatus, MAX_CARDS,
 };
 
 use crate::error::{Error, Result};
@@ -57,6 +57,14 @@ control!(
     b::NV2080_CTRL_CMD_FIFO_DISABLE_CHANNELS
 );
 
+control!(
+    Nv208fGetChannelStateParams,
+    b::NV208F_CTRL_CMD_FIFO_GET_CHANNEL_STATE
+);
+
+impl AllocParams for Nv208fAllocParams {
+    const CLASS: u32 = b::NV20_SUBDEVICE_DIAG;
+}
 impl AllocParams for Nv0080AllocParams {
     const CLASS: u32 = b::NV01_DEVICE_0;
 }

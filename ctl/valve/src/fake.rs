@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use valve_ioctl_bindings::{
     self as b, CardInfo, ChannelHandle, ClientHandle, Nv0000GetAttachedIdsParams,
     Nv0000GetIdInfoV2Params, Nv0080AllocParams, Nv2080AllocParams, Nv2080FifoDisableChannelsParams,
-    Nv2080GetGidInfoParams, Nv2080GetNameStringParams, ObjectHandle, RmStatus,
+    Nv2080GetGidInfoParams, Nv2080GetNameStringParams, Nv208fGetChannelStateParams, ObjectHandle,
+    RmStatus,
 };
 
 use crate::driver::{AllocParams, ControlParams, RmCallError, RmDriver};
@@ -48,6 +49,13 @@ pub struct FakeState {
     pub disable_calls: Vec<(u32, bool, usize)>,
     /// The name of the thread that issued each of those calls.
     pub disable_threads: Vec<Option<String>>,
+    /// Channels a disable is accepted for but does not reach (RM says OK, the channel stays
+    /// enabled): a freeze that did not take, for the freeze check's tests.
+    pub ignore_disable: HashSet<(ClientHandle, ChannelHandle)>,
+    /// Refuse diag objects (NV20_SUBDEVICE_DIAG), as a driver without them would.
+    pub refuse_diag: bool,
+    /// GET_CHANNEL_STATE calls answered.
+    pub state_reads: usize,
 }
 
 /// The in-memory RM: an [`RmDriver`] over [`FakeGpu`]s.
@@ -162,6 +170,16 @@ impl RmDriver for FakeRm {
                     .ok_or(RmCallError::Rm(b::NV_ERR_INVALID_OBJECT_PARENT))?
                     .1
             }
+            b::NV20_SUBDEVICE_DIAG => {
+                if st.refuse_diag {
+                    return Err(RmCallError::Rm(b::NV_ERR_INVALID_CLASS));
+                }
+                st.objects
+                    .get(&(client, parent))
+                    .filter(|(class, _)| *class == b::NV20_SUBDEVICE_0)
+                    .ok_or(RmCallError::Rm(b::NV_ERR_INVALID_OBJECT_PARENT))?
+                    .1
+            }
             _ => return Err(RmCallError::Rm(b::NV_ERR_INVALID_CLASS)),
         };
         st.objects.insert((client, new), (P::CLASS, instance));
@@ -201,6 +219,22 @@ impl RmDriver for FakeRm {
                     .objects
                     .get(&(client, object))
                     .ok_or(RmCallError::Rm(b::NV_ERR_INVALID_OBJECT_HANDLE))?;
+                if class == b::NV20_SUBDEVICE_DIAG
+                    && cmd == b::NV208F_CTRL_CMD_FIFO_GET_CHANNEL_STATE
+                {
+                    let p = downcast::<Nv208fGetChannelStateParams, P>(params);
+                    let &(ci, disabled) = st
+                        .channels
+                        .get(&(p.client, p.channel))
+                        .ok_or(RmCallError::Rm(b::NV_ERR_INVALID_CHANNEL))?;
+                    if ci != inst {
+                        return Err(RmCallError::Rm(b::NV_ERR_INVALID_CHANNEL));
+                    }
+                    p.enabled = u8::from(!disabled);
+                    p.scheduled = 1;
+                    st.state_reads += 1;
+                    return Ok(());
+                }
                 if class != b::NV20_SUBDEVICE_0 {
                     return Err(RmCallError::Rm(b::NV_ERR_INVALID_COMMAND));
                 }
@@ -245,6 +279,9 @@ impl RmDriver for FakeRm {
                         }
                         for i in 0..n {
                             let key = (p.client_list[i], p.channel_list[i]);
+                            if p.disable != 0 && st.ignore_disable.contains(&key) {
+                                continue;
+                            }
                             st.channels.get_mut(&key).expect("checked").1 = p.disable != 0;
                         }
                         Ok(())

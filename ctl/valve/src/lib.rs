@@ -12,6 +12,7 @@
 //! daemon is `valve-daemon`, the command line `valvectl`. With the `fake` feature, `fake` is an
 //! in-memory RM for other crates' tests and `valvectl demo`.
 
+pub mod channel_state;
 pub mod controller;
 pub mod driver;
 pub mod error;

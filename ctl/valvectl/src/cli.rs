@@ -42,6 +42,7 @@ Exit codes:
   9    BPF, the ioctl tracepoints or uprobes on libcuda are unavailable (daemon, gate start)
   10   the process is a CUDA MPS client or server: Valve cannot freeze its work (preempt, gate start)
   11   valvectl and the daemon speak different protocol versions: upgrade the older one
+  12   preempt: RM reports a channel still enabled after the disable: NOT frozen (the rest resumed)
   130  `bench` interrupted (channels were resumed)
 
 Handles are hexadecimal, with or without 0x (as RM prints them: c1d00042, 0x5c000020).

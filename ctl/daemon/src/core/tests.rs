@@ -135,6 +135,7 @@ fn a_restarted_daemon_still_knows_running_processes_but_not_reused_pids() {
         pid: PID_A,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert_eq!(r.data_json()["channels"], 4, "{r:?}");
     assert!(second
@@ -150,6 +151,7 @@ fn a_restarted_daemon_still_knows_running_processes_but_not_reused_pids() {
         pid: PID_A,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
     assert!(rm.disabled().is_empty());
@@ -199,6 +201,7 @@ fn preempt_and_resume_by_pid_on_all_its_gpus() {
         pid: PID_A,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data_json()["channels"], 10);
@@ -251,6 +254,7 @@ fn gpu_filter_and_process_errors() {
         pid: PID_A,
         gpu: Some(idx_of_second.to_string()),
         max_hold_ms: None,
+        confirm: false,
     });
     assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
     assert!(rm.disabled().is_empty());
@@ -258,6 +262,7 @@ fn gpu_filter_and_process_errors() {
         pid: PID_A,
         gpu: Some("9".into()),
         max_hold_ms: None,
+        confirm: false,
     });
     assert_eq!(r.error.unwrap().code, 6);
 
@@ -265,6 +270,7 @@ fn gpu_filter_and_process_errors() {
         pid: 4_100_000,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert!(r.error.unwrap().message.contains("no such process"));
     let me = std::process::id();
@@ -272,6 +278,7 @@ fn gpu_filter_and_process_errors() {
         pid: me,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert!(r.error.unwrap().message.contains("has no GPU channels"));
     c.pre_existing.insert(me);
@@ -279,6 +286,7 @@ fn gpu_filter_and_process_errors() {
         pid: me,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     let e = r.error.unwrap();
     assert_eq!(e.code, EXIT_PROCESS);
@@ -307,7 +315,8 @@ fn a_restarted_daemon_reenables_what_a_dead_one_left_disabled() {
         .handle(Request::Preempt {
             pid: PID_A,
             gpu: None,
-            max_hold_ms: None
+            max_hold_ms: None,
+            confirm: false,
         })
         .error
         .is_none());
@@ -336,13 +345,15 @@ fn hold_limit_and_process_exit() {
         pid: PID_A,
         gpu: None,
         max_hold_ms: Some(0),
+        confirm: false,
     });
     assert_eq!(r.data_json()["max_hold_ms"], 0);
     assert!(c
         .handle(Request::Preempt {
             pid: PID_B,
             gpu: None,
-            max_hold_ms: None
+            max_hold_ms: None,
+            confirm: false,
         })
         .error
         .is_none());
@@ -380,6 +391,7 @@ fn hold_limit_and_process_exit() {
         pid: PID_A,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert_eq!(r.error.unwrap().code, EXIT_PROCESS);
 }
@@ -397,7 +409,8 @@ fn resume_all_resumes_every_pid() {
             .handle(Request::Preempt {
                 pid,
                 gpu: None,
-                max_hold_ms: None
+                max_hold_ms: None,
+                confirm: false,
             })
             .error
             .is_none());
@@ -562,6 +575,7 @@ fn the_gate_freezes_only_offline_and_records_it_first() {
         pid: me,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert!(r.error.is_none(), "{r:?}");
     assert!(c.handle(Request::OnlineIdle).error.is_none());
@@ -694,6 +708,7 @@ fn a_truncated_state_file_and_journal_do_not_stop_the_daemon() {
             pid,
             gpu: None,
             max_hold_ms: None,
+            confirm: false,
         });
         assert!(r.error.is_none(), "{r:?}");
     }
@@ -738,6 +753,7 @@ fn the_configs_offline_rules_decide_who_may_be_frozen_by_hand_and_by_the_gate() 
         pid: me,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     };
     let only_batch = crate::config::OfflinePolicy {
         labels: vec!["batch-label-this-test-does-not-have".into()],
@@ -879,6 +895,7 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
         pid: me,
         gpu: None,
         max_hold_ms: Some(2000),
+        confirm: false,
     });
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(r.data_json()["from_gate"], true, "{r:?}");
@@ -912,6 +929,7 @@ fn a_manual_preempt_and_resume_while_the_gate_holds_offline_touch_no_channel() {
         pid: me,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert_eq!(r.data_json()["from_gate"], false, "{r:?}");
     assert!(r.data_json()["timing_us"]["record"].is_u64(), "{r:?}");
@@ -951,6 +969,7 @@ fn a_reclaim_preempt_of_a_gated_process_writes_no_state_file_and_the_next_turn_t
             pid: me,
             gpu: None,
             max_hold_ms: None,
+            confirm: false,
         });
         assert!(r.error.is_none(), "{r:?}");
         assert_eq!(r.data_json()["from_gate"], busy, "{r:?}");
@@ -967,6 +986,7 @@ fn a_reclaim_preempt_of_a_gated_process_writes_no_state_file_and_the_next_turn_t
         pid: PID_B,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(c.state.writes(), writes + 1);
@@ -991,6 +1011,7 @@ fn without_discovery_status_says_so_and_a_preempt_by_pid_names_the_switch() {
         pid: std::process::id(),
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     });
     let e = r.error.unwrap();
     assert_eq!(e.code, EXIT_PROCESS);
@@ -998,6 +1019,7 @@ fn without_discovery_status_says_so_and_a_preempt_by_pid_names_the_switch() {
     assert!(rm.disabled().is_empty());
 }
 
+mod freeze;
 mod gate_start;
 mod mps;
 mod online_restart;

@@ -145,6 +145,7 @@ impl Freezer for DaemonSocketFreezer {
             pid,
             gpu: None,
             max_hold_ms: Some(self.max_hold.as_millis() as u64),
+            confirm: false,
         })?;
         Ok(freeze_report(reply.as_ref()))
     }
@@ -452,7 +453,8 @@ mod tests {
                 crate::protocol::Request::Preempt {
                     pid: 7,
                     gpu: None,
-                    max_hold_ms: Some(2_000)
+                    max_hold_ms: Some(2_000),
+                    confirm: false,
                 },
                 crate::protocol::Request::Resume { pid: 7 },
             ]

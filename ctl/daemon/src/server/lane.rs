@@ -41,6 +41,7 @@ impl LaneOp {
                 pid,
                 gpu: None,
                 max_hold_ms: Some(max_hold_ms),
+                confirm: false,
             },
             LaneOp::Thaw { pid } => Request::Resume { pid },
         }

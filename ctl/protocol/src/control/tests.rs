@@ -37,8 +37,18 @@ fn every_request_has_a_stable_wire_form() {
                 pid: 42,
                 gpu: Some("0".into()),
                 max_hold_ms: None,
+                confirm: false,
             },
             r#"{"op":"preempt","pid":42,"gpu":"0","max_hold_ms":null}"#,
+        ),
+        (
+            Request::Preempt {
+                pid: 42,
+                gpu: None,
+                max_hold_ms: Some(1000),
+                confirm: true,
+            },
+            r#"{"op":"preempt","pid":42,"gpu":null,"max_hold_ms":1000,"confirm":true}"#,
         ),
         (Request::Resume { pid: 7 }, r#"{"op":"resume","pid":7}"#),
         (Request::ResumeAll, r#"{"op":"resume_all"}"#),
@@ -242,6 +252,11 @@ fn state_replies_read_back_as_their_types() {
         state_file_moved_aside: None,
         gpus: vec![],
         gate: Some(GateReply::idle(false)),
+        freeze_checks: FreezeCounts {
+            confirmed: 3,
+            running: 1,
+            ..FreezeCounts::default()
+        },
     });
 }
 

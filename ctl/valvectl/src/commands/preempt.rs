@@ -15,7 +15,7 @@ use valve::controller::BatchReport;
 use valve::controller::{Controller, DisabledChannels, PreemptMode, PreemptPlan};
 use valve::driver::RmDriver;
 use valve::Signals;
-use valve_daemon::protocol::{PreemptReply, Request, ResumeReply};
+use valve_daemon::protocol::{FreezeOutcome, PreemptReply, Request, ResumeReply, EXIT_NOT_FROZEN};
 
 use crate::args::{parse_duration, Globals, TargetArgs};
 use crate::client::daemon_call;
@@ -183,8 +183,11 @@ pub fn exec_pid(
             pid,
             gpu,
             max_hold_ms: if args.detach { None } else { max_hold_ms },
+            confirm: true,
         },
     )?;
+    refuse_if_running(g, pid, &data)?;
+    let checked = freeze_words(&data);
     if args.detach {
         if g.json {
             let line = PidDetached {
@@ -195,8 +198,8 @@ pub fn exec_pid(
         } else {
             writeln!(
                 out,
-                "preempted pid {pid}: {} channel(s) on {} GPU(s); it stays frozen until \
-                 `valvectl resume --pid {pid}`",
+                "preempted pid {pid}: {} channel(s) on {} GPU(s), {checked}; it stays frozen \
+                 until `valvectl resume --pid {pid}`",
                 data.channels, data.gpus
             )?;
         }
@@ -205,7 +208,7 @@ pub fn exec_pid(
     if !g.json {
         writeln!(
             out,
-            "preempted pid {pid}: {} channel(s) on {} GPU(s){}",
+            "preempted pid {pid}: {} channel(s) on {} GPU(s), {checked}{}",
             data.channels,
             data.gpus,
             match args.hold {
@@ -228,6 +231,50 @@ pub fn exec_pid(
         writeln!(out, "resumed pid {pid}")?;
     }
     Ok(())
+}
+
+/// The freeze's check in words, for the line that reports the preempt.
+fn freeze_words(data: &PreemptReply) -> String {
+    match &data.freeze {
+        None if data.from_gate => "handed over frozen by the gate".into(),
+        None => "freeze not checked (a daemon older than the check)".into(),
+        Some(c) => match c.outcome {
+            FreezeOutcome::Confirmed => format!(
+                "frozen (RM reports all {} disabled, checked in {:.1} ms)",
+                c.channels,
+                c.after_us as f64 / 1e3
+            ),
+            _ => format!(
+                "disabled, but the freeze is NOT confirmed: {}",
+                c.reason.as_deref().unwrap_or("RM could not say")
+            ),
+        },
+    }
+}
+
+/// A freeze RM reports incomplete (a channel still enabled): resumes what was disabled and
+/// fails with [`EXIT_NOT_FROZEN`], so nothing is left half frozen.
+fn refuse_if_running(g: Globals, pid: u32, data: &PreemptReply) -> Result<(), CliError> {
+    let Some(c) = data
+        .freeze
+        .as_ref()
+        .filter(|c| c.outcome == FreezeOutcome::Running)
+    else {
+        return Ok(());
+    };
+    let undone = match resume_pid(g, pid) {
+        Ok(_) => "resumed its other channels".to_string(),
+        Err(e) => format!("resuming it failed too ({e}): run `valvectl resume --pid {pid}`"),
+    };
+    Err(CliError::Daemon(
+        EXIT_NOT_FROZEN,
+        format!(
+            "pid {pid} is NOT frozen: RM reports channel(s) {} still enabled after the disable \
+             returned, so its work keeps running; {undone}. Check `valvectl doctor` and the \
+             driver version",
+            c.running.join(", ")
+        ),
+    ))
 }
 
 /// `preempt --detach --json` by handle.
@@ -275,5 +322,70 @@ fn resume_pid(g: Globals, pid: u32) -> Result<ResumeReply, CliError> {
             ..ResumeReply::default()
         }),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write as _};
+
+    use valve_daemon::protocol::{FreezeCheck, PROTOCOL_VERSION};
+
+    use super::*;
+
+    fn checked(outcome: FreezeOutcome, running: &[&str]) -> PreemptReply {
+        PreemptReply {
+            pid: 42,
+            channels: 3,
+            gpus: 1,
+            freeze: Some(FreezeCheck {
+                outcome,
+                after_us: 2300,
+                checked: 3,
+                channels: 3,
+                running: running.iter().map(|s| s.to_string()).collect(),
+                reason: None,
+            }),
+            ..PreemptReply::default()
+        }
+    }
+
+    #[test]
+    fn a_confirmed_freeze_reads_frozen_and_an_unchecked_one_never_does() {
+        let words = freeze_words(&checked(FreezeOutcome::Confirmed, &[]));
+        assert!(words.starts_with("frozen (RM reports all 3 disabled"), "{words}");
+        let mut unconfirmed = checked(FreezeOutcome::Unconfirmed, &[]);
+        unconfirmed.freeze.as_mut().unwrap().reason = Some("no diag object".into());
+        let words = freeze_words(&unconfirmed);
+        assert!(words.contains("NOT confirmed: no diag object"), "{words}");
+        assert!(!freeze_words(&PreemptReply::default()).starts_with("frozen"));
+    }
+
+    #[test]
+    fn a_freeze_rm_reports_running_is_resumed_and_exits_12() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("valve.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            let reply = r#"{"data":{"pid":42},"error":null}"#;
+            s.write_all(format!("{reply}\n").as_bytes()).unwrap();
+            line
+        });
+        let g = Globals {
+            json: false,
+            socket: &path,
+        };
+        let data = checked(FreezeOutcome::Running, &["c1d00010:5c000012"]);
+        let e = refuse_if_running(g, 42, &data).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_NOT_FROZEN);
+        let msg = e.to_string();
+        assert!(msg.contains("NOT frozen") && msg.contains("c1d00010:5c000012"), "{msg}");
+        assert!(msg.contains("resumed its other channels"), "{msg}");
+        let got = server.join().unwrap();
+        assert!(got.contains(r#""op":"resume""#), "{got} (v{PROTOCOL_VERSION})");
+        assert!(refuse_if_running(g, 42, &checked(FreezeOutcome::Confirmed, &[])).is_ok());
     }
 }

@@ -56,6 +56,7 @@ fn while_the_gate_starts_a_reclaims_freeze_and_thaw_are_served_and_a_stop_is_ref
         pid: me,
         gpu: None,
         max_hold_ms: Some(2_000),
+        confirm: false,
     });
     assert!(r.error.is_none(), "{r:?}");
     assert_eq!(rm.disabled().len(), 4);

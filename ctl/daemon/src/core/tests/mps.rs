@@ -70,6 +70,7 @@ fn preempt(c: &mut DaemonCore<Arc<FakeRm>>, pid: u32) -> Reply {
         pid,
         gpu: None,
         max_hold_ms: None,
+        confirm: false,
     })
 }
 

@@ -82,6 +82,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         // Metrics after the claims are released, as the enable does: nothing else waits on them.
         if let Some(report) = &stopped {
             self.count_disable(report, cause, done_ns);
+            let (targets, _) = targets_of(&self.ctl, &self.records);
+            self.freeze_check = crate::freeze_check::submit_for_gate(targets, Instant::now());
         }
         // The latency samples count the retry too: that is how long online waited.
         let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
@@ -180,6 +182,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     pub(super) fn enable(&mut self) {
         if !self.disabled {
             return;
+        }
+        if let Some(c) = self.freeze_check.take() {
+            c.store(true, std::sync::atomic::Ordering::Release);
         }
         let shared = Arc::clone(&self.shared);
         let mut claims = lock_claims(&shared);

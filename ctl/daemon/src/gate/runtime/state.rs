@@ -53,6 +53,8 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     /// (polled from the counters, then read again from the ring buffer).
     pub(super) handled_arrival_ns: BTreeMap<u16, u64>,
     pub(super) shared: Arc<GateShared>,
+    /// The running check of the current freeze (set at the enable, which it must not outrun).
+    pub(super) freeze_check: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// How often the status's probe counters are read again.
@@ -94,6 +96,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             polled_edges: BTreeMap::new(),
             handled_arrival_ns: BTreeMap::new(),
             shared,
+            freeze_check: None,
         };
         let issue = rt.ctl.issue_mode().describe();
         let threads: Vec<_> = std::iter::once(("gate", own))
