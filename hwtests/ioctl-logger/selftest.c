@@ -18,6 +18,7 @@ static void expect(const char *what, const char *got, const char *want) {
 struct nvos64 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params, p_rights; unsigned size, flags, status, pad; };
 struct nvos21 { unsigned h_root, h_parent, h_new, h_class; unsigned long long p_params; unsigned size, status; };
 struct nvos00 { unsigned h_root, h_parent, h_object, status; };
+struct nvos54 { unsigned h_client, h_object, cmd, flags; unsigned long long p_params; unsigned size, status; };
 struct nvos55 { unsigned h_client, h_parent, h_object, h_client_src, h_object_src, flags, status; };
 
 int main(void) {
@@ -48,7 +49,13 @@ int main(void) {
   expect("dup of another client's object", buf, "dup 7 c1d00003 5c000002 5c000300 c1d00009 5c000042\n");
   dup.status = 0x1b;
   expect("failed dup is not logged", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x34, struct nvos55), &dup, &dup) ? "logged" : "", "");
-  expect("control is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2A, struct nvos21), &root, &root) ? "logged" : "", "");
+  static unsigned token = 0x1d;
+  struct nvos54 ctl = {0xc1d00003, 0x5c000010, 0xc36f0108, 0, (unsigned long long)(size_t)&token, 4, 0};
+  buf[valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2A, struct nvos54), &ctl, &ctl)] = 0;
+  expect("work submit token", buf, "ctrl 7 c1d00003 5c000010 c36f0108 1d\n");
+  ctl.cmd = 0x20801102;
+  expect("a subdevice control is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2A, struct nvos54), &ctl, &ctl) ? "logged" : "", "");
+  expect("control with the wrong struct is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2A, struct nvos21), &root, &root) ? "logged" : "", "");
   expect("other ioctl type is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('T', 0x2B, struct nvos64), &dev, &dev) ? "logged" : "", "");
   expect("odd size is ignored", valve_format_rm_call(buf, sizeof buf, 7, _IOWR('F', 0x2B, int), &dev, &dev) ? "logged" : "", "");
   printf("%d passed, %d failed\n", passed, failed);

@@ -1,5 +1,5 @@
 /* LD_PRELOAD logger of NVIDIA RM object creation: interposes ioctl(2) and appends one line per
- * successful RM_ALLOC / RM_FREE / RM_DUP_OBJECT to $VALVE_IOCTL_LOG. A stand-in for eBPF
+ * successful RM_ALLOC / RM_FREE / RM_DUP_OBJECT (and channel controls) to $VALVE_IOCTL_LOG. A stand-in for eBPF
  * discovery in hwtests, and the way to see objects a process duplicates from another client. */
 #define _GNU_SOURCE
 #include "valve_ioctl_log.h"
@@ -20,6 +20,7 @@
 #define ESC_RM_FREE VALVE_ESC_RM_FREE
 #define ESC_RM_ALLOC VALVE_ESC_RM_ALLOC
 #define ESC_RM_DUP VALVE_ESC_RM_DUP_OBJECT
+#define ESC_RM_CONTROL VALVE_ESC_RM_CONTROL
 #define CLASS_DEVICE 0x80u
 #define CLASS_SUBDEVICE 0x2080u
 
@@ -35,6 +36,13 @@ static size_t alloc_line(char *buf, size_t cap, int pid, uint32_t root, uint32_t
   }
   int n = snprintf(buf, cap, "alloc %x %x %x %x %x %s\n", (unsigned)pid, root, parent, obj, cls, extra);
   return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+int valve_logged_control(uint32_t cmd) {
+  /* The channel classes' controls (GPFIFO_SCHEDULE, GET_WORK_SUBMIT_TOKEN, ...): 0x906f, 0xa06f,
+   * 0xc36f and the channel group's 0xa06c. */
+  uint32_t cls = cmd >> 16;
+  return cls == 0x906f || cls == 0xa06f || cls == 0xc36f || cls == 0xa06c;
 }
 
 size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *before,
@@ -55,6 +63,14 @@ size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long reques
     const struct nvos00 *f = arg;
     if (f->status != 0) return 0;
     int n = snprintf(buf, cap, "free %x %x %x %x\n", (unsigned)pid, f->h_root, f->h_parent, f->h_object);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+  }
+  if (nr == ESC_RM_CONTROL && size == sizeof(struct nvos54)) {
+    const struct nvos54 *c = arg;
+    if (c->status != 0 || !valve_logged_control(c->cmd) || !c->p_params || c->params_size < 4) return 0;
+    uint32_t v;
+    memcpy(&v, (const void *)(uintptr_t)c->p_params, sizeof v);
+    int n = snprintf(buf, cap, "ctrl %x %x %x %x %x\n", (unsigned)pid, c->h_client, c->h_object, c->cmd, v);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
   }
   if (nr == ESC_RM_DUP && size == sizeof(struct nvos55)) {
@@ -93,7 +109,7 @@ int ioctl(int fd, unsigned long request, ...) {
   unsigned char before[VALVE_RM_ARG_MAX];
   int watched = log_fd >= 0 && arg != NULL && _IOC_TYPE(request) == 'F' &&
                 (_IOC_NR(request) == ESC_RM_ALLOC || _IOC_NR(request) == ESC_RM_FREE ||
-                 _IOC_NR(request) == ESC_RM_DUP) &&
+                 _IOC_NR(request) == ESC_RM_DUP || _IOC_NR(request) == ESC_RM_CONTROL) &&
                 _IOC_SIZE(request) <= sizeof before;
   if (watched) memcpy(before, arg, _IOC_SIZE(request));
   int ret = real_ioctl(fd, request, arg);

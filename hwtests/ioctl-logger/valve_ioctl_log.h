@@ -12,9 +12,14 @@
  * Lines: "alloc <pid> <hRoot> <hParent> <hNew> <hClass> <extra|->\n" and
  *        "free <pid> <hRoot> <hParent> <hObject>\n",
  *        "dup <pid> <hClient> <hParent> <hObject> <hClientSrc> <hObjectSrc>\n" (RM_DUP_OBJECT),
+ *        "ctrl <pid> <hClient> <hObject> <cmd> <first u32 of params after the call>\n" (RM_CONTROL
+ *        of a channel or channel-group class, e.g. the work submit token, 0xc36f0108),
  * all numbers lowercase hex without 0x. */
 size_t valve_format_rm_call(char *buf, size_t cap, int pid, unsigned long request, const void *before,
                             const void *after);
+
+/* Whether an RM_CONTROL command is logged: the channel and channel-group classes' controls. */
+int valve_logged_control(uint32_t cmd);
 
 /* Largest argument struct the logger snapshots. */
 #define VALVE_RM_ARG_MAX 48

@@ -23,6 +23,10 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hash-every", type=int, default=0,
+                    help="also print `HASH <iteration> <sha256 of the weights>` every N iterations")
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"],
+                    help="attention kernels: eager is deterministic (cuDNN's SDPA backward is not)")
     a = ap.parse_args(argv)
 
     import torch
@@ -45,6 +49,7 @@ def main(argv=None):
         num_key_value_heads=kv,
         intermediate_size=inter,
         max_position_embeddings=a.seq,
+        attn_implementation=a.attn,
     )
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     model = LlamaForCausalLM(cfg).to(a.device, dtype).train()
@@ -71,10 +76,17 @@ def main(argv=None):
             if valve and time.monotonic() - reported >= 0.25:
                 reported = time.monotonic()
                 valve.write(f"{int(time.time() * 1000)} {it * a.batch * a.seq}\n")
+            if a.hash_every and it % a.hash_every == 0:
+                print(f"HASH {it} {weights_sha(model)}", flush=True)
+    print(f"DONE {it} loss {loss_v:.4f} sha256 {weights_sha(model)}", flush=True)
+
+
+def weights_sha(model):
+    """sha256 of every parameter's bytes, in order: equal weights give equal digests."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().float().cpu().numpy().tobytes())
-    print(f"DONE {it} loss {loss_v:.4f} sha256 {h.hexdigest()}", flush=True)
+    return h.hexdigest()
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ fn live_objects(text: &str, pid: u32) -> Result<Clients> {
                 }
             }
             // Another process's lines, and duplicated objects (not part of the tree built here).
-            Some(&"alloc") | Some(&"free") | Some(&"dup") => {}
+            Some(&"alloc") | Some(&"free") | Some(&"dup") | Some(&"ctrl") => {}
             _ if line.trim().is_empty() => {}
             _ => bail!("line {}: not a logger line: {line}", n + 1),
         }

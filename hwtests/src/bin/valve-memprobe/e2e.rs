@@ -50,21 +50,31 @@ pub struct E2eArgs {
     /// Mean time between bursts of the demand trace, seconds.
     #[arg(long, default_value_t = 2.0)]
     pub mean_gap_s: f64,
+    /// The soak: this many reclaims of `--soak-mib` after the timed sizes (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub soak_reclaims: usize,
+    /// The soak's reclaim size, MiB.
+    #[arg(long, default_value_t = 256)]
+    pub soak_mib: u64,
+    /// In the soak, a client is SIGKILLed after every this many reclaims (offline and online in
+    /// turn) and a new one started in its place.
+    #[arg(long, default_value_t = 10)]
+    pub soak_kill_every: usize,
 }
 
-const HANDLE_MIB: u64 = 64;
+pub(crate) const HANDLE_MIB: u64 = 64;
 
 fn mib(b: Option<u64>) -> Option<f64> {
     b.map(|b| b as f64 / 1048576.0)
 }
 
-struct Daemon {
+pub(crate) struct Daemon {
     proc: Process,
-    pool: PathBuf,
+    pub(crate) pool: PathBuf,
 }
 
 impl Daemon {
-    fn start(a: &E2eArgs, dir: &Path) -> Result<Daemon> {
+    pub(crate) fn start(a: &E2eArgs, dir: &Path) -> Result<Daemon> {
         let pool = dir.join("pool.sock");
         let log = std::fs::File::create(dir.join("daemon.log"))?;
         let proc = Command::new(&a.valvectl)
@@ -97,7 +107,7 @@ impl Daemon {
         Ok(d)
     }
 
-    fn status(&self) -> Result<Value> {
+    pub(crate) fn status(&self) -> Result<Value> {
         let s = wire::connect(&self.pool)?;
         wire::send(&s, &json!({"op": "status"}), &[])?;
         Ok(wire::recv(&s)?.context("pool closed")?.0)
@@ -121,7 +131,7 @@ impl Drop for Daemon {
 }
 
 /// Online grows k handles (a reclaim: the pool is full), uses them, lets go; offline refills.
-fn cycles(online: &Child, offline: &Child, k: u64, reps: usize) -> Result<Value> {
+pub(crate) fn cycles(online: &Child, offline: &Child, k: u64, reps: usize) -> Result<Value> {
     let mut grow = Vec::new();
     for rep in 0..=reps {
         let g = online.call(json!({"op": "grow", "count": k}), &[])?;
@@ -145,7 +155,7 @@ fn cycles(online: &Child, offline: &Child, k: u64, reps: usize) -> Result<Value>
     Ok(json!({"reclaim_mib": k * HANDLE_MIB, "handles": k, "grow_us": s, "samples_us": grow}))
 }
 
-fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !ok() {
         if Instant::now() > deadline {
@@ -297,6 +307,7 @@ pub fn run(a: &E2eArgs) -> Result<()> {
     {
         sizes.push(cycles(&online, &offline, k, a.reps)?);
     }
+    let (offline, online, soak) = crate::soak::run(a, &daemon, offline, online)?;
     let pool_status = daemon.status()?;
     let end = offline.call(json!({"op": "stop"}), &[])?;
     let offline_ok = end["kernel_error"].is_null()
@@ -316,11 +327,12 @@ pub fn run(a: &E2eArgs) -> Result<()> {
         "online_survives_daemon_sigkill": f["online_uses_its_memory_after_daemon_sigkill"],
         "restarted_pool_starts_empty": f["restarted_pool"]["handles"] == 0,
         "no_gpu_memory_leaked": leaked.abs() < 64.0,
+        "soak_no_handle_leaked": soak["leaks"].as_array().is_some_and(|l| l.is_empty()),
     });
     println!("== faults: {f}\n== checks: {checks} (NVML used at start {used_start:?} MiB, at the end {} MiB)", f["used_mib_after_everything_stopped"]);
     let report = json!({"device": valve_vmm::Gpu::open(0)?.name()?, "used_mib_at_start": used_start,
         "offline_start": started, "grows": sizes, "pool_status": pool_status, "offline_end": end,
-        "faults": f, "leaked_mib": leaked, "checks": checks});
+        "faults": f, "leaked_mib": leaked, "soak": soak, "checks": checks});
     std::fs::create_dir_all(&a.out)?;
     std::fs::write(
         a.out.join("e2e.json"),

@@ -6,6 +6,7 @@ mod e2e;
 mod e2e_child;
 mod proto;
 mod side;
+mod soak;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;

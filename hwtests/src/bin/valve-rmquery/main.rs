@@ -5,6 +5,8 @@
 //! A research probe for `docs/mps.md` (run by `hwtests/mps/probe.sh` on a GPU host): the answers
 //! are recorded as they come, RM errors included.
 
+mod freeze;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -88,6 +90,17 @@ enum Cmd {
     },
     /// The pids that hold an MPS server object (class MPS_COMPUTE) on the GPU.
     MpsPids,
+    /// The freeze-check probe: each channel's state (diag object), the resident compute
+    /// channel and the allocated channel IDs, before, during and after a disable of the
+    /// channels (all but `--leave-out`), each named CLIENT:HANDLE (hex).
+    Freeze {
+        channels: Vec<String>,
+        /// Channels left enabled during the hold (a freeze the check must see fail).
+        #[arg(long, value_delimiter = ',')]
+        leave_out: Vec<String>,
+        #[arg(long, default_value_t = 1000)]
+        hold_ms: u64,
+    },
 }
 
 fn hex(s: &str) -> Result<u32> {
@@ -168,6 +181,23 @@ fn main() -> Result<()> {
             resident(&ctl, sub, samples, Duration::from_micros(interval_us))
         ),
         Cmd::MpsPids => println!("{}", mps_pids(&ctl, sub)),
+        Cmd::Freeze {
+            channels,
+            leave_out,
+            hold_ms,
+        } => {
+            let all = channels
+                .iter()
+                .map(|c| freeze::parse_target(cli.gpu, c))
+                .collect::<Result<Vec<_>>>()?;
+            let out = leave_out
+                .iter()
+                .map(|c| freeze::parse_target(cli.gpu, c))
+                .collect::<Result<Vec<_>>>()?;
+            let disable: Vec<_> = all.iter().filter(|t| !out.contains(t)).cloned().collect();
+            let hold = Duration::from_millis(hold_ms);
+            println!("{}", freeze::probe(&ctl, sub, &all, &disable, hold)?);
+        }
     }
     Ok(())
 }
