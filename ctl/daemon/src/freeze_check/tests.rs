@@ -88,6 +88,27 @@ fn the_thread_checks_queued_freezes_and_books_every_outcome() {
     assert_eq!((counts.unconfirmed, counts.resumed_first), (0, 0));
 }
 
+#[test]
+fn a_freeze_shorter_than_the_wait_is_never_read_back() {
+    let (rm, ctl, targets) = setup(2);
+    let recorder = FreezeRecorder::new(None);
+    let checker = FreezeChecker::start(
+        Controller::with_driver(rm.clone()).unwrap(),
+        recorder.clone(),
+    );
+    let plan = ctl.plan(&targets, PreemptMode::Preempt).unwrap();
+    let guard = ctl.disable(&plan).unwrap();
+    let cancel = checker.submit(Origin::Pool, 7, targets.clone(), Instant::now());
+    cancel.store(true, Ordering::Release); // the reclaim resumed it at once
+    guard.enable().unwrap();
+    wait_for(|| recorder.counts().resumed_first == 1);
+    assert_eq!(
+        rm.state.lock().unwrap().state_reads,
+        0,
+        "no RM call for a short freeze"
+    );
+}
+
 fn wait_for(mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !ok() {
