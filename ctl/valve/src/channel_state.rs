@@ -118,7 +118,7 @@ impl<D: RmDriver> Controller<D> {
 mod tests {
     use std::sync::Arc;
 
-    use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
+    use valve_ioctl_bindings::ClientHandle;
 
     use crate::controller::{Controller, PreemptMode};
     use crate::fake::FakeRm;
@@ -127,18 +127,8 @@ mod tests {
 
     fn setup() -> (Arc<FakeRm>, Controller<Arc<FakeRm>>, Vec<ChannelTarget>) {
         let rm = Arc::new(FakeRm::host(1));
-        let client = ClientHandle(0xc1d0_0100);
-        let chans: Vec<ChannelHandle> = (0x10..0x14).map(ChannelHandle).collect();
-        rm.add_channels(client, rm.gpus[0].instance, &chans);
+        let targets = rm.process_on_first_gpu(ClientHandle(0xc1d0_0100), 0x10, 4);
         let ctl = Controller::with_driver(rm.clone()).unwrap();
-        let targets = chans
-            .iter()
-            .map(|&channel| ChannelTarget {
-                gpu: 0,
-                client,
-                channel,
-            })
-            .collect();
         (rm, ctl, targets)
     }
 

@@ -95,6 +95,26 @@ impl FakeRm {
         Self::new(gpus)
     }
 
+    /// Adds `n` channels (handles from `first` up) of another process's `client` on the first
+    /// GPU, and returns them as disable targets (GPU index 0).
+    pub fn process_on_first_gpu(
+        &self,
+        client: ClientHandle,
+        first: u32,
+        n: u32,
+    ) -> Vec<crate::controller::ChannelTarget> {
+        let chans: Vec<ChannelHandle> = (first..first + n).map(ChannelHandle).collect();
+        self.add_channels(client, self.gpus[0].instance, &chans);
+        chans
+            .into_iter()
+            .map(|channel| crate::controller::ChannelTarget {
+                gpu: 0,
+                client,
+                channel,
+            })
+            .collect()
+    }
+
     /// Adds channels of another process on device `instance`.
     pub fn add_channels(&self, client: ClientHandle, instance: u32, channels: &[ChannelHandle]) {
         let mut st = self.state.lock().unwrap();

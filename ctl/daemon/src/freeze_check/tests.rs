@@ -3,24 +3,14 @@ use std::time::Duration;
 
 use valve::controller::PreemptMode;
 use valve::fake::FakeRm;
-use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
+use valve_ioctl_bindings::ClientHandle;
 
 use super::*;
 
 fn setup(n: u32) -> (Arc<FakeRm>, Controller<Arc<FakeRm>>, Vec<ChannelTarget>) {
     let rm = Arc::new(FakeRm::host(1));
-    let client = ClientHandle(0xc1d0_0200);
-    let chans: Vec<ChannelHandle> = (0..n).map(|i| ChannelHandle(0x5c00_0010 + i)).collect();
-    rm.add_channels(client, rm.gpus[0].instance, &chans);
+    let targets = rm.process_on_first_gpu(ClientHandle(0xc1d0_0200), 0x5c00_0010, n);
     let ctl = Controller::with_driver(rm.clone()).unwrap();
-    let targets = chans
-        .iter()
-        .map(|&channel| ChannelTarget {
-            gpu: 0,
-            client,
-            channel,
-        })
-        .collect();
     (rm, ctl, targets)
 }
 

@@ -353,7 +353,10 @@ mod tests {
     #[test]
     fn a_confirmed_freeze_reads_frozen_and_an_unchecked_one_never_does() {
         let words = freeze_words(&checked(FreezeOutcome::Confirmed, &[]));
-        assert!(words.starts_with("frozen (RM reports all 3 disabled"), "{words}");
+        assert!(
+            words.starts_with("frozen (RM reports all 3 disabled"),
+            "{words}"
+        );
         let mut unconfirmed = checked(FreezeOutcome::Unconfirmed, &[]);
         unconfirmed.freeze.as_mut().unwrap().reason = Some("no diag object".into());
         let words = freeze_words(&unconfirmed);
@@ -382,10 +385,16 @@ mod tests {
         let e = refuse_if_running(g, 42, &data).unwrap_err();
         assert_eq!(e.exit_code(), EXIT_NOT_FROZEN);
         let msg = e.to_string();
-        assert!(msg.contains("NOT frozen") && msg.contains("c1d00010:5c000012"), "{msg}");
+        assert!(
+            msg.contains("NOT frozen") && msg.contains("c1d00010:5c000012"),
+            "{msg}"
+        );
         assert!(msg.contains("resumed its other channels"), "{msg}");
         let got = server.join().unwrap();
-        assert!(got.contains(r#""op":"resume""#), "{got} (v{PROTOCOL_VERSION})");
+        assert!(
+            got.contains(r#""op":"resume""#),
+            "{got} (v{PROTOCOL_VERSION})"
+        );
         assert!(refuse_if_running(g, 42, &checked(FreezeOutcome::Confirmed, &[])).is_ok());
     }
 }

@@ -176,18 +176,7 @@ fn reclaims(d: &Daemon) -> u64 {
 /// online follows a bursty demand for `trace_secs`, first holding exactly its demand, then
 /// what MIAD reservation says. Reclaims per minute come from the daemon's counter.
 fn traces(a: &E2eArgs, daemon: &Daemon, online: &Child) -> Result<Value> {
-    let args = [
-        "--ptx".into(),
-        a.ptx.display().to_string(),
-        "--pool".into(),
-        daemon.pool.display().to_string(),
-        "--gib".into(),
-        a.offline_gib.to_string(),
-        "--kernel-ms".into(),
-        a.kernel_ms.to_string(),
-    ];
-    let offline = Child::spawn("e2e-offline", &args)?;
-    offline.call(json!({"op": "start"}), &[])?;
+    let (offline, _) = crate::soak::spawn_offline(a, daemon)?;
     offline.call(json!({"op": "greedy"}), &[])?;
     let mut out = serde_json::Map::new();
     for name in &a.trace_modes {
@@ -276,25 +265,8 @@ pub fn run(a: &E2eArgs) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let used_start = mib(nvml_used());
     let daemon = Daemon::start(a, &dir)?;
-    let (ptx, pool) = (
-        a.ptx.display().to_string(),
-        daemon.pool.display().to_string(),
-    );
-    let offline = Child::spawn(
-        "e2e-offline",
-        &[
-            "--ptx".into(),
-            ptx.clone(),
-            "--pool".into(),
-            pool.clone(),
-            "--gib".into(),
-            a.offline_gib.to_string(),
-            "--kernel-ms".into(),
-            a.kernel_ms.to_string(),
-        ],
-    )?;
-    let started = offline.call(json!({"op": "start"}), &[])?;
-    let online = Child::spawn("e2e-online", &["--ptx".into(), ptx, "--pool".into(), pool])?;
+    let (offline, started) = crate::soak::spawn_offline(a, &daemon)?;
+    let online = crate::soak::spawn_online(a, &daemon)?;
     let n = a.offline_gib * 1024 / HANDLE_MIB;
     println!("== e2e: daemon pool capped at {} GiB in {HANDLE_MIB} MiB handles, all lent to offline ({} passes per kernel)",
         a.offline_gib, started["passes"]);

@@ -16,8 +16,9 @@ fn books(d: &Daemon) -> Result<(u64, u64, u64, u64)> {
     Ok((n("handles"), n("free"), n("online"), n("offline")))
 }
 
-/// A fresh offline child holding `--offline-gib` of the pool, its step loop running.
-pub fn spawn_offline(a: &E2eArgs, d: &Daemon) -> Result<Child> {
+/// A fresh offline child holding `--offline-gib` of the pool, its step loop running, with its
+/// answer to `start`.
+pub fn spawn_offline(a: &E2eArgs, d: &Daemon) -> Result<(Child, Value)> {
     let args = [
         "--ptx".into(),
         a.ptx.display().to_string(),
@@ -29,8 +30,8 @@ pub fn spawn_offline(a: &E2eArgs, d: &Daemon) -> Result<Child> {
         a.kernel_ms.to_string(),
     ];
     let c = Child::spawn("e2e-offline", &args)?;
-    c.call(json!({"op": "start"}), &[])?;
-    Ok(c)
+    let started = c.call(json!({"op": "start"}), &[])?;
+    Ok((c, started))
 }
 
 /// A fresh online child.
@@ -88,7 +89,7 @@ pub fn run(
         let turn = (done / every) % 2;
         let leak = if turn == 0 {
             let l = kill_and_check(d, offline, "offline", done)?;
-            offline = spawn_offline(a, d)?;
+            offline = spawn_offline(a, d)?.0;
             l
         } else {
             let l = kill_and_check(d, online, "online", done)?;
