@@ -114,7 +114,14 @@ pub fn daemon_status(out: &mut dyn Write, data: &StatusReply) -> std::io::Result
             .map(|m| format!("{m} ms"))
             .unwrap_or("none".into())
     )?;
-    writeln!(out, "state file: {}", data.state_file.display())
+    writeln!(out, "state file: {}", data.state_file.display())?;
+    let f = &data.freeze_checks;
+    writeln!(
+        out,
+        "freeze checks: {} confirmed, {} NOT frozen (a channel still enabled), {} unconfirmed, \
+         {} resumed before their check",
+        f.confirmed, f.running, f.unconfirmed, f.resumed_first
+    )
 }
 
 /// The GPUs as `valvectl gpus` prints them, after the driver's version if it can be read.
@@ -333,6 +340,21 @@ fn switch_line(what: &str, pid: u32, took_us: f64, ok: bool) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn status_names_freezes_that_did_not_take() {
+        let mut data = valve_daemon::protocol::StatusReply::default();
+        data.freeze_checks.confirmed = 9;
+        data.freeze_checks.running = 1;
+        let mut out = Vec::new();
+        daemon_status(&mut out, &data).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("freeze checks: 9 confirmed, 1 NOT frozen"),
+            "{text}"
+        );
+    }
+
     use super::*;
     use valve_protocol::gate::{LatencySummary, ProbeHits};
 
