@@ -125,6 +125,15 @@ impl FreezeRecorder {
             checks: Family::default(),
             seconds: Histogram::new([1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1]),
         });
+        // Every series from the start, so that a dashboard shows the zeros.
+        for origin in [Origin::Preempt, Origin::Pool, Origin::Gate] {
+            for outcome in FreezeOutcome::ALL {
+                let _ = r.checks.get_or_create(&CheckLabels {
+                    source: origin.as_str(),
+                    outcome: outcome.as_str(),
+                });
+            }
+        }
         if let Some(m) = metrics {
             m.with_registry(|reg| {
                 reg.register(

@@ -245,6 +245,7 @@ fn daemon_metric_names() -> BTreeSet<String> {
     let m = valve_daemon::metrics::Metrics::new(2);
     // Families with labels appear once they have a series; a gate's start makes them all.
     m.gate_started("batch");
+    let _freeze = valve_daemon::freeze_check::FreezeRecorder::new(Some(&m));
     let text = m.encode();
     let mut names = BTreeSet::new();
     for l in text.lines() {
