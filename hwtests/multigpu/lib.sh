@@ -128,3 +128,14 @@ pack() {
   tar -C "$out" --exclude="$1.tar.gz" -czf "$work/$1.tar.gz" . 2>/dev/null || true
   [ -f "$work/$1.tar.gz" ] && mv "$work/$1.tar.gz" "$out/$1.tar.gz" && echo "results: $out/$1.tar.gz"
 }
+
+# wait_bg NAME LIMIT_S: until NAME's process has ended (SIGTERM to it after LIMIT_S); forgets it.
+wait_bg() {
+  local pid end
+  pid=$(awk -v n="$1" '$2 == n {print $1}' "$work/procs" | tail -1)
+  [ -n "$pid" ] || return 0
+  end=$(( $(date +%s) + $2 ))
+  while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -le "$end" ]; do sleep 0.5; done
+  kill -0 "$pid" 2>/dev/null && say "$1 still ran after $2 s: stopped"
+  stop_bg "$1"
+}

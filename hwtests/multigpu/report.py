@@ -6,6 +6,7 @@ report.json and report.md beside it.
                                      # harvested per GPU, preemptions per request, the gate's disable
     python3 report.py align OUT      # align.sh: per phase the client-side and the daemon's alignment,
                                      # the 2-GPU job measured against alone, predicted against measured
+    python3 report.py profile OUT    # align.sh: OUT/profile.json, the job's profile from its rate alone
 
 Layout (what the scripts write): OUT/meta.json; serve: OUT/<config>/{records-0.json, window.json,
 alone-window.json, progress-g<K>.txt, gate-status.json, gate-trace.jsonl, harvest.json}; align:
@@ -230,12 +231,40 @@ def align_phase(d, name, meta, samples):
     return row
 
 
+def alone_rate(out, name, samples):
+    w = load(os.path.join(out, name))
+    return rate(samples, w["start_ns"], w["end_ns"]) if w else None
+
+
+def job_profile(alone_per_s, meta, unix_ms):
+    """The 2-GPU job's profile for `valve-scheduler predict`: T_alone measured here, memory not a
+    factor (one curve point at 1 GiB, far below what an H200 leaves offline), no interruption
+    costs (not profiled: the model then charges the held time only)."""
+    return {"version": 1, "name": "align-ddp", "units": "steps", "gpus": len(meta.get("gpu_pair", [0, 1])),
+            "alone_per_s": alone_per_s, "curve": [{"memory_bytes": 1 << 30, "per_s": alone_per_s}],
+            "deficit_penalty": 0.0,
+            "measured": {"device": meta.get("device", "n/a"), "unix_ms": unix_ms,
+                         "seconds_per_point": float(meta.get("alone_s", 0))}}
+
+
+def write_profile(out):
+    meta = load(os.path.join(out, "meta.json"), {})
+    r = alone_rate(out, "alone-window.json", progress(os.path.join(out, "progress.txt")))
+    if not r:
+        print(f"report.py: no rate alone in {out}/progress.txt over alone-window.json: the job made no progress",
+              file=sys.stderr)
+        return 1
+    with open(os.path.join(out, "profile.json"), "w") as fh:
+        json.dump(job_profile(r, meta, int(__import__("time").time() * 1000)), fh, indent=1)
+    print(f"profile: the job alone {r:.2f} steps/s")
+    return 0
+
+
 def align_report(out):
     meta = load(os.path.join(out, "meta.json"), {})
     samples = progress(os.path.join(out, "progress.txt"))
-    aw = load(os.path.join(out, "alone-window.json"))
-    if aw and meta.get("alone_per_s") is None:
-        meta["alone_per_s"] = rate(samples, aw["start_ns"], aw["end_ns"])
+    meta["alone_per_s"] = alone_rate(out, "alone-window.json", samples)
+    meta["alone_end_per_s"] = alone_rate(out, "alone-window-end.json", samples)
     rows = [r for p in meta.get("phases", []) if (r := align_phase(os.path.join(out, p), p, meta, samples))]
     return dict(kind="align", meta=meta, rows=rows)
 
@@ -299,7 +328,8 @@ def align_markdown(rep):
     m = rep["meta"]
     lines = [f"# Alignment on real GPUs: two online services, a {len(m.get('gpu_pair', [0, 1]))}-GPU offline job "
              f"({m.get('device', 'n/a')})", "", note(m),
-             f"Offline job alone: {f(m.get('alone_per_s'))} steps/s; window {m.get('window_s')} s; target "
+             f"Offline job alone: {f(m.get('alone_per_s'))} steps/s before the phases, {f(m.get('alone_end_per_s'))} "
+             f"after; window {m.get('window_s')} s; target "
              f"|predicted - measured| / measured <= {TARGET_PREDICTION_ERROR:.0%}.", "",
              "| phase | client busy A / B, union, score | document score (union) | gate busy A / B | measured steps/s "
              "(vs alone) | predicted (aligned?) | error | formula without admission | error |",
@@ -321,13 +351,16 @@ def align_markdown(rep):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] not in ("serve", "align"):
-        print(__doc__, file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    if len(argv) != 2 or argv[0] not in ("serve", "align", "profile"):
+        helped = argv[:1] in (["-h"], ["--help"])
+        print(__doc__, file=sys.stdout if helped else sys.stderr)
+        return 0 if helped else 2
     kind, out = argv
     if not os.path.isfile(os.path.join(out, "meta.json")):
         print(f"report.py: {out}/meta.json is missing: give the folder run.sh or align.sh wrote", file=sys.stderr)
         return 2
+    if kind == "profile":
+        return write_profile(out)
     rep = serve_report(out) if kind == "serve" else align_report(out)
     md = serve_markdown(rep) if kind == "serve" else align_markdown(rep)
     with open(os.path.join(out, "report.json"), "w") as fh:

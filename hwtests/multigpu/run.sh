@@ -21,7 +21,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-usage() { sed -n 5,21p "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n 5,20p "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h|--help) usage; exit 0 ;; ""|--*) usage >&2; exit 2 ;; esac
 cmdline="hwtests/multigpu/run.sh $*"
 out="$1"; shift
@@ -32,10 +32,10 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1; shift; continue ;;
     --fake-engine) fake=1; shift; continue ;;
     -h|--help) usage; exit 0 ;;
-    --gpus) gpus="$2" ;; --load) load="$2" ;; --seconds) seconds="$2" ;; --alone-s) alone_s="$2" ;;
-    --configs) configs="$2" ;; --size) size="$2" ;; --train-size) train_size="$2" ;;
-    --arrivals) arrivals="$2" ;; --max-tokens) max_tokens="$2" ;; --prompt-tokens) prompt_tokens="$2" ;;
-    --deadline-s) deadline="$2" ;; --seed) seed="$2" ;;
+    --gpus) gpus="${2-}" ;; --load) load="${2-}" ;; --seconds) seconds="${2-}" ;; --alone-s) alone_s="${2-}" ;;
+    --configs) configs="${2-}" ;; --size) size="${2-}" ;; --train-size) train_size="${2-}" ;;
+    --arrivals) arrivals="${2-}" ;; --max-tokens) max_tokens="${2-}" ;; --prompt-tokens) prompt_tokens="${2-}" ;;
+    --deadline-s) deadline="${2-}" ;; --seed) seed="${2-}" ;;
     *) echo "run.sh: unknown option $1 (run.sh --help lists them)" >&2; exit 2 ;;
   esac
   [ $# -ge 2 ] || { echo "run.sh: $1 needs a value" >&2; exit 2; }
@@ -48,6 +48,10 @@ else
   size=${size:-8b} seconds=${seconds:-60} alone_s=${alone_s:-10} configs=${configs:-alone,timeslice,gate}
   max_tokens=${max_tokens:-64} prompt_tokens=${prompt_tokens:-512} device=cuda
 fi
+python3 -c 'import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 1 else 1)' "$load" 2>/dev/null \
+  || { echo "run.sh: --load $load: give a busy share between 0 and 1, e.g. 0.3" >&2; exit 2; }
+[[ "${gpus:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --gpus $gpus: give a whole number of GPUs, e.g. 2" >&2; exit 2; }
+[[ "${seconds:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --seconds $seconds: give whole seconds, e.g. 60" >&2; exit 2; }
 [ "$fake" = 1 ] && [ "$dry" = 0 ] && { echo "run.sh: --fake-engine is for --dry-run only" >&2; exit 2; }
 for c in ${configs//,/ }; do
   case "$c" in alone|timeslice|gate|gate-serial|gate-parallel) ;;
