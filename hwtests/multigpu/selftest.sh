@@ -5,7 +5,7 @@
 # (gloo, the tiny model, 2 ranks) where torch is installed.
 set -euo pipefail
 cd "$(dirname "$0")"
-python3 -m unittest -v test_report test_tp_server test_drive test_scripts 2>&1 | tail -3
+python3 -m unittest -v test_report test_tp_server test_drive test_scripts test_tp_torch 2>&1 | tail -3
 if python3 -c 'import torch' 2>/dev/null; then
   out="$(mktemp -d /tmp/multigpu-selftest.XXXXXX)"
   trap 'rm -rf "$out"' EXIT

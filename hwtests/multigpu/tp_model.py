@@ -41,14 +41,18 @@ class TPDecoder:
         self.h, self.kv, self.vl = heads // world, kv // world, vocab // world
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         self.max_len, self.plen = max_len, prompt_len
-        g = torch.Generator(device=device).manual_seed(seed)  # the embedding: the same on every rank
+        # Every rank draws the whole model from one seed, tensor by tensor, and keeps its shard: the
+        # ranks together hold exactly the one-GPU model (test_tp_torch.py checks the tokens agree).
+        g = torch.Generator(device=device).manual_seed(seed)
+        hq, hk = heads * self.hd, kv * self.hd
         self.embed = self._w(g, vocab, hidden)
-        g.manual_seed(seed + 1 + rank)  # this rank's shards
-        self.wqkv = [self._w(g, (self.h + 2 * self.kv) * self.hd, hidden) for _ in range(layers)]
-        self.wo = [self._w(g, hidden, self.h * self.hd) for _ in range(layers)]
-        self.w13 = [self._w(g, 2 * inter // world, hidden) for _ in range(layers)]
-        self.w2 = [self._w(g, hidden, inter // world) for _ in range(layers)]
-        self.lm_head = self._w(g, self.vl, hidden)
+        self.wqkv, self.wo, self.w13, self.w2 = [], [], [], []
+        for _ in range(layers):
+            self.wqkv.append(self._shard(self._w(g, hq + 2 * hk, hidden), [hq, hk, hk], 0))
+            self.wo.append(self._shard(self._w(g, hidden, hq), [hq], 1))
+            self.w13.append(self._shard(self._w(g, 2 * inter, hidden), [inter, inter], 0))
+            self.w2.append(self._shard(self._w(g, hidden, inter), [inter], 1))
+        self.lm_head = self._shard(self._w(g, vocab, hidden), [vocab], 0)
         shape = (layers, 1, self.kv, max_len, self.hd)
         self.k_cache = torch.zeros(shape, device=device, dtype=self.dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=self.dtype)
@@ -65,6 +69,16 @@ class TPDecoder:
     def _w(self, g, *shape):
         t = torch.randn(*shape, generator=g, device=self.device, dtype=self.dtype)
         return t.mul_(1.0 / math.sqrt(shape[-1]))
+
+    def _shard(self, full, blocks, dim):
+        """This rank's part of `full`: of each block along `dim` (e.g. Q, K, V rows), its 1/world
+        slice, concatenated; the full tensor is freed."""
+        parts, start = [], 0
+        for b in blocks:
+            step = b // self.world
+            parts.append(full.narrow(dim, start + self.rank * step, step))
+            start += b
+        return torch.cat(parts, dim).contiguous()
 
     def _static_buffers(self):
         d = self.device
@@ -123,8 +137,8 @@ class TPDecoder:
         self.pick[2 * self.rank] = val[0]
         self.pick[2 * self.rank + 1] = idx[0].float() + self.rank * self.vl
         self._reduce(self.pick)
-        best = self.pick.view(self.world, 2)[:, 0].argmax()
-        return self.pick.view(self.world, 2)[best, 1].long().view(1)
+        pairs = self.pick.view(self.world, 2)  # a gather, not an index by a tensor: no host sync in a graph
+        return pairs[:, 1].gather(0, pairs[:, 0].argmax().view(1)).long()
 
     def _step(self):
         self.out.copy_(self._forward(self.tok, self.pos, self.max_len))
