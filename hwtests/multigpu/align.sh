@@ -63,6 +63,7 @@ work="$(mktemp -d /tmp/valve-align.XXXXXX)"
 cleanup() {
   local rc=$?
   set +e
+  release  # offline enabled before it is stopped: a frozen job could not finish its SIGTERM
   stop_all_but_daemon
   stop_daemon
   [ -n "${valvectl:-}" ] && "$valvectl" resume --all > "$out/resume-all.txt" 2>&1
@@ -70,11 +71,6 @@ cleanup() {
   pack align-results
   rm -rf "$work"
   exit "$rc"
-}
-stop_all_but_daemon() {
-  local pid name
-  [ -f "$work/procs" ] || return 0
-  while read -r pid name; do [ "$name" = daemon ] || stop_bg "$name"; done < <(tac "$work/procs")
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP

@@ -16,28 +16,46 @@ start_bg() {
   eval "pid_${name//-/_}=$!"
 }
 
-# stop_bg NAME: SIGTERM to its process group, SIGKILL after 20 s; forgets it.
+stop_grace_s=${stop_grace_s:-20}
+# stop_bg NAME...: SIGTERM to each one's process group at once, SIGKILL to what is left after
+# $stop_grace_s s (default 20); forgets them. (Training prints its weights' digest on SIGTERM: seconds each, so not one by one.)
 stop_bg() {
-  local pid
-  pid=$(awk -v n="$1" '$2 == n {print $1}' "$work/procs" 2>/dev/null | tail -1)
-  [ -n "$pid" ] || return 0
-  stop_pgid "$pid"
-  awk -v n="$1" '$2 != n' "$work/procs" > "$work/procs.new" && mv "$work/procs.new" "$work/procs"
+  local name pids=()
+  for name in "$@"; do
+    pids+=($(awk -v n="$name" '$2 == n {print $1}' "$work/procs" 2>/dev/null))
+    awk -v n="$name" '$2 != n' "$work/procs" > "$work/procs.new" && mv "$work/procs.new" "$work/procs"
+  done
+  [ ${#pids[@]} -gt 0 ] && stop_pgids "${pids[@]}"
+  return 0
 }
 
-stop_pgid() {
-  local pid="$1" i
-  kill -TERM -- "-$pid" 2>/dev/null || return 0
-  for i in $(seq 1 100); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.2; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+stop_pgids() {
+  local pid i left
+  for pid in "$@"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  for i in $(seq 1 $(( stop_grace_s * 5 ))); do
+    left=0
+    for pid in "$@"; do kill -0 -- "-$pid" 2>/dev/null && left=1; done
+    [ "$left" = 0 ] && return 0
+    sleep 0.2
+  done
+  for pid in "$@"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
 }
 
-# stop_all: every recorded process group, newest first.
-stop_all() {
+# stop_all_but_daemon: every recorded process group but the daemon's, all at once.
+stop_all_but_daemon() {
   [ -f "$work/procs" ] || return 0
-  local pid name
-  while read -r pid name; do stop_pgid "$pid"; done < <(tac "$work/procs")
-  : > "$work/procs"
+  local names
+  names=$(awk '$2 != "daemon" {print $2}' "$work/procs")
+  # shellcheck disable=SC2086
+  [ -n "$names" ] && stop_bg $names
+  return 0
+}
+
+# release: the gate stopped and every channel the daemon disabled enabled, while it still runs.
+release() {
+  grep -q ' daemon$' "$work/procs" 2>/dev/null || return 0
+  "$valvectl" gate stop >/dev/null 2>&1 || true
+  "$valvectl" resume --all >/dev/null 2>&1 || true
 }
 
 # wait_ready NAME LOG TIMEOUT_S: until LOG has a line starting READY; fails (with the log's tail)
@@ -89,8 +107,7 @@ start_daemon() {
 # stop_daemon: the gate stopped and everything resumed, then the daemon ended.
 stop_daemon() {
   grep -q ' daemon$' "$work/procs" 2>/dev/null || return 0
-  "$valvectl" gate stop >/dev/null 2>&1 || true
-  "$valvectl" resume --all >/dev/null 2>&1 || true
+  release
   stop_bg daemon
 }
 

@@ -68,6 +68,7 @@ work="$(mktemp -d /tmp/valve-multigpu.XXXXXX)"
 cleanup() {
   local rc=$?
   set +e
+  release  # offline enabled before it is stopped: a frozen job could not finish its SIGTERM
   stop_all_but_daemon
   stop_daemon
   [ -n "${valvectl:-}" ] && [ "$dry" = 0 ] && "$valvectl" resume --all > "$out/resume-all.txt" 2>&1
@@ -75,11 +76,6 @@ cleanup() {
   pack multigpu-results
   rm -rf "$work"
   exit "$rc"
-}
-stop_all_but_daemon() {
-  local pid name
-  [ -f "$work/procs" ] || return 0
-  while read -r pid name; do [ "$name" = daemon ] || stop_bg "$name"; done < <(tac "$work/procs")
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
@@ -205,6 +201,7 @@ run_config() {
   python3 "$here/drive.py" load --url "$url" --rate "$rate" --seconds "$seconds" --arrivals "$arrivals" \
     --seed "$seed" --max-tokens "$max_tokens" --prompt-tokens "$prompt_tokens" --out "$d" | tee "$d/drive.log"
   [[ "$cfg" == gate* ]] && gate_collect "$d"
+  release
   stop_all_but_daemon
   stop_daemon
   say "config $cfg done"
