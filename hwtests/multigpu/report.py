@@ -37,6 +37,14 @@ def load(path, default=None):
         return json.load(f)
 
 
+def read_text(path):
+    """A small text file's content, stripped; None where it is missing."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        return fh.read().strip()
+
+
 def progress(path):
     """(t_ns, count) samples of a progress file (`<monotonic_ns> <count>` lines)."""
     if not os.path.exists(path):
@@ -136,6 +144,7 @@ def gate_stats(d, requests):
 def config_row(d, name, gpus):
     records = load(os.path.join(d, "records-0.json"), [])
     row = dict(config=name, **latency(records))
+    row["server_mode"] = read_text(os.path.join(d, "server-mode.txt"))
     row["offline"] = offline_stats(d, records, gpus)
     for k in ("offline_vs_alone", "harvested"):
         xs = [x[k] for x in row["offline"] if x.get(k) is not None]
@@ -281,12 +290,12 @@ def serve_markdown(rep):
     m = rep["meta"]
     lines = [f"# Tensor-parallel serving on {m.get('gpus')} GPUs: alone, time-sliced, gated ({m.get('device', 'n/a')})",
              "", note(m), "",
-             "| config | requests (errors) | TTFT p50 / p99 ms | TPOT p50 / p99 ms | server TPOT p50 / p99 ms "
+             "| config (server) | requests (errors) | TTFT p50 / p99 ms | TPOT p50 / p99 ms | server TPOT p50 / p99 ms "
              "| TTFT p99 / TPOT p99 vs alone | offline vs alone | harvested | preemptions / request |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rep["rows"]:
         g, v = r["gate"] or {}, r["vs_alone"]
-        lines.append(f"| {r['config']} | {r['requests']} ({r['errors']}) | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} "
+        lines.append(f"| {r['config']} ({r.get('server_mode') or 'n/a'}) | {r['requests']} ({r['errors']}) | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} "
                      f"| {f(r['tpot_p50_ms'])} / {f(r['tpot_p99_ms'])} | {f(r['server_tpot_p50_ms'])} / "
                      f"{f(r['server_tpot_p99_ms'])} | {f(v['ttft_p99_ms'], '.3f')}x / {f(v['tpot_p99_ms'], '.3f')}x "
                      f"| {pct(r['offline_vs_alone'])} | {pct(r['harvested'])} | {f(g.get('preemptions_per_request'))} |")

@@ -13,6 +13,7 @@
 #   --size        tp_server.py's model: tiny, 3b, 8b (default), 70b; --train-size training.py's (1b)
 #   --max-tokens  tokens per request (64); --prompt-tokens the prefill's length (512)
 #   --deadline-s  no configuration starts that would end past this (default 540: one 10-minute call)
+#   --ready-s     how long the server may take to start (180), once with CUDA graphs, once without
 #   --dry-run     a CPU: gloo, the tiny model, 2 ranks, no Valve, configs alone and timeslice (a CPU
 #                 stand-in for training); needs torch, or --fake-engine (no torch: checks the harness)
 # GPU runs need root, NVIDIA's open module, PyTorch and transformers, and valvectl in .carry/bin (or
@@ -21,12 +22,12 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-usage() { sed -n 5,20p "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n 5,21p "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h|--help) usage; exit 0 ;; ""|--*) usage >&2; exit 2 ;; esac
 cmdline="hwtests/multigpu/run.sh $*"
 out="$1"; shift
 dry=0 fake=0 gpus="" load=0.3 seconds="" alone_s="" configs="" size="" train_size=1b arrivals=poisson
-max_tokens="" prompt_tokens="" deadline=540 seed=1
+max_tokens="" prompt_tokens="" deadline=540 seed=1 ready_s=180 graphs_off=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift; continue ;;
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --gpus) gpus="${2-}" ;; --load) load="${2-}" ;; --seconds) seconds="${2-}" ;; --alone-s) alone_s="${2-}" ;;
     --configs) configs="${2-}" ;; --size) size="${2-}" ;; --train-size) train_size="${2-}" ;;
     --arrivals) arrivals="${2-}" ;; --max-tokens) max_tokens="${2-}" ;; --prompt-tokens) prompt_tokens="${2-}" ;;
-    --deadline-s) deadline="${2-}" ;; --seed) seed="${2-}" ;;
+    --deadline-s) deadline="${2-}" ;; --seed) seed="${2-}" ;; --ready-s) ready_s="${2-}" ;;
     *) echo "run.sh: unknown option $1 (run.sh --help lists them)" >&2; exit 2 ;;
   esac
   [ $# -ge 2 ] || { echo "run.sh: $1 needs a value" >&2; exit 2; }
@@ -131,20 +132,23 @@ server_cmd() { # [extra tp_server flags] -> the array srv
     --label online --pid-file "$work/server.pids" "$@")
 }
 
-# start_server DIR: the TP server; on CUDA, a server whose graph capture fails is started again
-# with --no-graphs (said in the log and in DIR/server-mode.txt).
+# start_server DIR: the TP server; on CUDA, a server whose graph capture fails (or hangs past
+# --ready-s) is started again with --no-graphs, and so are the later configurations' servers.
 start_server() {
-  local d="$1"
-  server_cmd
+  local d="$1" mode=graphs
+  [ "$device" = cuda ] || mode=eager
+  [ "$engine" = fake ] && mode=fake
+  if [ "$graphs_off" = 1 ]; then server_cmd --no-graphs; mode=eager; else server_cmd; fi
   start_bg server "$d/server.log" "${srv[@]}"
-  if wait_ready server "$d/server.log" 400; then echo graphs > "$d/server-mode.txt"; return 0; fi
-  [ "$device" = cuda ] || return 1
+  if wait_ready server "$d/server.log" "$ready_s"; then echo "$mode" > "$d/server-mode.txt"; return 0; fi
+  [ "$device" = cuda ] && [ "$mode" = graphs ] || return 1
   stop_bg server
   say "the server failed with CUDA graphs: starting it again with --no-graphs"
   mv "$d/server.log" "$d/server-graphs-failed.log"
+  graphs_off=1
   server_cmd --no-graphs
   start_bg server "$d/server.log" "${srv[@]}"
-  wait_ready server "$d/server.log" 400 && echo eager > "$d/server-mode.txt"
+  wait_ready server "$d/server.log" "$ready_s" && echo eager > "$d/server-mode.txt"
 }
 
 # set_rate DIR: the arrival rate for --load from the idle server's service time (once per run).

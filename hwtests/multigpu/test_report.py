@@ -90,7 +90,7 @@ class Serve(unittest.TestCase):
 
     def test_markdown_says_na_for_what_was_not_measured(self):
         md = report.serve_markdown(report.serve_report(self.dir))
-        self.assertIn("| alone | 10 (0) |", md)
+        self.assertIn("| alone (n/a) | 10 (0) |", md)
         self.assertIn("n/a", md)
         self.assertIn("810 / 1594 / 1729", md)
 
