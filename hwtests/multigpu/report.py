@@ -150,7 +150,18 @@ def config_row(d, name, gpus):
         xs = [x[k] for x in row["offline"] if x.get(k) is not None]
         row[k] = sum(xs) / len(xs) if xs else None
     row["gate"] = gate_stats(d, row["requests"])
+    if row["gate"] and records:
+        row["gate"].update(frozen_shares(load(os.path.join(d, "gate-trace.jsonl"), []), records))
     return row
+
+
+def frozen_shares(trace, records):
+    """From the trace: the share of the load window offline was frozen, and the share of
+    online's idle time in which it was not (the gate's own harvest, before what the job makes of it)."""
+    lo, hi = analysis.window_of(records)
+    frozen = analysis.union_ns(analysis.disabled_intervals(trace), lo, hi) / max(hi - lo, 1)
+    idle = 1 - analysis.union_ns([(r["send_ns"], r["end_ns"]) for r in records], lo, hi) / max(hi - lo, 1)
+    return dict(frozen_share=frozen, idle_share=idle, idle_unfrozen=(1 - frozen) / idle if idle > 0 else None)
 
 
 def serve_report(out):
@@ -307,13 +318,14 @@ def gate_lines(rows):
     gated = [r for r in rows if r["gate"]]
     if not gated:
         return ["", "No gate ran: no preemption, disable or issue figure."]
-    out = ["", "| config | offline GPUs (pids) | disable p50 / p99 us (status) | disable p50 / p99 us (trace, n) "
+    out = ["", "| config | offline GPUs (pids) | frozen share of the window (online idle share) | disable p50 / p99 us (status) | disable p50 / p99 us (trace, n) "
            "| edge -> offline stopped p50 / p99 us | issue: one GPU / serial / parallel us | mode |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in gated:
         g = r["gate"]
         ds, es, ip = g["disable_status_us"] or {}, g["edge_to_disable_us"] or {}, g["issue_probe"] or {}
-        out.append(f"| {r['config']} | {g['offline_gpus']} ({g['offline_pids']}) | {f(ds.get('p50_us'), '.0f')} / "
+        out.append(f"| {r['config']} | {g['offline_gpus']} ({g['offline_pids']}) | {pct(g.get('frozen_share'))} "
+                   f"({pct(g.get('idle_share'))}) | {f(ds.get('p50_us'), '.0f')} / "
                    f"{f(ds.get('p99_us'), '.0f')} | {f(g['disable_trace_p50_us'], '.0f')} / "
                    f"{f(g['disable_trace_p99_us'], '.0f')} ({g['disable_trace_n']}) | {f(es.get('p50_us'), '.0f')} / "
                    f"{f(es.get('p99_us'), '.0f')} | {f(ip.get('single_us'), '.0f')} / {f(ip.get('serial_us'), '.0f')} / "

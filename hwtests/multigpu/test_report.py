@@ -78,6 +78,10 @@ class Serve(unittest.TestCase):
         self.assertEqual(g["issue_probe"], dict(gpus=2, serial_us=1594.0, parallel_us=1729.0, single_us=810.0,
                                                mode="serial"))
         self.assertIsNone(rows["alone"]["gate"])
+        # Frozen from 5.001 s to 6 s (the per-process retry at 8 s is not a whole disable) and from
+        # 7.003 s to the window's end at 10.08 s, of the window 1 .. 10.08 s.
+        self.assertAlmostEqual(g["frozen_share"], (0.999 + 3.077) / 9.08, places=4)
+        self.assertAlmostEqual(g["idle_share"], 1 - 0.8 / 9.08, places=4)
 
     def test_offline_against_alone_and_harvest(self):
         rows = {r["config"]: r for r in report.serve_report(self.dir)["rows"]}
