@@ -46,6 +46,7 @@ done
 python3 -c 'import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 1 else 1)' "$load" 2>/dev/null \
   || { echo "align.sh: --load $load: give a busy share between 0 and 1, e.g. 0.3" >&2; exit 2; }
 [[ "${window:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "align.sh: --window-s $window: give whole seconds, e.g. 30" >&2; exit 2; }
+[[ "${alone_s:-1}" =~ ^[0-9]+$ ]] || { echo "align.sh: --alone-s $alone_s: give whole seconds, e.g. 10" >&2; exit 2; }
 [ "$fake" = 1 ] && [ "$dry" = 0 ] && { echo "align.sh: --fake-engine is for --dry-run only" >&2; exit 2; }
 if [ "$dry" = 1 ]; then
   window=${window:-10} alone_s=${alone_s:-5} size=${size:-tiny} max_tokens=${max_tokens:-16}

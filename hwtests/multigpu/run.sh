@@ -53,6 +53,7 @@ python3 -c 'import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 1 else 1)' "$load
   || { echo "run.sh: --load $load: give a busy share between 0 and 1, e.g. 0.3" >&2; exit 2; }
 [[ "${gpus:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --gpus $gpus: give a whole number of GPUs, e.g. 2" >&2; exit 2; }
 [[ "${seconds:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --seconds $seconds: give whole seconds, e.g. 60" >&2; exit 2; }
+[[ "${alone_s:-1}" =~ ^[0-9]+$ ]] || { echo "run.sh: --alone-s $alone_s: give whole seconds, e.g. 10" >&2; exit 2; }
 [ "$fake" = 1 ] && [ "$dry" = 0 ] && { echo "run.sh: --fake-engine is for --dry-run only" >&2; exit 2; }
 for c in ${configs//,/ }; do
   case "$c" in alone|timeslice|gate|gate-serial|gate-parallel) ;;
