@@ -18,7 +18,7 @@ cargo test --workspace
 echo "== launch watcher, one link per symbol (VALVE_UPROBE_MULTI=0)"
 VALVE_UPROBE_MULTI=0 cargo test -p valve-ebpf --test launch_watch
 
-for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/selftest.sh hwtests/cluster/selftest.sh hwtests/soak/selftest.sh \
+for t in hwtests/cuda/selftest.sh hwtests/serving/selftest.sh hwtests/membench/selftest.sh hwtests/cluster/selftest.sh hwtests/soak/selftest.sh hwtests/multigpu/selftest.sh \
   hwtests/test_lanes.sh scripts/ci-driver-patch.sh; do
   if [ -f "$t" ]; then
     echo "== $t"

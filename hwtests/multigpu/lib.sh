@@ -34,11 +34,25 @@ stop_pgids() {
   for pid in "$@"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   for i in $(seq 1 $(( stop_grace_s * 5 ))); do
     left=0
-    for pid in "$@"; do kill -0 -- "-$pid" 2>/dev/null && left=1; done
-    [ "$left" = 0 ] && return 0
+    for pid in "$@"; do group_alive "$pid" && left=1; done
+    [ "$left" = 0 ] && { reap "$@"; return 0; }
     sleep 0.2
   done
   for pid in "$@"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  reap "$@"
+}
+
+# group_alive PGID: whether a process of that group still runs (zombies, which a container's
+# PID 1 may leave unreaped, do not count).
+group_alive() {
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
+}
+
+# reap PID...: waits for those of the group leaders that are this shell's children, so that none
+# is left a zombie (a zombie leader keeps `kill -0 -- -PGID` answering as if the group ran).
+reap() {
+  local pid
+  for pid in "$@"; do wait "$pid" 2>/dev/null || true; done
 }
 
 # stop_all_but_daemon: every recorded process group but the daemon's, all at once.

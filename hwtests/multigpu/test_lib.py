@@ -78,8 +78,10 @@ class Lib(unittest.TestCase):
 
     def test_stop_bg_ends_a_group_that_ignores_sigterm(self):
         r = bash('stop_grace_s=1; start_bg stubborn "$out/s.log" bash -c "trap \\"\\" TERM; sleep 300 & wait"; sleep 0.5; '
-                 'p=$pid_stubborn; stop_bg stubborn; sleep 0.5; kill -0 -- -$p 2>/dev/null && echo alive || echo ended',
+                 'p=$pid_stubborn; group_alive $p && echo running; stop_bg stubborn; sleep 0.5; '
+                 'group_alive $p && echo alive || echo ended',
                  self.dir, self.vc)
+        self.assertIn("running", r.stdout, r.stderr)
         self.assertIn("ended", r.stdout, r.stderr)
 
 
