@@ -20,8 +20,9 @@
 //!
 //! `--arrivals-out FILE` writes the first hold-budget row's idle arrivals as CSV: when each came
 //! (s), the idle time before it past the server's last request (s), the hold in force (ms), the
-//! gaps the hold was chosen over (how many, their sum in s, and how many of them came from
-//! `--history-in`), and whether it was caught.
+//! gaps the hold was chosen over (how many, their sum in s, and how many of them the gate was
+//! seeded with: `--history-in`'s, or after a restart with `--keep-history` the last gate's), and
+//! whether it was caught.
 //!
 //!     cargo run --release -p valve-daemon --example gate_hold -- \
 //!         sched/data/azure-llm-2023-code-arrivals-first20min.csv --rate 1.01
