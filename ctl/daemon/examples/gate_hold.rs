@@ -18,6 +18,12 @@
 //! and its first gate on that service starts from the replayed history. `--history-in FILE`
 //! starts every row's gate from such a file (the same KEY), as that daemon's gate would.
 //!
+//! `--arrivals-out FILE` writes the first hold-budget row's idle arrivals as CSV: when each came
+//! (s), the idle time before it past the server's last request (s), the hold in force (ms), the
+//! gaps the hold was chosen over (how many, their sum in s, and how many of them the gate was
+//! seeded with: `--history-in`'s, or after a restart with `--keep-history` the last gate's), and
+//! whether it was caught.
+//!
 //!     cargo run --release -p valve-daemon --example gate_hold -- \
 //!         sched/data/azure-llm-2023-code-arrivals-first20min.csv --rate 1.01
 //!     cargo run --release -p valve-daemon --example gate_hold -- poisson --rate 1.01
@@ -25,7 +31,7 @@
 use std::time::Duration;
 
 use valve_daemon::gate::hold_history::HoldHistories;
-use valve_daemon::gate::policy::{Action, GateConfig, GatePolicy, HoldHistory};
+use valve_daemon::gate::policy::{Action, GateConfig, GatePolicy, HoldHistory, HOLD_GAPS};
 
 const MS: u64 = 1_000_000;
 const US: u64 = 1_000;
@@ -43,13 +49,15 @@ struct Args {
     history_out: Option<String>,
     history_in: Option<String>,
     history_service: Option<String>,
+    arrivals_out: Option<String>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: gate_hold (ARRIVALS.csv | poisson) [--rate PER_S] [--service-ms MS] [--steps N] \
          [--budgets PCT,...] [--fixed-ms MS,...] [--restart-every S [--keep-history]]\n  \
-         [--history-out FILE] [--history-in FILE] --history-service KEY (with either)\n  ARRIVALS.csv: one column offset_us \
+         [--history-out FILE] [--history-in FILE] --history-service KEY (with either)\n  \
+         [--arrivals-out FILE]\n  ARRIVALS.csv: one column offset_us \
          (sched/data/azure-llm-2023-*-arrivals-first20min.csv)"
     );
     std::process::exit(2)
@@ -75,6 +83,7 @@ fn parse_args() -> Args {
         history_out: None,
         history_in: None,
         history_service: None,
+        arrivals_out: None,
     };
     while let Some(flag) = it.next() {
         if flag == "--keep-history" {
@@ -94,6 +103,7 @@ fn parse_args() -> Args {
             "--history-out" => a.history_out = Some(value),
             "--history-in" => a.history_in = Some(value),
             "--history-service" => a.history_service = Some(value),
+            "--arrivals-out" => a.arrivals_out = Some(value),
             "--restart-every" => {
                 let s: f64 = value.parse().unwrap_or_else(|_| usage());
                 if s.is_nan() || s < 1.0 {
@@ -241,16 +251,92 @@ struct Outcome {
     hold: Duration,
     cooldown: Duration,
     history: HoldHistory,
+    /// The idle arrivals, for `--arrivals-out` (only when asked for).
+    records: Vec<IdleArrival>,
 }
 
-fn run(events: &[(u64, Kind)], cfg: GateConfig, a: &Args, seed: Option<&HoldHistory>) -> Outcome {
+/// One idle arrival as `--arrivals-out` writes it.
+struct IdleArrival {
+    t_ns: u64,
+    idle_ns: u64,
+    hold: Duration,
+    gaps: usize,
+    gaps_sum_ns: u64,
+    seeded: usize,
+    caught: bool,
+}
+
+/// How many of the hold's gaps came from the seed: they are its oldest, and each gap the gate
+/// notes past [`HOLD_GAPS`] pushes one out.
+struct SeedCount {
+    seeded: usize,
+    own: usize,
+    last: (usize, Option<u64>),
+}
+
+impl SeedCount {
+    fn new(g: &GatePolicy) -> Self {
+        let gaps = g.hold_history().gaps;
+        SeedCount {
+            seeded: gaps.len(),
+            own: 0,
+            last: (gaps.len(), gaps.last().copied()),
+        }
+    }
+
+    /// After an arrival (which notes the gap before it, if any): the record of it.
+    fn record(&mut self, g: &GatePolicy, t_ns: u64, idle_ns: u64, caught: bool) -> IdleArrival {
+        let hold = g.hold();
+        let gaps = g.hold_history().gaps;
+        let last = (gaps.len(), gaps.last().copied());
+        self.own += usize::from(last != self.last);
+        self.last = last;
+        IdleArrival {
+            t_ns,
+            idle_ns,
+            hold,
+            gaps: gaps.len(),
+            gaps_sum_ns: gaps.iter().sum(),
+            seeded: self.seeded.min(HOLD_GAPS.saturating_sub(self.own)),
+            caught,
+        }
+    }
+}
+
+fn write_records(path: &str, records: &[IdleArrival]) {
+    let mut text = String::from("t_s,idle_s,hold_ms,gaps,gaps_sum_s,seeded_gaps,caught\n");
+    for r in records {
+        text += &format!(
+            "{:.3},{:.3},{:.1},{},{:.1},{},{}\n",
+            r.t_ns as f64 / 1e9,
+            r.idle_ns as f64 / 1e9,
+            r.hold.as_secs_f64() * 1e3,
+            r.gaps,
+            r.gaps_sum_ns as f64 / 1e9,
+            r.seeded,
+            u8::from(r.caught)
+        );
+    }
+    if let Err(e) = std::fs::write(path, text) {
+        fail(&format!("{path}: {e}"));
+    }
+}
+
+fn run(
+    events: &[(u64, Kind)],
+    cfg: GateConfig,
+    a: &Args,
+    seed: Option<&HoldHistory>,
+    record: bool,
+) -> Outcome {
     let restart_every_ns = a.restart_every_ns;
     let mut g = GatePolicy::new(cfg);
     if let Some(h) = seed {
         g.seed_hold_history(h);
     }
     let mut o = Outcome::default();
-    let (mut running, mut busy, mut now) = (true, false, 0u64);
+    let mut seeded = SeedCount::new(&g);
+    let (mut running, mut busy, mut now, mut free) = (true, false, 0u64, 0u64);
     let mut next_restart = restart_every_ns.unwrap_or(u64::MAX);
     let apply = |action: Option<Action>, running: &mut bool| match action {
         Some(Action::Preempt) => *running = false,
@@ -278,22 +364,28 @@ fn run(events: &[(u64, Kind)], cfg: GateConfig, a: &Args, seed: Option<&HoldHist
                 if a.keep_history {
                     g.seed_hold_history(&history);
                 }
+                seeded = SeedCount::new(&g);
                 running = true;
                 next_restart = next_restart.saturating_add(restart_every_ns.unwrap_or(u64::MAX));
             }
         }
         match kind {
             Kind::Arrival => {
+                let caught = !busy && !running;
                 if !busy {
                     o.idle_arrivals += 1;
-                    o.caught += u64::from(!running);
+                    o.caught += u64::from(caught);
                 }
                 apply(g.on_arrival(t), &mut running);
+                if record && !busy {
+                    let idle = t.saturating_sub(free);
+                    o.records.push(seeded.record(&g, t, idle, caught));
+                }
             }
             Kind::Start => busy = true,
             Kind::Launch => apply(g.on_launch(t), &mut running),
             Kind::WaitEnd => g.saw_wait_end(t),
-            Kind::End => busy = false,
+            Kind::End => (busy, free) = (false, t),
         }
     }
     o.preemptions += g.preemptions();
@@ -366,8 +458,10 @@ fn main() {
         )
     }));
     let mut out = a.history_out.clone();
+    let mut records_out = a.arrivals_out.clone();
     for (name, cfg) in rows {
-        let o = run(&events, cfg, &a, seed.as_ref());
+        let record = cfg.hold_budget.is_some() && records_out.is_some();
+        let o = run(&events, cfg, &a, seed.as_ref(), record);
         println!(
             "| {name} | {} | {:.1}% | {:.1}% | {} | {:.1} / {:.0} ms |",
             o.idle_arrivals,
@@ -378,6 +472,9 @@ fn main() {
             o.hold.as_secs_f64() * 1e3
         );
         if cfg.hold_budget.is_some() {
+            if let Some(path) = records_out.take() {
+                write_records(&path, &o.records);
+            }
             if let Some(path) = out.take() {
                 write_history(&a, &path, o.history);
             }
