@@ -433,14 +433,15 @@ MODEL_NAME = ["bench"]
 
 TRACE_ARRIVALS = loadgen.TRACES  # --arrivals: sched/data's arrival times (Azure, 2023)
 TRACE = [None]  # the arrival times replayed, when --arrivals names a trace
+PART = [None]  # (K, N) with --window-part: only that stretch of each window
 
 
 trace_path = loadgen.trace_path
 
 
-def run_load(url, rate, n, seed, prompt, max_tokens):
+def run_load(url, rate, n, seed, prompt, max_tokens, part=None):
     return asyncio.run(loadgen.run(url, rate, n, seed, prompt, max_tokens, model=MODEL_NAME[0],
-                                   trace=TRACE[0]))
+                                   trace=TRACE[0], part=part))
 
 
 def settle(url, prompt, max_tokens, gap_s):
@@ -470,7 +471,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
             out["hold_gaps_at_start"] = before.get("hold_gaps")
-        recs = run_load(url, rate, n, seed, prompt, a.max_tokens)
+        recs = run_load(url, rate, n, seed, prompt, a.max_tokens, part=PART[0])
         out["records"] = recs
         if config.startswith("gate"):
             st = valve.gate_status()
@@ -532,6 +533,9 @@ def requests_per_round(a, rate, n_configs):
     total = max(a.min_requests, min(a.requests, round(rate * a.run_s)))
     n = math.ceil(total / a.rounds)
     cap = max(3, int(rate * a.budget_s / max(1, len(a.loads) * n_configs * a.rounds)))
+    if PART[0] and (n > cap or total != round(rate * a.run_s)):
+        raise SystemExit("bench.py: --window-part needs the whole window's requests: raise --requests and "
+                         "--budget-s (a capped window is another window, and its stretches would not line up)")
     if n > cap:
         log(f"   only {cap} requests per round: more would not fit the time budget (--budget-s)")
     return min(n, cap)
@@ -853,6 +857,10 @@ def main(argv=None):
                     help="with --arrivals from a trace: round r at load L replays the window starting after "
                          "arrival N + 100 L + 1000 r (default N 0). trace_windows.py says how many requests "
                          "each window has that find the server idle, and which N gives the median window")
+    ap.add_argument("--window-part", default="", metavar="K/N",
+                    help="replay only the K-th (from 0) of N equal stretches of the --run-s window, timed from "
+                         "its start: a window too long for one call, a stretch a call (needs --arrivals from a "
+                         "trace and --rounds 1; --requests and --budget-s must not cap the window)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="split each configuration's requests into this many rounds, the configurations "
                          "taking turns (forward, then backward): host drift then weighs on all alike")
@@ -899,6 +907,13 @@ def main(argv=None):
     if a.gate_hold_budget is not None and a.gate_fixed_cooldown:
         ap.error("--gate-hold-budget adds to the learned cooldown, which --gate-fixed-cooldown replaces: drop one")
     TRACE[0] = loadgen.load_trace(trace_path(a.arrivals)) if a.arrivals != "poisson" else None
+    try:
+        PART[0] = loadgen.parse_part(a.window_part)
+    except ValueError as e:
+        ap.error(f"--window-part: {e}")
+    if PART[0] and (a.arrivals == "poisson" or a.rounds != 1):
+        ap.error("--window-part replays a stretch of one trace window: give --arrivals azure-code or "
+                 "azure-conv and --rounds 1")
     a.loads = [float(x) for x in a.loads.split(",")]
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")

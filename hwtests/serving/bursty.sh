@@ -13,6 +13,8 @@
 #   --plain        the plain part's configurations (default alone,gate-hold,timeslice; a later call
 #                  that runs only a peer keeps alone here, for its ratios to alone from the same run)
 #   --setup-s      seconds a part takes beyond its windows (default 60: training, server, warm-ups)
+#   --window-part K/N  replay only the K-th (from 0) of N equal stretches of the window, the hold
+#                  seeded with all before it (a 1200-s window over three calls: 0/3, 1/3, 2/3)
 #   --dry-run      CPU only: checks the binaries, seeds the hold, prints the plan and each command
 # Needs .carry/bin/valvectl and .carry/bin/gate_hold (cargo build --release -p valvectl, and
 # cargo build --release -p valve-daemon --example gate_hold), .carry/xsched/xsched-src.tar.gz
@@ -21,16 +23,17 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 out="${1:-}"
-[ -n "$out" ] && [ "${out#--}" = "$out" ] || { sed -n 6,18p "$0" >&2; exit 2; }
+[ -n "$out" ] && [ "${out#--}" = "$out" ] || { sed -n 6,20p "$0" >&2; exit 2; }
 shift
 dry=0 window=90 load=0.1 trace=azure-code seed=0 budget=8 service=0.3 deadline=530 peers=xsched,mps
-plain=alone,gate-hold,timeslice setup_s=60
+plain=alone,gate-hold,timeslice setup_s=60 part=
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift; continue ;;
     --window-s) window="$2" ;; --load) load="$2" ;; --trace) trace="$2" ;;
     --arrival-seed) seed="$2" ;; --budget) budget="$2" ;; --service-s) service="$2" ;;
     --deadline-s) deadline="$2" ;; --peers) peers="$2" ;; --plain) plain="$2" ;; --setup-s) setup_s="$2" ;;
+    --window-part) part="$2" ;;
     *) echo "bursty.sh: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
   shift 2
@@ -75,17 +78,24 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 
 say "seeding the hold: the $trace stretch before the window, through gate_hold (the gate's policy)"
+part_args=()
+[ -n "$part" ] && part_args=(--window-part "$part")
 seed_cmd=(python3 "$here/hold_seed.py" "$trace" --load "$load" --run-s "$window" --service-s "$service"
-          --port "$port" --arrival-seed "$seed" --budget "$budget" --gate-hold "$bin/gate_hold" --out "$out/seed")
+          --port "$port" --arrival-seed "$seed" --budget "$budget" --gate-hold "$bin/gate_hold" --out "$out/seed"
+          "${part_args[@]}")
 if [ -x "$bin/gate_hold" ]; then "${seed_cmd[@]}" | tee "$out/seed.log"; else echo "SKIPPED (no gate_hold): ${seed_cmd[*]}"; fi
 
 bench=(python3 "$here/bench.py" --valvectl "$bin/valvectl" --server graph-raw --arrivals "$trace"
        --arrival-seed "$seed" --loads "$load" --rounds 1 --run-s "$window" --requests 100000 --min-requests 1
-       --budget-s 100000 --port "$port" --nominal-service-s "$service" --gate-hold-budget "$budget")
+       --budget-s 100000 --port "$port" --nominal-service-s "$service" --gate-hold-budget "$budget"
+       "${part_args[@]}")
+# A stretch of the window runs for its share of it.
+run_window=${window%.*}
+[ -n "$part" ] && run_window=$(( run_window / ${part#*/} ))
 # Where the plan stands (s): the time used, or in a dry run the time the parts planned so far need.
 planned=0
 plan() { # PART CONFIG_COUNT -> whether it fits before the deadline (said where not)
-  local need=$(( setup_s + $2 * (${window%.*} + 5) )) now
+  local need=$(( setup_s + $2 * (run_window + 5) )) now
   now=$(elapsed)
   [ "$dry" = 1 ] && now=$planned
   if [ $(( now + need )) -gt "$deadline" ]; then

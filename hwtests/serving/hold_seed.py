@@ -64,6 +64,21 @@ def preceding(trace: list[float], seed: int, n: int, rate: float, history_s: flo
     return [t - out[0] for t in out]
 
 
+def part_history(history: list[float], window: list[float], span_s: float, part: tuple[int, int],
+                 history_s: float) -> tuple[list[float], list[float]]:
+    """For stretch `part` (k, parts) of a window `span_s` long: the history is the `history_s`
+    before that stretch (the hour before the window, then the window's earlier stretches, one
+    timeline), and the window is the stretch (loadgen.window_part). Both as offsets from their
+    own first arrival, as `preceding` gives them."""
+    k, parts = part
+    lo = span_s * k / parts
+    origin = history[-1]  # `preceding` ends with the arrival the window's offsets count from
+    joined = history + [origin + t for t in window if t < lo]
+    kept = [t for t in joined if t >= origin + lo - history_s]
+    stretch = loadgen.window_part(window, span_s, k, parts)
+    return [t - kept[0] for t in kept], stretch
+
+
 def default_gate_hold() -> str:
     for p in (os.path.join(ROOT, ".carry", "bin", "gate_hold"),
               os.path.join(ROOT, "target", "release", "examples", "gate_hold")):
@@ -98,6 +113,13 @@ def build(a) -> dict:
     n = max(1, round(rate * a.run_s))
     seed = window_seed(a.arrival_seed, a.load)
     history = preceding(trace, seed, n, rate, a.history_s)
+    window = loadgen.arrivals(rate, n, seed, trace)
+    if a.part:
+        history, window = part_history(history, window, n / rate, a.part, a.history_s)
+        if len(window) < 2:
+            raise SystemExit(f"hold_seed: stretch {a.window_part} of this window holds {len(window)} "
+                             "arrival(s): the trace idles through it, nothing to replay; pick other "
+                             "stretches (fewer parts) or another --arrival-seed")
     if len(history) < 2:
         raise SystemExit(f"hold_seed: fewer than 2 arrivals in the {a.history_s:g} s before the window: give a "
                          "longer --history-s")
@@ -106,7 +128,6 @@ def build(a) -> dict:
     hist_csv = os.path.join(a.out, "history-arrivals.csv")
     win_csv = os.path.join(a.out, "window-arrivals.csv")
     hist_rate = trace_windows.write_window(hist_csv, history)
-    window = loadgen.arrivals(rate, n, seed, trace)
     win_rate = trace_windows.write_window(win_csv, window)
     path = os.path.join(a.out, "gate-hold-history.json")
     key = service_key(a.port)
@@ -122,6 +143,7 @@ def build(a) -> dict:
             "window_seed": seed, "window_idle_arrivals": trace_windows.idle_arrivals(window, a.service_s),
             "history_requests": m, "history_s": history[-1], "history_gaps": gaps, "service": key,
             "budget_pct": a.budget, "service_s": a.service_s, "history_file": path,
+            "window_part": list(a.part) if a.part else None,
             "predicted_seeded": seeded, "predicted_fresh": fresh}
 
 
@@ -138,8 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history-s", type=float, default=3600.0, help="seconds of trace before the window")
     ap.add_argument("--gate-hold", default=default_gate_hold(),
                     help="the CPU replay tool (cargo build --release -p valve-daemon --example gate_hold)")
+    ap.add_argument("--window-part", default="", metavar="K/N",
+                    help="bench.py's --window-part: seed and predict only that stretch of the window")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    try:
+        a.part = loadgen.parse_part(a.window_part)
+    except ValueError as e:
+        ap.error(f"--window-part: {e}")
     if not 0 < a.load < 1 or a.run_s <= 0 or a.service_s <= 0 or a.history_s <= 0:
         ap.error("--load must be in (0, 1); --run-s, --service-s and --history-s above 0")
     if not 0 < a.budget <= 50:

@@ -24,10 +24,14 @@ import urllib.parse
 import rawserver
 
 
-def arrivals(rate, n, seed, trace=None):
+def arrivals(rate, n, seed, trace=None, part=None):
     """Offsets (s) of n arrivals at `rate` per second on average: Poisson, or n consecutive ones of
     `trace` (sorted arrival times, s) from a place the seed picks, their times scaled so that the
-    n take n / rate seconds (the bursts and lulls inside them kept in proportion)."""
+    n take n / rate seconds (the bursts and lulls inside them kept in proportion). With `part`
+    (k, parts): only the arrivals of the k-th of `parts` equal stretches of that window, timed
+    from the stretch's start (window_part)."""
+    if part:
+        return window_part(arrivals(rate, n, seed, trace), n / rate, *part)
     if trace:
         return trace_window(trace, rate, n, seed)
     rng = random.Random(seed)
@@ -36,6 +40,30 @@ def arrivals(rate, n, seed, trace=None):
         t += rng.expovariate(rate)
         out.append(t)
     return out
+
+
+def window_part(offsets, span_s, k, parts):
+    """The arrivals of the k-th (from 0) of `parts` equal stretches of a window `span_s` long, as
+    offsets from that stretch's start: a window too long for one run, replayed a stretch a run
+    (the last stretch keeps an arrival at the window's very end)."""
+    if not 0 <= k < parts:
+        raise ValueError(f"part {k} of {parts}: parts count from 0 to {parts - 1}")
+    lo, hi = span_s * k / parts, span_s * (k + 1) / parts
+    last = k == parts - 1
+    return [t - lo for t in offsets if lo <= t < hi or (last and t == hi)]
+
+
+def parse_part(text):
+    """'K/N' (the K-th of N stretches, from 0) as (K, N), or None for ''; ValueError names the form."""
+    if not text:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"a window part is K/N (e.g. 0/3: the first of three), not {text!r}") from None
+    if not 0 <= k < n:
+        raise ValueError(f"a window part K/N needs 0 <= K < N, not {text!r}")
+    return k, n
 
 
 def trace_window(trace, rate, n, seed):
@@ -137,12 +165,13 @@ async def open_loop(offsets, recs, start_ns, send):
     await asyncio.gather(*tasks)
 
 
-async def run(url, rate, n, seed, prompt, max_tokens, start_ns=None, model="bench", trace=None):
-    """Sends n requests at Poisson times (or `trace`'s, see arrivals) from start_ns (default: now);
-    returns their records."""
-    offsets = arrivals(rate, n, seed, trace)
+async def run(url, rate, n, seed, prompt, max_tokens, start_ns=None, model="bench", trace=None,
+              part=None):
+    """Sends n requests at Poisson times (or `trace`'s, see arrivals; with `part`, those of one
+    stretch of that window) from start_ns (default: now); returns their records."""
+    offsets = arrivals(rate, n, seed, trace, part)
     state = {"in_flight": 0}
-    recs = [{"i": i, "tokens": 0, "error": None} for i in range(n)]
+    recs = [{"i": i, "tokens": 0, "error": None} for i in range(len(offsets))]
     if url.startswith("raw://"):
         payload = rawserver.encode_request(raw_ids(prompt), max_tokens)
         await open_loop(offsets, recs, start_ns, lambda rec: one_raw(raw_address(url), payload, rec, state))

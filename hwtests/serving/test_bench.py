@@ -43,7 +43,7 @@ class Measure(unittest.TestCase):
         bench.run_load, bench.os.kill, bench.time.sleep = self.saved
 
     def run_config(self, config, load_fails=False):
-        def load(*_a):
+        def load(*_a, **_kw):
             if load_fails:
                 raise RuntimeError("the server went away")
             return [{"send_ns": 0}]

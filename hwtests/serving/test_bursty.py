@@ -107,6 +107,37 @@ class HoldSeedTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d, self.assertRaises(SystemExit):
             hold_seed.main(seed_args(d, os.path.join(d, "absent")))
 
+    def test_a_window_s_stretches_replay_it_whole_and_each_is_seeded_by_what_came_before(self):
+        trace = loadgen.load_trace(loadgen.trace_path("azure-code"))
+        rate, n, seed, parts = 0.35, 420, 1690, 3
+        window = loadgen.arrivals(rate, n, seed, trace)
+        span = n / rate
+        stretches = [loadgen.arrivals(rate, n, seed, trace, part=(k, parts)) for k in range(parts)]
+        self.assertEqual(sum(len(p) for p in stretches), len(window))
+        rebuilt = [t + span * k / parts for k, p in enumerate(stretches) for t in p]
+        self.assertEqual([round(t, 9) for t in rebuilt], [round(t, 9) for t in window])
+        history = hold_seed.preceding(trace, seed, n, rate, 3600)
+        for k in range(parts):
+            hist, stretch = hold_seed.part_history(history, window, span, (k, parts), 3600)
+            self.assertEqual(stretch, stretches[k])
+            self.assertLessEqual(hist[-1], 3600)
+            # It ends with the window's arrivals before the stretch, their gaps kept; the first
+            # stretch's history is the hour before the window, as `preceding` gives it.
+            before = [t for t in window if t < span * k / parts]
+            if k == 0:
+                self.assertEqual(hist, history)
+            else:
+                self.assertGreater(len(before), 2)
+                self.assertAlmostEqual(hist[-1] - hist[-2], before[-1] - before[-2], places=6)
+                self.assertAlmostEqual(hist[-1] - hist[-3], before[-1] - before[-3], places=6)
+
+    def test_a_window_part_is_k_of_n(self):
+        self.assertEqual(loadgen.parse_part("1/3"), (1, 3))
+        self.assertIsNone(loadgen.parse_part(""))
+        for bad in ("3/3", "x", "1-3", "-1/2"):
+            with self.assertRaises(ValueError):
+                loadgen.parse_part(bad)
+
     @unittest.skipUnless(os.access(REAL_GATE_HOLD, os.X_OK), "gate_hold not built")
     def test_the_real_gate_hold_writes_a_history_the_daemon_reads_back(self):
         with tempfile.TemporaryDirectory() as d:
@@ -302,6 +333,35 @@ class BurstyShTest(unittest.TestCase):
             self.assertIn("--configs mps", dry[2])
             self.assertTrue(os.path.exists(os.path.join(out, "seed", "hold-seed.json")))
             self.assertTrue(os.path.exists(os.path.join(out, "bursty-results.tar.gz")))
+
+    def test_a_window_part_goes_to_the_seed_and_the_run_and_plans_its_stretch_only(self):
+        with tempfile.TemporaryDirectory() as d:
+            bindir = os.path.join(d, "bin")
+            os.makedirs(bindir)
+            fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
+            fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+            out = os.path.join(d, "out")
+            # 1200 s in thirds: each call plans 400 s a configuration, so three fit 530 s' plain part.
+            r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), out, "--dry-run", "--window-s", "1200",
+                                "--window-part", "2/3", "--plain", "alone", "--peers", "mps"],
+                               capture_output=True, text=True, env=dict(os.environ, VALVE_BIN=bindir), timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            dry = [x for x in r.stdout.splitlines() if x.startswith("DRY: ")]
+            self.assertIn("--window-part 2/3", dry[0])
+            self.assertIn("--run-s 1200", dry[0])
+            info = json.load(open(os.path.join(out, "seed", "hold-seed.json")))
+            self.assertEqual(info["window_part"], [2, 3])
+            self.assertIn("SKIPPED", r.stdout)  # the peer's 400 s do not fit after the plain part
+
+    def test_a_stretch_without_arrivals_is_refused_and_says_why(self):
+        # The default window's middle third at load 10% falls in a 760-s lull of the trace.
+        with tempfile.TemporaryDirectory() as d:
+            gh = fake_bin(d, "gate_hold", FAKE_GATE_HOLD)
+            args = seed_args(os.path.join(d, "seed"), gh)
+            args[args.index("--run-s") + 1] = "1200"
+            with self.assertRaises(SystemExit) as e:
+                hold_seed.main([*args, "--window-part", "1/3"])
+            self.assertIn("idles through it", str(e.exception))
 
     def test_a_part_that_does_not_fit_the_deadline_is_skipped_and_said(self):
         with tempfile.TemporaryDirectory() as d:
