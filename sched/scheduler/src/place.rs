@@ -23,6 +23,7 @@ use crate::predict::{MemoryModel, ModelParams, NodeModel, Prediction};
 
 mod bound;
 mod cache;
+mod class_index;
 pub mod compare;
 mod fast;
 mod index;
