@@ -241,7 +241,7 @@ impl<'a> Pass<'a> {
         let (mut cursor, mut i) = (None, 0);
         let stop = loop {
             let versions = std::mem::take(&mut self.versions);
-            let next = index.next_below(cursor, &versions, |n| self.class_bound(n, s));
+            let next = index.next_below(cursor, &versions, |n, x, m| self.class_bound(n, s, x, m));
             self.versions = versions;
             let Some((n, bound, key)) = next else {
                 break Stop::Exhausted;
@@ -270,7 +270,8 @@ impl<'a> Pass<'a> {
             return false;
         }
         let versions = std::mem::take(&mut self.versions);
-        let index = ClassIndex::new(self.nodes.len(), &versions, |n| self.class_bound(n, s));
+        let gpus: Vec<usize> = self.nodes.iter().map(|n| n.free.len()).collect();
+        let index = ClassIndex::new(&gpus, &versions, |n, x, m| self.class_bound(n, s, x, m));
         self.versions = versions;
         self.classes.insert(class, index);
         true
@@ -282,15 +283,36 @@ impl<'a> Pass<'a> {
     }
 
     /// At least the job's share on any set of node `n`'s free GPUs: the index's bound tightened
-    /// by the quick bound with nothing to pass; `None` where the node lacks the GPUs.
-    fn class_bound(&mut self, n: usize, s: &Search) -> Option<f64> {
+    /// by the quick bound with nothing to pass (as [`quick_bound`] makes it), from the bounds
+    /// of all the node's GPUs in `solos`, made first where `made` is false; `None` where the
+    /// node lacks the GPUs.
+    fn class_bound(
+        &mut self,
+        n: usize,
+        s: &Search,
+        solos: &mut [f64],
+        made: &mut bool,
+    ) -> Option<f64> {
         let cap = self.index.bound(n, s.job.profile.gpus as usize)?;
-        let open = Bar {
-            floor: f64::NEG_INFINITY,
-            needed: f64::NEG_INFINITY,
-            cap,
-        };
-        Some(self.quick(n, s, open))
+        let slot = &self.nodes[n];
+        let speed = slot.model.speed;
+        let mm = self.params.model.memory;
+        if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
+            return Some(cap);
+        }
+        if !*made {
+            if self.gpus[n].is_empty() {
+                self.gpus[n] = summarise(&slot.model);
+            }
+            for (x, g) in solos.iter_mut().zip(&self.gpus[n]) {
+                *x = gpu_bound(g, speed, &s.curve, mm, OPEN);
+            }
+            *made = true;
+        }
+        self.solo.clear();
+        let free = solos.iter().zip(&slot.free).filter(|(_, &f)| f);
+        self.solo.extend(free.map(|(&x, _)| x));
+        Some(kth_bound(&mut self.solo, s.job.profile.gpus as usize, cap))
     }
 
     /// [`quick_bound`] for node `n` (its GPUs summarised the first time).
@@ -432,6 +454,13 @@ fn summarise(model: &crate::predict::NodeModel) -> Vec<GpuSummary> {
         .collect()
 }
 
+/// A bar everything but NaN passes.
+const OPEN: Bar = Bar {
+    floor: f64::NEG_INFINITY,
+    needed: f64::NEG_INFINITY,
+    cap: f64::INFINITY,
+};
+
 /// What a node must pass to be evaluated: a share above `floor` (the best found) and at least
 /// `needed` (the SLA with its margin); `cap` is the index's bound on the node.
 #[derive(Clone, Copy)]
@@ -456,45 +485,52 @@ fn quick_bound(
     curve: &Curve,
     bar: Bar,
 ) -> f64 {
-    let bound = bar.cap;
-    let k = job.profile.gpus as usize;
     let speed = slot.model.speed;
     let mm = params.model.memory;
     if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
-        return bound;
+        return bar.cap;
     }
     solo.clear();
-    let passes = |x: f64| x > bar.floor && x >= bar.needed;
     for (g, _) in gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
-        // At least the coarse figure (a curve gives at most 1, and at least 0): where it fails
-        // `bar`, so does the coarse one, and the curve is not looked up.
-        let idle_only = non_negative(g.idle) * speed;
-        if g.trace.is_some() && !passes(idle_only) {
-            solo.push(idle_only);
-            continue;
-        }
-        let coarse = g.idle * curve.at_most(g.top) * speed;
-        let refine = passes(coarse);
-        solo.push(match &g.trace {
-            // Quantiles not ascending (the last is not the largest) or too few: no bound.
-            None => f64::NAN,
-            Some(t) if refine => {
-                let fine = g.idle * curve.factor_bound(t, mm) * speed;
-                // NaN (the curve is not bounded) keeps the coarse figure.
-                if fine < coarse {
-                    fine
-                } else {
-                    coarse
-                }
-            }
-            Some(_) => coarse,
-        });
+        solo.push(gpu_bound(g, speed, curve, mm, bar));
     }
+    kth_bound(solo, job.profile.gpus as usize, bar.cap)
+}
+
+/// One GPU's bound in [`quick_bound`]: NaN where its trace has no summary.
+fn gpu_bound(g: &GpuSummary, speed: f64, curve: &Curve, mm: MemoryModel, bar: Bar) -> f64 {
+    let passes = |x: f64| x > bar.floor && x >= bar.needed;
+    // At least the coarse figure (a curve gives at most 1, and at least 0): where it fails
+    // `bar`, so does the coarse one, and the curve is not looked up.
+    let idle_only = non_negative(g.idle) * speed;
+    if g.trace.is_some() && !passes(idle_only) {
+        return idle_only;
+    }
+    let coarse = g.idle * curve.at_most(g.top) * speed;
+    match &g.trace {
+        // Quantiles not ascending (the last is not the largest) or too few: no bound.
+        None => f64::NAN,
+        Some(t) if passes(coarse) => {
+            let fine = g.idle * curve.factor_bound(t, mm) * speed;
+            // NaN (the curve is not bounded) keeps the coarse figure.
+            if fine < coarse {
+                fine
+            } else {
+                coarse
+            }
+        }
+        Some(_) => coarse,
+    }
+}
+
+/// The k-th largest of the free GPUs' bounds `solo` (reordered), at most `cap`; `cap` where one
+/// is NaN or there are fewer than k.
+fn kth_bound(solo: &mut [f64], k: usize, cap: f64) -> f64 {
     if solo.iter().any(|x| x.is_nan()) || solo.len() < k.max(1) {
-        return bound;
+        return cap;
     }
     let (_, kth, _) = solo.select_nth_unstable_by(k.max(1) - 1, |a, b| b.total_cmp(a));
-    kth.min(bound)
+    kth.min(cap)
 }
 
 #[cfg(test)]
@@ -579,5 +615,64 @@ mod tests {
             tighter > 10 && sets > 100 && skips > 10,
             "{tighter} tighter, {sets} sets, {skips} skipped"
         );
+    }
+    #[test]
+    fn a_class_bound_made_from_kept_gpu_figures_is_the_quick_bound_made_afresh() {
+        let mut rng = fastrand::Rng::with_seed(12);
+        let params = PlaceParams::default();
+        let mut checked = 0;
+        for i in 0..200 {
+            let mut nodes = vec![super::super::tests::random_node(&mut rng, "n", 8)];
+            let profile = Arc::new(super::super::tests::random_profile(&mut rng));
+            let k = profile.gpus as usize;
+            let job = PendingJob {
+                id: "j".into(),
+                class: 0,
+                sla: 0.0,
+                avoid: vec![],
+                order: 0,
+                profile: profile.clone(),
+            };
+            let mut pass = Pass::new(&mut nodes, &params, FastLimits::default(), &[k]);
+            let s = Search {
+                job: &job,
+                curve: Curve::new(&profile),
+                needed: 0.0,
+                best: None,
+                considered: 0,
+                evaluated: 0,
+                met: 0,
+                below: 0,
+            };
+            let (mut kept, mut made) = (vec![f64::NAN; 8], false);
+            // GPUs go one by one; the kept figures are made once, at the first bound.
+            for p in std::iter::once(None).chain((0..8).map(Some)) {
+                if let Some(p) = p {
+                    pass.nodes[0].free[p] = false;
+                    pass.index.update(0, &pass.nodes[0], &params.model);
+                }
+                let got = pass.class_bound(0, &s, &mut kept, &mut made);
+                let want = pass.index.bound(0, k).map(|cap| {
+                    let gpus = summarise(&pass.nodes[0].model);
+                    let bar = Bar { cap, ..OPEN };
+                    quick_bound(
+                        &mut Vec::new(),
+                        &pass.nodes[0],
+                        &gpus,
+                        &params,
+                        &job,
+                        &s.curve,
+                        bar,
+                    )
+                });
+                assert_eq!(
+                    got.map(f64::to_bits),
+                    want.map(f64::to_bits),
+                    "node {i}, {p:?} taken"
+                );
+                checked += usize::from(got.is_some());
+            }
+        }
+        assert!(checked > 500, "{checked} bounds compared");
     }
 }
