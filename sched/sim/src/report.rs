@@ -252,7 +252,7 @@ pub fn policy_reports(
                     .then(|| m.queue_delay_min_sum / m.first_starts as f64),
                 pass_ms_median: quantile(&pass, 0.5),
                 pass_ms_max: pass.last().copied(),
-                pass_s_total: pass.iter().sum::<f64>() / 1e3,
+                pass_s_total: pass.iter().fold(0.0, |a, b| a + b) / 1e3,
                 work_s: m.work_s,
                 counts: m,
             }

@@ -7,7 +7,9 @@
 //! that a cheap bound on the job's memory factor rules out is not evaluated. The search may miss
 //! a better node further down; the comparison with the exhaustive pass (`compare.rs`) measures
 //! what that costs. A job left pending is told the best place among the nodes evaluated, not
-//! over the whole cluster.
+//! over the whole cluster. A job class whose jobs have looked at more nodes than its own index
+//! costs walks that instead ([`ClassIndex`]): nodes by a bound on the class's share that counts
+//! memory, so the walk meets the nodes that can serve it first and stops sooner.
 
 use std::collections::HashMap;
 
