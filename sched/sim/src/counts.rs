@@ -108,6 +108,9 @@ pub struct Metrics {
     /// Wall time of each `cycle::plan` call (ms).
     #[serde(skip)]
     pub pass_ms: Vec<f64>,
+    /// Wall time of the policy's own work, its passes and simulated minutes (s).
+    #[serde(skip)]
+    pub work_s: f64,
     /// (predicted share, true mean share over the first hour) per run that lasted an hour.
     #[serde(skip)]
     pub pred: Vec<(f32, f32)>,

@@ -140,6 +140,7 @@ pub fn simulate(cfg: &SimConfig, command: &str, multi_source: &str) -> Results {
         policies,
         targets,
         wall_s: wall.elapsed().as_secs_f64(),
+        shared_s: out.shared_s,
     }
 }
 

@@ -61,6 +61,11 @@ pub struct PolicyReport {
     pub pass_ms_median: Option<f64>,
     /// Longest `cycle::plan` time (ms).
     pub pass_ms_max: Option<f64>,
+    /// All its `cycle::plan` calls together (s).
+    pub pass_s_total: f64,
+    /// Wall time of the policy's own work: its passes and simulated minutes, without the load
+    /// and documents the policies share (`shared_s`) (s).
+    pub work_s: f64,
     /// The raw counts.
     pub counts: Metrics,
 }
@@ -107,6 +112,8 @@ pub struct Results {
     pub targets: Vec<Target>,
     /// Wall time of the whole run (s).
     pub wall_s: f64,
+    /// Of it, the time in the work every policy shares: online load and documents (s).
+    pub shared_s: f64,
 }
 
 /// What was simulated.
@@ -245,6 +252,8 @@ pub fn policy_reports(
                     .then(|| m.queue_delay_min_sum / m.first_starts as f64),
                 pass_ms_median: quantile(&pass, 0.5),
                 pass_ms_max: pass.last().copied(),
+                pass_s_total: pass.iter().fold(0.0, |a, b| a + b) / 1e3,
+                work_s: m.work_s,
                 counts: m,
             }
         })
@@ -342,9 +351,22 @@ pub fn render(r: &Results) -> String {
     }
     s += &render_speeds(r);
     s += &render_targets(r);
+    let own: Vec<String> = r
+        .policies
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {:.1} s (passes {:.1} s)",
+                p.name, p.work_s, p.pass_s_total
+            )
+        })
+        .collect();
     s += &format!(
-        "\nWall time {:.1} s ({} threads).\n",
-        r.wall_s, r.config.threads
+        "\nWall time {:.1} s ({} threads); load and documents shared by every policy {:.1} s; each policy's own work: {}.\n",
+        r.wall_s,
+        r.config.threads,
+        r.shared_s,
+        own.join(", ")
     );
     s
 }

@@ -1187,6 +1187,8 @@ pub struct RunOutcome {
     pub policies: Vec<(Policy, Metrics)>,
     /// Online busy GPU-minutes (the same for every policy).
     pub online_busy_gpu_min: f64,
+    /// Wall time of the work every policy shares: the online load and the documents (s).
+    pub shared_s: f64,
     /// GPU-minutes by memory left to offline, per bin of [`MEMORY_BINS_GIB`].
     pub memory_hist: [f64; 5],
     /// GPU-minutes simulated.
@@ -1224,8 +1226,10 @@ pub fn run_world(world: &World, cfg: &SimConfig) -> RunOutcome {
     let mut online = 0.0;
     let mut memory_hist = [0.0; 5];
     let wall = Instant::now();
+    let mut shared_s = 0.0;
     let mut t = 0u32;
     while t < world.minutes {
+        let shared = Instant::now();
         let end = (t + PASS_EVERY_MIN).min(world.minutes);
         ring.fill(c, i64::from(t) + 61 + i64::from(PASS_EVERY_MIN), threads);
         for minute in t..end {
@@ -1251,6 +1255,7 @@ pub fn run_world(world: &World, cfg: &SimConfig) -> RunOutcome {
         if let Some(f) = future.as_mut() {
             f.update(c, &ring, i64::from(t), Dir::Future, unix_ms(t), threads);
         }
+        shared_s += shared.elapsed().as_secs_f64();
         let next = AtomicUsize::new(0);
         let slots: Vec<Mutex<&mut PolicySim>> =
             sims.iter_mut().map(|(_, s)| Mutex::new(s)).collect();
@@ -1261,10 +1266,12 @@ pub fn run_world(world: &World, cfg: &SimConfig) -> RunOutcome {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(slot) = slots.get(i) else { break };
                     let mut s = slot.lock().expect("no panics while held");
+                    let work = Instant::now();
                     s.pass(t, ring_ref, past_ref, future_ref);
                     for minute in t..end {
                         s.step(minute, ring_ref.col(i64::from(minute)));
                     }
+                    s.m.work_s += work.elapsed().as_secs_f64();
                 });
             }
         });
@@ -1278,6 +1285,7 @@ pub fn run_world(world: &World, cfg: &SimConfig) -> RunOutcome {
             .map(|(_, s)| (s.policy.clone(), s.close()))
             .collect(),
         online_busy_gpu_min: online,
+        shared_s,
         memory_hist,
         gpu_minutes,
     }

@@ -51,6 +51,10 @@ pub struct BenchPassArgs {
     /// The fast pass's search per job: nodes looked at most (the cheaply ruled out included).
     #[arg(long, default_value_t = FastLimits::default().scan)]
     pub scan: usize,
+    /// The fast pass: job classes at most with an index of their own at once (0: none; a class
+    /// gets one once its jobs have looked at more nodes than it costs).
+    #[arg(long, default_value_t = FastLimits::default().class_indexes)]
+    pub class_indexes: usize,
     /// Passes per configuration (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -89,6 +93,7 @@ pub fn exec(a: &BenchPassArgs, json: bool) -> anyhow::Result<ExitCode> {
         candidates: a.candidates,
         visits: a.visits,
         scan: a.scan,
+        class_indexes: a.class_indexes,
     };
     if let Some(n) = a.compare {
         return run_compare(n, a.seed, limits, json);

@@ -243,30 +243,44 @@ mod tests {
     use super::*;
     use crate::place::FastLimits;
 
-    /// Small clusters, with the fast pass's limits at their defaults and tight enough to bind:
-    /// no placement below its SLA, and at most 1% of the reference's harvest given up in all.
+    /// Small clusters, with the fast pass's limits at their defaults and tight enough to bind,
+    /// each with and without the job classes' own indexes: no placement below its SLA, and at
+    /// most 1% of the reference's harvest given up in all.
     #[test]
     fn the_fast_pass_keeps_the_sla_and_nearly_all_the_harvest_on_small_random_clusters() {
         let tight = FastLimits {
             candidates: 2,
             visits: 4,
             scan: 8,
+            class_indexes: 0,
         };
-        let (mut want, mut got, mut moved) = (0.0, 0.0, 0);
+        let no_class = FastLimits {
+            class_indexes: 0,
+            ..FastLimits::default()
+        };
+        let tight_class = FastLimits {
+            class_indexes: 8,
+            ..tight
+        };
+        let (mut want, mut got, mut moved, mut by_class) = (0.0, 0.0, 0, 0);
         for seed in 0..300 {
             let mut rng = fastrand::Rng::with_seed(seed);
             let (nodes, jobs) = (rng.usize(5..40), rng.usize(10..300));
             let (queue, slots) = random_cluster(seed, nodes, jobs, [1, 5, 40][rng.usize(0..3)]);
-            for fast in [FastLimits::default(), tight] {
+            let mut harvests = Vec::new();
+            for fast in [FastLimits::default(), no_class, tight, tight_class] {
                 let c = compare(&queue, &slots, &PlaceParams::default(), fast);
                 assert!(c.violations.is_empty(), "seed {seed}: {:?}", c.violations);
                 (want, got) = (want + c.reference_harvest, got + c.fast_harvest);
                 moved += c.moved + c.only_reference + c.only_fast;
+                harvests.push(c.fast_harvest);
             }
+            by_class += usize::from(harvests[0] != harvests[1] || harvests[2] != harvests[3]);
         }
         let loss = 1.0 - got / want;
         assert!(loss <= 0.01, "gave up {:.2}% of the harvest", loss * 100.0);
         assert!(moved > 0, "the tight limits change decisions");
+        assert!(by_class > 0, "the classes' own indexes change decisions");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! that a cheap bound on the job's memory factor rules out is not evaluated. The search may miss
 //! a better node further down; the comparison with the exhaustive pass (`compare.rs`) measures
 //! what that costs. A job left pending is told the best place among the nodes evaluated, not
-//! over the whole cluster.
+//! over the whole cluster. A job class whose jobs have looked at more nodes than its own index
+//! costs walks that instead ([`ClassIndex`]): nodes by a bound on the class's share that counts
+//! memory, so the walk meets the nodes that can serve it first and stops sooner.
 
 use std::collections::HashMap;
 
@@ -15,6 +17,7 @@ use serde::Serialize;
 
 use super::bound::{non_negative, Curve, GpuSummary, Trace};
 use super::cache::MemoryCache;
+use super::class_index::ClassIndex;
 use super::index::NodeIndex;
 use super::search::{best_set, Hints};
 use super::{order_jobs, Decision, NodeSlot, Outcome, Pending, PendingJob, PlaceParams, Placement};
@@ -33,6 +36,8 @@ pub struct FastLimits {
     pub visits: usize,
     /// Nodes looked at most per job, those the cheap bound rules out included.
     pub scan: usize,
+    /// Job classes at most with an index of their own at once (0: none).
+    pub class_indexes: usize,
 }
 
 impl Default for FastLimits {
@@ -41,6 +46,7 @@ impl Default for FastLimits {
             candidates: 32,
             visits: 512,
             scan: 4096,
+            class_indexes: 256,
         }
     }
 }
@@ -88,6 +94,10 @@ pub(super) fn place_traced(
     let mut failed: HashMap<(u64, u64), Pending> = HashMap::new();
     let mut decisions = Vec::with_capacity(jobs.len());
     let mut stops = Vec::with_capacity(jobs.len());
+    let mut left: HashMap<u64, usize> = HashMap::new();
+    for job in jobs {
+        *left.entry(job.class).or_default() += 1;
+    }
     for job in order_jobs(jobs) {
         let key = (job.class, job.sla.to_bits());
         let outcome = match failed.get(&key) {
@@ -104,6 +114,11 @@ pub(super) fn place_traced(
         if let (Outcome::Pending(p), true) = (&outcome, job.avoid.is_empty()) {
             failed.insert(key, p.clone());
         }
+        let n = left.get_mut(&job.class).expect("counted");
+        *n -= 1;
+        if *n == 0 {
+            pass.forget_class(job.class);
+        }
         decisions.push(Decision {
             job: job.id.clone(),
             outcome,
@@ -119,13 +134,32 @@ struct Pass<'a> {
     limits: FastLimits,
     /// Free GPUs per node.
     free_count: Vec<usize>,
+    /// Per node: how many times its GPUs were given away in this pass (class indexes compare it).
+    versions: Vec<u32>,
     index: NodeIndex,
+    /// Per job class with an index of its own: the index.
+    classes: HashMap<u64, ClassIndex>,
+    /// Per job class: nodes its jobs looked at in the index of their size so far.
+    scanned: HashMap<u64, usize>,
     cache: MemoryCache,
     /// Per node and GPU position: its idle time, largest memory and trace summary, for the
     /// quick bound; made the first time the node is bounded (empty before).
     gpus: Vec<Vec<GpuSummary>>,
     /// Per GPU position of the node being looked at: a bound on the job's share alone there.
     solo: Vec<f64>,
+}
+
+/// How far one job's search has got.
+struct Search<'j> {
+    job: &'j PendingJob,
+    curve: Curve<'j>,
+    /// The SLA with the margin.
+    needed: f64,
+    best: Option<(usize, Vec<usize>, Prediction)>,
+    considered: usize,
+    evaluated: usize,
+    met: usize,
+    below: usize,
 }
 
 impl<'a> Pass<'a> {
@@ -143,11 +177,14 @@ impl<'a> Pass<'a> {
         let index = NodeIndex::new(nodes, sizes, &params.model);
         let gpus = nodes.iter().map(|_| Vec::new()).collect();
         Pass {
+            versions: vec![0; nodes.len()],
             nodes,
             params,
             limits,
             free_count,
             index,
+            classes: HashMap::new(),
+            scanned: HashMap::new(),
             cache,
             gpus,
             solo: Vec::new(),
@@ -156,94 +193,222 @@ impl<'a> Pass<'a> {
 
     /// The best place among the nodes the job's search reaches, taken if it meets the SLA.
     fn place_one(&mut self, job: &PendingJob) -> (Outcome, Stop) {
-        let k = job.profile.gpus as usize;
-        let needed = job.sla + self.params.margin;
-        let curve = Curve::new(&job.profile);
-        let mut best: Option<(usize, Vec<usize>, Prediction)> = None;
-        let (mut considered, mut evaluated, mut met, mut below) = (0, 0, 0, 0);
-        let mut stop = Stop::Exhausted;
-        for (scanned, (n, bound)) in self.index.walk(k).enumerate() {
-            match &best {
-                Some((_, _, b)) if bound <= b.share || bound < needed => {
-                    stop = Stop::Bound;
-                    break;
-                }
-                None if bound < needed => {
-                    below += 1;
-                    if below > REPORT_VISITS {
-                        stop = Stop::BelowSla;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-            if scanned >= self.limits.scan {
-                stop = Stop::Visits;
-                break;
-            }
-            let slot = &self.nodes[n];
-            if job.avoid.iter().any(|a| a == &slot.model.name) {
-                continue;
-            }
-            considered += 1;
-            let floor = best.as_ref().map_or(-1.0, |(_, _, b)| b.share);
-            if best.is_some() {
-                let bar = Bar {
-                    floor,
-                    needed,
-                    cap: bound,
-                };
-                if self.gpus[n].is_empty() {
-                    self.gpus[n] = summarise(&slot.model);
-                }
-                let gpus = &self.gpus[n];
-                let quick = quick_bound(&mut self.solo, slot, gpus, self.params, job, &curve, bar);
-                if quick <= floor || quick < needed {
-                    continue; // cannot beat the best found, or meet the SLA
-                }
-            }
-            evaluated += 1;
-            let ties_lose = best
-                .as_ref()
-                .is_some_and(|(bn, _, _)| self.free_count[n] >= self.free_count[*bn]);
-            let c = match self.cache.find(n, job.class) {
-                Some(c) => c,
-                None => self.cache.insert(n, job.class),
-            };
-            let hints = Hints {
-                curve: &curve,
-                bounds: None,
-                ties_lose,
-            };
-            let memory = self.cache.factors_mut(n, c);
-            if let Some((set, pred)) = best_set(job, slot, memory, self.params, floor, &hints) {
-                met += usize::from(pred.share >= needed);
-                let better = best.as_ref().is_none_or(|(bn, _, bp)| {
-                    pred.share > bp.share
-                        || (pred.share == bp.share && self.free_count[n] < self.free_count[*bn])
-                });
-                if better {
-                    best = Some((n, set, pred));
-                }
-            }
-            if met >= self.limits.candidates {
-                stop = Stop::Candidates;
-                break;
-            }
-            if evaluated >= self.limits.visits {
-                stop = Stop::Visits;
-                break;
-            }
-        }
-        let Some((n, set, prediction)) = best else {
+        let mut s = Search {
+            job,
+            curve: Curve::new(&job.profile),
+            needed: job.sla + self.params.margin,
+            best: None,
+            considered: 0,
+            evaluated: 0,
+            met: 0,
+            below: 0,
+        };
+        let stop = if self.class_index(&s) {
+            self.walk_class(&mut s)
+        } else {
+            self.walk_size(&mut s)
+        };
+        let Some((n, set, prediction)) = s.best else {
             let gpus = job.profile.gpus;
             let pending = Pending::NoFreeGpus {
                 gpus,
-                nodes: considered,
+                nodes: s.considered,
             };
             return (Outcome::Pending(pending), stop);
         };
         (self.take(job, n, set, prediction), stop)
+    }
+
+    /// Walks the index of the job's size, by idle time.
+    fn walk_size(&mut self, s: &mut Search) -> Stop {
+        let index = std::mem::take(&mut self.index);
+        let mut stop = Stop::Exhausted;
+        let mut scanned = 0;
+        for (i, (n, bound)) in index.walk(s.job.profile.gpus as usize).enumerate() {
+            scanned = i + 1;
+            if let Some(st) = self.visit(s, i, n, bound, true) {
+                stop = st;
+                break;
+            }
+        }
+        self.index = index;
+        *self.scanned.entry(s.job.class).or_default() += scanned;
+        stop
+    }
+
+    /// Walks the job class's own index, by the class's bound.
+    fn walk_class(&mut self, s: &mut Search) -> Stop {
+        let class = s.job.class;
+        let mut index = self.classes.remove(&class).expect("the class has an index");
+        let (mut cursor, mut i) = (None, 0);
+        let stop = loop {
+            let versions = std::mem::take(&mut self.versions);
+            let next = index.next_below(cursor, &versions, |n, x, m| self.class_bound(n, s, x, m));
+            self.versions = versions;
+            let Some((n, bound, key)) = next else {
+                break Stop::Exhausted;
+            };
+            cursor = Some(key);
+            if let Some(st) = self.visit(s, i, n, bound, false) {
+                break st;
+            }
+            i += 1;
+        };
+        self.classes.insert(class, index);
+        stop
+    }
+
+    /// Whether the job walks an index of its class's own, made here once the class's jobs have
+    /// looked at more nodes than that costs (the nodes of their size), while fewer than
+    /// `limits.class_indexes` classes have one.
+    fn class_index(&mut self, s: &Search) -> bool {
+        let class = s.job.class;
+        if self.classes.contains_key(&class) {
+            return true;
+        }
+        let nodes = self.index.len(s.job.profile.gpus as usize);
+        let looked = self.scanned.get(&class).copied().unwrap_or(0);
+        if self.classes.len() >= self.limits.class_indexes || looked <= nodes {
+            return false;
+        }
+        let versions = std::mem::take(&mut self.versions);
+        let gpus: Vec<usize> = self.nodes.iter().map(|n| n.free.len()).collect();
+        let index = ClassIndex::new(&gpus, &versions, |n, x, m| self.class_bound(n, s, x, m));
+        self.versions = versions;
+        self.classes.insert(class, index);
+        true
+    }
+
+    /// Drops the index of a class none of whose jobs are left.
+    fn forget_class(&mut self, class: u64) {
+        self.classes.remove(&class);
+    }
+
+    /// At least the job's share on any set of node `n`'s free GPUs: the index's bound tightened
+    /// by the quick bound with nothing to pass (as [`quick_bound`] makes it), from the bounds
+    /// of all the node's GPUs in `solos`, made first where `made` is false; `None` where the
+    /// node lacks the GPUs.
+    fn class_bound(
+        &mut self,
+        n: usize,
+        s: &Search,
+        solos: &mut [f64],
+        made: &mut bool,
+    ) -> Option<f64> {
+        let cap = self.index.bound(n, s.job.profile.gpus as usize)?;
+        let slot = &self.nodes[n];
+        let speed = slot.model.speed;
+        let mm = self.params.model.memory;
+        if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
+            return Some(cap);
+        }
+        if !*made {
+            if self.gpus[n].is_empty() {
+                self.gpus[n] = summarise(&slot.model);
+            }
+            for (x, g) in solos.iter_mut().zip(&self.gpus[n]) {
+                *x = gpu_bound(g, speed, &s.curve, mm, OPEN);
+            }
+            *made = true;
+        }
+        self.solo.clear();
+        let free = solos.iter().zip(&slot.free).filter(|(_, &f)| f);
+        self.solo.extend(free.map(|(&x, _)| x));
+        Some(kth_bound(&mut self.solo, s.job.profile.gpus as usize, cap))
+    }
+
+    /// [`quick_bound`] for node `n` (its GPUs summarised the first time).
+    fn quick(&mut self, n: usize, s: &Search, bar: Bar) -> f64 {
+        if self.gpus[n].is_empty() {
+            self.gpus[n] = summarise(&self.nodes[n].model);
+        }
+        let (slot, gpus) = (&self.nodes[n], &self.gpus[n]);
+        quick_bound(
+            &mut self.solo,
+            slot,
+            gpus,
+            self.params,
+            s.job,
+            &s.curve,
+            bar,
+        )
+    }
+
+    /// Looks at node `n`, the `scanned`-th of the walk with the walk's `bound` on it: the
+    /// reason to stop there, if any. `quick`: whether the bound may be tightened first.
+    fn visit(
+        &mut self,
+        s: &mut Search,
+        scanned: usize,
+        n: usize,
+        bound: f64,
+        quick: bool,
+    ) -> Option<Stop> {
+        match &s.best {
+            Some((_, _, b)) if bound <= b.share || bound < s.needed => return Some(Stop::Bound),
+            None if bound < s.needed => {
+                s.below += 1;
+                if s.below > REPORT_VISITS {
+                    return Some(Stop::BelowSla);
+                }
+            }
+            _ => {}
+        }
+        if scanned >= self.limits.scan {
+            return Some(Stop::Visits);
+        }
+        if s.job.avoid.iter().any(|a| a == &self.nodes[n].model.name) {
+            return None;
+        }
+        s.considered += 1;
+        let floor = s.best.as_ref().map_or(-1.0, |(_, _, b)| b.share);
+        if quick && s.best.is_some() {
+            let bar = Bar {
+                floor,
+                needed: s.needed,
+                cap: bound,
+            };
+            let q = self.quick(n, s, bar);
+            if q <= floor || q < s.needed {
+                return None; // cannot beat the best found, or meet the SLA
+            }
+        }
+        self.evaluate(s, n, floor);
+        if s.met >= self.limits.candidates {
+            return Some(Stop::Candidates);
+        }
+        (s.evaluated >= self.limits.visits).then_some(Stop::Visits)
+    }
+
+    /// Node `n`'s best set for the job above `floor`, kept if it beats the best found.
+    fn evaluate(&mut self, s: &mut Search, n: usize, floor: f64) {
+        s.evaluated += 1;
+        let ties_lose = s
+            .best
+            .as_ref()
+            .is_some_and(|(bn, _, _)| self.free_count[n] >= self.free_count[*bn]);
+        let c = match self.cache.find(n, s.job.class) {
+            Some(c) => c,
+            None => self.cache.insert(n, s.job.class),
+        };
+        let hints = Hints {
+            curve: &s.curve,
+            bounds: None,
+            ties_lose,
+        };
+        let memory = self.cache.factors_mut(n, c);
+        let slot = &self.nodes[n];
+        let Some((set, pred)) = best_set(s.job, slot, memory, self.params, floor, &hints) else {
+            return;
+        };
+        s.met += usize::from(pred.share >= s.needed);
+        let better = s.best.as_ref().is_none_or(|(bn, _, bp)| {
+            pred.share > bp.share
+                || (pred.share == bp.share && self.free_count[n] < self.free_count[*bn])
+        });
+        if better {
+            s.best = Some((n, set, pred));
+        }
     }
 
     /// Gives `set` on node `n` to `job` if `prediction` meets its SLA, and moves the node in
@@ -272,6 +437,7 @@ impl<'a> Pass<'a> {
             self.nodes[n].free[p] = false;
         }
         self.free_count[n] -= set.len();
+        self.versions[n] += 1;
         self.index.update(n, &self.nodes[n], &self.params.model);
         Outcome::Placed(placement)
     }
@@ -289,6 +455,13 @@ fn summarise(model: &crate::predict::NodeModel) -> Vec<GpuSummary> {
         })
         .collect()
 }
+
+/// A bar everything but NaN passes.
+const OPEN: Bar = Bar {
+    floor: f64::NEG_INFINITY,
+    needed: f64::NEG_INFINITY,
+    cap: f64::INFINITY,
+};
 
 /// What a node must pass to be evaluated: a share above `floor` (the best found) and at least
 /// `needed` (the SLA with its margin); `cap` is the index's bound on the node.
@@ -314,45 +487,52 @@ fn quick_bound(
     curve: &Curve,
     bar: Bar,
 ) -> f64 {
-    let bound = bar.cap;
-    let k = job.profile.gpus as usize;
     let speed = slot.model.speed;
     let mm = params.model.memory;
     if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
-        return bound;
+        return bar.cap;
     }
     solo.clear();
-    let passes = |x: f64| x > bar.floor && x >= bar.needed;
     for (g, _) in gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
-        // At least the coarse figure (a curve gives at most 1, and at least 0): where it fails
-        // `bar`, so does the coarse one, and the curve is not looked up.
-        let idle_only = non_negative(g.idle) * speed;
-        if g.trace.is_some() && !passes(idle_only) {
-            solo.push(idle_only);
-            continue;
-        }
-        let coarse = g.idle * curve.at_most(g.top) * speed;
-        let refine = passes(coarse);
-        solo.push(match &g.trace {
-            // Quantiles not ascending (the last is not the largest) or too few: no bound.
-            None => f64::NAN,
-            Some(t) if refine => {
-                let fine = g.idle * curve.factor_bound(t, mm) * speed;
-                // NaN (the curve is not bounded) keeps the coarse figure.
-                if fine < coarse {
-                    fine
-                } else {
-                    coarse
-                }
-            }
-            Some(_) => coarse,
-        });
+        solo.push(gpu_bound(g, speed, curve, mm, bar));
     }
+    kth_bound(solo, job.profile.gpus as usize, bar.cap)
+}
+
+/// One GPU's bound in [`quick_bound`]: NaN where its trace has no summary.
+fn gpu_bound(g: &GpuSummary, speed: f64, curve: &Curve, mm: MemoryModel, bar: Bar) -> f64 {
+    let passes = |x: f64| x > bar.floor && x >= bar.needed;
+    // At least the coarse figure (a curve gives at most 1, and at least 0): where it fails
+    // `bar`, so does the coarse one, and the curve is not looked up.
+    let idle_only = non_negative(g.idle) * speed;
+    if g.trace.is_some() && !passes(idle_only) {
+        return idle_only;
+    }
+    let coarse = g.idle * curve.at_most(g.top) * speed;
+    match &g.trace {
+        // Quantiles not ascending (the last is not the largest) or too few: no bound.
+        None => f64::NAN,
+        Some(t) if passes(coarse) => {
+            let fine = g.idle * curve.factor_bound(t, mm) * speed;
+            // NaN (the curve is not bounded) keeps the coarse figure.
+            if fine < coarse {
+                fine
+            } else {
+                coarse
+            }
+        }
+        Some(_) => coarse,
+    }
+}
+
+/// The k-th largest of the free GPUs' bounds `solo` (reordered), at most `cap`; `cap` where one
+/// is NaN or there are fewer than k.
+fn kth_bound(solo: &mut [f64], k: usize, cap: f64) -> f64 {
     if solo.iter().any(|x| x.is_nan()) || solo.len() < k.max(1) {
-        return bound;
+        return cap;
     }
     let (_, kth, _) = solo.select_nth_unstable_by(k.max(1) - 1, |a, b| b.total_cmp(a));
-    kth.min(bound)
+    kth.min(cap)
 }
 
 #[cfg(test)]
@@ -437,5 +617,64 @@ mod tests {
             tighter > 10 && sets > 100 && skips > 10,
             "{tighter} tighter, {sets} sets, {skips} skipped"
         );
+    }
+    #[test]
+    fn a_class_bound_made_from_kept_gpu_figures_is_the_quick_bound_made_afresh() {
+        let mut rng = fastrand::Rng::with_seed(12);
+        let params = PlaceParams::default();
+        let mut checked = 0;
+        for i in 0..200 {
+            let mut nodes = vec![super::super::tests::random_node(&mut rng, "n", 8)];
+            let profile = Arc::new(super::super::tests::random_profile(&mut rng));
+            let k = profile.gpus as usize;
+            let job = PendingJob {
+                id: "j".into(),
+                class: 0,
+                sla: 0.0,
+                avoid: vec![],
+                order: 0,
+                profile: profile.clone(),
+            };
+            let mut pass = Pass::new(&mut nodes, &params, FastLimits::default(), &[k]);
+            let s = Search {
+                job: &job,
+                curve: Curve::new(&profile),
+                needed: 0.0,
+                best: None,
+                considered: 0,
+                evaluated: 0,
+                met: 0,
+                below: 0,
+            };
+            let (mut kept, mut made) = (vec![f64::NAN; 8], false);
+            // GPUs go one by one; the kept figures are made once, at the first bound.
+            for p in std::iter::once(None).chain((0..8).map(Some)) {
+                if let Some(p) = p {
+                    pass.nodes[0].free[p] = false;
+                    pass.index.update(0, &pass.nodes[0], &params.model);
+                }
+                let got = pass.class_bound(0, &s, &mut kept, &mut made);
+                let want = pass.index.bound(0, k).map(|cap| {
+                    let gpus = summarise(&pass.nodes[0].model);
+                    let bar = Bar { cap, ..OPEN };
+                    quick_bound(
+                        &mut Vec::new(),
+                        &pass.nodes[0],
+                        &gpus,
+                        &params,
+                        &job,
+                        &s.curve,
+                        bar,
+                    )
+                });
+                assert_eq!(
+                    got.map(f64::to_bits),
+                    want.map(f64::to_bits),
+                    "node {i}, {p:?} taken"
+                );
+                checked += usize::from(got.is_some());
+            }
+        }
+        assert!(checked > 500, "{checked} bounds compared");
     }
 }

@@ -17,9 +17,10 @@ const MAX_STEPS: usize = 4096;
 
 /// A node's place in an index: its bound's bits (non-negative, so they order as the bound does)
 /// and, among equal bounds, lower positions first when walked from the top.
-type Key = (u64, Reverse<u32>);
+pub(super) type Key = (u64, Reverse<u32>);
 
 /// See the module documentation.
+#[derive(Default)]
 pub(super) struct NodeIndex {
     /// Per job size k (position k - 1), if some job of the pass has that size: the nodes with at
     /// least k free GPUs, by bound.
@@ -62,6 +63,18 @@ impl NodeIndex {
         set.into_iter()
             .flat_map(|s| s.iter().rev())
             .map(|&(bits, Reverse(n))| (n as usize, f64::from_bits(bits)))
+    }
+
+    /// Node `n`'s bound for size k, if it is in that index (it has k free GPUs).
+    pub(super) fn bound(&self, n: usize, k: usize) -> Option<f64> {
+        let key = *self.keys.get(n)?.get(k.max(1) - 1)?;
+        key.map(f64::from_bits)
+    }
+
+    /// How many nodes the index of size k holds.
+    pub(super) fn len(&self, k: usize) -> usize {
+        let set = self.sizes.get(k.max(1) - 1).and_then(Option::as_ref);
+        set.map_or(0, BTreeSet::len)
     }
 
     /// Puts node `n` where its free GPUs now place it.

@@ -449,10 +449,13 @@ fn the_oracle_knows_a_jobs_level_and_leaves_a_job_that_would_miss_waiting() {
 fn comparable(r: &crate::report::Results) -> serde_json::Value {
     let mut v = serde_json::to_value(r).unwrap();
     v["wall_s"] = serde_json::Value::Null;
+    v["shared_s"] = serde_json::Value::Null;
     v["config"]["level_drift_minutes"] = serde_json::Value::Null;
     for p in v["policies"].as_array_mut().unwrap() {
         p["pass_ms_median"] = serde_json::Value::Null;
         p["pass_ms_max"] = serde_json::Value::Null;
+        p["pass_s_total"] = serde_json::Value::Null;
+        p["work_s"] = serde_json::Value::Null;
     }
     v
 }
