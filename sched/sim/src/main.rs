@@ -101,8 +101,11 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.3)]
     pub online_busy: f64,
     /// Jobs each (class, SLA) stream keeps waiting at most; later arrivals are turned away.
-    #[arg(long, default_value_t = 50)]
-    pub max_pending_per_stream: usize,
+    /// Default: 50 per 1,000 nodes, at least 50 (arrivals grow with the cluster, and so does
+    /// the backlog that keeps every kind of job waiting; a fixed 50 turned 81% of a 10,000-node
+    /// cluster's arrivals away, the oracle's included).
+    #[arg(long)]
+    pub max_pending_per_stream: Option<usize>,
     /// Worker threads (default: the machine's CPUs).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -239,6 +242,11 @@ fn exec(a: &SimulateArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The backlog cap per stream when none is given: 50 per 1,000 nodes, at least 50.
+fn default_backlog(nodes: usize) -> usize {
+    (50 * nodes).div_ceil(1000).max(50)
+}
+
 /// The flags checked and turned into a simulation (the preset, if any, sets nodes and days),
 /// with where the online multi-GPU share came from (`given`, or the trace it was read from).
 fn config(a: &SimulateArgs) -> anyhow::Result<(SimConfig, String)> {
@@ -282,7 +290,10 @@ fn config(a: &SimulateArgs) -> anyhow::Result<(SimConfig, String)> {
         minutes: (days * 1440.0).round().max(1.0) as u32,
         offline_multi_gpu_share: a.offline_multi_gpu_share,
         offered_load: a.offered_load,
-        max_pending_per_stream: a.max_pending_per_stream.max(1),
+        max_pending_per_stream: a
+            .max_pending_per_stream
+            .unwrap_or_else(|| default_backlog(nodes))
+            .max(1),
         policies,
         threads: threads.max(1),
         seed: a.offline_seed.unwrap_or(a.seed),
@@ -353,6 +364,27 @@ mod tests {
             SimulateArgs::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
                 .expect("flags parse");
         check_ranges(&cli).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_backlog_grows_with_the_cluster_unless_given() {
+        let cap = |flags: &[&str]| {
+            let cli = SimulateArgs::try_parse_from(
+                std::iter::once("simulate").chain(flags.iter().copied()),
+            )
+            .expect("flags parse");
+            config(&cli)
+                .expect("a valid simulation")
+                .0
+                .max_pending_per_stream
+        };
+        assert_eq!(cap(&["--nodes", "100"]), 50);
+        assert_eq!(cap(&["--nodes", "1000"]), 50);
+        assert_eq!(cap(&["--nodes", "10000"]), 500);
+        assert_eq!(
+            cap(&["--nodes", "10000", "--max-pending-per-stream", "50"]),
+            50
+        );
     }
 
     #[test]
