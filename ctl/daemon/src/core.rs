@@ -42,7 +42,7 @@ use recorded::RecordedState;
 struct Preempted {
     records: Vec<DisabledRecord>,
     /// The channels, as disable targets (what the freeze check reads back).
-    targets: Vec<ChannelTarget>,
+    targets: Arc<[ChannelTarget]>,
     /// Ends the freeze's check off the loop, if one runs (set before any enable, and on drop).
     check: CheckCancel,
     /// The process's workload label as a metric label (set after the disable).
@@ -557,7 +557,7 @@ impl<D: RmDriver> DaemonCore<D> {
         };
         let preempted = Preempted {
             records,
-            targets,
+            targets: targets.into(),
             check: CheckCancel::default(),
             label: String::new(),
             plan,
@@ -604,7 +604,7 @@ impl<D: RmDriver> DaemonCore<D> {
             self.freeze.record(Origin::Preempt, pid, &c);
             data.freeze = Some(c);
         } else if let Some(checker) = &self.freeze_checker {
-            let cancel = checker.submit(Origin::Pool, pid, p.targets.clone(), done);
+            let cancel = checker.submit(Origin::Pool, pid, Arc::clone(&p.targets), done);
             p.check = CheckCancel(Some(cancel));
         }
     }

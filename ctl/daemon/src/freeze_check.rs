@@ -200,7 +200,7 @@ impl FreezeRecorder {
 struct Job {
     origin: Origin,
     pid: u32,
-    targets: Vec<ChannelTarget>,
+    targets: Arc<[ChannelTarget]>,
     disabled_at: Instant,
     cancel: Arc<AtomicBool>,
 }
@@ -229,7 +229,7 @@ impl FreezeChecker {
         &self,
         origin: Origin,
         pid: u32,
-        targets: Vec<ChannelTarget>,
+        targets: Arc<[ChannelTarget]>,
         disabled_at: Instant,
     ) -> Arc<AtomicBool> {
         let cancel = Arc::new(AtomicBool::new(false));
@@ -254,7 +254,7 @@ pub fn install_for_gate(checker: FreezeChecker) {
 /// The gate's freeze of `targets`, disabled at `disabled_at`, queued for a check; `None` where
 /// no checker runs (tests, or a daemon whose checker could not start).
 pub fn submit_for_gate(
-    targets: Vec<ChannelTarget>,
+    targets: Arc<[ChannelTarget]>,
     disabled_at: Instant,
 ) -> Option<Arc<AtomicBool>> {
     FOR_GATE

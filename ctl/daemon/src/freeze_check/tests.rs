@@ -68,11 +68,11 @@ fn the_thread_checks_queued_freezes_and_books_every_outcome() {
     let checker = FreezeChecker::start(other, recorder.clone());
     let plan = ctl.plan(&targets, PreemptMode::Preempt).unwrap();
     let guard = ctl.disable(&plan).unwrap();
-    checker.submit(Origin::Pool, 42, targets.clone(), Instant::now());
+    checker.submit(Origin::Pool, 42, targets.clone().into(), Instant::now());
     wait_for(|| recorder.counts().confirmed == 1);
     guard.enable().unwrap();
     // Enabled again: a check now would see them running, and says so.
-    checker.submit(Origin::Gate, 0, targets.clone(), Instant::now());
+    checker.submit(Origin::Gate, 0, targets.clone().into(), Instant::now());
     wait_for(|| recorder.counts().running == 1);
     let counts = recorder.counts();
     assert_eq!((counts.unconfirmed, counts.resumed_first), (0, 0));
@@ -88,7 +88,7 @@ fn a_freeze_shorter_than_the_wait_is_never_read_back() {
     );
     let plan = ctl.plan(&targets, PreemptMode::Preempt).unwrap();
     let guard = ctl.disable(&plan).unwrap();
-    let cancel = checker.submit(Origin::Pool, 7, targets.clone(), Instant::now());
+    let cancel = checker.submit(Origin::Pool, 7, targets.clone().into(), Instant::now());
     cancel.store(true, Ordering::Release); // the reclaim resumed it at once
     guard.enable().unwrap();
     wait_for(|| recorder.counts().resumed_first == 1);

@@ -82,7 +82,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         // Metrics after the claims are released, as the enable does: nothing else waits on them.
         if let Some(report) = &stopped {
             self.count_disable(report, cause, done_ns);
-            let (targets, _) = targets_of(&self.ctl, &self.records);
+            let targets = Arc::clone(&self.check_targets);
             self.freeze_check = crate::freeze_check::submit_for_gate(targets, Instant::now());
         }
         // The latency samples count the retry too: that is how long online waited.

@@ -167,6 +167,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .as_ref()
             .map(|p| (p.channels(), p.gpus()))
             .unwrap_or((0, 0));
+        // The freeze check's targets, kept with the offline set, not made on the disable path.
+        self.check_targets = targets.into();
         self.records = records;
         self.plan = plan;
         self.probe_issue();

@@ -55,6 +55,8 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     pub(super) shared: Arc<GateShared>,
     /// The running check of the current freeze (set at the enable, which it must not outrun).
     pub(super) freeze_check: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The offline set's channels as the freeze check reads them (made with the set).
+    pub(super) check_targets: Arc<[valve::controller::ChannelTarget]>,
 }
 
 /// How often the status's probe counters are read again.
@@ -97,6 +99,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             handled_arrival_ns: BTreeMap::new(),
             shared,
             freeze_check: None,
+            check_targets: Arc::from([]),
         };
         let issue = rt.ctl.issue_mode().describe();
         let threads: Vec<_> = std::iter::once(("gate", own))
