@@ -61,20 +61,7 @@ out="$(cd "$out" && pwd)"
 work="$(mktemp -d /tmp/valve-align.XXXXXX)"
 . "$here/lib.sh"
 
-cleanup() {
-  local rc=$?
-  set +e
-  release  # offline enabled before it is stopped: a frozen job could not finish its SIGTERM
-  stop_all_but_daemon
-  stop_daemon
-  [ -n "${valvectl:-}" ] && "$valvectl" resume --all > "$out/resume-all.txt" 2>&1
-  [ -f "$out/meta.json" ] && python3 "$here/report.py" align "$out" > /dev/null 2> "$out/report.err"
-  pack align-results
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
+install_cleanup align align-results
 
 engine=torch scheduler=""
 if [ "$dry" = 1 ]; then

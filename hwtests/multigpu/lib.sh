@@ -170,3 +170,26 @@ wait_bg() {
   kill -0 "$pid" 2>/dev/null && say "$1 still ran after $2 s: stopped"
   stop_bg "$1"
 }
+
+# install_cleanup REPORT TARBALL: on every exit (a trap, SIGTERM, an error), offline released
+# before it is stopped (a frozen job could not finish its SIGTERM), everything stopped, the
+# daemon's leftovers resumed (not in a dry run, which has no Valve), report.py REPORT run and
+# $out/TARBALL.tar.gz written; the script's exit code kept.
+install_cleanup() {
+  cleanup_report=$1 cleanup_tarball=$2
+  trap cleanup EXIT
+  trap 'exit 143' TERM INT HUP
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  release
+  stop_all_but_daemon
+  stop_daemon
+  [ -n "${valvectl:-}" ] && [ "${dry:-0}" = 0 ] && "$valvectl" resume --all > "$out/resume-all.txt" 2>&1
+  [ -f "$out/meta.json" ] && python3 "$here/report.py" "$cleanup_report" "$out" > /dev/null 2> "$out/report.err"
+  pack "$cleanup_tarball"
+  rm -rf "$work"
+  exit "$rc"
+}

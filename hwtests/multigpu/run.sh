@@ -67,20 +67,7 @@ out="$(cd "$out" && pwd)"
 work="$(mktemp -d /tmp/valve-multigpu.XXXXXX)"
 . "$here/lib.sh"
 
-cleanup() {
-  local rc=$?
-  set +e
-  release  # offline enabled before it is stopped: a frozen job could not finish its SIGTERM
-  stop_all_but_daemon
-  stop_daemon
-  [ -n "${valvectl:-}" ] && [ "$dry" = 0 ] && "$valvectl" resume --all > "$out/resume-all.txt" 2>&1
-  [ -f "$out/meta.json" ] && python3 "$here/report.py" serve "$out" > /dev/null 2> "$out/report.err"
-  pack multigpu-results
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
+install_cleanup serve multigpu-results
 
 engine=torch
 if [ "$dry" = 1 ]; then
