@@ -22,6 +22,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAINING = os.path.join(HERE, "..", "serving", "training.py")
+sys.path.insert(0, os.path.join(HERE, "..", "membench"))
+from common import daemon_request  # noqa: E402  (the control socket's one request, shared)
 
 
 def log(*a):
@@ -30,17 +32,9 @@ def log(*a):
 
 def call(sock_path, req, timeout=10.0):
     """One control-socket request: the reply's data, or raises with the daemon's error."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(sock_path)
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    reply = json.loads(buf)
+    reply = daemon_request(req, sock_path, timeout)
+    if not reply:
+        raise RuntimeError(f"{req['op']}: the daemon closed the connection without a reply")
     if reply.get("error"):
         raise RuntimeError(f"{req['op']}: {reply['error']}")
     return reply.get("data")
