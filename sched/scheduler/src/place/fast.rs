@@ -542,6 +542,18 @@ mod tests {
     use super::*;
     use crate::predict::predict;
 
+    /// A job of class 0 with no SLA, for bounds checks.
+    fn job_of(profile: &Arc<crate::job::JobProfile>) -> PendingJob {
+        PendingJob {
+            id: "j".into(),
+            class: 0,
+            sla: 0.0,
+            avoid: vec![],
+            order: 0,
+            profile: profile.clone(),
+        }
+    }
+
     /// Every set's share, over the free GPUs of random nodes and random jobs.
     fn subsets(free: &[usize], k: usize) -> Vec<Vec<usize>> {
         let n = free.len();
@@ -564,14 +576,7 @@ mod tests {
             let slot = super::super::tests::random_node(&mut rng, "n", [1, 2, 4, 8][i % 4]);
             let profile = Arc::new(super::super::tests::random_profile(&mut rng));
             let params = PlaceParams::default();
-            let job = PendingJob {
-                id: "j".into(),
-                class: 0,
-                sla: 0.0,
-                avoid: vec![],
-                order: 0,
-                profile: profile.clone(),
-            };
+            let job = job_of(&profile);
             let curve = Curve::new(&profile);
             let gpus = summarise(&slot.model);
             let open = Bar {
@@ -627,14 +632,7 @@ mod tests {
             let mut nodes = vec![super::super::tests::random_node(&mut rng, "n", 8)];
             let profile = Arc::new(super::super::tests::random_profile(&mut rng));
             let k = profile.gpus as usize;
-            let job = PendingJob {
-                id: "j".into(),
-                class: 0,
-                sla: 0.0,
-                avoid: vec![],
-                order: 0,
-                profile: profile.clone(),
-            };
+            let job = job_of(&profile);
             let mut pass = Pass::new(&mut nodes, &params, FastLimits::default(), &[k]);
             let s = Search {
                 job: &job,
