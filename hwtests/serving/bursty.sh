@@ -9,7 +9,8 @@
 #   --window-s     seconds of trace per configuration (default 90); --load the busy share (0.1)
 #   --service-s    the service time the rate comes from (default 0.3: graph-raw 3b on an H200, about)
 #   --deadline-s   no part starts that would end past this many seconds (default 530: one 9-min call)
-#   --peers        the peer parts after the plain one, in order (default xsched,mps)
+#   --peers        the peer parts after the plain one, in order (default xsched,mps); xsched-diag
+#                  builds XSched and runs xsched_diag.sh (where its shim fails) instead of a part
 #   --plain        the plain part's configurations (default alone,gate-hold,timeslice; a later call
 #                  that runs only a peer keeps alone here, for its ratios to alone from the same run)
 #   --setup-s      seconds a part takes beyond its windows (default 60: training, server, warm-ups)
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
   shift 2
 done
 for p in ${peers//,/ }; do
-  case "$p" in xsched|mps) ;; *) echo "bursty.sh: --peers takes xsched and mps, not $p" >&2; exit 2 ;; esac
+  case "$p" in xsched|xsched-diag|mps) ;; *) echo "bursty.sh: --peers takes xsched, xsched-diag and mps, not $p" >&2; exit 2 ;; esac
 done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -138,6 +139,9 @@ run_part() { # NAME CONFIGS [extra bench.py args...]
 if [ "$dry" = 0 ]; then
   [ -e /dev/nvidiactl ] || { echo "SKIP: no NVIDIA driver here (/dev/nvidiactl missing); --dry-run runs on a CPU"; exit 0; }
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+  case ",$peers," in *,xsched,*|*,xsched-diag,*) want_xsched=1 ;; *) want_xsched=0 ;; esac
+fi
+if [ "$dry" = 0 ] && [ "$want_xsched" = 1 ]; then
   say "building XSched in the background (its output: $out/xsched/xsched_build.out)"
   mkdir -p "$out/xsched"
   cpus="$(nproc)"; jobs=$(( cpus > 8 ? cpus / 2 : 2 ))
@@ -153,6 +157,8 @@ if [ "$dry" = 0 ]; then
     echo $(( $(date +%s) - b0 )) > "$out/xsched/build-seconds.txt"
     exit $rc ) &
   build_pid=$!
+fi
+if [ "$dry" = 0 ]; then
   say "building stamp.ptx (as hwtests/cuda/build.sh does, that file alone)"
   nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   mkdir -p "$work/cuda"
@@ -169,7 +175,7 @@ hold=()
 
 run_part plain "$plain" "${hold[@]}"
 for p in ${peers//,/ }; do
-  if [ "$p" = xsched ] && [ "$dry" = 0 ]; then
+  if [ "${p%-diag}" = xsched ] && [ "$dry" = 0 ]; then
     say "waiting for the XSched build"
     if ! wait "$build_pid" || [ ! -x "$work/xsched-install/bin/xserver" ]; then
       say "SKIPPED xsched: its build failed (tail of $out/xsched/xsched_build.out:)"
@@ -180,6 +186,12 @@ for p in ${peers//,/ }; do
     build_pid=""
     say "XSched built in $(cat "$out/xsched/build-seconds.txt") s"
     cp "$work/xsched-install/"*.log "$work/xsched-install/SOURCES.txt" "$out/xsched/" 2>/dev/null || true
+  fi
+  if [ "$p" = xsched-diag ]; then
+    say "where XSched's shim fails (xsched_diag.sh)"
+    if [ "$dry" = 1 ]; then echo "DRY: bash $here/xsched_diag.sh $work/xsched-install $out/xsched/diag"
+    else timeout 300 bash "$here/xsched_diag.sh" "$work/xsched-install" "$out/xsched/diag" || true; fi
+    continue
   fi
   case "$p" in xsched) dir=(--xsched-dir "$work/xsched-install") ;; mps) dir=(--mps-dir "$work/mps") ;; esac
   smoke_peer="$p" run_part "$p" "$p" "${dir[@]}"

@@ -382,6 +382,19 @@ class BurstyShTest(unittest.TestCase):
             self.assertIn("--configs alone --out", later)
             self.assertIn("--configs mps", later)
 
+    def test_xsched_diag_runs_the_diagnosis_instead_of_a_part(self):
+        with tempfile.TemporaryDirectory() as d:
+            bindir = os.path.join(d, "bin")
+            os.makedirs(bindir)
+            fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
+            fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+            r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), os.path.join(d, "o"), "--dry-run",
+                                "--plain", "alone", "--peers", "xsched-diag"],
+                               capture_output=True, text=True, env=dict(os.environ, VALVE_BIN=bindir), timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            self.assertIn("xsched_diag.sh", r.stdout)
+            self.assertNotIn("--configs xsched", r.stdout)
+
     def test_an_unknown_peer_is_refused(self):
         r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), "/tmp/x", "--peers", "mig"],
                            capture_output=True, text=True, timeout=30)
