@@ -122,12 +122,20 @@ def harvest_runs(runs, rate_alone):
 
 def disabled_intervals(trace):
     """[(stopped_ns, resumed_ns)]: from each whole-offline disable's end to the next enable's
-    start (the last one open-ended)."""
+    start (the last one open-ended). An enable before any disable closes a freeze that began
+    before the trace (a gate's hold from before the window): it counts from the trace's first
+    record, since the trace cannot say when it began."""
     out, start = [], None
-    for r in sorted(trace, key=lambda r: r["t_ns"]):
+    ordered = sorted(trace, key=lambda r: r["t_ns"])
+    seen_disable = False
+    for r in ordered:
         if r["event"] == "disable" and r.get("pid", 0) == 0 and r.get("ok", True):
+            seen_disable = True
             if start is None:
                 start = r["end_ns"]
+        elif r["event"] == "enable" and r.get("pid", 0) == 0 and start is None and not seen_disable and not out:
+            out.append((ordered[0]["t_ns"], r["t_ns"]))
+            seen_disable = True
         elif r["event"] == "enable" and start is not None:
             out.append((start, r["t_ns"]))
             start = None

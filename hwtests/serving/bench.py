@@ -113,10 +113,18 @@ def check_hold_history(path, port):
 
 
 def hold_budget_for(a, config):
-    """The hold budget (percent) a gate configuration starts with, or None."""
+    """The hold budget (percent) a gate configuration starts with, or None: only gate-hold holds,
+    so that the gates beside it in one invocation measure the gate without the hold."""
     if config == "gate-hold":
         return a.gate_hold_budget or DEFAULT_HOLD_BUDGET
-    return a.gate_hold_budget
+    return None
+
+
+def trace_from(trace, lo):
+    """The gate's records from `lo` on, and the last whole-offline disable or enable before it:
+    whether offline was frozen when the window began (a hold from the settling requests)."""
+    before = [r for r in trace if r["t_ns"] < lo and r["event"] in ("disable", "enable") and r.get("pid", 0) == 0]
+    return before[-1:] + [r for r in trace if r["t_ns"] >= lo]
 
 
 def free_port():
@@ -471,6 +479,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             settle(url, prompt, a.max_tokens, 0.3)
             before = valve.gate_status()
             out["hold_gaps_at_start"] = before.get("hold_gaps")
+            out["hold_us_at_start"] = before.get("hold_us")
         recs = run_load(url, rate, n, seed, prompt, a.max_tokens, part=PART[0])
         out["records"] = recs
         if config.startswith("gate"):
@@ -479,7 +488,7 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             out["preemptions"] = st["preemptions"] - before["preemptions"]
             out["probe_hits"] = probe_hits_between(before, st)
             lo = min(r["send_ns"] for r in recs) - 2_000_000
-            out["trace"] = [r for r in valve.gate_trace() if r["t_ns"] >= lo]
+            out["trace"] = trace_from(valve.gate_trace(), lo)
             out["online_pids"] = st.get("online_pids", [])
             valve.gate_stop()
     finally:

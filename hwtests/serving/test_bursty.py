@@ -17,6 +17,7 @@ import bench  # noqa: E402
 import bursty_report  # noqa: E402
 import hold_seed  # noqa: E402
 import loadgen  # noqa: E402
+import analysis  # noqa: E402
 import peers  # noqa: E402
 
 # A stand-in for gate_hold: prints its table and, with --history-out, writes a history file of
@@ -310,7 +311,20 @@ class BenchOptionsTest(unittest.TestCase):
         self.assertIsNone(bench.hold_budget_for(a, "gate-arrival"))
         a.gate_hold_budget = 5.0
         self.assertEqual(bench.hold_budget_for(a, "gate-hold"), 5.0)
-        self.assertEqual(bench.hold_budget_for(a, "gate-arrival"), 5.0)
+        self.assertIsNone(bench.hold_budget_for(a, "gate-arrival"))  # the gate beside it holds nothing
+
+    def test_the_window_starts_with_the_freeze_the_settling_requests_left(self):
+        dis = {"event": "disable", "pid": 0, "t_ns": 100, "end_ns": 110, "ok": True}
+        en = {"event": "enable", "pid": 0, "t_ns": 500, "ok": True}
+        arr = {"event": "arrival", "t_ns": 300}
+        old = {"event": "enable", "pid": 0, "t_ns": 50, "ok": True}
+        kept = bench.trace_from([old, dis, arr, en], 200)
+        self.assertEqual(kept, [dis, arr, en])
+        self.assertEqual(analysis.disabled_intervals(kept), [(110, 500)])
+        # A trace cut after the disable: the leading enable closes a freeze from before it.
+        self.assertEqual(analysis.disabled_intervals([arr, en]), [(300, 500)])
+        later = {"event": "disable", "pid": 0, "t_ns": 600, "end_ns": 610, "ok": True}
+        self.assertEqual(analysis.disabled_intervals([en, later]), [(500, 500), (610, float("inf"))])
 
 
 class BurstyShTest(unittest.TestCase):
