@@ -18,6 +18,7 @@ import bursty_report  # noqa: E402
 import hold_seed  # noqa: E402
 import loadgen  # noqa: E402
 import analysis  # noqa: E402
+import bursty_pool  # noqa: E402
 import peers  # noqa: E402
 
 # A stand-in for gate_hold: prints its table and, with --history-out, writes a history file of
@@ -288,6 +289,33 @@ class BurstyReportTest(unittest.TestCase):
             self.assertIn("| gate-hold | 2 |", md)
             self.assertIn("against every peer here (timeslice)", md)
             self.assertIn("0.1", json.load(open(os.path.join(d, "bursty.json"))))
+
+
+class BurstyPoolTest(unittest.TestCase):
+    def call(self, alone_ms, hold_ms, harvested):
+        rows = {"alone": stats(10, 5, None), "gate-hold": stats(11, 5, harvested, 0.5)}
+        runs = [run("alone", [0, 1000], gated=False, stamps={0: alone_ms, 1000: alone_ms}),
+                run("gate-hold", [0, 1000], stops=[(-50, 5), (1000.1, 1010)],
+                    stamps={0: hold_ms, 1000: 0.9})]
+        return {"loads": [{"load": 0.1, "rows": rows}], "runs": runs}
+
+    def test_stretches_pool_arrivals_and_pair_caught_ones_with_the_same_request_alone(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = []
+            # Two calls whose alone differs by 0.1 ms; caught arrivals are 0.02 ms over their own.
+            for k, (alone_ms, hold_ms, h) in enumerate([(0.30, 0.32, 0.5), (0.40, 0.42, 0.7)]):
+                paths.append(os.path.join(d, f"s{k}.json"))
+                json.dump(self.call(alone_ms, hold_ms, h), open(paths[-1], "w"))
+            out = os.path.join(d, "pool.md")
+            self.assertEqual(bursty_pool.main([*paths, "--out", out]), 0)
+            g = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]
+            self.assertEqual((g["idle_arrivals"], g["caught"]), (4, 2))
+            self.assertAlmostEqual(g["caught_first_kernel_p50_vs_alone_ms"], 0.02, places=6)
+            self.assertAlmostEqual(g["harvested"], 0.6)  # equal idle time in both calls
+            # A run known to be wrong is left out, the rest kept.
+            bursty_pool.main([*paths, "--skip", "1:gate-hold", "--out", out])
+            g = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]
+            self.assertEqual((g["calls"], g["idle_arrivals"]), (1, 2))
 
 
 class BenchOptionsTest(unittest.TestCase):

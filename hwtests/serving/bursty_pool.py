@@ -1,0 +1,147 @@
+"""One window's figures from its stretches, each replayed in a GPU call of its own (bursty.sh
+--window-part K/N): per configuration, the stretches' idle arrivals and requests pooled.
+
+    python3 bursty_pool.py CALL [CALL ...] --out POOLED.md
+    CALL: one call's bench.py report.json files, comma-separated (the plain part first)
+
+Caught share, first kernels and TTFT/TPOT percentiles are taken over the pooled arrivals and
+requests; ratios compare a configuration with alone pooled over the same calls only (the calls
+that ran both), so that each stretch's alone is its own call's. Harvest is the calls' offline
+progress over their summed idle time. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import analysis  # noqa: E402
+import bursty_report  # noqa: E402
+
+
+def idle_s(records) -> float:
+    """Seconds of a run's window with no request in flight (analysis.harvest_runs' idle time)."""
+    lo, hi = analysis.window_of(records)
+    return (hi - lo - analysis.union_ns([(r["send_ns"], r["end_ns"]) for r in records], lo, hi)) / 1e9
+
+
+def calls_of(specs: list[str], skip: set[tuple[int, str]] = frozenset()) -> list[dict]:
+    """{config: (runs, stats)} per call, at the calls' one load, without the (call, config) pairs
+    in `skip` (a run known to be wrong, kept in the raw data)."""
+    out = []
+    for n, spec in enumerate(specs):
+        reports = []
+        for p in spec.split(","):
+            with open(p) as f:
+                reports.append(json.load(f))
+        by_load = bursty_report.collect(reports)
+        if len(by_load) != 1:
+            raise SystemExit(f"bursty_pool: {spec}: one load a call, found {sorted(by_load)}")
+        cfgs = next(iter(by_load.values()))
+        out.append({cfg: v for cfg, v in cfgs.items() if (n, cfg) not in skip})
+    return out
+
+
+def paired_kernels(call: dict, cfg: str) -> list[tuple[float, float | None, bool | None]]:
+    """(first kernel under cfg, alone's first kernel for the same request of the same call, caught)
+    per idle arrival of cfg with a stamp; alone's is None where that request found alone busy."""
+    def by_index(runs):
+        out = {}
+        for r in runs:
+            index = {q["send_ns"]: q["i"] for q in r["records"]}
+            caught = None
+            if "trace" in r:
+                caught = {x["send_ns"]: x["already_stopped"] for x in analysis.per_request(
+                    r["records"], r["trace"], set(r.get("online_pids") or []) or None)}
+            for g in analysis.gpu_start_rows(r["records"]):
+                if g["arrival_to_gpu_start_ms"] is not None:
+                    out[(r.get("round", 0), index[g["send_ns"]])] = (
+                        g["arrival_to_gpu_start_ms"], None if caught is None else caught.get(g["send_ns"], False))
+        return out
+    mine = by_index(call[cfg][0])
+    alone = by_index(call["alone"][0]) if "alone" in call else {}
+    return [(ms, alone.get(k, (None,))[0], c) for k, (ms, c) in mine.items()]
+
+
+def pooled_row(calls: list[dict], cfg: str) -> dict | None:
+    """The figures of `cfg` over the calls that ran it; ratios against alone over the calls that
+    ran both, and caught first kernels against alone's for the same requests."""
+    have = [c for c in calls if cfg in c]
+    if not have:
+        return None
+    runs = [r for c in have for r in c[cfg][0]]
+    kernels = bursty_report.first_kernels(runs)
+    gated = [c for _, c in kernels if c is not None]
+    recs = [x for r in runs for x in r["records"]]
+    stats = analysis.request_stats(recs)
+    idles = [(c[cfg][1].get("harvested"), sum(idle_s(r["records"]) for r in c[cfg][0])) for c in have]
+    total_idle = sum(s for _, s in idles)
+    row = {"calls": len(have), "requests": len(recs), "idle_arrivals": len(kernels),
+           "caught": sum(gated) if gated else None, "caught_share": sum(gated) / len(gated) if gated else None,
+           "harvested": (sum(h * s for h, s in idles) / total_idle
+                         if idles and all(h is not None for h, _ in idles) and total_idle > 0 else None)}
+    row.update(bursty_report.kernel_figures(kernels))
+    for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms"):
+        row[m] = stats.get(m)
+    both = [c for c in have if "alone" in c]
+    if cfg != "alone" and both:
+        alone = pooled_row(both, "alone")
+        mine = pooled_row(both, cfg) if len(both) < len(have) else row
+        for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms"):
+            row[m.replace("_ms", "_ratio")] = bursty_report.ratio(mine[m], alone[m])
+        pairs = [p for c in both for p in paired_kernels(c, cfg) if p[1] is not None]
+        caught = [p for p in pairs if p[2] is True]
+        row["caught_paired"] = len(caught)
+        # The median of each caught request's difference from the same request alone: the
+        # calls' own offsets (alone's p50 moves by 0.1 ms between calls) cancel.
+        row["caught_first_kernel_p50_vs_alone_ms"] = (
+            analysis.percentile([p[0] - p[1] for p in caught], 50) if caught else None)
+        row["alone_calls"] = len(both)
+    return row
+
+
+def markdown(rows: dict, specs: list[str]) -> str:
+    f = bursty_report.fmt
+    lines = ["# One window, its stretches pooled", "", "Calls: " + "; ".join(specs), "",
+             "| configuration | calls (with alone) | requests | idle arrivals | caught | first kernel p50 / p99 (ms) "
+             "| caught p50 (median difference from the same request alone) | TTFT p50 / p99 vs alone | TPOT p99 vs alone | harvested |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for cfg, r in rows.items():
+        lines.append(
+            f"| {cfg} | {r['calls']} ({r.get('alone_calls', '-')}) | {r['requests']} | {r['idle_arrivals']} "
+            f"| {f(r['caught_share'], '.1%')} ({r['caught'] if r['caught'] is not None else '-'}) "
+            f"| {f(r['first_kernel_p50_ms'])} / {f(r['first_kernel_p99_ms'])} "
+            f"| {f(r['caught_first_kernel_p50_ms'])} ({f(r.get('caught_first_kernel_p50_vs_alone_ms'), '+.3f')}) "
+            f"| {f(r.get('ttft_p50_ratio'))} / {f(r.get('ttft_p99_ratio'))} | {f(r.get('tpot_p99_ratio'))} "
+            f"| {f(r['harvested'], '.1%')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("calls", nargs="+", help="one call's report.json files, comma-separated")
+    ap.add_argument("--out", required=True, help="the markdown table; a .json beside it gets the figures")
+    ap.add_argument("--skip", action="append", default=[], metavar="K:CONFIG",
+                    help="leave out call K's (from 0) CONFIG, e.g. a run known to be wrong; repeatable")
+    a = ap.parse_args(argv)
+    try:
+        skip = {(int(k), cfg) for k, cfg in (x.split(":", 1) for x in a.skip)}
+    except ValueError:
+        ap.error("--skip takes K:CONFIG, e.g. 0:gate-arrival")
+    calls = calls_of(a.calls, skip)
+    cfgs = list(dict.fromkeys(cfg for c in calls for cfg in c))
+    rows = {cfg: pooled_row(calls, cfg) for cfg in cfgs}
+    with open(a.out, "w") as f:
+        f.write(markdown(rows, a.calls))
+    with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    print(markdown(rows, a.calls))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
