@@ -441,7 +441,7 @@ MODEL_NAME = ["bench"]
 
 TRACE_ARRIVALS = loadgen.TRACES  # --arrivals: sched/data's arrival times (Azure, 2023)
 TRACE = [None]  # the arrival times replayed, when --arrivals names a trace
-PART = [None]  # (K, N) with --window-part: only that stretch of each window
+PART = [None]  # (K, N) or (K, N, L) with --window-part: only that stretch (or K..L) of each window
 
 
 trace_path = loadgen.trace_path
@@ -867,7 +867,8 @@ def main(argv=None):
                          "arrival N + 100 L + 1000 r (default N 0). trace_windows.py says how many requests "
                          "each window has that find the server idle, and which N gives the median window")
     ap.add_argument("--window-part", default="", metavar="K/N",
-                    help="replay only the K-th (from 0) of N equal stretches of the --run-s window, timed from "
+                    help="replay only the K-th (from 0) of N equal stretches of the --run-s window (K-L/N: "
+                         "stretches K to L as one), timed from "
                          "its start: a window too long for one call, a stretch a call (needs --arrivals from a "
                          "trace and --rounds 1; --requests and --budget-s must not cap the window)")
     ap.add_argument("--rounds", type=int, default=3,

@@ -15,7 +15,8 @@
 #                  that runs only a peer keeps alone here, for its ratios to alone from the same run)
 #   --setup-s      seconds a part takes beyond its windows (default 60: training, server, warm-ups)
 #   --window-part K/N  replay only the K-th (from 0) of N equal stretches of the window, the hold
-#                  seeded with all before it (a 1200-s window over three calls: 0/3, 1/3, 2/3)
+#                  seeded with all before it (a 1200-s window over three calls: 0/3, 1/3, 2/3);
+#                  K-L/N replays stretches K to L as one (the hold learns across them on the GPU)
 #   --dry-run      CPU only: checks the binaries, seeds the hold, prints the plan and each command
 # Needs .carry/bin/valvectl and .carry/bin/gate_hold (cargo build --release -p valvectl, and
 # cargo build --release -p valve-daemon --example gate_hold), .carry/xsched/xsched-src.tar.gz
@@ -92,7 +93,11 @@ bench=(python3 "$here/bench.py" --valvectl "$bin/valvectl" --server graph-raw --
        "${part_args[@]}")
 # A stretch of the window runs for its share of it.
 run_window=${window%.*}
-[ -n "$part" ] && run_window=$(( run_window / ${part#*/} ))
+if [ -n "$part" ]; then # K/N, or K-L/N: stretches K to L together
+  first="${part%/*}"; count=1
+  case "$first" in *-*) count=$(( ${first#*-} - ${first%-*} + 1 )) ;; esac
+  run_window=$(( run_window * count / ${part#*/} ))
+fi
 # Where the plan stands (s): the time used, or in a dry run the time the parts planned so far need.
 planned=0
 plan() { # PART CONFIG_COUNT -> whether it fits before the deadline (said where not)

@@ -70,12 +70,12 @@ def part_history(history: list[float], window: list[float], span_s: float, part:
     before that stretch (the hour before the window, then the window's earlier stretches, one
     timeline), and the window is the stretch (loadgen.window_part). Both as offsets from their
     own first arrival, as `preceding` gives them."""
-    k, parts = part
+    k, parts = part[0], part[1]
     lo = span_s * k / parts
     origin = history[-1]  # `preceding` ends with the arrival the window's offsets count from
     joined = history + [origin + t for t in window if t < lo]
     kept = [t for t in joined if t >= origin + lo - history_s]
-    stretch = loadgen.window_part(window, span_s, k, parts)
+    stretch = loadgen.window_part(window, span_s, *part)
     return [t - kept[0] for t in kept], stretch
 
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history-s", type=float, default=3600.0, help="seconds of trace before the window")
     ap.add_argument("--gate-hold", default=default_gate_hold(),
                     help="the CPU replay tool (cargo build --release -p valve-daemon --example gate_hold)")
-    ap.add_argument("--window-part", default="", metavar="K/N",
+    ap.add_argument("--window-part", default="", metavar="K/N or K-L/N",
                     help="bench.py's --window-part: seed and predict only that stretch of the window")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)

@@ -42,28 +42,40 @@ def arrivals(rate, n, seed, trace=None, part=None):
     return out
 
 
-def window_part(offsets, span_s, k, parts):
-    """The arrivals of the k-th (from 0) of `parts` equal stretches of a window `span_s` long, as
-    offsets from that stretch's start: a window too long for one run, replayed a stretch a run
-    (the last stretch keeps an arrival at the window's very end)."""
-    if not 0 <= k < parts:
-        raise ValueError(f"part {k} of {parts}: parts count from 0 to {parts - 1}")
-    lo, hi = span_s * k / parts, span_s * (k + 1) / parts
-    last = k == parts - 1
+def window_part(offsets, span_s, k, parts, last_k=None):
+    """The arrivals of the k-th (from 0) of `parts` equal stretches of a window `span_s` long (with
+    `last_k`, of the stretches k to last_k together), as offsets from that stretch's start: a
+    window too long for one run, replayed a stretch a run (the last stretch keeps an arrival at the
+    window's very end)."""
+    last_k = k if last_k is None else last_k
+    if not 0 <= k <= last_k < parts:
+        raise ValueError(f"part {k}-{last_k} of {parts}: parts count from 0 to {parts - 1}")
+    lo, hi = span_s * k / parts, span_s * (last_k + 1) / parts
+    last = last_k == parts - 1
     return [t - lo for t in offsets if lo <= t < hi or (last and t == hi)]
 
 
 def parse_part(text):
-    """'K/N' (the K-th of N stretches, from 0) as (K, N), or None for ''; ValueError names the form."""
+    """'K/N' (the K-th of N stretches, from 0) as (K, N), 'K-L/N' (stretches K to L together) as
+    (K, N, L), or None for ''; ValueError names the form."""
     if not text:
         return None
     try:
-        k, n = (int(x) for x in text.split("/"))
+        first, n = text.split("/")
+        k, _, last = first.partition("-")
+        k, n = int(k), int(n)
+        last = int(last) if last else None
     except ValueError:
-        raise ValueError(f"a window part is K/N (e.g. 0/3: the first of three), not {text!r}") from None
-    if not 0 <= k < n:
-        raise ValueError(f"a window part K/N needs 0 <= K < N, not {text!r}")
-    return k, n
+        raise ValueError(f"a window part is K/N or K-L/N (e.g. 0/3: the first of three; 1-2/3: the "
+                         f"last two of three), not {text!r}") from None
+    if not 0 <= k < n or (last is not None and not k <= last < n):
+        raise ValueError(f"a window part K/N or K-L/N needs 0 <= K <= L < N, not {text!r}")
+    return (k, n) if last is None else (k, n, last)
+
+
+def part_stretches(part):
+    """How many of the window's stretches a parsed part covers."""
+    return 1 if part is None or len(part) == 2 else part[2] - part[0] + 1
 
 
 def trace_window(trace, rate, n, seed):

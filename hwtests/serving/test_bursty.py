@@ -136,9 +136,18 @@ class HoldSeedTest(unittest.TestCase):
     def test_a_window_part_is_k_of_n(self):
         self.assertEqual(loadgen.parse_part("1/3"), (1, 3))
         self.assertIsNone(loadgen.parse_part(""))
-        for bad in ("3/3", "x", "1-3", "-1/2"):
+        for bad in ("3/3", "x", "1-3", "-1/2", "2-1/3", "1-3/3"):
             with self.assertRaises(ValueError):
                 loadgen.parse_part(bad)
+
+    def test_a_range_of_stretches_replays_them_as_one(self):
+        self.assertEqual(loadgen.parse_part("1-2/3"), (1, 3, 2))
+        self.assertEqual(loadgen.part_stretches(loadgen.parse_part("2-4/8")), 3)
+        offsets = [0.0, 10.0, 35.0, 50.0, 80.0, 90.0]
+        together = loadgen.window_part(offsets, 90.0, 1, 3, 2)
+        apart = loadgen.window_part(offsets, 90.0, 1, 3) + [t + 30.0 for t in loadgen.window_part(offsets, 90.0, 2, 3)]
+        self.assertEqual(together, apart)
+        self.assertEqual(together, [5.0, 20.0, 50.0, 60.0])
 
     @unittest.skipUnless(os.access(REAL_GATE_HOLD, os.X_OK), "gate_hold not built")
     def test_the_real_gate_hold_writes_a_history_the_daemon_reads_back(self):
