@@ -32,8 +32,18 @@ src="$work/xsched"
 # XSched builds its own code with -Werror, and newer compilers warn where its compiler did not
 # (gcc 12: range-loop-construct in utils/region.h): keep the warnings, not as errors.
 grep -rl --include=CMakeLists.txt -e '-Werror' "$src" | grep -v '/3rdparty/ipc/' | xargs -r sed -i 's/^\( *\)-Werror$/\1/'
+# A toolchain that links libstdc++ statically (the GPU host's /opt/gcc 13.3 seems to: in its crash
+# libstdc++.so.6 was loaded after libcudnn, not with the shim) puts a second libstdc++ into XSched's,
+# and only the shim hides it (--exclude-libs,ALL); libpreempt.so and libhalcuda.so export it:
+# std::locale::id::_S_refcount, std::locale::classic, and the facet ids as GNU-unique symbols, so
+# the process's one std::num_put<char>::id is theirs, numbered by their copy's locale. The system
+# libstdc++.so.6 that PyTorch loads later then indexes its own locale with those ids, and the first
+# `ostream << long` in `import torch` calls std::codecvt<char16_t>::do_unshift: SIGSEGV. Hiding the
+# static archives' symbols in every XSched library keeps each copy private; with a shared libstdc++
+# the flag changes nothing. LDFLAGS from the environment still applies.
 flags=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$install" -DSHIM_SOFTLINK=ON -DBUILD_TEST=OFF
-       -DBUILD_SERVICE=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+       -DBUILD_SERVICE=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+       "-DCMAKE_SHARED_LINKER_FLAGS=${LDFLAGS:+$LDFLAGS }-Wl,--exclude-libs,ALL")
 [ "$platform" = cuda ] && flags+=(-DPLATFORM_CUDA=ON)
 echo "== xsched: configure ($platform, cmake $(cmake --version | head -1 | awk '{print $3}'))"
 cmake -S "$src" -B "$work/build" "${flags[@]}" > "$install/configure.log" 2>&1 ||
@@ -45,6 +55,17 @@ cp "$src/SOURCES.txt" "$install/SOURCES.txt"
 missing=()
 [ -x "$install/bin/xserver" ] || missing+=(bin/xserver)
 [ "$platform" = cuda ] && { [ -e "$install/lib/libshimcuda.so" ] || missing+=(lib/libshimcuda.so); }
+# None of XSched's libraries may export libstdc++'s runtime (see the linker flag above).
+if command -v nm >/dev/null; then
+  for lib in "$install"/lib/lib*.so; do
+    [ -L "$lib" ] && continue
+    # operator new, __cxa_throw, std::locale's id counter and classic(): defined only by libstdc++
+    if nm -D --defined-only "$lib" | grep -q -E ' (_Znwm|__cxa_throw|_ZNSt6locale2id11_S_refcountE|_ZNSt6locale7classicEv)$'; then
+      echo "xsched_build: $lib exports libstdc++'s runtime (a static libstdc++ not hidden)" >&2
+      exit 1
+    fi
+  done
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "xsched_build: built, but ${missing[*]} missing under $install" >&2
   exit 1
