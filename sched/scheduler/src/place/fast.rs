@@ -139,6 +139,8 @@ struct Pass<'a> {
     index: NodeIndex,
     /// Per job class with an index of its own: the index.
     classes: HashMap<u64, ClassIndex>,
+    /// The index of a class none of whose jobs is left, whose buffers the next one reuses.
+    spare: Option<ClassIndex>,
     /// Per job class: nodes its jobs looked at in the index of their size so far.
     scanned: HashMap<u64, usize>,
     cache: MemoryCache,
@@ -147,12 +149,16 @@ struct Pass<'a> {
     gpus: Vec<Vec<GpuSummary>>,
     /// Per GPU position of the node being looked at: a bound on the job's share alone there.
     solo: Vec<f64>,
+    /// Node positions by name, made for the first job with nodes to avoid.
+    by_name: HashMap<String, usize>,
 }
 
 /// How far one job's search has got.
 struct Search<'j> {
     job: &'j PendingJob,
     curve: Curve<'j>,
+    /// The positions of the nodes the job avoids (its names looked up once, not per node met).
+    avoid: Vec<usize>,
     /// The SLA with the margin.
     needed: f64,
     best: Option<(usize, Vec<usize>, Prediction)>,
@@ -184,11 +190,35 @@ impl<'a> Pass<'a> {
             free_count,
             index,
             classes: HashMap::new(),
+            spare: None,
             scanned: HashMap::new(),
             cache,
             gpus,
             solo: Vec::new(),
+            by_name: HashMap::new(),
         }
+    }
+
+    /// The positions of the nodes `job` avoids.
+    fn avoided(&mut self, job: &PendingJob) -> Vec<usize> {
+        if job.avoid.is_empty() {
+            return Vec::new();
+        }
+        if self.by_name.is_empty() {
+            let names = self.nodes.iter().enumerate();
+            self.by_name = names.map(|(n, s)| (s.model.name.clone(), n)).collect();
+        }
+        if self.by_name.len() < self.nodes.len() {
+            // Nodes of one name: every one of them is avoided, as by name.
+            let names = self.nodes.iter().enumerate();
+            let mut avoid = names.filter(|(_, s)| job.avoid.contains(&s.model.name));
+            return avoid.by_ref().map(|(n, _)| n).collect();
+        }
+        let by_name = &self.by_name;
+        job.avoid
+            .iter()
+            .filter_map(|a| by_name.get(a).copied())
+            .collect()
     }
 
     /// The best place among the nodes the job's search reaches, taken if it meets the SLA.
@@ -196,6 +226,7 @@ impl<'a> Pass<'a> {
         let mut s = Search {
             job,
             curve: Curve::new(&job.profile),
+            avoid: self.avoided(job),
             needed: job.sla + self.params.margin,
             best: None,
             considered: 0,
@@ -271,17 +302,18 @@ impl<'a> Pass<'a> {
         if self.classes.len() >= self.limits.class_indexes || looked <= nodes {
             return false;
         }
-        let versions = std::mem::take(&mut self.versions);
         let gpus: Vec<usize> = self.nodes.iter().map(|n| n.free.len()).collect();
-        let index = ClassIndex::new(&gpus, &versions, |n, x, m| self.class_bound(n, s, x, m));
-        self.versions = versions;
+        let coarse = self.index.walk(s.job.profile.gpus as usize);
+        let index = ClassIndex::new(&gpus, &self.versions, coarse, self.spare.take());
         self.classes.insert(class, index);
         true
     }
 
     /// Drops the index of a class none of whose jobs are left.
     fn forget_class(&mut self, class: u64) {
-        self.classes.remove(&class);
+        if let Some(index) = self.classes.remove(&class) {
+            self.spare = Some(index);
+        }
     }
 
     /// At least the job's share on any set of node `n`'s free GPUs: the index's bound tightened
@@ -357,7 +389,7 @@ impl<'a> Pass<'a> {
         if scanned >= self.limits.scan {
             return Some(Stop::Visits);
         }
-        if s.job.avoid.iter().any(|a| a == &self.nodes[n].model.name) {
+        if s.avoid.contains(&n) {
             return None;
         }
         s.considered += 1;
@@ -637,6 +669,7 @@ mod tests {
             let s = Search {
                 job: &job,
                 curve: Curve::new(&profile),
+                avoid: Vec::new(),
                 needed: 0.0,
                 best: None,
                 considered: 0,

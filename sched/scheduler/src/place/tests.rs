@@ -132,6 +132,34 @@ fn evicted_jobs_avoid_the_node_they_left() {
 }
 
 #[test]
+fn an_avoided_name_rules_out_every_node_of_that_name_and_unknown_names_nothing() {
+    for pass in ["fast", "exact", "reference"] {
+        let params = PlaceParams {
+            pass: PassKind::parse(pass).unwrap(),
+            ..PlaceParams::default()
+        };
+        // Two nodes called "a" (names are not checked to differ), the idlest ones.
+        let mut nodes = vec![
+            node("a", &[0.0], 1.0),
+            node("b", &[0.2], 1.0),
+            node("a", &[0.1], 1.0),
+        ];
+        let mut j = job("1", 1, 0.5, 0);
+        j.avoid = vec!["a".into(), "gone".into()];
+        let d = place(&[j], &mut nodes, &params);
+        assert_eq!(placed(&d[0]), Some(("b", &[0][..])), "{pass}");
+        // With unique names, the avoided one is found by name among many.
+        let mut nodes: Vec<NodeSlot> = (0..50)
+            .map(|n| node(&format!("n{n}"), &[f64::from(n) / 100.0], 1.0))
+            .collect();
+        let mut j = job("2", 1, 0.5, 0);
+        j.avoid = vec!["n0".into(), "n1".into()];
+        let d = place(&[j], &mut nodes, &params);
+        assert_eq!(placed(&d[0]), Some(("n2", &[0][..])), "{pass}");
+    }
+}
+
+#[test]
 fn full_nodes_leave_jobs_pending_and_equal_jobs_share_the_answer() {
     let mut nodes = vec![node("a", &[0.0], 1.0)];
     let jobs: Vec<_> = (0..3).map(|i| job(&i.to_string(), 1, 0.5, i)).collect();
