@@ -26,6 +26,7 @@ mod bound;
 mod cache;
 mod class_index;
 pub mod compare;
+mod family;
 mod fast;
 mod index;
 mod reference;

@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::bound::{non_negative, Curve, GpuSummary, Trace};
 use super::cache::MemoryCache;
 use super::class_index::ClassIndex;
+use super::family::Families;
 use super::index::NodeIndex;
 use super::search::{best_set, Hints};
 use super::{order_jobs, Decision, NodeSlot, Outcome, Pending, PendingJob, PlaceParams, Placement};
@@ -90,13 +91,14 @@ pub(super) fn place_traced(
     let mut sizes: Vec<usize> = jobs.iter().map(|j| j.profile.gpus as usize).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let mut pass = Pass::new(nodes, params, limits, &sizes);
+    let families = Families::new(jobs);
+    let mut pass = Pass::new(nodes, params, limits, &sizes, families);
     let mut failed: HashMap<(u64, u64), Pending> = HashMap::new();
     let mut decisions = Vec::with_capacity(jobs.len());
     let mut stops = Vec::with_capacity(jobs.len());
-    let mut left: HashMap<u64, usize> = HashMap::new();
+    let mut left = vec![0usize; pass.families.all.len()];
     for job in jobs {
-        *left.entry(job.class).or_default() += 1;
+        left[pass.families.of(job.class)] += 1;
     }
     for job in order_jobs(jobs) {
         let key = (job.class, job.sla.to_bits());
@@ -114,10 +116,10 @@ pub(super) fn place_traced(
         if let (Outcome::Pending(p), true) = (&outcome, job.avoid.is_empty()) {
             failed.insert(key, p.clone());
         }
-        let n = left.get_mut(&job.class).expect("counted");
-        *n -= 1;
-        if *n == 0 {
-            pass.forget_class(job.class);
+        let family = pass.families.of(job.class);
+        left[family] -= 1;
+        if left[family] == 0 {
+            pass.forget_family(family);
         }
         decisions.push(Decision {
             job: job.id.clone(),
@@ -138,11 +140,13 @@ struct Pass<'a> {
     versions: Vec<u32>,
     index: NodeIndex,
     /// Per job class with an index of its own: the index.
-    classes: HashMap<u64, ClassIndex>,
-    /// The index of a class none of whose jobs is left, whose buffers the next one reuses.
+    classes: HashMap<usize, ClassIndex>,
+    /// The jobs' classes by shape: a class index serves a family ([`Families`]).
+    families: Families,
+    /// The index of a family none of whose jobs is left, whose buffers the next one reuses.
     spare: Option<ClassIndex>,
-    /// Per job class: nodes its jobs looked at in the index of their size so far.
-    scanned: HashMap<u64, usize>,
+    /// Per family: nodes its jobs looked at in the index of their size so far.
+    scanned: HashMap<usize, usize>,
     cache: MemoryCache,
     /// Per node and GPU position: its idle time, largest memory and trace summary, for the
     /// quick bound; made the first time the node is bounded (empty before).
@@ -174,6 +178,7 @@ impl<'a> Pass<'a> {
         params: &'a PlaceParams,
         limits: FastLimits,
         sizes: &[usize],
+        families: Families,
     ) -> Self {
         let free_count = nodes
             .iter()
@@ -190,6 +195,7 @@ impl<'a> Pass<'a> {
             free_count,
             index,
             classes: HashMap::new(),
+            families,
             spare: None,
             scanned: HashMap::new(),
             cache,
@@ -263,71 +269,82 @@ impl<'a> Pass<'a> {
             }
         }
         self.index = index;
-        *self.scanned.entry(s.job.class).or_default() += scanned;
+        let family = self.families.of(s.job.class);
+        *self.scanned.entry(family).or_default() += scanned;
         stop
     }
 
-    /// Walks the job class's own index, by the class's bound.
+    /// Walks the index of the job's family, by the family's bound: the class's own where the
+    /// family has one class; else the envelope's, with the job's own quick bound applied too.
     fn walk_class(&mut self, s: &mut Search) -> Stop {
-        let class = s.job.class;
-        let mut index = self.classes.remove(&class).expect("the class has an index");
+        let family = self.families.of(s.job.class);
+        let mut index = self
+            .classes
+            .remove(&family)
+            .expect("the family has an index");
+        let f = &self.families.all[family];
+        let (profile, quick) = (f.profile.clone(), f.classes > 1);
+        let curve = Curve::new(&profile);
+        let k = s.job.profile.gpus as usize;
         let (mut cursor, mut i) = (None, 0);
         let stop = loop {
             let versions = std::mem::take(&mut self.versions);
-            let next = index.next_below(cursor, &versions, |n, x, m| self.class_bound(n, s, x, m));
+            let fresh = |n, x: &mut [f64], m: &mut bool| self.class_bound(n, &curve, k, x, m);
+            let next = index.next_below(cursor, &versions, fresh);
             self.versions = versions;
             let Some((n, bound, key)) = next else {
                 break Stop::Exhausted;
             };
             cursor = Some(key);
-            if let Some(st) = self.visit(s, i, n, bound, false) {
+            if let Some(st) = self.visit(s, i, n, bound, quick) {
                 break st;
             }
             i += 1;
         };
-        self.classes.insert(class, index);
+        self.classes.insert(family, index);
         stop
     }
 
-    /// Whether the job walks an index of its class's own, made here once the class's jobs have
-    /// looked at more nodes than that costs (the nodes of their size), while fewer than
-    /// `limits.class_indexes` classes have one.
+    /// Whether the job walks an index of its family's own, made here once the family's jobs
+    /// have looked at more nodes than that costs (the nodes of their size), while fewer than
+    /// `limits.class_indexes` families have one.
     fn class_index(&mut self, s: &Search) -> bool {
-        let class = s.job.class;
-        if self.classes.contains_key(&class) {
+        let family = self.families.of(s.job.class);
+        if self.classes.contains_key(&family) {
             return true;
         }
         let nodes = self.index.len(s.job.profile.gpus as usize);
-        let looked = self.scanned.get(&class).copied().unwrap_or(0);
+        let looked = self.scanned.get(&family).copied().unwrap_or(0);
         if self.classes.len() >= self.limits.class_indexes || looked <= nodes {
             return false;
         }
         let gpus: Vec<usize> = self.nodes.iter().map(|n| n.free.len()).collect();
         let coarse = self.index.walk(s.job.profile.gpus as usize);
         let index = ClassIndex::new(&gpus, &self.versions, coarse, self.spare.take());
-        self.classes.insert(class, index);
+        self.classes.insert(family, index);
         true
     }
 
-    /// Drops the index of a class none of whose jobs are left.
-    fn forget_class(&mut self, class: u64) {
-        if let Some(index) = self.classes.remove(&class) {
+    /// Drops the index of a family none of whose jobs are left.
+    fn forget_family(&mut self, family: usize) {
+        if let Some(index) = self.classes.remove(&family) {
             self.spare = Some(index);
         }
     }
 
-    /// At least the job's share on any set of node `n`'s free GPUs: the index's bound tightened
-    /// by the quick bound with nothing to pass (as [`quick_bound`] makes it), from the bounds
-    /// of all the node's GPUs in `solos`, made first where `made` is false; `None` where the
-    /// node lacks the GPUs.
+    /// At least the share of a k-GPU job of `curve` on any set of node `n`'s free GPUs: the
+    /// index's bound tightened by the quick bound with nothing to pass (as [`quick_bound`]
+    /// makes it), from the bounds of all the node's GPUs in `solos`, made first where `made` is
+    /// false; `None` where the node lacks the GPUs.
     fn class_bound(
         &mut self,
         n: usize,
-        s: &Search,
+        curve: &Curve,
+        k: usize,
         solos: &mut [f64],
         made: &mut bool,
     ) -> Option<f64> {
-        let cap = self.index.bound(n, s.job.profile.gpus as usize)?;
+        let cap = self.index.bound(n, k)?;
         let slot = &self.nodes[n];
         let speed = slot.model.speed;
         let mm = self.params.model.memory;
@@ -339,14 +356,14 @@ impl<'a> Pass<'a> {
                 self.gpus[n] = summarise(&slot.model);
             }
             for (x, g) in solos.iter_mut().zip(&self.gpus[n]) {
-                *x = gpu_bound(g, speed, &s.curve, mm, OPEN);
+                *x = gpu_bound(g, speed, curve, mm, OPEN);
             }
             *made = true;
         }
         self.solo.clear();
         let free = solos.iter().zip(&slot.free).filter(|(_, &f)| f);
         self.solo.extend(free.map(|(&x, _)| x));
-        Some(kth_bound(&mut self.solo, s.job.profile.gpus as usize, cap))
+        Some(kth_bound(&mut self.solo, k, cap))
     }
 
     /// [`quick_bound`] for node `n` (its GPUs summarised the first time).
@@ -665,7 +682,9 @@ mod tests {
             let profile = Arc::new(super::super::tests::random_profile(&mut rng));
             let k = profile.gpus as usize;
             let job = job_of(&profile);
-            let mut pass = Pass::new(&mut nodes, &params, FastLimits::default(), &[k]);
+            let limits = FastLimits::default();
+            let families = Families::new(std::slice::from_ref(&job));
+            let mut pass = Pass::new(&mut nodes, &params, limits, &[k], families);
             let s = Search {
                 job: &job,
                 curve: Curve::new(&profile),
@@ -684,7 +703,7 @@ mod tests {
                     pass.nodes[0].free[p] = false;
                     pass.index.update(0, &pass.nodes[0], &params.model);
                 }
-                let got = pass.class_bound(0, &s, &mut kept, &mut made);
+                let got = pass.class_bound(0, &s.curve, k, &mut kept, &mut made);
                 let want = pass.index.bound(0, k).map(|cap| {
                     let gpus = summarise(&pass.nodes[0].model);
                     let bar = Bar { cap, ..OPEN };
