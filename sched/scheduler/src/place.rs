@@ -5,7 +5,7 @@
 //! jobs do not take the only GPUs a demanding one could use. Three passes share that rule and
 //! differ in how far they search ([`PassKind`]):
 //! - the fast pass (the default, `fast.rs`) walks an index of nodes by the idle time of their
-//!   free GPUs (or, for a class with many jobs, by a bound on that class's share) and stops
+//!   free GPUs (or, for a family of classes with many jobs, by a bound on that family's share) and stops
 //!   after a bounded number of candidates per job;
 //! - the exact pass (below) searches as far as the exhaustive one, but computes memory factors
 //!   ([`cache`]) only where bounds ([`bound`]) do not show that a node cannot change the decision;

@@ -4,8 +4,10 @@
 //! [`NodeModel`] is a node's harvest document reduced to what the model reads; [`predict`] is the
 //! formula, with every factor kept for the explanation. `docs/cluster.md` derives each term.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
-use valve_harvest::{NodeHarvest, QUANTILES};
+use valve_harvest::{NodeHarvest, PairAlignment, QUANTILES};
 
 use crate::job::{JobProfile, GIB_F};
 
@@ -154,9 +156,16 @@ impl NodeModel {
             .collect();
         let n = gpus.len();
         let (mut scores, mut unions) = (vec![None; n * n], vec![None; n * n]);
+        // `doc.pair` for every two positions, from one look at the pairs: the first of the
+        // window's pairs with those GPUs, as `doc.pair` finds it.
+        let mut first: HashMap<[u32; 2], &PairAlignment> = HashMap::new();
+        for p in doc.pairs.iter().filter(|p| p.window_s == window_s) {
+            first.entry(p.gpus).or_insert(p);
+        }
         for a in 0..n {
             for b in 0..n {
-                let p = doc.pair(gpus[a].index, gpus[b].index, window_s);
+                let (x, y) = (gpus[a].index, gpus[b].index);
+                let p = first.get(&[x.min(y), x.max(y)]);
                 scores[a * n + b] = p.map(|p| p.score);
                 unions[a * n + b] = p.map(|p| p.union_fraction);
             }
@@ -417,6 +426,42 @@ impl std::fmt::Display for Prediction {
 pub(crate) mod tests {
     use super::*;
     use crate::job::tests::{profile, GIB};
+
+    #[test]
+    fn a_models_pairs_are_the_documents_own_look_ups_with_repeats_and_gaps() {
+        let mut rng = fastrand::Rng::with_seed(41);
+        let mut found = 0;
+        for i in 0..300 {
+            let gpus = [1, 2, 4, 8][i % 4];
+            let mut doc = crate::bench::random_doc(&mut rng, "n", gpus, 0);
+            // Some pairs lost, some repeated with other figures, GPU indices shuffled or repeated.
+            doc.pairs.retain(|_| rng.u8(0..6) != 0);
+            for _ in 0..rng.usize(0..4) {
+                if let Some(p) = doc.pairs.get(rng.usize(0..doc.pairs.len().max(1))) {
+                    let mut q = p.clone();
+                    q.score = rng.f64();
+                    q.union_fraction = rng.f64();
+                    doc.pairs.push(q);
+                }
+            }
+            rng.shuffle(&mut doc.pairs);
+            if rng.bool() {
+                let g = rng.usize(0..doc.gpus.len());
+                doc.gpus[g].index = doc.gpus[rng.usize(0..doc.gpus.len())].index;
+            }
+            let m = NodeModel::from_doc(&doc, &ModelParams::default());
+            let n = m.gpus.len();
+            for a in 0..n {
+                for b in 0..n {
+                    let p = doc.pair(m.gpus[a].index, m.gpus[b].index, m.window_s);
+                    assert_eq!(m.scores[a * n + b], p.map(|p| p.score), "doc {i}");
+                    assert_eq!(m.unions[a * n + b], p.map(|p| p.union_fraction));
+                    found += usize::from(p.is_some());
+                }
+            }
+        }
+        assert!(found > 1000, "{found} pairs found");
+    }
 
     pub(crate) fn gpu(index: u32, busy: f64, memory: u64) -> GpuModel {
         GpuModel {

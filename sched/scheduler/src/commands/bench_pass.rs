@@ -51,8 +51,9 @@ pub struct BenchPassArgs {
     /// The fast pass's search per job: nodes looked at most (the cheaply ruled out included).
     #[arg(long, default_value_t = FastLimits::default().scan)]
     pub scan: usize,
-    /// The fast pass: job classes at most with an index of their own at once (0: none; a class
-    /// gets one once its jobs have looked at more nodes than it costs).
+    /// The fast pass: families of job classes (profiles of one shape) at most with an index of
+    /// their own at once (0: none; a family gets one once its jobs have looked at more nodes
+    /// than it costs).
     #[arg(long, default_value_t = FastLimits::default().class_indexes)]
     pub class_indexes: usize,
     /// Passes per configuration (the median is reported).

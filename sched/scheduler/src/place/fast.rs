@@ -7,9 +7,10 @@
 //! that a cheap bound on the job's memory factor rules out is not evaluated. The search may miss
 //! a better node further down; the comparison with the exhaustive pass (`compare.rs`) measures
 //! what that costs. A job left pending is told the best place among the nodes evaluated, not
-//! over the whole cluster. A job class whose jobs have looked at more nodes than its own index
-//! costs walks that instead ([`ClassIndex`]): nodes by a bound on the class's share that counts
-//! memory, so the walk meets the nodes that can serve it first and stops sooner.
+//! over the whole cluster. A family of job classes (profiles of one shape, [`Families`]: a
+//! class alone, or a profile at its learned levels) whose jobs have looked at more nodes than its
+//! own index costs walks that instead ([`ClassIndex`]): nodes by a bound on the family's share
+//! that counts memory, so the walk meets the nodes that can serve it first and stops sooner.
 
 use std::collections::HashMap;
 
@@ -37,7 +38,7 @@ pub struct FastLimits {
     pub visits: usize,
     /// Nodes looked at most per job, those the cheap bound rules out included.
     pub scan: usize,
-    /// Job classes at most with an index of their own at once (0: none).
+    /// Families of job classes at most with an index of their own at once (0: none).
     pub class_indexes: usize,
 }
 
