@@ -284,7 +284,7 @@ pub fn time_pass(
 }
 
 /// CPU time this thread has used (ms); NaN if it cannot be read.
-fn thread_cpu_ms() -> f64 {
+pub fn thread_cpu_ms() -> f64 {
     use nix::time::{clock_gettime, ClockId};
     clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(f64::NAN, |t| {
         t.tv_sec() as f64 * 1e3 + t.tv_nsec() as f64 / 1e6

@@ -111,6 +111,13 @@ pub struct Metrics {
     /// Wall time of the policy's own work, its passes and simulated minutes (s).
     #[serde(skip)]
     pub work_s: f64,
+    /// CPU time of the thread that did that work, over the same spans (s): what waiting for a
+    /// core under other load does not add to.
+    #[serde(skip)]
+    pub work_cpu_s: f64,
+    /// CPU time of the thread in `cycle::plan`, all calls together (s).
+    #[serde(skip)]
+    pub pass_cpu_s: f64,
     /// (predicted share, true mean share over the first hour) per run that lasted an hour.
     #[serde(skip)]
     pub pred: Vec<(f32, f32)>,

@@ -66,6 +66,10 @@ pub struct PolicyReport {
     /// Wall time of the policy's own work: its passes and simulated minutes, without the load
     /// and documents the policies share (`shared_s`) (s).
     pub work_s: f64,
+    /// CPU time of that work, on the thread that did it (s).
+    pub work_cpu_s: f64,
+    /// CPU time of its `cycle::plan` calls (s).
+    pub pass_cpu_s_total: f64,
     /// The raw counts.
     pub counts: Metrics,
 }
@@ -254,6 +258,8 @@ pub fn policy_reports(
                 pass_ms_max: pass.last().copied(),
                 pass_s_total: pass.iter().fold(0.0, |a, b| a + b) / 1e3,
                 work_s: m.work_s,
+                work_cpu_s: m.work_cpu_s,
+                pass_cpu_s_total: m.pass_cpu_s,
                 counts: m,
             }
         })
@@ -356,8 +362,8 @@ pub fn render(r: &Results) -> String {
         .iter()
         .map(|p| {
             format!(
-                "{} {:.1} s (passes {:.1} s)",
-                p.name, p.work_s, p.pass_s_total
+                "{} {:.1} s (passes {:.1} s; CPU {:.1} s, passes {:.1} s)",
+                p.name, p.work_s, p.pass_s_total, p.work_cpu_s, p.pass_cpu_s_total
             )
         })
         .collect();

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use valve_harvest::{JobProgress, NodeHarvest, Rate};
+use valve_scheduler::bench::thread_cpu_ms;
 
 use super::cluster::{Cell, Cluster, OnlineConfig};
 use super::counts::{Metrics, SpeedCheck};
@@ -779,7 +780,7 @@ impl<'w> PolicySim<'w> {
         }
         .expect("templates are built for every policy that needs them");
         self.fill_reports(t, tpl);
-        let started = Instant::now();
+        let (started, cpu) = (Instant::now(), thread_cpu_ms());
         let plan = cycle::plan(
             unix_ms(t),
             &self.snap,
@@ -788,6 +789,7 @@ impl<'w> PolicySim<'w> {
             &self.policy.params,
         );
         self.m.pass_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        self.m.pass_cpu_s += (thread_cpu_ms() - cpu) / 1e3;
         let (mut no_gpus, mut below) = (0u64, 0u64);
         for d in &plan.decisions {
             match &d.outcome {
@@ -1266,12 +1268,13 @@ pub fn run_world(world: &World, cfg: &SimConfig) -> RunOutcome {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(slot) = slots.get(i) else { break };
                     let mut s = slot.lock().expect("no panics while held");
-                    let work = Instant::now();
+                    let (work, cpu) = (Instant::now(), thread_cpu_ms());
                     s.pass(t, ring_ref, past_ref, future_ref);
                     for minute in t..end {
                         s.step(minute, ring_ref.col(i64::from(minute)));
                     }
                     s.m.work_s += work.elapsed().as_secs_f64();
+                    s.m.work_cpu_s += (thread_cpu_ms() - cpu) / 1e3;
                 });
             }
         });

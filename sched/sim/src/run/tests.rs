@@ -456,6 +456,8 @@ fn comparable(r: &crate::report::Results) -> serde_json::Value {
         p["pass_ms_max"] = serde_json::Value::Null;
         p["pass_s_total"] = serde_json::Value::Null;
         p["work_s"] = serde_json::Value::Null;
+        p["work_cpu_s"] = serde_json::Value::Null;
+        p["pass_cpu_s_total"] = serde_json::Value::Null;
     }
     v
 }
