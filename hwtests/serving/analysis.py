@@ -127,15 +127,12 @@ def disabled_intervals(trace):
     record, since the trace cannot say when it began."""
     out, start = [], None
     ordered = sorted(trace, key=lambda r: r["t_ns"])
-    seen_disable = False
     for r in ordered:
         if r["event"] == "disable" and r.get("pid", 0) == 0 and r.get("ok", True):
-            seen_disable = True
             if start is None:
                 start = r["end_ns"]
-        elif r["event"] == "enable" and r.get("pid", 0) == 0 and start is None and not seen_disable and not out:
+        elif r["event"] == "enable" and r.get("pid", 0) == 0 and start is None and not out:
             out.append((ordered[0]["t_ns"], r["t_ns"]))
-            seen_disable = True
         elif r["event"] == "enable" and start is not None:
             out.append((start, r["t_ns"]))
             start = None

@@ -144,8 +144,8 @@ run_part() { # NAME CONFIGS [extra bench.py args...]
 if [ "$dry" = 0 ]; then
   [ -e /dev/nvidiactl ] || { echo "SKIP: no NVIDIA driver here (/dev/nvidiactl missing); --dry-run runs on a CPU"; exit 0; }
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-  case ",$peers," in *,xsched,*|*,xsched-diag,*) want_xsched=1 ;; *) want_xsched=0 ;; esac
 fi
+case ",$peers," in *,xsched,*|*,xsched-diag,*) want_xsched=1 ;; *) want_xsched=0 ;; esac
 if [ "$dry" = 0 ] && [ "$want_xsched" = 1 ]; then
   say "building XSched in the background (its output: $out/xsched/xsched_build.out)"
   mkdir -p "$out/xsched"

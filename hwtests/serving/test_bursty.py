@@ -364,13 +364,19 @@ class BenchOptionsTest(unittest.TestCase):
         self.assertEqual(analysis.disabled_intervals([en, later]), [(500, 500), (610, float("inf"))])
 
 
+def fake_bins(d):
+    """A bin directory under `d` with bursty.sh's two binaries faked (gate_hold's table, valvectl a no-op)."""
+    bindir = os.path.join(d, "bin")
+    os.makedirs(bindir)
+    fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
+    fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+    return bindir
+
+
 class BurstyShTest(unittest.TestCase):
     def test_dry_run_seeds_the_hold_and_plans_every_part(self):
         with tempfile.TemporaryDirectory() as d:
-            bindir = os.path.join(d, "bin")
-            os.makedirs(bindir)
-            fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
-            fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+            bindir = fake_bins(d)
             out = os.path.join(d, "out")
             r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), out, "--dry-run", "--window-s", "60"],
                                capture_output=True, text=True, env=dict(os.environ, VALVE_BIN=bindir), timeout=120)
@@ -387,10 +393,7 @@ class BurstyShTest(unittest.TestCase):
 
     def test_a_window_part_goes_to_the_seed_and_the_run_and_plans_its_stretch_only(self):
         with tempfile.TemporaryDirectory() as d:
-            bindir = os.path.join(d, "bin")
-            os.makedirs(bindir)
-            fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
-            fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+            bindir = fake_bins(d)
             out = os.path.join(d, "out")
             # 1200 s in thirds: each call plans 400 s a configuration, so three fit 530 s' plain part.
             r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), out, "--dry-run", "--window-s", "1200",
@@ -435,10 +438,7 @@ class BurstyShTest(unittest.TestCase):
 
     def test_xsched_diag_runs_the_diagnosis_instead_of_a_part(self):
         with tempfile.TemporaryDirectory() as d:
-            bindir = os.path.join(d, "bin")
-            os.makedirs(bindir)
-            fake_bin(bindir, "gate_hold", FAKE_GATE_HOLD)
-            fake_bin(bindir, "valvectl", "#!/bin/sh\nexit 0\n")
+            bindir = fake_bins(d)
             r = subprocess.run(["bash", os.path.join(HERE, "bursty.sh"), os.path.join(d, "o"), "--dry-run",
                                 "--plain", "alone", "--peers", "xsched-diag"],
                                capture_output=True, text=True, env=dict(os.environ, VALVE_BIN=bindir), timeout=120)
