@@ -229,13 +229,16 @@ class PeersTest(unittest.TestCase):
             peers.XSched(d, d, 1).start()
 
 
-def run(config, idle_sends, stops=(), stamps=None, gated=True):
-    """A report.json run: idle requests sent at `idle_sends` (ms), offline stopped over `stops`."""
+def run(config, idle_sends, stops=(), stamps=None, gated=True, ttfts=None):
+    """A report.json run: idle requests sent at `idle_sends` (ms), offline stopped over `stops`,
+    each streaming its first token `ttfts[i]` ms after it was sent (none streamed without)."""
     recs = []
     for i, t in enumerate(idle_sends):
         s = int(t * 1e6)
-        recs.append({"i": i, "send_ns": s, "end_ns": s + 300_000_000, "idle_at_send": True,
+        recs.append({"i": i, "send_ns": s, "end_ns": s + 300_000_000, "idle_at_send": True, "error": None,
                      "gpu_start_ns": s + int((stamps or {}).get(t, 0.3) * 1e6)})
+        if ttfts:
+            recs[-1].update(first_ns=s + int(ttfts[i] * 1e6), tokens=64)
     r = {"config": config, "load": 0.1, "records": recs}
     if gated:
         trace = []
@@ -288,6 +291,22 @@ class BurstyReportTest(unittest.TestCase):
         self.assertIs(bursty_report.ahead_overall(dict(gate, harvested=1.2), [slicing]), True)
         self.assertIsNone(bursty_report.ahead_overall(gate, []))
 
+    def test_ttft_is_also_paired_request_by_request_with_alone(self):
+        # Two clusters, as on a bursty stretch: the p50 of four is the second-lowest request
+        # (here an idle one in alone, a queued one under the gate: 11x), each request only 1.01x.
+        alone = run("alone", [0, 1000, 2000, 3000], gated=False, ttfts=[9, 9, 100, 400])
+        gated = run("gate-hold", [0, 1000, 2000, 3000], ttfts=[9.09, 101, 101, 404])
+        gated["records"][1]["i"] = 9  # a request alone did not serve: no pair
+        rows = {"alone": stats(9, 5, None), "gate-hold": stats(101, 5, 0.5)}
+        t = bursty_report.compare([{"loads": [{"load": 0.1, "rows": rows}], "runs": [alone, gated]}])
+        self.assertAlmostEqual(t[0.1]["gate-hold"]["ttft_p50_ratio"], 101 / 9)
+        self.assertAlmostEqual(t[0.1]["gate-hold"]["ttft_paired_ratio"], 1.01, places=6)
+        self.assertAlmostEqual(t[0.1]["alone"]["ttft_paired_ratio"], 1.0)
+        # Without alone in the run there is nothing to pair with.
+        t = bursty_report.compare([{"loads": [{"load": 0.1, "rows": {"gate-hold": rows["gate-hold"]}}],
+                                    "runs": [gated]}])
+        self.assertIsNone(t[0.1]["gate-hold"]["ttft_paired_ratio"])
+
     def test_markdown_and_json_are_written_and_unreadable_parts_skipped(self):
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "plain.json")
@@ -301,30 +320,34 @@ class BurstyReportTest(unittest.TestCase):
 
 
 class BurstyPoolTest(unittest.TestCase):
-    def call(self, alone_ms, hold_ms, harvested):
+    def call(self, alone_ms, hold_ms, harvested, ttft_ratios):
         rows = {"alone": stats(10, 5, None), "gate-hold": stats(11, 5, harvested, 0.5)}
-        runs = [run("alone", [0, 1000], gated=False, stamps={0: alone_ms, 1000: alone_ms}),
+        runs = [run("alone", [0, 1000], gated=False, stamps={0: alone_ms, 1000: alone_ms}, ttfts=[10, 10]),
                 run("gate-hold", [0, 1000], stops=[(-50, 5), (1000.1, 1010)],
-                    stamps={0: hold_ms, 1000: 0.9})]
+                    stamps={0: hold_ms, 1000: 0.9}, ttfts=[10 * x for x in ttft_ratios])]
         return {"loads": [{"load": 0.1, "rows": rows}], "runs": runs}
 
     def test_stretches_pool_arrivals_and_pair_caught_ones_with_the_same_request_alone(self):
         with tempfile.TemporaryDirectory() as d:
             paths = []
             # Two calls whose alone differs by 0.1 ms; caught arrivals are 0.02 ms over their own.
-            for k, (alone_ms, hold_ms, h) in enumerate([(0.30, 0.32, 0.5), (0.40, 0.42, 0.7)]):
+            for k, (alone_ms, hold_ms, h, ttft) in enumerate([(0.30, 0.32, 0.5, (1.01, 1.05)),
+                                                              (0.40, 0.42, 0.7, (1.02, 1.04))]):
                 paths.append(os.path.join(d, f"s{k}.json"))
-                json.dump(self.call(alone_ms, hold_ms, h), open(paths[-1], "w"))
+                json.dump(self.call(alone_ms, hold_ms, h, ttft), open(paths[-1], "w"))
             out = os.path.join(d, "pool.md")
             self.assertEqual(bursty_pool.main([*paths, "--out", out]), 0)
             g = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]
             self.assertEqual((g["idle_arrivals"], g["caught"]), (4, 2))
             self.assertAlmostEqual(g["caught_first_kernel_p50_vs_alone_ms"], 0.02, places=6)
             self.assertAlmostEqual(g["harvested"], 0.6)  # equal idle time in both calls
+            # Every request against the same request alone in its own call, both calls pooled.
+            self.assertAlmostEqual(g["ttft_paired_ratio"], 1.02, places=6)
             # A run known to be wrong is left out, the rest kept.
             bursty_pool.main([*paths, "--skip", "1:gate-hold", "--out", out])
             g = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]
             self.assertEqual((g["calls"], g["idle_arrivals"]), (1, 2))
+            self.assertAlmostEqual(g["ttft_paired_ratio"], 1.01, places=6)
 
 
 class BenchOptionsTest(unittest.TestCase):
