@@ -322,11 +322,19 @@ impl JobProfile {
     /// T(m)/T_alone for `memory_bytes` per GPU: 0 below the curve's first point, linear between
     /// points, flat after the last.
     pub fn memory_share(&self, memory_bytes: u64) -> f64 {
+        let i = self
+            .curve
+            .partition_point(|p| p.memory_bytes <= memory_bytes);
+        self.share_below(memory_bytes, i)
+    }
+
+    /// [`JobProfile::memory_share`] of `memory_bytes`, given `i`: how many curve points lie at
+    /// or below it (as the binary search finds them where the curve ascends in memory).
+    pub(crate) fn share_below(&self, memory_bytes: u64, i: usize) -> f64 {
         let c = &self.curve;
         let per_s = if memory_bytes < c[0].memory_bytes {
             0.0
         } else {
-            let i = c.partition_point(|p| p.memory_bytes <= memory_bytes);
             match c.get(i) {
                 None => c[c.len() - 1].per_s,
                 Some(b) => {

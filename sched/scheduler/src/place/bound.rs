@@ -256,6 +256,11 @@ impl<'a> Curve<'a> {
         (sum + SLACK).clamp(0.0, 1.0)
     }
 
+    /// The profile the curve is of.
+    pub(super) fn profile(&self) -> &'a JobProfile {
+        self.job
+    }
+
     /// At least the share `best_set` ranks `gpu` by alone, (1 - busy) x factor x speed, on a
     /// node of `speed` >= 0; NaN where no bound is known. Exact where the factor is `known` (not
     /// NaN). Else first idle x the most the curve gives at the GPU's largest memory (a mean of

@@ -196,6 +196,9 @@ mod tests {
                         let exact = crate::predict::memory_factor(&j.profile, &q, mm);
                         assert!(env.factor_bound(&t, mm) >= own.factor_bound(&t, mm));
                         assert!(env.factor_bound(&t, mm) >= exact);
+                        // The class index keys nodes by the envelope's exact factor.
+                        let own = crate::predict::memory_factor(&family.profile, &q, mm);
+                        assert!(own >= exact, "{own} < {exact}");
                     }
                     checked += 1;
                 }

@@ -23,7 +23,7 @@ use super::family::Families;
 use super::index::NodeIndex;
 use super::search::{best_set, Hints};
 use super::{order_jobs, Decision, NodeSlot, Outcome, Pending, PendingJob, PlaceParams, Placement};
-use crate::predict::{MemoryModel, Prediction};
+use crate::predict::{memory_factor, MemoryModel, Prediction};
 
 /// Nodes still looked at, once the index falls below a job's SLA with nothing found yet, to
 /// name the best place it could get.
@@ -334,9 +334,12 @@ impl<'a> Pass<'a> {
     }
 
     /// At least the share of a k-GPU job of `curve` on any set of node `n`'s free GPUs: the
-    /// index's bound tightened by the quick bound with nothing to pass (as [`quick_bound`]
-    /// makes it), from the bounds of all the node's GPUs in `solos`, made first where `made` is
-    /// false; `None` where the node lacks the GPUs.
+    /// k-th largest over them of each GPU's share alone with the curve's exact memory factor
+    /// (the figures in `solos`, made first where `made` is false: once per node and index),
+    /// capped by the size index's bound; `None` where the node lacks the GPUs. Exact factors,
+    /// not the trace summary's bound, since a node's figures are made once while every job of
+    /// the family meets the node by them: for a family of one class the key is the share the
+    /// node's best GPU set can get alone, so walks stop after fewer nodes.
     fn class_bound(
         &mut self,
         n: usize,
@@ -356,8 +359,10 @@ impl<'a> Pass<'a> {
             if self.gpus[n].is_empty() {
                 self.gpus[n] = summarise(&slot.model);
             }
-            for (x, g) in solos.iter_mut().zip(&self.gpus[n]) {
-                *x = gpu_bound(g, speed, curve, mm, OPEN);
+            let gpus = solos.iter_mut().zip(&self.gpus[n]).zip(&slot.model.gpus);
+            for ((x, g), model) in gpus {
+                let factor = memory_factor(curve.profile(), &model.memory_quantiles, mm);
+                *x = curve.gpu_bound(g, factor, speed, mm, f64::NEG_INFINITY);
             }
             *made = true;
         }
@@ -505,13 +510,6 @@ fn summarise(model: &crate::predict::NodeModel) -> Vec<GpuSummary> {
         })
         .collect()
 }
-
-/// A bar everything but NaN passes.
-const OPEN: Bar = Bar {
-    floor: f64::NEG_INFINITY,
-    needed: f64::NEG_INFINITY,
-    cap: f64::INFINITY,
-};
 
 /// What a node must pass to be evaluated: a share above `floor` (the best found) and at least
 /// `needed` (the SLA with its margin); `cap` is the index's bound on the node.
@@ -674,10 +672,10 @@ mod tests {
         );
     }
     #[test]
-    fn a_class_bound_made_from_kept_gpu_figures_is_the_quick_bound_made_afresh() {
+    fn a_class_bound_made_from_kept_gpu_figures_is_the_exact_solo_bound_and_bounds_every_set() {
         let mut rng = fastrand::Rng::with_seed(12);
         let params = PlaceParams::default();
-        let mut checked = 0;
+        let (mut checked, mut sets) = (0, 0);
         for i in 0..200 {
             let mut nodes = vec![super::super::tests::random_node(&mut rng, "n", 8)];
             let profile = Arc::new(super::super::tests::random_profile(&mut rng));
@@ -705,19 +703,31 @@ mod tests {
                     pass.index.update(0, &pass.nodes[0], &params.model);
                 }
                 let got = pass.class_bound(0, &s.curve, k, &mut kept, &mut made);
+                let slot = &pass.nodes[0];
                 let want = pass.index.bound(0, k).map(|cap| {
-                    let gpus = summarise(&pass.nodes[0].model);
-                    let bar = Bar { cap, ..OPEN };
-                    quick_bound(
-                        &mut Vec::new(),
-                        &pass.nodes[0],
-                        &gpus,
-                        &params,
-                        &job,
-                        &s.curve,
-                        bar,
-                    )
+                    if slot.model.speed.is_nan() || slot.model.speed < 0.0 {
+                        return cap;
+                    }
+                    let mut solo: Vec<f64> = (0..8)
+                        .filter(|&p| slot.free[p])
+                        .map(|p| {
+                            let g = &slot.model.gpus[p];
+                            let f =
+                                memory_factor(&profile, &g.memory_quantiles, params.model.memory);
+                            (1.0 - g.busy) * f * slot.model.speed
+                        })
+                        .collect();
+                    kth_bound(&mut solo, k, cap)
                 });
+                let free: Vec<usize> = (0..8).filter(|&p| slot.free[p]).collect();
+                for set in subsets(&free, k) {
+                    let share = predict(&profile, &slot.model, &set, &params.model).share;
+                    assert!(
+                        share <= got.unwrap().max(0.0),
+                        "node {i}: {set:?} scores {share}"
+                    );
+                    sets += 1;
+                }
                 assert_eq!(
                     got.map(f64::to_bits),
                     want.map(f64::to_bits),
@@ -726,6 +736,9 @@ mod tests {
                 checked += usize::from(got.is_some());
             }
         }
-        assert!(checked > 500, "{checked} bounds compared");
+        assert!(
+            checked > 500 && sets > 500,
+            "{checked} bounds compared, {sets} sets"
+        );
     }
 }
