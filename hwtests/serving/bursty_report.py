@@ -6,8 +6,9 @@ MPS, XSched) on the same window, server and job, each as ratios to online alone 
 Reads bench.py's report.json files (the first holds `alone`), and writes a table per load: idle
 arrivals, the share caught (offline already stopped when they came; gates only), arrival -> first
 kernel running on the GPU (p50/p99; caught, uncaught), TTFT p50/p99 and TPOT p99 against alone,
-the median of each request's TTFT against the same request alone, idle time harvested and preemptions per request. A gate's figure is marked "ahead" only where it
-beats every peer of the same load. Standard library only.
+the median of each request's TTFT against the same request alone, idle time harvested and
+preemptions per request. A gate's figure is marked "ahead" only where it beats every peer of the
+same load. Standard library only.
 """
 
 from __future__ import annotations
