@@ -831,7 +831,7 @@ def check_peer_args(a, ap, configs):
         ap.error("--port must be 1-65535 (or 0: a free one)")
     peer = asked[0] if asked else None
     if peer == "mps":
-        a.mps_dir = a.mps_dir or tempfile.mkdtemp(prefix="valve-mps-")
+        a.mps_dir = a.mps_dir or peers.own_mps_dir()
     if peer == "xsched" and not a.xsched_dir:
         ap.error("xsched needs --xsched-dir: XSched's install dir (hwtests/serving/xsched_build.sh makes it)")
     return peer

@@ -11,6 +11,7 @@ same where python is killed), `XSched.stop` ends its xserver. Time-slicing needs
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shutil
 import signal
@@ -42,6 +43,14 @@ def mps_env(base: str) -> dict:
     """The pipe and log directories of an MPS control daemon kept under `base`."""
     return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(base, "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": os.path.join(base, "log")}
+
+
+def own_mps_dir() -> str:
+    """A temporary base for an MPS daemon's directories, removed when this process exits (after
+    `Mps.stop`, which runs in a `finally`); a daemon left running keeps its pipe, not this one's."""
+    base = tempfile.mkdtemp(prefix="valve-mps-")
+    atexit.register(shutil.rmtree, base, True)
+    return base
 
 
 def mps_quit(base: str, timeout: float = 20) -> bool:
@@ -206,7 +215,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.smoke == "xsched" and not a.xsched_dir:
         ap.error("--smoke xsched needs --xsched-dir (XSched's install dir)")
-    a.mps_dir = a.mps_dir or tempfile.mkdtemp(prefix="valve-mps-")
+    a.mps_dir = a.mps_dir or own_mps_dir()
     import socket
 
     with socket.socket() as s:

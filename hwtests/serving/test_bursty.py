@@ -169,6 +169,15 @@ class PeersTest(unittest.TestCase):
         self.assertNotIn("CUDA_MPS_CLIENT_PRIORITY", on)
         self.assertEqual(off["CUDA_MPS_CLIENT_PRIORITY"], peers.MPS_LOW_PRIORITY)
 
+    def test_an_mps_base_it_made_itself_is_gone_when_it_exits(self):
+        code = ("import sys; sys.path.insert(0, %r); import peers; b = peers.own_mps_dir(); "
+                "import os; os.makedirs(os.path.join(b, 'log')); print(b)") % HERE
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        base = r.stdout.strip()
+        self.assertTrue(os.path.basename(base).startswith("valve-mps-"))
+        self.assertFalse(os.path.exists(base))
+
     def test_mps_starts_and_quits_its_own_daemon(self):
         with tempfile.TemporaryDirectory() as d:
             log = os.path.join(d, "calls")
