@@ -176,6 +176,8 @@ struct Pass<'a> {
     gpus: Vec<Vec<GpuSummary>>,
     /// Per GPU position of the node being looked at: a bound on the job's share alone there.
     solo: Vec<f64>,
+    /// Scratch for [`joint_bound`].
+    sets: Vec<(f64, usize)>,
     /// Node positions by name, made for the first job with nodes to avoid.
     by_name: HashMap<String, usize>,
     /// [`SCALED_SLACK`] x the fastest node's speed (at least 1).
@@ -234,6 +236,7 @@ impl<'a> Pass<'a> {
             cache,
             gpus,
             solo: Vec::new(),
+            sets: Vec::new(),
             by_name: HashMap::new(),
         }
     }
@@ -382,11 +385,15 @@ impl<'a> Pass<'a> {
 
     /// At least the share of a k-GPU job of `curve` on any set of node `n`'s free GPUs: the
     /// k-th largest over them of each GPU's share alone with the curve's exact memory factor
-    /// (the figures in `solos`, made first where `made` is false: once per node and index),
-    /// capped by the size index's bound; `None` where the node lacks the GPUs. Exact factors,
-    /// not the trace summary's bound, since a node's figures are made once while every job of
-    /// the family meets the node by them: for a family of one class the key is the share the
-    /// node's best GPU set can get alone, so walks stop after fewer nodes.
+    /// (the figures in `solos`, per GPU that share and the factor, made first where `made` is
+    /// false: once per node and index), capped by the size index's bound, and for a multi-GPU
+    /// job where alignment counts, at most the best aligned set's share with those factors
+    /// ([`joint_bound`]); `None` where the node lacks the GPUs. Exact factors, not the trace
+    /// summary's bound, since a node's figures are made once while every job of the family meets
+    /// the node by them: for a family of one class the key is the share the node's best GPU set
+    /// can get alone (before interruptions), so walks stop after fewer nodes. The joint bound
+    /// matters for sets: the k-th best GPU alone and the best aligned set by idle time bound
+    /// memory and alignment apart, where a set must have both at once.
     fn class_bound(
         &mut self,
         n: usize,
@@ -402,21 +409,29 @@ impl<'a> Pass<'a> {
         if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
             return Some(cap);
         }
+        let (solos, factors) = solos.split_at_mut(slot.free.len());
         if !*made {
             if self.gpus[n].is_empty() {
                 self.gpus[n] = summarise(&slot.model);
             }
-            let gpus = solos.iter_mut().zip(&self.gpus[n]).zip(&slot.model.gpus);
-            for ((x, g), model) in gpus {
-                let factor = memory_factor(curve.profile(), &model.memory_quantiles, mm);
-                *x = curve.gpu_bound(g, factor, speed, mm, f64::NEG_INFINITY);
+            let gpus = solos.iter_mut().zip(factors.iter_mut());
+            for (((x, f), g), model) in gpus.zip(&self.gpus[n]).zip(&slot.model.gpus) {
+                *f = memory_factor(curve.profile(), &model.memory_quantiles, mm);
+                *x = curve.gpu_bound(g, *f, speed, mm, f64::NEG_INFINITY);
             }
             *made = true;
         }
         self.solo.clear();
         let free = solos.iter().zip(&slot.free).filter(|(_, &f)| f);
         self.solo.extend(free.map(|(&x, _)| x));
-        Some(kth_bound(&mut self.solo, k, cap))
+        let kth = kth_bound(&mut self.solo, k, cap);
+        if k < 2 || !self.params.model.alignment {
+            return Some(kth);
+        }
+        match joint_bound(slot, factors, k, &self.params.model, &mut self.sets) {
+            Some(joint) => Some(kth.min(joint)),
+            None => Some(kth),
+        }
     }
 
     /// [`quick_bound`] for node `n` (its GPUs summarised the first time).
@@ -620,6 +635,114 @@ fn gpu_bound(g: &GpuSummary, speed: f64, curve: &Curve, mm: MemoryModel, bar: Ba
     }
 }
 
+/// Steps of [`joint_bound`]'s search before it gives up.
+const JOINT_STEPS: usize = 4096;
+
+/// The most a k-GPU job whose memory factors on `slot`'s GPUs are at most `factors` can be
+/// predicted on an aligned set of its free GPUs: the best over those sets of the set's idle time
+/// (1 - its busiest GPU's or pair's union busy share, clamped to [0, 1]) x its smallest factor
+/// (and 1) x speed, which is `predict_with`'s share with nothing lost to interruptions (its
+/// factor idle + overlap - interrupted is at most the idle time where the profile's held overlap
+/// is 0, as every bound of the pass takes it) and 0 for a set not aligned. `None` where a figure
+/// is not a number, the speed not finite or the search gives up; the speed is at least 0.
+///
+/// Branch and bound over the free GPUs by their own figure (clamped idle x factor x speed, at
+/// least any set's with them): a branch ends where its set so far, or its next GPU, cannot beat
+/// the best set found.
+fn joint_bound(
+    slot: &NodeSlot,
+    factors: &[f64],
+    k: usize,
+    params: &crate::predict::ModelParams,
+    order: &mut Vec<(f64, usize)>,
+) -> Option<f64> {
+    let m = &slot.model;
+    let speed = m.speed;
+    if !speed.is_finite() {
+        return None;
+    }
+    order.clear();
+    for p in (0..slot.free.len()).filter(|&p| slot.free[p]) {
+        let alone = (1.0 - m.gpus[p].busy).clamp(0.0, 1.0) * factors[p].min(1.0) * speed;
+        if alone.is_nan() || factors[p].is_nan() {
+            return None;
+        }
+        order.push((alone, p));
+    }
+    order.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut search = Joint {
+        slot,
+        params,
+        factors,
+        order,
+        k,
+        set: Vec::with_capacity(k),
+        best: 0.0,
+        steps: 0,
+        odd: false,
+    };
+    search.descend(0, 1.0, 1.0);
+    (!search.odd && search.steps <= JOINT_STEPS).then_some(search.best)
+}
+
+/// [`joint_bound`]'s search.
+struct Joint<'a> {
+    slot: &'a NodeSlot,
+    params: &'a crate::predict::ModelParams,
+    factors: &'a [f64],
+    order: &'a [(f64, usize)],
+    k: usize,
+    set: Vec<usize>,
+    best: f64,
+    steps: usize,
+    /// Whether a pair's score or union was not a number.
+    odd: bool,
+}
+
+impl Joint<'_> {
+    /// Extends `set` (idle time `idle` before clamping, smallest factor `mem`) from `order[from..]`.
+    fn descend(&mut self, from: usize, idle: f64, mem: f64) {
+        let speed = self.slot.model.speed;
+        if self.set.len() == self.k {
+            let share = idle.clamp(0.0, 1.0) * mem * speed;
+            if share > self.best {
+                self.best = share;
+            }
+            return;
+        }
+        if idle.clamp(0.0, 1.0) * mem * speed <= self.best {
+            return; // more GPUs only lower both
+        }
+        for i in from..self.order.len() {
+            self.steps += 1;
+            if self.steps > JOINT_STEPS || self.odd {
+                return;
+            }
+            let (alone, p) = self.order[i];
+            if alone <= self.best || self.order.len() - i < self.k - self.set.len() {
+                return; // later GPUs are no better alone
+            }
+            let model = &self.slot.model;
+            let mut next = idle.min(1.0 - model.gpus[p].busy);
+            let mut aligned = true;
+            for &q in &self.set {
+                let (score, union) = (model.score(p, q, self.params), model.union(p, q));
+                if score.is_nan() || union.is_nan() {
+                    self.odd = true;
+                    return;
+                }
+                aligned &= score >= self.params.align_threshold;
+                next = next.min(1.0 - union);
+            }
+            if aligned {
+                self.set.push(p);
+                self.descend(i + 1, next, mem.min(self.factors[p]));
+                self.set.pop();
+            }
+        }
+    }
+}
+
 /// The k-th largest of the free GPUs' bounds `solo` (reordered), at most `cap`; `cap` where one
 /// is NaN or there are fewer than k.
 fn kth_bound(solo: &mut [f64], k: usize, cap: f64) -> f64 {
@@ -634,6 +757,7 @@ fn kth_bound(solo: &mut [f64], k: usize, cap: f64) -> f64 {
 mod tests {
     use std::sync::Arc;
 
+    use super::super::class_index::FIGURES;
     use super::*;
     use crate::predict::predict;
 
@@ -719,10 +843,11 @@ mod tests {
         );
     }
     #[test]
-    fn a_class_bound_made_from_kept_gpu_figures_is_the_exact_solo_bound_and_bounds_every_set() {
+    fn a_class_bound_made_from_kept_gpu_figures_is_the_best_aligned_sets_share_and_bounds_every_set(
+    ) {
         let mut rng = fastrand::Rng::with_seed(12);
         let params = PlaceParams::default();
-        let (mut checked, mut sets) = (0, 0);
+        let (mut checked, mut sets, mut joints) = (0, 0, 0);
         for i in 0..200 {
             let mut nodes = vec![super::super::tests::random_node(&mut rng, "n", 8)];
             let profile = Arc::new(super::super::tests::random_profile(&mut rng));
@@ -742,7 +867,7 @@ mod tests {
                 met: 0,
                 below: 0,
             };
-            let (mut kept, mut made) = (vec![f64::NAN; 8], false);
+            let (mut kept, mut made) = (vec![f64::NAN; FIGURES * 8], false);
             // GPUs go one by one; the kept figures are made once, at the first bound.
             for p in std::iter::once(None).chain((0..8).map(Some)) {
                 if let Some(p) = p {
@@ -767,14 +892,24 @@ mod tests {
                     kth_bound(&mut solo, k, cap)
                 });
                 let free: Vec<usize> = (0..8).filter(|&p| slot.free[p]).collect();
+                // Multi-GPU sets where alignment counts: at most the best aligned set's share
+                // with nothing lost to interruptions, the search's figure bit for bit.
+                let mut quiet = params.model;
+                quiet.interruptions = false;
+                let mut best: f64 = 0.0;
                 for set in subsets(&free, k) {
                     let share = predict(&profile, &slot.model, &set, &params.model).share;
                     assert!(
                         share <= got.unwrap().max(0.0),
                         "node {i}: {set:?} scores {share}"
                     );
+                    best = best.max(predict(&profile, &slot.model, &set, &quiet).share);
                     sets += 1;
                 }
+                let speed = slot.model.speed;
+                let joint = k >= 2 && speed >= 0.0 && speed.is_finite();
+                joints += usize::from(joint && want.is_some_and(|w| best < w));
+                let want = want.map(|w| if joint { w.min(best) } else { w });
                 assert_eq!(
                     got.map(f64::to_bits),
                     want.map(f64::to_bits),
@@ -784,8 +919,8 @@ mod tests {
             }
         }
         assert!(
-            checked > 500 && sets > 500,
-            "{checked} bounds compared, {sets} sets"
+            checked > 500 && sets > 500 && joints > 100,
+            "{checked} bounds compared, {sets} sets, {joints} below the solo bound"
         );
     }
 
@@ -830,7 +965,8 @@ mod tests {
         let curve = Curve::new(&profile);
         let keys = (0..pass.nodes.len())
             .map(|n| {
-                let (mut kept, mut made) = (vec![f64::NAN; pass.nodes[n].free.len()], false);
+                let g = FIGURES * pass.nodes[n].free.len();
+                let (mut kept, mut made) = (vec![f64::NAN; g], false);
                 let key = pass.class_bound(n, &curve, k, &mut kept, &mut made)?;
                 Some(f64::from_bits(super::super::index::key_bits(key)))
             })
