@@ -9,11 +9,14 @@ use super::index::{key_bits, Key};
 /// See the module documentation. A node's bound only falls as its GPUs are given away, so a key
 /// made before is still an upper bound: the walk takes the highest entry below its cursor and,
 /// where the node changed since its key was made (versions differ), makes it afresh and puts it
-/// back at its new, lower place, to be met again further down. The index starts from the size
+/// back at its new, lower place, to be met again further down. A bound made afresh is kept at
+/// most the key it replaces (a maker whose search gives up may return a looser one), so a key
+/// never rises and a node put back is always below the cursor. The index starts from the size
 /// index's keys (idle time and alignment alone, at least the class's bound), in their order, and
 /// a node gets the class's own bound the first time a walk meets it: nodes no walk reaches cost
-/// no curve look-up. Each node keeps a figure per GPU for the bound's maker (`fresh`), so that a
-/// bound made afresh need not repeat the work that does not depend on which GPUs are free.
+/// no curve look-up. Each node keeps [`FIGURES`] figures per GPU for the bound's maker (`fresh`),
+/// so that a bound made afresh need not repeat the work that does not depend on which GPUs are
+/// free.
 pub(super) struct ClassIndex {
     set: BTreeSet<Key>,
     /// Per node, if it is in: its key's bits, the node's version when the key was made, and
@@ -24,11 +27,14 @@ pub(super) struct ClassIndex {
     /// Per node: where its GPUs' figures start in `figures`, once a walk has met it (`u32::MAX`
     /// before: a node never met takes no room).
     start: Vec<u32>,
-    /// Per node met and GPU: what `fresh` keeps there.
+    /// Per node met: [`FIGURES`] per GPU, what `fresh` keeps there.
     figures: Vec<f64>,
     /// Per node: whether `fresh` has made its figures.
     made: Vec<bool>,
 }
+
+/// Figures kept per node and GPU for [`Fresh`].
+pub(super) const FIGURES: usize = 2;
 
 /// A node's entry in a [`ClassIndex`].
 #[derive(Clone, Copy)]
@@ -96,10 +102,11 @@ impl ClassIndex {
         if self.start[n] == u32::MAX {
             self.start[n] = u32::try_from(self.figures.len()).expect("figures fit in u32");
             let g = self.gpus[n] as usize;
-            self.figures.resize(self.figures.len() + g, f64::NAN);
+            self.figures
+                .resize(self.figures.len() + FIGURES * g, f64::NAN);
         }
         let at = self.start[n] as usize;
-        let g = self.gpus[n] as usize;
+        let g = FIGURES * self.gpus[n] as usize;
         fresh(n, &mut self.figures[at..at + g], &mut self.made[n])
     }
 
@@ -123,7 +130,9 @@ impl ClassIndex {
             if e.exact && e.version == versions[n] {
                 return Some((n, f64::from_bits(e.bits), key));
             }
-            let bits = self.make(n, &mut fresh).map(key_bits);
+            // The key made before bounds the node still (its GPUs only went), so the new one is
+            // kept at most that: a bound whose search gave up is never above one that did not.
+            let bits = self.make(n, &mut fresh).map(|b| key_bits(b).min(e.bits));
             self.keys[n] = bits.map(|bits| Entry {
                 bits,
                 version: versions[n],
@@ -197,6 +206,28 @@ mod tests {
             cursor = Some(k);
         }
         assert_eq!(rest, [2, 1]);
+    }
+
+    #[test]
+    fn a_bound_made_afresh_above_the_key_it_replaces_keeps_that_key() {
+        let mut bounds = [Some(0.8), Some(0.6), Some(0.3)];
+        let mut versions = vec![0; 3];
+        let coarse = (0..3).map(|n| (n, 1.0));
+        let mut index = ClassIndex::new(&[1; 3], &versions, coarse, None);
+        assert_eq!(walk(&mut index, &versions, &bounds), [0, 1, 2]);
+        // Node 1's maker gives up and answers looser than before: it keeps 0.6.
+        bounds[1] = Some(0.9);
+        versions[1] += 1;
+        let (mut cursor, mut met) = (None, Vec::new());
+        while let Some((n, b, key)) =
+            index.next_below(cursor, &versions, |n, _: &mut [f64], _: &mut bool| {
+                bounds[n]
+            })
+        {
+            met.push((n, b));
+            cursor = Some(key);
+        }
+        assert_eq!(met, [(0, 0.8), (1, 0.6), (2, 0.3)]);
     }
 
     /// The nodes by their current bound, highest first (lower positions first among equals), as

@@ -27,7 +27,11 @@ pub(super) struct Family {
 /// The families of a pass's jobs.
 #[derive(Default)]
 pub(super) struct Families {
-    of: HashMap<u64, usize>,
+    /// Per class: its family, and its place among the family's members.
+    of: HashMap<u64, (usize, usize)>,
+    /// Per family and member: its [`scale`] against the family's index profile (1 for a family
+    /// of one class).
+    scales: Vec<Vec<f64>>,
     pub(super) all: Vec<Family>,
 }
 
@@ -84,16 +88,108 @@ impl Families {
                     members.push(Vec::new());
                     members.len() - 1
                 });
+            of.insert(j.class, (f, members[f].len()));
             members[f].push(j.profile.clone());
-            of.insert(j.class, f);
         }
-        let all = members.into_iter().map(|m| envelope(&m)).collect();
-        Families { of, all }
+        let all: Vec<Family> = members.iter().map(|m| envelope(m)).collect();
+        let scales = members
+            .iter()
+            .zip(&all)
+            .map(|(m, f)| match f.classes {
+                1 => vec![1.0],
+                _ => m.iter().map(|p| scale(p, &f.profile)).collect(),
+            })
+            .collect();
+        Families { of, scales, all }
     }
 
     /// The family of `class` (one of the jobs').
     pub(super) fn of(&self, class: u64) -> usize {
-        self.of[&class]
+        self.of[&class].0
+    }
+
+    /// The family of `class` (one of the jobs') and the class's [`scale`] against the family's
+    /// index profile.
+    pub(super) fn member(&self, class: u64) -> (usize, f64) {
+        let (f, i) = self.of[&class];
+        (f, self.scales[f][i])
+    }
+}
+
+/// Added to `scale x` a class index's key before a member's walk stops by it (see [`scale`]),
+/// per unit of the fastest node's speed: the rounding of the member's and the envelope's memory
+/// factors (sums of a few dozen terms of magnitude at most 11, each off by at most a few units
+/// in the last place: below 1e-12) and of the member's shares at its points (each within 1e-15
+/// of the quotient `scale` divides) are far below it.
+pub(super) const SCALED_SLACK: f64 = 1e-9;
+
+/// lambda in [0, 1]: `member`'s share of T_alone at each curve point is at most lambda x
+/// `envelope`'s there, counted at most 1; 1 where no smaller one is known (then the rule it
+/// serves is the unscaled one). A member of a family walks the envelope's class index; where
+/// lambda < 1 its search may stop once lambda x the next node's key + [`SCALED_SLACK`] x the
+/// fastest speed is below the best share found: no later node can give the member as much.
+///
+/// Why (in exact arithmetic; the slack covers the rounding). Write a point's share of the
+/// member m_i = per_s_i / alone and of the envelope e_i, and e'_i = min(e_i, 1).
+/// 1. Per memory: `memory_share` is clamp(I(q), 0, 1) with I the linear interpolation of the
+///    point shares (0 below the first point, the last from it on). m_i <= lambda e'_i at every
+///    point (for e'_i <= 0 because m_i <= e_i, the envelope being the members' largest, and
+///    lambda <= 1), so I_m <= lambda I_e' (a convex combination) and I_e' <= min(I_e, 1)
+///    (min(1, .) is concave). Hence s_m = clamp(I_m) <= clamp(lambda I_e') <= lambda
+///    max(I_e', 0) <= lambda s_e, as lambda I_e' <= lambda <= 1 leaves the clamp at 1 unbound.
+///    **The clamp at 1**: for lambda < 1 and x > 1, clamp(lambda x) = min(1, lambda x) may
+///    exceed lambda clamp(x) = lambda (for lambda >= 1 it never does): with e'_i = e_i, an
+///    envelope's share of 2 at a point is clamped to 1, a member's of 1.5 too, and
+///    1 > (1.5 / 2) x 1. Counting the envelope's points at most 1 before dividing keeps every
+///    scaled figure at most 1, so no clamp at 1 binds on it (a member above alone at a point
+///    then gets lambda >= 1: no scaling).
+/// 2. The memory factor (`memory_factor`): Trace is clamp(S - p D, 0, 1) with S the mean of
+///    s over the quantiles and D the mean deficit below R; a family shares p in [0, 10] and R,
+///    so D too. S_m - p D <= lambda S_e - p D <= lambda (S_e - p D) (as (1 - lambda) p D >= 0),
+///    and S_e - p D <= 1, so F_m <= lambda F_e by the same clamp step as in 1. StaticMin is s
+///    at the first quantile (1). Ignore gives 1 to both: lambda does not hold, and the walk
+///    does not scale there.
+/// 3. A set's share (`predict_with`) is clamp(A x mem, 0, 1) x max(speed, 0) with mem the
+///    smallest factor of its GPUs (and 1) and A = idle + overlap - interrupted <= 1 (idle and
+///    the overlap's share in [0, 1], overlap = share x (1 - idle), interrupted >= 0), the same
+///    for the member with the envelope's factors as with its own. mem_m <= lambda mem_e by 2,
+///    and A mem_e <= 1, so the member's share is at most lambda x the share of its own profile
+///    with the envelope's factors (for A < 0 both are 0).
+/// 4. A class index's key of a node is at least the share on any of its sets of any profile
+///    whose factors there are at most the envelope's (what families rely on already), so at
+///    least that share with the envelope's own; a later node's key is at most the next one's
+///    (the walk goes down), and lambda x + slack grows with x.
+pub(super) fn scale(member: &JobProfile, envelope: &JobProfile) -> f64 {
+    let (m, e) = (&member.curve, &envelope.curve);
+    let same = m.len() == e.len()
+        && m.iter()
+            .zip(e)
+            .all(|(a, b)| a.memory_bytes == b.memory_bytes);
+    if !same
+        || member.deficit_penalty.to_bits() != envelope.deficit_penalty.to_bits()
+        || member.required() != envelope.required()
+    {
+        return 1.0;
+    }
+    let mut lambda: f64 = 0.0;
+    for (a, b) in m.iter().zip(e) {
+        // The same quotient as the envelope's (`envelope`), and its point clamped at 1.
+        let share = a.per_s / member.alone_per_s;
+        let top = (b.per_s / envelope.alone_per_s).min(1.0);
+        if top > 0.0 {
+            let ratio = share / top;
+            if ratio.is_nan() {
+                return 1.0; // `f64::max` would pass over it
+            }
+            lambda = lambda.max(ratio);
+        } else if super::bound::may_exceed(share, top) {
+            return 1.0; // not the members' largest there (or not a number)
+        }
+    }
+    if lambda < 1.0 {
+        lambda
+    } else {
+        1.0 // NaN too
     }
 }
 
