@@ -292,7 +292,7 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|n| {
                 n.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
-                    let top = g.memory_quantiles.last().copied().unwrap_or(0);
+                    let top = bound::largest(&g.memory_quantiles);
                     (i.max(1.0 - g.busy), m.max(top))
                 })
             })
@@ -570,7 +570,7 @@ fn quick_bound(
         if free {
             let memory = match params.model.memory {
                 MemoryModel::Ignore => 1.0,
-                _ => curve.at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => curve.at_most(bound::largest(&g.memory_quantiles)),
             };
             bound = bound.max(with_overlap(o, 1.0 - g.busy) * memory);
         }

@@ -155,7 +155,7 @@ impl NodeSummary {
             .iter()
             .map(|g| GpuSummary {
                 idle: 1.0 - g.busy,
-                top: g.memory_quantiles.last().copied().unwrap_or(0),
+                top: largest(&g.memory_quantiles),
                 trace: Trace::of(&g.memory_quantiles),
             })
             .collect();
@@ -178,6 +178,14 @@ impl NodeSummary {
     pub(super) fn take(&mut self, taken: &[usize]) {
         self.by_idle.retain(|f| !taken.contains(&f.p));
     }
+}
+
+/// The largest of a GPU's memory quantiles (0 without any): the memory the curve is read at for
+/// a bound on its factor. Not the last one: the harvest document's quantiles are ascending
+/// (`NodeHarvest::validate` checks it on load), but a `NodeModel` made in code need not be, and
+/// a bound read at a smaller quantile than the largest may be below the factor.
+pub(super) fn largest(quantiles: &[u64]) -> u64 {
+    quantiles.iter().copied().max().unwrap_or(0)
 }
 
 /// Whether `x` may exceed `floor`: it does, or either is not a number (`!(x <= floor)`).

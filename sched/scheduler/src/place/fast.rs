@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::bound::{
-    held_overlap, lift_bound, non_negative, with_overlap, Curve, GpuSummary, Trace,
+    held_overlap, largest, lift_bound, non_negative, with_overlap, Curve, GpuSummary, Trace,
 };
 use super::cache::MemoryCache;
 use super::class_index::ClassIndex;
@@ -590,7 +590,7 @@ fn summarise(model: &crate::predict::NodeModel) -> Vec<GpuSummary> {
         .iter()
         .map(|g| GpuSummary {
             idle: 1.0 - g.busy,
-            top: g.memory_quantiles.last().copied().unwrap_or(0),
+            top: largest(&g.memory_quantiles),
             trace: Trace::of(&g.memory_quantiles),
         })
         .collect()

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::bound::{held_overlap, lift_bound, with_overlap};
+use super::bound::{held_overlap, largest, lift_bound, with_overlap};
 use super::{Decision, NodeSlot, Outcome, Pending, PendingJob, PlaceParams, Placement};
 use crate::predict::{memory_factor, predict_with, MemoryModel, NodeModel, Prediction};
 
@@ -219,7 +219,7 @@ fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64
     let o = held_overlap(&job.profile, &params.model);
     if params.model.memory != MemoryModel::Ignore {
         let (idle, memory) = slot.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
-            let top = g.memory_quantiles.last().copied().unwrap_or(0);
+            let top = largest(&g.memory_quantiles);
             (i.max(1.0 - g.busy), m.max(top))
         });
         let coarse = with_overlap(o, idle) * job.profile.share_at_most(memory) * speed;
@@ -232,9 +232,7 @@ fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64
         if free {
             let memory = match params.model.memory {
                 MemoryModel::Ignore => 1.0,
-                _ => job
-                    .profile
-                    .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => job.profile.share_at_most(largest(&g.memory_quantiles)),
             };
             bound = bound.max(with_overlap(o, 1.0 - g.busy) * memory);
         }
@@ -318,9 +316,7 @@ fn best_gpu(
             let top = match mm {
                 MemoryModel::Ignore => 1.0,
                 _ if !memory[p].is_nan() => memory[p],
-                _ => job
-                    .profile
-                    .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => job.profile.share_at_most(largest(&g.memory_quantiles)),
             };
             (with_overlap(o, 1.0 - g.busy) * top * slot.model.speed, p)
         })

@@ -2,7 +2,7 @@
 //! bound over the GPUs sorted by their share alone, with exact memory factors computed only
 //! where a GPU (or an aligned set) could still beat the best share found on other nodes.
 
-use super::bound::{held_overlap, may_exceed, non_negative, with_overlap, Curve};
+use super::bound::{held_overlap, largest, may_exceed, non_negative, with_overlap, Curve};
 use super::{NodeSlot, PendingJob, PlaceParams};
 use crate::predict::{memory_factor, predict_with, MemoryModel, NodeModel, Prediction};
 
@@ -215,9 +215,7 @@ fn best_gpu(
             let top = match mm {
                 MemoryModel::Ignore => 1.0,
                 _ if !memory[p].is_nan() => memory[p],
-                _ => hints
-                    .curve
-                    .at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => hints.curve.at_most(largest(&g.memory_quantiles)),
             };
             (with_overlap(o, 1.0 - g.busy) * top * slot.model.speed, p)
         })

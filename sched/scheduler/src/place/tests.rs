@@ -405,11 +405,7 @@ fn best_anywhere(job: &PendingJob, nodes: &[NodeSlot], params: &PlaceParams) -> 
 fn one_job_goes_to_the_best_set_of_the_cluster_with_held_overlap() {
     let (mut checked, mut overlapped) = (0, 0);
     for seed in 0..1000 {
-        let (jobs, mut nodes, mut params) = random_instance(seed);
-        // Ascending traces only: the passes rank GPUs by a trace's last quantile as its largest.
-        for g in nodes.iter_mut().flat_map(|n| n.model.gpus.iter_mut()) {
-            g.memory_quantiles.sort_unstable();
-        }
+        let (jobs, nodes, mut params) = random_instance(seed);
         params.max_combinations = 1 << 20;
         params.model.interruptions = seed % 4 != 0;
         let mut job = order_jobs(&jobs)[0].clone();
