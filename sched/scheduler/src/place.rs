@@ -34,7 +34,7 @@ mod search;
 
 pub use fast::FastLimits;
 
-use bound::{may_exceed, non_negative, Curve, Free, NodeSummary};
+use bound::{may_exceed, non_negative, with_overlap, Curve, Free, NodeSummary};
 use cache::MemoryCache;
 use search::{best_set, Hints};
 
@@ -262,6 +262,10 @@ struct Pass<'a> {
     /// Per GPU position of the node last ruled on: a bound on its share alone (-inf where not
     /// looked at: it cannot beat the floor).
     bounds: Vec<f64>,
+    /// The fastest node's speed (at least 1): a job that keeps part of its held time gets at
+    /// most its held overlap x that more than `bound` says on a later node
+    /// ([`bound::lift_bound`]).
+    fastest: f64,
 }
 
 impl<'a> Pass<'a> {
@@ -288,7 +292,7 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|n| {
                 n.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
-                    let top = g.memory_quantiles.last().copied().unwrap_or(0);
+                    let top = bound::largest(&g.memory_quantiles);
                     (i.max(1.0 - g.busy), m.max(top))
                 })
             })
@@ -298,7 +302,9 @@ impl<'a> Pass<'a> {
             .map(|n| NodeSummary::new(&n.model, &n.free, &params.model))
             .collect();
         let cache = MemoryCache::new(nodes.iter().map(|n| n.model.gpus.len()));
+        let fastest = nodes.iter().map(|n| n.model.speed).fold(1.0, f64::max);
         Pass {
+            fastest,
             nodes,
             params,
             free_count,
@@ -321,10 +327,12 @@ impl<'a> Pass<'a> {
         let curve = Curve::new(&job.profile);
         let mut best: Option<(usize, Vec<usize>, Prediction)> = None;
         let mut considered = 0;
+        let o = bound::held_overlap(&job.profile, &self.params.model);
         for i in 0..self.by_bound.len() {
             let n = self.by_bound[i];
             if let Some((_, _, b)) = &best {
-                if self.bound[n] <= b.share || self.bound[n] < needed {
+                let bound = bound::lift_bound(o, self.bound[n], self.fastest);
+                if bound <= b.share || bound < needed {
                     break;
                 }
             }
@@ -453,10 +461,11 @@ impl<'a> Pass<'a> {
                 bar,
             );
         }
+        let o = bound::held_overlap(curve.profile(), &self.params.model);
         let ignore = self.params.model.memory == MemoryModel::Ignore;
         if !ignore {
             let (idle, memory) = self.tops[n];
-            if idle * curve.at_most(memory) * speed <= bar {
+            if with_overlap(o, idle) * curve.at_most(memory) * speed <= bar {
                 return false;
             }
         }
@@ -465,11 +474,13 @@ impl<'a> Pass<'a> {
         }
         let summary = &self.summaries[n];
         for g in &summary.by_idle {
+            // The idle term grows with idle time: GPUs idlest first are the highest first.
+            let idle = with_overlap(o, g.idle);
             let top = if ignore { 1.0 } else { curve.at_most(g.top) };
-            if g.idle * top * speed > bar {
+            if idle * top * speed > bar {
                 return true;
             }
-            if g.idle * speed <= bar {
+            if idle * speed <= bar {
                 return false;
             }
         }
@@ -502,11 +513,12 @@ impl<'a> Pass<'a> {
         self.bounds.clear();
         self.bounds.resize(summary.gpus.len(), f64::NEG_INFINITY);
         let mut above = 0;
+        let o = bound::held_overlap(&job.profile, &self.params.model);
         for &Free { idle, p, .. } in &summary.by_idle {
-            if non_negative(idle) * speed <= floor {
+            if with_overlap(o, non_negative(idle)) * speed <= floor {
                 break; // a factor is at most 1: no GPU from here on scores more
             }
-            let u = curve.gpu_bound(&summary.gpus[p], memory[p], speed, mm, floor);
+            let u = curve.gpu_bound(&summary.gpus[p], memory[p], speed, mm, floor, o);
             if may_exceed(u, floor) {
                 if k == 1 {
                     return Verdict::Evaluate;
@@ -545,9 +557,10 @@ fn quick_bound(
     bar: f64,
 ) -> f64 {
     let speed = slot.model.speed;
+    let o = bound::held_overlap(curve.profile(), &params.model);
     if params.model.memory != MemoryModel::Ignore {
         let (idle, memory) = tops;
-        let coarse = idle * curve.at_most(memory) * speed;
+        let coarse = with_overlap(o, idle) * curve.at_most(memory) * speed;
         if coarse <= bar {
             return coarse;
         }
@@ -557,9 +570,9 @@ fn quick_bound(
         if free {
             let memory = match params.model.memory {
                 MemoryModel::Ignore => 1.0,
-                _ => curve.at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => curve.at_most(bound::largest(&g.memory_quantiles)),
             };
-            bound = bound.max((1.0 - g.busy) * memory);
+            bound = bound.max(with_overlap(o, 1.0 - g.busy) * memory);
         }
     }
     bound * speed

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::error::{exit, usage};
 use valve_scheduler::bench::{cluster, time_pass, Machine, PassTiming};
-use valve_scheduler::place::compare::{compare, random_cluster, Comparison};
+use valve_scheduler::place::compare::{compare, random_cluster_with, Comparison};
 use valve_scheduler::place::{FastLimits, PassKind, PlaceParams};
 
 /// Times one pass of placement (and the monitor) over random harvest documents.
@@ -73,6 +73,10 @@ pub struct BenchPassArgs {
     /// is below its SLA or the harvest given up exceeds 1%).
     #[arg(long)]
     pub compare: Option<usize>,
+    /// With --compare: profiles that keep part of the time the gate holds them
+    /// (`costs.held_overlap` 0, 0, 0.3 and 1 by class), as measured profiles may.
+    #[arg(long)]
+    pub overlap: bool,
 }
 
 /// Runs the benchmark and prints one line (or JSON object) per configuration.
@@ -97,7 +101,7 @@ pub fn exec(a: &BenchPassArgs, json: bool) -> anyhow::Result<ExitCode> {
         class_indexes: a.class_indexes,
     };
     if let Some(n) = a.compare {
-        return run_compare(n, a.seed, limits, json);
+        return run_compare(n, a.seed, limits, a.overlap, json);
     }
     let sizes: Vec<(usize, usize)> = if a.sweep {
         let s = [1_000, 10_000, 100_000];
@@ -233,7 +237,13 @@ fn max(t: &PassTiming) -> f64 {
 }
 
 /// Compares the passes on `n` random clusters (see `--compare`) and prints what it found.
-fn run_compare(n: usize, seed: u64, limits: FastLimits, json: bool) -> anyhow::Result<ExitCode> {
+fn run_compare(
+    n: usize,
+    seed: u64,
+    limits: FastLimits,
+    overlap: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     if n == 0 {
         return Err(usage("--compare needs at least 1 cluster"));
     }
@@ -244,7 +254,7 @@ fn run_compare(n: usize, seed: u64, limits: FastLimits, json: bool) -> anyhow::R
         let nodes = rng.usize(100..=1000);
         let jobs = nodes * rng.usize(2..=10);
         let classes = [10, 100, 1000][rng.usize(0..3)];
-        let (queue, slots) = random_cluster(rng.u64(..), nodes, jobs, classes);
+        let (queue, slots) = random_cluster_with(rng.u64(..), nodes, jobs, classes, overlap);
         all.push(compare(&queue, &slots, &params, limits));
     }
     let summary = CompareSummary::of(&all);

@@ -20,6 +20,60 @@ pub(super) const GROUPS: usize = 5;
 /// [0, 1]): their rounding errors are below 1e-12, so this slack covers them a thousandfold.
 const SLACK: f64 = 1e-9;
 
+/// Added to a bound's idle term where the job keeps part of its held time ([`with_overlap`]):
+/// x + o (1 - x) and `predict_with`'s idle + overlap are a few operations on figures in [0, 1],
+/// each off by at most an ulp (about 1e-16), so this covers their rounding ten thousandfold.
+pub(super) const OVERLAP_SLACK: f64 = 1e-12;
+
+/// The share of held time `job` keeps as `predict_with` counts it: its `costs.held_overlap`
+/// clamped to [0, 1] where interruptions are modelled, else 0; 1 where it is not a number (no
+/// bound then holds below the one of a job that keeps all its held time).
+pub(super) fn held_overlap(job: &JobProfile, params: &ModelParams) -> f64 {
+    if !params.interruptions {
+        return 0.0;
+    }
+    let o = job.costs.held_overlap;
+    if o.is_nan() {
+        1.0
+    } else {
+        o.clamp(0.0, 1.0)
+    }
+}
+
+/// At least `predict_with`'s idle + overlap - interrupted on a set whose idle time is at most
+/// `idle`, for a job that keeps `o` (from [`held_overlap`]) of its held time: `idle` itself, bit
+/// for bit, where o = 0; else x + o (1 - x) + [`OVERLAP_SLACK`] with x = `idle` at least 0.
+///
+/// Why: with the set's idle time i in [0, 1] (`predict_with` clamps it), overlap = o (1 - i) and
+/// interrupted >= 0, so A = i + o (1 - i) - interrupted <= o + (1 - o) i, which grows with i
+/// (1 - o >= 0): any x >= i gives at least A. Clamping x at 0 keeps that for a bound below 0 (i
+/// is at least 0), and x above 1 gives o + (1 - o) x >= 1 >= A, so x is not clamped at 1 (and
+/// NaN stays NaN). The figure is at most 1 + slack for x <= 1, so a product with a memory
+/// factor in [0, 1] meets no clamp at 1 that the share does not.
+pub(super) fn with_overlap(o: f64, idle: f64) -> f64 {
+    if o > 0.0 {
+        let x = non_negative(idle);
+        x + o * (1.0 - x) + OVERLAP_SLACK
+    } else {
+        idle
+    }
+}
+
+/// At least a job's share on any node of speed at most `speed` (>= 0, or NaN) where `bound` is
+/// at least its share's idle time x speed with nothing held kept (a size index's key: its best
+/// aligned set's idle time x the node's speed, at least 0), for a job that keeps `o` of its held
+/// time: `bound` itself where o = 0, else o x speed + (1 - o) x `bound` (at least 0) and a
+/// slack. By [`with_overlap`]'s step, a set of idle time i on a node of speed s <= `speed` gets
+/// at most (o + (1 - o) i) x s <= o x `speed` + (1 - o) x `bound` (and 0 where s < 0).
+pub(super) fn lift_bound(o: f64, bound: f64, speed: f64) -> f64 {
+    if o > 0.0 {
+        let s = speed.max(0.0);
+        o * s + (1.0 - o) * non_negative(bound) + OVERLAP_SLACK * s.max(1.0)
+    } else {
+        bound
+    }
+}
+
 /// The largest deficit penalty [`Curve::factor_bound`] bounds (profiles are validated to 10).
 const MAX_PENALTY: f64 = 10.0;
 
@@ -101,7 +155,7 @@ impl NodeSummary {
             .iter()
             .map(|g| GpuSummary {
                 idle: 1.0 - g.busy,
-                top: g.memory_quantiles.last().copied().unwrap_or(0),
+                top: largest(&g.memory_quantiles),
                 trace: Trace::of(&g.memory_quantiles),
             })
             .collect();
@@ -124,6 +178,14 @@ impl NodeSummary {
     pub(super) fn take(&mut self, taken: &[usize]) {
         self.by_idle.retain(|f| !taken.contains(&f.p));
     }
+}
+
+/// The largest of a GPU's memory quantiles (0 without any): the memory the curve is read at for
+/// a bound on its factor. Not the last one: the harvest document's quantiles are ascending
+/// (`NodeHarvest::validate` checks it on load), but a `NodeModel` made in code need not be, and
+/// a bound read at a smaller quantile than the largest may be below the factor.
+pub(super) fn largest(quantiles: &[u64]) -> u64 {
+    quantiles.iter().copied().max().unwrap_or(0)
 }
 
 /// Whether `x` may exceed `floor`: it does, or either is not a number (`!(x <= floor)`).
@@ -261,11 +323,12 @@ impl<'a> Curve<'a> {
         self.job
     }
 
-    /// At least the share `best_set` ranks `gpu` by alone, (1 - busy) x factor x speed, on a
-    /// node of `speed` >= 0; NaN where no bound is known. Exact where the factor is `known` (not
-    /// NaN). Else first idle x the most the curve gives at the GPU's largest memory (a mean of
-    /// the curve over the trace is at most its top), and only if that exceeds `floor` the
-    /// trace's bound ([`Curve::factor_bound`]).
+    /// At least the share `best_set` ranks `gpu` by alone, [`with_overlap`]`(o, 1 - busy)` x
+    /// factor x speed, on a node of `speed` >= 0, for a job that keeps `o` of its held time
+    /// ([`held_overlap`]); NaN where no bound is known. Exact where the factor is `known` (not
+    /// NaN). Else first that idle term x the most the curve gives at the GPU's largest memory (a
+    /// mean of the curve over the trace is at most its top), and only if that exceeds `floor`
+    /// the trace's bound ([`Curve::factor_bound`]).
     pub(super) fn gpu_bound(
         &self,
         gpu: &GpuSummary,
@@ -273,14 +336,15 @@ impl<'a> Curve<'a> {
         speed: f64,
         model: MemoryModel,
         floor: f64,
+        o: f64,
     ) -> f64 {
         if !known.is_nan() {
-            return gpu.idle * known * speed; // the exact figure
+            return with_overlap(o, gpu.idle) * known * speed; // the exact figure
         }
         let (true, Some(t)) = (self.bounded, &gpu.trace) else {
             return f64::NAN;
         };
-        let idle = non_negative(gpu.idle);
+        let idle = with_overlap(o, non_negative(gpu.idle));
         let top = match model {
             MemoryModel::Ignore => 1.0,
             _ => (self.at_most(gpu.top) + SLACK).min(1.0),
@@ -314,6 +378,7 @@ mod tests {
             .collect();
         job.deficit_penalty = [0.0, 0.3, 1.0, 10.0][rng.usize(0..4)];
         job.required_bytes = rng.bool().then(|| rng.u64(1..40) * GIB / 2);
+        job.costs.held_overlap = [0.0, 0.0, 0.3, 1.0][rng.usize(0..4)];
         job
     }
 
@@ -371,12 +436,19 @@ mod tests {
             ] {
                 let exact = memory_factor(&job, &q, model);
                 assert!(c.factor_bound(&t, model) >= exact, "{q:?} {job:?}");
-                let solo = gpu.idle * exact * 1.1;
+                // `predict_with`'s share alone with nothing lost: idle time and the held time
+                // the job keeps, x factor x speed.
+                let o = job.costs.held_overlap;
+                let solo = (gpu.idle + o * (1.0 - gpu.idle)) * exact * 1.1;
                 for floor in [-1.0, 0.0, 0.3, 0.9] {
-                    let b = c.gpu_bound(&gpu, f64::NAN, 1.1, model, floor);
+                    let b = c.gpu_bound(&gpu, f64::NAN, 1.1, model, floor, o);
                     assert!(b >= solo, "{q:?} {job:?}");
                 }
-                assert_eq!(c.gpu_bound(&gpu, exact, 1.1, model, 0.0), solo, "exact");
+                let known = c.gpu_bound(&gpu, exact, 1.1, model, 0.0, o);
+                assert!(known >= solo, "exact");
+                if o == 0.0 {
+                    assert_eq!(known, solo, "exact");
+                }
             }
         }
     }

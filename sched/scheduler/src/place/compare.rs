@@ -203,6 +203,19 @@ pub fn random_cluster(
     jobs: usize,
     classes: usize,
 ) -> (Vec<PendingJob>, Vec<NodeSlot>) {
+    random_cluster_with(seed, nodes, jobs, classes, false)
+}
+
+/// [`random_cluster`], and where `overlap` is set, profiles that keep part of the time the gate
+/// holds them (`costs.held_overlap` 0, 0, 0.3 and 1 by class, as measured profiles may): the
+/// same cluster and queue otherwise.
+pub fn random_cluster_with(
+    seed: u64,
+    nodes: usize,
+    jobs: usize,
+    classes: usize,
+    overlap: bool,
+) -> (Vec<PendingJob>, Vec<NodeSlot>) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let params = PlaceParams::default();
     let taken = rng.f64() * 0.5;
@@ -220,7 +233,13 @@ pub fn random_cluster(
         })
         .collect();
     let profiles: Vec<_> = (0..classes.max(1))
-        .map(|c| Arc::new(crate::bench::class_profile(c)))
+        .map(|c| {
+            let mut p = crate::bench::class_profile(c);
+            if overlap {
+                p.costs.held_overlap = [0.0, 0.0, 0.3, 1.0][c % 4];
+            }
+            Arc::new(p)
+        })
         .collect();
     let queue = (0..jobs)
         .map(|j| {

@@ -151,14 +151,19 @@ pub(super) const SCALED_SLACK: f64 = 1e-9;
 ///    does not scale there.
 /// 3. A set's share (`predict_with`) is clamp(A x mem, 0, 1) x max(speed, 0) with mem the
 ///    smallest factor of its GPUs (and 1) and A = idle + overlap - interrupted <= 1 (idle and
-///    the overlap's share in [0, 1], overlap = share x (1 - idle), interrupted >= 0), the same
-///    for the member with the envelope's factors as with its own. mem_m <= lambda mem_e by 2,
-///    and A mem_e <= 1, so the member's share is at most lambda x the share of its own profile
-///    with the envelope's factors (for A < 0 both are 0).
+///    the member's held overlap o_m in [0, 1], overlap = o_m x (1 - idle), interrupted >= 0),
+///    the same for the member with the envelope's factors as with its own. mem_m <= lambda
+///    mem_e by 2, and A mem_e <= 1, so the member's share is at most lambda x the share of its
+///    own profile with the envelope's factors (for A < 0 both are 0). **With held overlap**: A
+///    <= o_m + (1 - o_m) idle <= o_e + (1 - o_e) idle, o_e being the envelope's held overlap,
+///    the largest of its members' (`envelope`), as the term grows with o (1 - idle >= 0); the
+///    lambda does not depend on it (the curve's points only).
 /// 4. A class index's key of a node is at least the share on any of its sets of any profile
-///    whose factors there are at most the envelope's (what families rely on already), so at
-///    least that share with the envelope's own; a later node's key is at most the next one's
-///    (the walk goes down), and lambda x + slack grows with x.
+///    whose factors there are at most the envelope's and whose held overlap is at most the
+///    envelope's (what families rely on already: every bound's idle term is
+///    `bound::with_overlap` of the envelope's), so at least that share with the member's own
+///    A; a later node's key is at most the next one's (the walk goes down), and lambda x +
+///    slack grows with x.
 pub(super) fn scale(member: &JobProfile, envelope: &JobProfile) -> f64 {
     let (m, e) = (&member.curve, &envelope.curve);
     let same = m.len() == e.len()
@@ -223,7 +228,20 @@ fn envelope(members: &[Arc<JobProfile>]) -> Family {
         curve,
         required_bytes: Some(first.required()),
         deficit_penalty: first.deficit_penalty,
-        costs: InterruptCosts::default(),
+        // The largest held overlap of the members' (each as `bound::held_overlap` counts it),
+        // so that the index's keys bound every member's share where interruptions are
+        // modelled: the idle term o + (1 - o) idle grows with o. Nothing else of the costs is
+        // read by a bound (what a job loses only lowers its share).
+        costs: InterruptCosts {
+            held_overlap: members
+                .iter()
+                .map(|m| match m.costs.held_overlap {
+                    o if o.is_nan() => 1.0,
+                    o => o.clamp(0.0, 1.0),
+                })
+                .fold(0.0, f64::max),
+            ..InterruptCosts::default()
+        },
         measured: None,
     };
     Family {
@@ -301,6 +319,31 @@ mod tests {
             }
         }
         assert!(checked > 10_000, "{checked} checked");
+    }
+
+    #[test]
+    fn a_familys_index_profile_keeps_the_largest_held_overlap_of_its_members() {
+        let base = crate::bench::class_profile(3);
+        let mut jobs = Vec::new();
+        for (c, o) in [0.3, 1.0, 0.0, f64::NAN].into_iter().enumerate() {
+            let mut p = base.at_level(1.0 - 0.1 * c as f64);
+            p.costs.held_overlap = o;
+            jobs.push(job(c as u64, p));
+        }
+        // Without the NaN, the largest (1.0); with it, 1 (a share not a number bounds nothing
+        // below all of it); and 0 for members without overlap, as before.
+        for (n, want) in [(2, 1.0), (4, 1.0), (1, 0.3)] {
+            let f = Families::new(&jobs[..n]);
+            assert_eq!(
+                f.all[f.of(0)].profile.costs.held_overlap,
+                want,
+                "{n} members"
+            );
+        }
+        jobs[0] = job(0, base.clone());
+        jobs[1] = job(1, base.at_level(0.5));
+        let f = Families::new(&jobs[..2]);
+        assert_eq!(f.all[f.of(0)].profile.costs.held_overlap, 0.0);
     }
 
     #[test]

@@ -16,7 +16,9 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::bound::{non_negative, Curve, GpuSummary, Trace};
+use super::bound::{
+    held_overlap, largest, lift_bound, non_negative, with_overlap, Curve, GpuSummary, Trace,
+};
 use super::cache::MemoryCache;
 use super::class_index::ClassIndex;
 use super::family::{Families, SCALED_SLACK};
@@ -182,6 +184,10 @@ struct Pass<'a> {
     by_name: HashMap<String, usize>,
     /// [`SCALED_SLACK`] x the fastest node's speed (at least 1).
     slack: f64,
+    /// The fastest node's speed (at least 1): a size index's key bounds a job that keeps part of
+    /// its held time only with the speed of the node ([`lift_bound`]), and a walk's stop must
+    /// hold for every node after it.
+    fastest: f64,
     /// Whether members stop by their scale ([`scaled_stop`]), and how many did.
     scaled: bool,
     scaled_stops: usize,
@@ -221,6 +227,7 @@ impl<'a> Pass<'a> {
         let fastest = nodes.iter().map(|n| n.model.speed).fold(1.0, f64::max);
         Pass {
             slack: SCALED_SLACK * fastest,
+            fastest,
             scaled: true,
             scaled_stops: 0,
             versions: vec![0; nodes.len()],
@@ -297,8 +304,13 @@ impl<'a> Pass<'a> {
         let index = std::mem::take(&mut self.index);
         let mut stop = Stop::Exhausted;
         let mut scanned = 0;
+        // The keys take the held overlap to be 0: lifted for the job's, with the fastest speed,
+        // each is at least the share of its node and of every node after it (the lift grows with
+        // the key).
+        let o = held_overlap(&s.job.profile, &self.params.model);
         for (i, (n, bound)) in index.walk(s.job.profile.gpus as usize).enumerate() {
             scanned = i + 1;
+            let bound = lift_bound(o, bound, self.fastest);
             if let Some(st) = self.visit(s, i, n, bound, true) {
                 stop = st;
                 break;
@@ -370,7 +382,14 @@ impl<'a> Pass<'a> {
             return false;
         }
         let gpus: Vec<usize> = self.nodes.iter().map(|n| n.free.len()).collect();
-        let coarse = self.index.walk(s.job.profile.gpus as usize);
+        // The size index's keys lifted for the held overlap of the family's index profile (the
+        // largest of its members', `family::envelope`), in the same order.
+        let o = held_overlap(&self.families.all[family].profile, &self.params.model);
+        let fastest = self.fastest;
+        let coarse = self
+            .index
+            .walk(s.job.profile.gpus as usize)
+            .map(|(n, b)| (n, lift_bound(o, b, fastest)));
         let index = ClassIndex::new(&gpus, &self.versions, coarse, self.spare.take());
         self.classes.insert(family, index);
         true
@@ -391,7 +410,10 @@ impl<'a> Pass<'a> {
     /// ([`joint_bound`]); `None` where the node lacks the GPUs. Exact factors, not the trace
     /// summary's bound, since a node's figures are made once while every job of the family meets
     /// the node by them: for a family of one class the key is the share the node's best GPU set
-    /// can get alone (before interruptions), so walks stop after fewer nodes. The joint bound
+    /// can get alone (before interruptions), so walks stop after fewer nodes. Every idle term
+    /// (the size index's cap through [`lift_bound`], the GPUs' and the sets' through
+    /// [`with_overlap`]) counts the held time the index profile keeps: the envelope's is the
+    /// largest of its members' (`family::envelope`), so the key bounds each member's share. The joint bound
     /// matters for sets: the k-th best GPU alone and the best aligned set by idle time bound
     /// memory and alignment apart, where a set must have both at once.
     fn class_bound(
@@ -402,9 +424,10 @@ impl<'a> Pass<'a> {
         solos: &mut [f64],
         made: &mut bool,
     ) -> Option<f64> {
-        let cap = self.index.bound(n, k)?;
         let slot = &self.nodes[n];
         let speed = slot.model.speed;
+        let o = held_overlap(curve.profile(), &self.params.model);
+        let cap = lift_bound(o, self.index.bound(n, k)?, speed);
         let mm = self.params.model.memory;
         if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
             return Some(cap);
@@ -417,7 +440,7 @@ impl<'a> Pass<'a> {
             let gpus = solos.iter_mut().zip(factors.iter_mut());
             for (((x, f), g), model) in gpus.zip(&self.gpus[n]).zip(&slot.model.gpus) {
                 *f = memory_factor(curve.profile(), &model.memory_quantiles, mm);
-                *x = curve.gpu_bound(g, *f, speed, mm, f64::NEG_INFINITY);
+                *x = curve.gpu_bound(g, *f, speed, mm, f64::NEG_INFINITY, o);
             }
             *made = true;
         }
@@ -428,7 +451,7 @@ impl<'a> Pass<'a> {
         if k < 2 || !self.params.model.alignment {
             return Some(kth);
         }
-        match joint_bound(slot, factors, k, &self.params.model, &mut self.sets) {
+        match joint_bound(slot, factors, k, o, &self.params.model, &mut self.sets) {
             Some(joint) => Some(kth.min(joint)),
             None => Some(kth),
         }
@@ -567,7 +590,7 @@ fn summarise(model: &crate::predict::NodeModel) -> Vec<GpuSummary> {
         .iter()
         .map(|g| GpuSummary {
             idle: 1.0 - g.busy,
-            top: g.memory_quantiles.last().copied().unwrap_or(0),
+            top: largest(&g.memory_quantiles),
             trace: Trace::of(&g.memory_quantiles),
         })
         .collect()
@@ -602,28 +625,31 @@ fn quick_bound(
     if mm == MemoryModel::Ignore || speed.is_nan() || speed < 0.0 {
         return bar.cap;
     }
+    let o = held_overlap(&job.profile, &params.model);
     solo.clear();
     for (g, _) in gpus.iter().zip(&slot.free).filter(|(_, &f)| f) {
-        solo.push(gpu_bound(g, speed, curve, mm, bar));
+        solo.push(gpu_bound(g, speed, curve, mm, bar, o));
     }
     kth_bound(solo, job.profile.gpus as usize, bar.cap)
 }
 
-/// One GPU's bound in [`quick_bound`]: NaN where its trace has no summary.
-fn gpu_bound(g: &GpuSummary, speed: f64, curve: &Curve, mm: MemoryModel, bar: Bar) -> f64 {
+/// One GPU's bound in [`quick_bound`], for a job that keeps `o` of its held time (its idle time
+/// through [`with_overlap`]): NaN where its trace has no summary.
+fn gpu_bound(g: &GpuSummary, speed: f64, curve: &Curve, mm: MemoryModel, bar: Bar, o: f64) -> f64 {
     let passes = |x: f64| x > bar.floor && x >= bar.needed;
     // At least the coarse figure (a curve gives at most 1, and at least 0): where it fails
     // `bar`, so does the coarse one, and the curve is not looked up.
-    let idle_only = non_negative(g.idle) * speed;
+    let idle_only = with_overlap(o, non_negative(g.idle)) * speed;
     if g.trace.is_some() && !passes(idle_only) {
         return idle_only;
     }
-    let coarse = g.idle * curve.at_most(g.top) * speed;
+    let idle = with_overlap(o, g.idle);
+    let coarse = idle * curve.at_most(g.top) * speed;
     match &g.trace {
         // Quantiles not ascending (the last is not the largest) or too few: no bound.
         None => f64::NAN,
         Some(t) if passes(coarse) => {
-            let fine = g.idle * curve.factor_bound(t, mm) * speed;
+            let fine = idle * curve.factor_bound(t, mm) * speed;
             // NaN (the curve is not bounded) keeps the coarse figure.
             if fine < coarse {
                 fine
@@ -638,21 +664,23 @@ fn gpu_bound(g: &GpuSummary, speed: f64, curve: &Curve, mm: MemoryModel, bar: Ba
 /// Steps of [`joint_bound`]'s search before it gives up.
 const JOINT_STEPS: usize = 4096;
 
-/// The most a k-GPU job whose memory factors on `slot`'s GPUs are at most `factors` can be
-/// predicted on an aligned set of its free GPUs: the best over those sets of the set's idle time
-/// (1 - its busiest GPU's or pair's union busy share, clamped to [0, 1]) x its smallest factor
-/// (and 1) x speed, which is `predict_with`'s share with nothing lost to interruptions (its
-/// factor idle + overlap - interrupted is at most the idle time where the profile's held overlap
-/// is 0, as every bound of the pass takes it) and 0 for a set not aligned. `None` where a figure
-/// is not a number, the speed not finite or the search gives up; the speed is at least 0.
+/// The most a k-GPU job whose memory factors on `slot`'s GPUs are at most `factors`, and which
+/// keeps `o` of its held time ([`held_overlap`]), can be predicted on an aligned set of its free
+/// GPUs: the best over those sets of [`with_overlap`]`(o, the set's idle time)` (1 - its busiest
+/// GPU's or pair's union busy share, clamped to [0, 1]) x its smallest factor (and 1) x speed,
+/// which is at least `predict_with`'s share (its factor, idle time and overlap less what is
+/// interrupted, is at most o + (1 - o) idle, `with_overlap`'s step; the figure is the idle time
+/// itself where o = 0, bit for bit, the share with nothing lost) and 0 for a set not aligned. `None` where a figure is not a
+/// number, the speed not finite or the search gives up; the speed is at least 0.
 ///
-/// Branch and bound over the free GPUs by their own figure (clamped idle x factor x speed, at
-/// least any set's with them): a branch ends where its set so far, or its next GPU, cannot beat
-/// the best set found.
+/// Branch and bound over the free GPUs by their own figure (the same of the GPU alone, at least
+/// any set's with them, as the term grows with idle time): a branch ends where its set so far,
+/// or its next GPU, cannot beat the best set found.
 fn joint_bound(
     slot: &NodeSlot,
     factors: &[f64],
     k: usize,
+    o: f64,
     params: &crate::predict::ModelParams,
     order: &mut Vec<(f64, usize)>,
 ) -> Option<f64> {
@@ -663,7 +691,8 @@ fn joint_bound(
     }
     order.clear();
     for p in (0..slot.free.len()).filter(|&p| slot.free[p]) {
-        let alone = (1.0 - m.gpus[p].busy).clamp(0.0, 1.0) * factors[p].min(1.0) * speed;
+        let idle = with_overlap(o, (1.0 - m.gpus[p].busy).clamp(0.0, 1.0));
+        let alone = idle * factors[p].min(1.0) * speed;
         if alone.is_nan() || factors[p].is_nan() {
             return None;
         }
@@ -677,6 +706,7 @@ fn joint_bound(
         order,
         k,
         set: Vec::with_capacity(k),
+        o,
         best: 0.0,
         steps: 0,
         odd: false,
@@ -693,6 +723,8 @@ struct Joint<'a> {
     order: &'a [(f64, usize)],
     k: usize,
     set: Vec<usize>,
+    /// The job's held overlap ([`held_overlap`]).
+    o: f64,
     best: f64,
     steps: usize,
     /// Whether a pair's score or union was not a number.
@@ -704,13 +736,13 @@ impl Joint<'_> {
     fn descend(&mut self, from: usize, idle: f64, mem: f64) {
         let speed = self.slot.model.speed;
         if self.set.len() == self.k {
-            let share = idle.clamp(0.0, 1.0) * mem * speed;
+            let share = with_overlap(self.o, idle.clamp(0.0, 1.0)) * mem * speed;
             if share > self.best {
                 self.best = share;
             }
             return;
         }
-        if idle.clamp(0.0, 1.0) * mem * speed <= self.best {
+        if with_overlap(self.o, idle.clamp(0.0, 1.0)) * mem * speed <= self.best {
             return; // more GPUs only lower both
         }
         for i in from..self.order.len() {
@@ -876,7 +908,10 @@ mod tests {
                 }
                 let got = pass.class_bound(0, &s.curve, k, &mut kept, &mut made);
                 let slot = &pass.nodes[0];
+                // The held time the job keeps lifts every idle term (none where it is 0).
+                let o = held_overlap(&profile, &params.model);
                 let want = pass.index.bound(0, k).map(|cap| {
+                    let cap = lift_bound(o, cap, slot.model.speed);
                     if slot.model.speed.is_nan() || slot.model.speed < 0.0 {
                         return cap;
                     }
@@ -886,7 +921,7 @@ mod tests {
                             let g = &slot.model.gpus[p];
                             let f =
                                 memory_factor(&profile, &g.memory_quantiles, params.model.memory);
-                            (1.0 - g.busy) * f * slot.model.speed
+                            with_overlap(o, 1.0 - g.busy) * f * slot.model.speed
                         })
                         .collect();
                     kth_bound(&mut solo, k, cap)
@@ -903,7 +938,12 @@ mod tests {
                         share <= got.unwrap().max(0.0),
                         "node {i}: {set:?} scores {share}"
                     );
-                    best = best.max(predict(&profile, &slot.model, &set, &quiet).share);
+                    let q = predict(&profile, &slot.model, &set, &quiet);
+                    best = best.max(match o {
+                        0.0 => q.share,
+                        _ if !q.aligned => 0.0,
+                        _ => with_overlap(o, q.idle) * q.memory * slot.model.speed,
+                    });
                     sets += 1;
                 }
                 let speed = slot.model.speed;

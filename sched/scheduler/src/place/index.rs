@@ -5,6 +5,11 @@
 //! pair's union busy share) x the node's speed, and it is 0 unless the set is aligned. The bound
 //! of a node for size k is the best of that over its aligned free sets (the k-th largest idle
 //! time where alignment is off, or where too many sets would have to be looked at).
+//!
+//! That holds where the job keeps none of the time the gate holds it. One that keeps o of it
+//! (`costs.held_overlap`, with interruptions modelled) gets up to o + (1 - o) idle: the keys do
+//! not depend on the job, so a walk lifts them for its job (`bound::lift_bound`, with the
+//! fastest node's speed, so that a key still bounds every node after it).
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::bound::{held_overlap, largest, lift_bound, with_overlap};
 use super::{Decision, NodeSlot, Outcome, Pending, PendingJob, PlaceParams, Placement};
 use crate::predict::{memory_factor, predict_with, MemoryModel, NodeModel, Prediction};
 
@@ -100,6 +101,9 @@ struct Pass<'a> {
     bound: Vec<f64>,
     /// Node positions, highest bound first.
     by_bound: Vec<usize>,
+    /// The fastest node's speed (at least 1): a job that keeps part of its held time gets at
+    /// most its held overlap x that more than `bound` says on a later node ([`lift_bound`]).
+    fastest: f64,
     cache: MemoryCache,
 }
 
@@ -123,7 +127,9 @@ impl<'a> Pass<'a> {
         let mut by_bound: Vec<usize> = (0..nodes.len()).collect();
         by_bound.sort_by(|&a, &b| bound[b].total_cmp(&bound[a]));
         let cache = MemoryCache::new(nodes.len());
+        let fastest = nodes.iter().map(|n| n.model.speed).fold(1.0, f64::max);
         Pass {
+            fastest,
             nodes,
             params,
             free_count,
@@ -141,10 +147,12 @@ impl<'a> Pass<'a> {
         let needed = job.sla + self.params.margin;
         let mut best: Option<(usize, Vec<usize>, Prediction)> = None;
         let mut considered = 0;
+        let o = held_overlap(&job.profile, &self.params.model);
         for i in 0..self.by_bound.len() {
             let n = self.by_bound[i];
             if let Some((_, _, b)) = &best {
-                if self.bound[n] <= b.share || self.bound[n] < needed {
+                let bound = lift_bound(o, self.bound[n], self.fastest);
+                if bound <= b.share || bound < needed {
                     break;
                 }
             }
@@ -208,12 +216,13 @@ impl<'a> Pass<'a> {
 /// bounds that in one curve lookup, tried first.
 fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64) -> f64 {
     let speed = slot.model.speed;
+    let o = held_overlap(&job.profile, &params.model);
     if params.model.memory != MemoryModel::Ignore {
         let (idle, memory) = slot.model.gpus.iter().fold((0.0f64, 0u64), |(i, m), g| {
-            let top = g.memory_quantiles.last().copied().unwrap_or(0);
+            let top = largest(&g.memory_quantiles);
             (i.max(1.0 - g.busy), m.max(top))
         });
-        let coarse = idle * job.profile.share_at_most(memory) * speed;
+        let coarse = with_overlap(o, idle) * job.profile.share_at_most(memory) * speed;
         if coarse <= bar {
             return coarse;
         }
@@ -223,11 +232,9 @@ fn quick_bound(job: &PendingJob, slot: &NodeSlot, params: &PlaceParams, bar: f64
         if free {
             let memory = match params.model.memory {
                 MemoryModel::Ignore => 1.0,
-                _ => job
-                    .profile
-                    .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => job.profile.share_at_most(largest(&g.memory_quantiles)),
             };
-            bound = bound.max((1.0 - g.busy) * memory);
+            bound = bound.max(with_overlap(o, 1.0 - g.busy) * memory);
         }
     }
     bound * speed
@@ -251,7 +258,9 @@ fn best_set(
         factor(memory, p, job, &slot.model, mm);
     }
     let memory: &[f64] = memory;
-    let solo = |p: usize| (1.0 - slot.model.gpus[p].busy) * memory[p] * slot.model.speed;
+    let o = held_overlap(&job.profile, &params.model);
+    let solo =
+        |p: usize| with_overlap(o, 1.0 - slot.model.gpus[p].busy) * memory[p] * slot.model.speed;
     free.sort_by(|&a, &b| solo(b).total_cmp(&solo(a)));
     // No set beats its worst GPU alone, and the k-th best GPU is the best any set can do.
     if free.len() < k || solo(free[k - 1]) <= floor {
@@ -299,6 +308,7 @@ fn best_gpu(
     floor: f64,
 ) -> Option<(Vec<usize>, Prediction)> {
     let mm = params.model.memory;
+    let o = held_overlap(&job.profile, &params.model);
     let mut order: Vec<(f64, usize)> = (0..slot.free.len())
         .filter(|&p| slot.free[p])
         .map(|p| {
@@ -306,11 +316,9 @@ fn best_gpu(
             let top = match mm {
                 MemoryModel::Ignore => 1.0,
                 _ if !memory[p].is_nan() => memory[p],
-                _ => job
-                    .profile
-                    .share_at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => job.profile.share_at_most(largest(&g.memory_quantiles)),
             };
-            ((1.0 - g.busy) * top * slot.model.speed, p)
+            (with_overlap(o, 1.0 - g.busy) * top * slot.model.speed, p)
         })
         .collect();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -320,7 +328,7 @@ fn best_gpu(
         if bound <= bar && best.is_some() {
             break;
         }
-        let share = (1.0 - slot.model.gpus[p].busy)
+        let share = with_overlap(o, 1.0 - slot.model.gpus[p].busy)
             * factor(memory, p, job, &slot.model, mm)
             * slot.model.speed;
         if best.is_none_or(|(_, s)| share > s) {

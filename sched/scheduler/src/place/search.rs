@@ -2,7 +2,7 @@
 //! bound over the GPUs sorted by their share alone, with exact memory factors computed only
 //! where a GPU (or an aligned set) could still beat the best share found on other nodes.
 
-use super::bound::{may_exceed, non_negative, Curve};
+use super::bound::{held_overlap, largest, may_exceed, non_negative, with_overlap, Curve};
 use super::{NodeSlot, PendingJob, PlaceParams};
 use crate::predict::{memory_factor, predict_with, MemoryModel, NodeModel, Prediction};
 
@@ -51,14 +51,23 @@ pub(super) fn best_set(
     }
     let total = slot.free.iter().filter(|&&f| f).count();
     if let (Some(b), true) = (hints.bounds, hints.ties_lose) {
-        if !set_may_beat(slot, params, b, floor, k) {
+        if !set_may_beat(
+            slot,
+            params,
+            b,
+            floor,
+            k,
+            held_overlap(&job.profile, &params.model),
+        ) {
             return None;
         }
     }
     let may = |p: usize| slot.free[p] && hints.bounds.is_none_or(|b| may_exceed(b[p], floor));
     let free = by_solo(job, slot, memory, params, may);
     let memory_ro: &[f64] = memory;
-    let solo = |p: usize| (1.0 - slot.model.gpus[p].busy) * memory_ro[p] * slot.model.speed;
+    let o = held_overlap(&job.profile, &params.model);
+    let solo =
+        |p: usize| with_overlap(o, 1.0 - slot.model.gpus[p].busy) * memory_ro[p] * slot.model.speed;
     // No set beats its worst GPU alone, and the k-th best GPU is the best any set can do.
     if total < k || free.len() < k || solo(free[k - 1]) <= floor {
         return None;
@@ -86,7 +95,8 @@ pub(super) fn best_set(
 }
 
 /// Whether some aligned set of `k` GPUs could score more than `floor`: each of its GPUs' bound
-/// alone exceeds it, and so does each pair's idle time (1 - their union busy time) x speed.
+/// alone exceeds it, and so does each pair's idle time (1 - their union busy time, through
+/// [`with_overlap`] for a job that keeps `o` of its held time) x speed.
 /// A set that scores more than the floor is such a set (it scores at most each of its GPUs
 /// alone and each pair's idle time), so without one nothing but a tie at the floor can come
 /// of the node. Gives up (true) after a few thousand steps.
@@ -96,6 +106,7 @@ fn set_may_beat(
     bounds: &[f64],
     floor: f64,
     k: usize,
+    o: f64,
 ) -> bool {
     let m = &params.model;
     let speed = slot.model.speed;
@@ -103,7 +114,7 @@ fn set_may_beat(
         if !m.alignment {
             return true; // pairs neither admit nor bound a set
         }
-        let cap = non_negative(1.0 - slot.model.union(p, q)) * speed;
+        let cap = with_overlap(o, non_negative(1.0 - slot.model.union(p, q))) * speed;
         slot.model.score(p, q, m) >= m.align_threshold && may_exceed(cap, floor)
     };
     let may: Vec<usize> = (0..bounds.len())
@@ -153,7 +164,9 @@ fn by_solo(
     for &p in &free {
         factor(memory, p, job, &slot.model, params.model.memory);
     }
-    let solo = |p: usize| (1.0 - slot.model.gpus[p].busy) * memory[p] * slot.model.speed;
+    let o = held_overlap(&job.profile, &params.model);
+    let solo =
+        |p: usize| with_overlap(o, 1.0 - slot.model.gpus[p].busy) * memory[p] * slot.model.speed;
     free.sort_by(|&a, &b| solo(b).total_cmp(&solo(a)));
     free
 }
@@ -179,8 +192,10 @@ fn eval_set(
     )
 }
 
-/// One GPU: its own idle x memory is the prediction. GPUs are tried in order of a cheap bound
-/// (idle x the curve at their largest memory), and exact factors computed only while a GPU
+/// One GPU: its own idle x memory is the prediction (the idle term through [`with_overlap`] for
+/// a job that keeps part of its held time; interruptions lost are not counted in the ranking).
+/// GPUs are tried in order of a cheap bound (that term x the curve at their largest memory),
+/// and exact factors computed only while a GPU
 /// could still beat the best one (and, once one was tried, only for GPUs a bound did not rule
 /// out: a GPU at most the floor changes nothing the result depends on).
 fn best_gpu(
@@ -192,6 +207,7 @@ fn best_gpu(
     hints: &Hints,
 ) -> Option<(Vec<usize>, Prediction)> {
     let mm = params.model.memory;
+    let o = held_overlap(&job.profile, &params.model);
     let mut order: Vec<(f64, usize)> = (0..slot.free.len())
         .filter(|&p| slot.free[p])
         .map(|p| {
@@ -199,11 +215,9 @@ fn best_gpu(
             let top = match mm {
                 MemoryModel::Ignore => 1.0,
                 _ if !memory[p].is_nan() => memory[p],
-                _ => hints
-                    .curve
-                    .at_most(g.memory_quantiles.last().copied().unwrap_or(0)),
+                _ => hints.curve.at_most(largest(&g.memory_quantiles)),
             };
-            ((1.0 - g.busy) * top * slot.model.speed, p)
+            (with_overlap(o, 1.0 - g.busy) * top * slot.model.speed, p)
         })
         .collect();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -216,7 +230,7 @@ fn best_gpu(
         if best.is_some() && hints.bounds.is_some_and(|b| b[p] <= floor) {
             continue;
         }
-        let share = (1.0 - slot.model.gpus[p].busy)
+        let share = with_overlap(o, 1.0 - slot.model.gpus[p].busy)
             * factor(memory, p, job, &slot.model, mm)
             * slot.model.speed;
         if best.is_none_or(|(_, s)| share > s) {
