@@ -51,7 +51,8 @@ pub struct GateStatus {
     pub preempted: bool,
     /// Held preempted by an explicit "busy" signal.
     pub pinned: bool,
-    /// Preemptions so far (policy decisions, whether or not offline had channels yet).
+    /// Preemptions so far: times offline channels went from running to disabled by this gate
+    /// (a decision to preempt while offline has no channels yet is none).
     pub preemptions: u64,
     /// Resumes so far.
     pub resumes: u64,

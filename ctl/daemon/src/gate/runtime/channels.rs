@@ -45,7 +45,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             _ => None,
         };
         let mut done_ns = monotonic_ns();
-        self.disabled = true;
+        self.mark_disabled();
         self.disabled_since = Some(Instant::now());
         if let Some(Ok(_)) = &result {
             claims.held.extend(channel_set(&self.records));
@@ -100,6 +100,15 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 Cause::Other => {}
             }
         });
+    }
+
+    /// Offline channels are disabled by this gate from now on: a preemption, if they ran.
+    pub(super) fn mark_disabled(&mut self) {
+        if !self.disabled {
+            self.disabled = true;
+            self.preemptions += 1;
+        }
+        self.disabled_since.get_or_insert_with(Instant::now);
     }
 
     /// The disable's metrics, with the edge that caused it.

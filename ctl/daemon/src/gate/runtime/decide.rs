@@ -562,4 +562,31 @@ mod tests {
         rt.handle(GateInput::Idle, 10_001 * MS);
         assert!(rm.disabled().is_empty());
     }
+
+    #[test]
+    fn a_preemption_counts_only_when_offline_channels_stop() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, _launches) = runtime(&rm, GateConfig::default());
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        // No offline channels yet: the policy preempts, nothing is disabled, none is counted.
+        rt.handle(edge(ONLINE, MS, 0), MS);
+        assert_eq!(rt.policy().preemptions(), 1);
+        assert!(rm.disabled().is_empty());
+        rt.tick(300 * MS);
+        rt.handle(edge(ONLINE, 400 * MS, 0), 400 * MS);
+        assert_eq!(rt.policy().preemptions(), 2);
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.preemptions, st.resumes), (0, 0));
+        // Channels that appear while the policy is preempted stop on arrival: that one counts.
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 401 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(700 * MS);
+        assert!(rm.disabled().is_empty());
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.preemptions, st.resumes), (1, 1));
+        // And the next edge's disable is the second.
+        rt.handle(edge(ONLINE, 800 * MS, 0), 800 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        assert_eq!(snapshot(&rt.shared).preemptions, 2);
+    }
 }

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
 
 use valve::controller::PreemptMode;
 use valve::driver::RmDriver;
@@ -153,8 +152,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 self.disable_records(&fresh, &mut claims);
             }
             if !added.is_empty() {
-                self.disabled = true;
-                self.disabled_since.get_or_insert_with(Instant::now);
+                self.mark_disabled();
             }
         } else if !adopted.is_empty() {
             self.enable_records(&adopted, &mut claims);

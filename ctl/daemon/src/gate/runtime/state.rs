@@ -29,6 +29,8 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     pub(super) plan: Option<PreemptPlan>,
     /// Offline channels are disabled by this gate now.
     pub(super) disabled: bool,
+    /// Times `disabled` became true: the status's preemptions (resumes are its way back).
+    pub(super) preemptions: u64,
     /// Offline sets applied so far (the claims of
     /// [`Claims::taken`](super::shared::Claims::taken) count them).
     pub(super) offline_applied: u64,
@@ -86,6 +88,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             records: Vec::new(),
             plan: None,
             disabled: false,
+            preemptions: 0,
             offline_applied: 0,
             probe_hits_read_ns: std::cell::Cell::new(0),
             adopt: BTreeSet::new(),
@@ -151,7 +154,7 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         }
         g.status.preempted = self.policy.preempted();
         g.status.pinned = self.policy.pinned();
-        g.status.preemptions = self.policy.preemptions();
+        g.status.preemptions = self.preemptions;
         g.status.arrivals = self.policy.arrivals();
         g.status.cooldown_us = self.policy.cooldown().as_secs_f64() * 1e6;
         g.status.hold_us = self.policy.hold().as_secs_f64() * 1e6;
