@@ -303,6 +303,68 @@ fn bench_wait_probe_cost_per_call() {
     drop(w);
 }
 
+/// What an idle edge costs the launching thread: one launch after each 2-ms sleep, timed,
+/// without the watcher, with it and no edges (an edge gap of 10 s), and with every launch an edge
+/// (200 us, the daemon's), a thread draining the edges as the gate's does; the poll thread at
+/// normal priority, then `SCHED_FIFO` 10 where allowed (run: `cargo test -p valve-ebpf --test
+/// launch_watch -- --ignored --nocapture bench_edge`).
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn bench_edge_cost_on_the_launching_thread() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: uprobes need root");
+        return;
+    }
+    let f = fake_cuda();
+    let sample = |f: &FakeCuda| {
+        let mut t: Vec<f64> = (0..400)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(2));
+                let t0 = Instant::now();
+                call(f, 1, 0);
+                t0.elapsed().as_nanos() as f64 / 1e3
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        (t[t.len() / 2], t[t.len() * 9 / 10])
+    };
+    let (p50, p90) = sample(&f);
+    println!("no watcher: launch call p50 {p50:.1} us, p90 {p90:.1} us");
+    for (edge_gap, realtime) in [(10_000_000, None), (200, None), (200, Some(10))] {
+        let w = match LaunchWatcher::start(LaunchConfig {
+            library: f.path.clone(),
+            pids: vec![std::process::id()],
+            filter: true,
+            edge_gap: Duration::from_micros(edge_gap),
+            track_waits: true,
+            realtime,
+        }) {
+            Ok(w) => std::sync::Arc::new(w),
+            Err(e) => {
+                println!("SKIP: uprobes unavailable here: {e}");
+                return;
+            }
+        };
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drain = {
+            let (w, stop) = (w.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += u64::from(w.next_edge(Duration::from_millis(20)).is_some());
+                }
+                n
+            })
+        };
+        let (p50, p90) = sample(&f);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let edges = drain.join().unwrap();
+        println!(
+            "watcher, edge gap {edge_gap} us, poll thread {realtime:?}: launch call p50 {p50:.1} us, p90 {p90:.1} us, {edges} edges"
+        );
+    }
+}
+
 #[test]
 fn the_first_launch_after_a_resume_is_an_edge_whatever_its_gap() {
     let f = fake_cuda();
