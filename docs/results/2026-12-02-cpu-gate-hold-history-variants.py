@@ -18,18 +18,14 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "hwtests", "serving"))
 import hold_seed  # noqa: E402
 import loadgen  # noqa: E402
+import trace_windows  # noqa: E402
 
 SERVICE_S, COOLDOWN_S, BUDGET, HOLD_MAX_S, MIN_GAPS = 0.3, 0.011, 0.08, 10.0, 8
 
 
 def request_gaps(arrivals):
     """(time, idle past the cooldown) of each arrival that finds the server idle that long."""
-    free, out = None, []
-    for t in arrivals:
-        if free is not None and t > free + COOLDOWN_S:
-            out.append((t, t - free - COOLDOWN_S))
-        free = max(t, free if free is not None else t) + SERVICE_S
-    return out
+    return trace_windows.idle_gaps(arrivals, SERVICE_S, COOLDOWN_S)
 
 
 def hold(gaps, allowed):

@@ -36,6 +36,18 @@ def idle_arrivals(offsets: list[float], service_s: float) -> int:
     return idle
 
 
+def idle_gaps(offsets: list[float], service_s: float, cooldown_s: float) -> list[tuple[float, float]]:
+    """(arrival time, idle past the cooldown) of each arrival that finds a one-at-a-time server
+    (each request `service_s` long) idle longer than `cooldown_s` since its last request ended; the
+    first arrival has no request before it and is not one."""
+    free, out = None, []
+    for t in offsets:
+        if free is not None and t > free + cooldown_s:
+            out.append((t, t - free - cooldown_s))
+        free = max(t, free if free is not None else t) + service_s
+    return out
+
+
 def window_counts(trace: list[float], rate: float, n: int, service_s: float, first_seed: int) -> list[int]:
     """Idle arrivals of the window each base seed gives round 0 (seed = base + first_seed), for every
     start the trace has."""
