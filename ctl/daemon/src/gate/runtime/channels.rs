@@ -45,8 +45,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             _ => None,
         };
         let mut done_ns = monotonic_ns();
-        self.mark_disabled();
+        self.disabled = true;
         self.disabled_since = Some(Instant::now());
+        // A preemption is channels stopping, not the attempt (the status counts these).
+        let mut stopped_any = matches!(result, Some(Ok(_)));
         if let Some(Ok(_)) = &result {
             claims.held.extend(channel_set(&self.records));
         }
@@ -68,17 +70,18 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                     "disabling offline channels: {e}; retrying per process"
                 ));
                 let records = self.records.clone();
-                self.disable_records(&records, &mut claims);
+                stopped_any = self.disable_records(&records, &mut claims);
                 done_ns = monotonic_ns();
                 None
             }
             None => {
-                self.disable_records(&partial.unwrap_or_default(), &mut claims);
+                stopped_any = self.disable_records(&partial.unwrap_or_default(), &mut claims);
                 done_ns = monotonic_ns();
                 None
             }
         };
         drop(claims);
+        self.preemptions += u64::from(stopped_any);
         // Metrics after the claims are released, as the enable does: nothing else waits on them.
         if let Some(report) = &stopped {
             self.count_disable(report, cause, done_ns);
@@ -102,15 +105,6 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         });
     }
 
-    /// Offline channels are disabled by this gate from now on: a preemption, if they ran.
-    pub(super) fn mark_disabled(&mut self) {
-        if !self.disabled {
-            self.disabled = true;
-            self.preemptions += 1;
-        }
-        self.disabled_since.get_or_insert_with(Instant::now);
-    }
-
     /// The disable's metrics, with the edge that caused it.
     fn count_disable(&self, report: &valve::controller::BatchReport, cause: Cause, done_ns: u64) {
         let Some(m) = crate::metrics::for_gate() else {
@@ -126,8 +120,13 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     }
 
     /// Disables record by record, skipping the ones that fail and the processes the daemon
-    /// took over.
-    pub(super) fn disable_records(&mut self, records: &[DisabledRecord], claims: &mut Claims) {
+    /// took over; true if any stopped.
+    pub(super) fn disable_records(
+        &mut self,
+        records: &[DisabledRecord],
+        claims: &mut Claims,
+    ) -> bool {
+        let mut any = false;
         for r in records
             .iter()
             .filter(|r| !claims.taken.contains_key(&r.pid))
@@ -146,13 +145,17 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                 u64::from(res.is_err()),
             );
             match res {
-                Ok(()) => claims.held.extend(channel_set(std::slice::from_ref(r))),
+                Ok(()) => {
+                    any = true;
+                    claims.held.extend(channel_set(std::slice::from_ref(r)))
+                }
                 Err(e) if alive(r.pid) => {
                     self.error(format!("disabling offline pid {}: {e}", r.pid))
                 }
                 Err(_) => {}
             }
         }
+        any
     }
 
     /// Enables these channels (record by record, skipping the ones that fail and the processes
@@ -287,5 +290,25 @@ mod tests {
         assert!(rm.disabled().is_empty());
         let st = snapshot(&rt.shared);
         assert!(st.errors >= 1 && st.last_error.is_some());
+    }
+
+    #[test]
+    fn a_disable_that_stops_nothing_is_no_preemption() {
+        let rm = Arc::new(FakeRm::host(1));
+        let (mut rt, _) = runtime(&rm, GateConfig::default());
+        // One offline process whose client RM does not know: every disable of it fails.
+        let gone = DisabledRecord {
+            pid: 4_199_999,
+            device_instance: 0,
+            client: 0xc1d0_0099,
+            channels: vec![0x5c00_0001],
+        };
+        rt.handle(GateInput::Offline(vec![gone]), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        rt.handle(edge(ONLINE, MS, 0), MS);
+        assert!(rm.disabled().is_empty());
+        let st = snapshot(&rt.shared);
+        assert_eq!(st.preemptions, 0, "nothing stopped");
+        assert!(st.errors >= 1);
     }
 }

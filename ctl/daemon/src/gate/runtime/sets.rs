@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use valve::controller::PreemptMode;
 use valve::driver::RmDriver;
@@ -148,11 +149,11 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         let (adopted, fresh) = split_adopted(&added, &self.adopt);
         if self.policy.preempted() {
             claims.held.extend(channel_set(&adopted));
-            if !fresh.is_empty() {
-                self.disable_records(&fresh, &mut claims);
-            }
+            let stopped = !fresh.is_empty() && self.disable_records(&fresh, &mut claims);
             if !added.is_empty() {
-                self.mark_disabled();
+                self.preemptions += u64::from(stopped && !self.disabled);
+                self.disabled = true;
+                self.disabled_since.get_or_insert_with(Instant::now);
             }
         } else if !adopted.is_empty() {
             self.enable_records(&adopted, &mut claims);
