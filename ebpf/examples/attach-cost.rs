@@ -131,6 +131,7 @@ fn measure(library: &Path, children: &[Child]) -> anyhow::Result<()> {
         edge_gap: Duration::from_millis(5),
         track_waits: true,
         realtime: None,
+        poll_period: valve_ebpf::REQUEST_POLL,
     })?;
     println!(
         "watcher start (symbols resolved on this process, {} probed, uprobe.multi links: {}): {} ms",

@@ -57,9 +57,10 @@ const KIND_MASK: u32 = 0xff;
 /// ...and this flag when only [`LaunchWatcher::arm_resume`] made it an edge.
 const KIND_AFTER_RESUME: u32 = 0x100;
 
-/// How often the poll thread takes up probe requests (watching a process probes it this late at
-/// most; its launches before that are not seen).
-const REQUEST_POLL: Duration = Duration::from_millis(10);
+/// The daemon's [`LaunchConfig::poll_period`]: watching a process probes it this late at most
+/// (its launches before that are not seen), and edges written while offline is held
+/// ([`LaunchWatcher::hold_edges`]) reach the sink this late at most.
+pub const REQUEST_POLL: Duration = Duration::from_millis(10);
 
 /// libcuda entry points that submit kernels (cookie 1) or graphs (cookie 2).
 pub const LAUNCH_SYMBOLS: [(&str, u64); 10] = [
@@ -91,6 +92,9 @@ pub struct LaunchConfig {
     pub track_waits: bool,
     /// Run the poll thread under `SCHED_FIFO` at this priority ([`crate::realtime`]).
     pub realtime: Option<u8>,
+    /// How often the poll thread takes up probe requests and drains the edges written while
+    /// offline is held ([`REQUEST_POLL`] in the daemon).
+    pub poll_period: Duration,
 }
 
 /// Launch counters of one process.
@@ -113,6 +117,9 @@ pub struct LaunchCounts {
     pub sync_end_ns: u64,
     /// `bpf_ktime_get_ns` of the latest launch (not the end of a wait; 0: none yet).
     pub last_launch_ns: u64,
+    /// Edges written while offline was held ([`LaunchWatcher::hold_edges`]), without waking
+    /// the reader.
+    pub quiet_edges: u64,
 }
 
 /// An idle->busy edge: the first launch of `pid` after at least `edge_gap` without one, or its
@@ -140,6 +147,7 @@ pub struct LaunchWatcher {
     stats: MapHandle,
     watched: MapHandle,
     resumed: MapHandle,
+    held: MapHandle,
     /// Edges, unless they go to a sink given to [`LaunchWatcher::start_with`].
     edges: Mutex<Option<Receiver<LaunchEdge>>>,
     attached: Vec<&'static str>,
@@ -185,6 +193,7 @@ fn parse_counts(v: &[u8]) -> LaunchCounts {
         syncs: u(5),
         sync_end_ns: u(6),
         last_launch_ns: u(7),
+        quiet_edges: u(8),
     }
 }
 
@@ -207,7 +216,7 @@ impl LaunchWatcher {
         sink: impl FnMut(LaunchEdge) + Send + 'static,
     ) -> Result<LaunchWatcher, WatchError> {
         let (probes, requests) = mpsc::channel();
-        let (thread, (stats, watched, resumed, attached, multi_links)) =
+        let (thread, ([stats, watched, resumed, held], attached, multi_links)) =
             PollThread::spawn("launch-watch", cfg.realtime, move |ready, stop| {
                 run(cfg, ready, sink, requests, stop)
             })?;
@@ -216,6 +225,7 @@ impl LaunchWatcher {
             stats,
             watched,
             resumed,
+            held,
             edges: Mutex::new(None),
             attached,
             multi_links,
@@ -239,7 +249,7 @@ impl LaunchWatcher {
         self.thread.scheduling()
     }
 
-    /// Adds a process to the filter and, when filtering, probes it (within [`REQUEST_POLL`]:
+    /// Adds a process to the filter and, when filtering, probes it (within the poll period:
     /// this does not wait for the probes, so it never holds up the caller's loop).
     pub fn watch(&self, pid: u32) -> Result<(), WatchError> {
         self.watch_acked(pid).map(drop)
@@ -286,6 +296,17 @@ impl LaunchWatcher {
             .map_err(|e| WatchError::bpf("arming the resume edge", e))
     }
 
+    /// The gate holds offline frozen since `since_ns` (CLOCK_MONOTONIC; 0: it no longer does).
+    /// Until the next [`LaunchWatcher::arm_resume`] after `since_ns`, edges ask nothing of the
+    /// reader at once: they are written without waking it (the wake-up is taken inside the
+    /// launch call) and reach it within [`LaunchConfig::poll_period`]. Edges after the arm wake it again, so
+    /// arm before enabling offline, as [`LaunchWatcher::arm_resume`] says.
+    pub fn hold_edges(&self, since_ns: u64) -> Result<(), WatchError> {
+        self.held
+            .update(&0u32.to_ne_bytes(), &since_ns.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| WatchError::bpf("marking offline held for the edges", e))
+    }
+
     /// Launch counters of `pid` (zero if it launched nothing).
     pub fn counts(&self, pid: u32) -> LaunchCounts {
         match self.stats.lookup(&pid.to_ne_bytes(), MapFlags::ANY) {
@@ -302,7 +323,7 @@ impl LaunchWatcher {
     }
 }
 
-type Ready = Result<(MapHandle, MapHandle, MapHandle, Vec<&'static str>, bool), WatchError>;
+type Ready = Result<([MapHandle; 4], Vec<&'static str>, bool), WatchError>;
 
 /// The answer to one [`LaunchWatcher::watch_acked`]: whether the process's probes are in.
 pub type ProbeAck = Receiver<Result<(), String>>;
@@ -624,13 +645,15 @@ fn parse_edge(data: &[u8]) -> Option<LaunchEdge> {
     })
 }
 
-/// Duplicates the maps the watcher reads from other threads: stats, the pid filter, resume.
-fn map_handles(skel: &skel::LaunchWatchSkel<'_>) -> Result<[MapHandle; 3], WatchError> {
+/// Duplicates the maps the watcher reads from other threads: stats, the pid filter, resume,
+/// held.
+fn map_handles(skel: &skel::LaunchWatchSkel<'_>) -> Result<[MapHandle; 4], WatchError> {
     let dup = |m, what| MapHandle::try_from(m).map_err(|e| WatchError::bpf(what, e));
     Ok([
         dup(&skel.maps.stats, "duplicating the stats map")?,
         dup(&skel.maps.watched, "duplicating the pid filter map")?,
         dup(&skel.maps.resumed, "duplicating the resume map")?,
+        dup(&skel.maps.held, "duplicating the held map")?,
     ])
 }
 
@@ -725,7 +748,7 @@ fn run(
         }
     };
     let started = map_handles(&skel).and_then(|maps| Ok((maps, edge_ring(&skel, sink)?)));
-    let ([stats, watched, resumed], rb) = match started {
+    let (maps, rb) = match started {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -733,9 +756,11 @@ fn run(
         }
     };
     let names = probes.targets.names();
-    let _ = ready.send(Ok((stats, watched, resumed, names, probes.targets.multi)));
+    let _ = ready.send(Ok((maps, names, probes.targets.multi)));
     while !stop.load(Ordering::Relaxed) {
-        let _ = rb.poll(REQUEST_POLL);
+        let _ = rb.poll(cfg.poll_period);
+        // Edges written while offline was held woke nobody: the poll times out over them.
+        let _ = rb.consume();
         for req in requests.try_iter() {
             probes.apply(&skel, req);
         }
@@ -760,13 +785,17 @@ mod tests {
             offset_of!(S, syncs),
             offset_of!(S, sync_end_ns),
             offset_of!(S, last_launch_ns),
+            offset_of!(S, quiet_edges),
         ];
         // parse_counts reads field i at byte 8 * i.
-        assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 56]);
-        assert_eq!(STATS_SIZE, 64);
-        let bytes: Vec<u8> = (1..=8u64).flat_map(u64::to_ne_bytes).collect();
+        assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 56, 64]);
+        assert_eq!(STATS_SIZE, 72);
+        let bytes: Vec<u8> = (1..=9u64).flat_map(u64::to_ne_bytes).collect();
         let c = parse_counts(&bytes);
-        assert_eq!((c.kernel_launches, c.last_launch_ns), (1, 8));
+        assert_eq!(
+            (c.kernel_launches, c.last_launch_ns, c.quiet_edges),
+            (1, 8, 9)
+        );
     }
 
     #[test]

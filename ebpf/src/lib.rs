@@ -24,7 +24,9 @@ pub use arrival::{
 };
 pub use error::WatchError;
 pub use event::{AllocEvent, DecodeError, FreeEvent, RmEvent, RmEventKind};
-pub use launch::{find_libcuda, LaunchConfig, LaunchCounts, LaunchEdge, LaunchWatcher, ProbeAck};
+pub use launch::{
+    find_libcuda, LaunchConfig, LaunchCounts, LaunchEdge, LaunchWatcher, ProbeAck, REQUEST_POLL,
+};
 pub use realtime::Scheduling;
 pub use registry::Registry;
 pub use watcher::{WatchConfig, WatchStats, Watcher, NVIDIA_MAJOR};

@@ -106,6 +106,15 @@ fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
 }
 
 fn start_filtered(lib: &Path, pids: Vec<u32>, filter: bool) -> Option<LaunchWatcher> {
+    start_polling(lib, pids, filter, valve_ebpf::REQUEST_POLL)
+}
+
+fn start_polling(
+    lib: &Path,
+    pids: Vec<u32>,
+    filter: bool,
+    poll_period: Duration,
+) -> Option<LaunchWatcher> {
     if !nix::unistd::geteuid().is_root() {
         println!("SKIP: uprobes need root");
         return None;
@@ -117,6 +126,7 @@ fn start_filtered(lib: &Path, pids: Vec<u32>, filter: bool) -> Option<LaunchWatc
         edge_gap: Duration::from_millis(5),
         track_waits: true,
         realtime: None,
+        poll_period,
     }) {
         Ok(w) => Some(w),
         Err(e) => {
@@ -304,10 +314,12 @@ fn bench_wait_probe_cost_per_call() {
 }
 
 /// What an idle edge costs the launching thread: one launch after each 2-ms sleep, timed,
-/// without the watcher, with it and no edges (an edge gap of 10 s), and with every launch an edge
-/// (200 us, the daemon's), a thread draining the edges as the gate's does; the poll thread at
-/// normal priority, then `SCHED_FIFO` 10 where allowed (run: `cargo test -p valve-ebpf --test
-/// launch_watch -- --ignored --nocapture bench_edge`).
+/// without the watcher, with it and no edges (an edge gap of 10 s), with every launch an edge
+/// (200 us, the daemon's), and with every launch an edge while offline is held (written without
+/// waking the reader), a thread draining the edges as the gate's does; the poll thread at normal
+/// priority, then `SCHED_FIFO` 10 where allowed. Also how late edges reach that thread, and
+/// how late the first edge after a resume does while held edges wait unread (run: `cargo test
+/// -p valve-ebpf --test launch_watch -- --ignored --nocapture bench_edge`).
 #[test]
 #[ignore = "benchmark; run explicitly"]
 fn bench_edge_cost_on_the_launching_thread() {
@@ -316,52 +328,119 @@ fn bench_edge_cost_on_the_launching_thread() {
         return;
     }
     let f = fake_cuda();
-    let sample = |f: &FakeCuda| {
-        let mut t: Vec<f64> = (0..400)
-            .map(|_| {
-                std::thread::sleep(Duration::from_millis(2));
-                let t0 = Instant::now();
-                call(f, 1, 0);
-                t0.elapsed().as_nanos() as f64 / 1e3
-            })
-            .collect();
-        t.sort_by(f64::total_cmp);
-        (t[t.len() / 2], t[t.len() * 9 / 10])
-    };
-    let (p50, p90) = sample(&f);
+    let (p50, p90) = percentiles(sample_launch_calls(&f, 400));
     println!("no watcher: launch call p50 {p50:.1} us, p90 {p90:.1} us");
-    for (edge_gap, realtime) in [(10_000_000, None), (200, None), (200, Some(10))] {
-        let w = match LaunchWatcher::start(LaunchConfig {
-            library: f.path.clone(),
-            pids: vec![std::process::id()],
-            filter: true,
-            edge_gap: Duration::from_micros(edge_gap),
-            track_waits: true,
-            realtime,
-        }) {
-            Ok(w) => std::sync::Arc::new(w),
-            Err(e) => {
-                println!("SKIP: uprobes unavailable here: {e}");
-                return;
-            }
+    let cases = [
+        (10_000_000, None, false),
+        (200, None, false),
+        (200, None, true),
+        (200, Some(10), false),
+        (200, Some(10), true),
+    ];
+    for (edge_gap, realtime, held) in cases {
+        let Some(w) = bench_watcher(&f, edge_gap, realtime) else {
+            return;
         };
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let drain = {
-            let (w, stop) = (w.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    n += u64::from(w.next_edge(Duration::from_millis(20)).is_some());
-                }
-                n
-            })
-        };
-        let (p50, p90) = sample(&f);
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let edges = drain.join().unwrap();
+        if held {
+            w.hold_edges(monotonic_ns()).unwrap();
+        }
+        let drain = Drain::start(&w);
+        let (p50, p90) = percentiles(sample_launch_calls(&f, 400));
+        let late = drain.stop();
+        let n = late.len();
+        let (l50, l90) = if n > 0 { percentiles(late) } else { (0.0, 0.0) };
         println!(
-            "watcher, edge gap {edge_gap} us, poll thread {realtime:?}: launch call p50 {p50:.1} us, p90 {p90:.1} us, {edges} edges"
+            "watcher, edge gap {edge_gap} us, poll thread {realtime:?}, offline held {held}: launch call p50 {p50:.1} us, p90 {p90:.1} us; {n} edges, reached the reader p50 {l50:.0} us, p90 {l90:.0} us late"
         );
+    }
+    let Some(w) = bench_watcher(&f, 200, None) else {
+        return;
+    };
+    let drain = Drain::start(&w);
+    for _ in 0..100 {
+        w.hold_edges(monotonic_ns()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+        call(&f, 1, 0); // held: unread until the poll period
+        w.arm_resume(monotonic_ns()).unwrap();
+        w.hold_edges(0).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+        call(&f, 1, 0); // after the resume: must wake the reader
+        std::thread::sleep(Duration::from_millis(12));
+    }
+    let late = drain.stop();
+    let after: Vec<f64> = late.iter().copied().skip(1).step_by(2).collect();
+    let (l50, l90) = percentiles(after);
+    println!(
+        "first edge after a resume, a held edge unread before it: reached the reader p50 {l50:.0} us, p90 {l90:.0} us late ({} edges)",
+        late.len()
+    );
+}
+
+/// `n` launch calls, each after a 2-ms sleep, timed (us).
+fn sample_launch_calls(f: &FakeCuda, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(2));
+            let t0 = Instant::now();
+            call(f, 1, 0);
+            t0.elapsed().as_nanos() as f64 / 1e3
+        })
+        .collect()
+}
+
+/// p50 and p90 of `v`.
+fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() * 9 / 10])
+}
+
+fn bench_watcher(
+    f: &FakeCuda,
+    edge_gap_us: u64,
+    realtime: Option<u8>,
+) -> Option<std::sync::Arc<LaunchWatcher>> {
+    match LaunchWatcher::start(LaunchConfig {
+        library: f.path.clone(),
+        pids: vec![std::process::id()],
+        filter: true,
+        edge_gap: Duration::from_micros(edge_gap_us),
+        track_waits: true,
+        realtime,
+        poll_period: valve_ebpf::REQUEST_POLL,
+    }) {
+        Ok(w) => Some(std::sync::Arc::new(w)),
+        Err(e) => {
+            println!("SKIP: uprobes unavailable here: {e}");
+            None
+        }
+    }
+}
+
+/// A thread reading edges as the gate's does, noting how late each reached it (us).
+struct Drain {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl Drain {
+    fn start(w: &std::sync::Arc<LaunchWatcher>) -> Drain {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (w, flag) = (w.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut late = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(e) = w.next_edge(Duration::from_millis(20)) {
+                    late.push(monotonic_ns().saturating_sub(e.ts_ns) as f64 / 1e3);
+                }
+            }
+            late
+        });
+        Drain { stop, thread }
+    }
+
+    fn stop(self) -> Vec<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
     }
 }
 
@@ -417,6 +496,82 @@ fn the_first_launch_after_a_resume_is_an_edge_whatever_its_gap() {
         .expect("edge during a wait");
     assert!(e.after_resume, "{e:?}");
     waiter.join().unwrap();
+}
+
+#[test]
+fn edges_while_offline_is_held_wake_nobody_and_still_arrive() {
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start(&f.path, vec![me]) else {
+        return;
+    };
+    let idle_launch = || {
+        std::thread::sleep(Duration::from_millis(6));
+        call(&f, 1, 0);
+    };
+    idle_launch();
+    let e = w.next_edge(Duration::from_secs(2)).expect("an edge");
+    assert_eq!(w.counts(me).quiet_edges, 0, "not held: it woke the reader");
+    // The gate holds offline: the edges are written quietly, and drained all the same.
+    w.hold_edges(monotonic_ns()).unwrap();
+    idle_launch();
+    idle_launch();
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            w.next_edge(Duration::from_secs(2))
+                .expect("a held edge is drained")
+        })
+        .collect();
+    assert!(
+        held[0].ts_ns > e.ts_ns && held[1].ts_ns > held[0].ts_ns,
+        "{held:?}"
+    );
+    assert_eq!(w.counts(me).quiet_edges, 2);
+    // The resume's arm ends the hold before offline runs: its edge wakes the reader again.
+    w.arm_resume(monotonic_ns()).unwrap();
+    idle_launch();
+    assert!(w.next_edge(Duration::from_secs(2)).is_some());
+    assert_eq!(w.counts(me).quiet_edges, 2);
+    // A resume called off (disarmed) leaves offline held: quiet again, until the mark is cleared.
+    w.hold_edges(monotonic_ns()).unwrap();
+    w.arm_resume(monotonic_ns()).unwrap();
+    w.arm_resume(0).unwrap();
+    idle_launch();
+    assert!(w.next_edge(Duration::from_secs(2)).is_some());
+    assert_eq!(w.counts(me).quiet_edges, 3);
+    w.hold_edges(0).unwrap();
+    idle_launch();
+    assert!(w.next_edge(Duration::from_secs(2)).is_some());
+    assert_eq!(w.counts(me).quiet_edges, 3);
+}
+
+#[test]
+fn the_first_edge_after_a_resume_wakes_the_reader_while_held_edges_wait_unread() {
+    // A poll period longer than the waits below: only a wake-up delivers edges in time (the
+    // watcher's drop waits for the period's end).
+    let f = fake_cuda();
+    let me = std::process::id();
+    let Some(w) = start_polling(&f.path, vec![me], true, Duration::from_secs(4)) else {
+        return;
+    };
+    w.hold_edges(monotonic_ns()).unwrap();
+    call(&f, 1, 0);
+    assert!(
+        w.next_edge(Duration::from_millis(300)).is_none(),
+        "a held edge wakes nobody"
+    );
+    assert_eq!(w.counts(me).quiet_edges, 1);
+    // Resumed: the next edge must wake the reader although the held one is still unread (an
+    // edge that wakes only a reader with nothing left to read would not).
+    w.arm_resume(monotonic_ns()).unwrap();
+    w.hold_edges(0).unwrap();
+    call(&f, 1, 0);
+    let both: Vec<_> = (0..2)
+        .filter_map(|_| w.next_edge(Duration::from_secs(2)))
+        .collect();
+    assert_eq!(both.len(), 2, "the resume's edge woke the reader: {both:?}");
+    assert!(both[1].ts_ns > both[0].ts_ns, "{both:?}");
+    assert_eq!(w.counts(me).quiet_edges, 1);
 }
 
 /// The first byte of the fake's `cuLaunchKernel` as this process sees it: an installed uprobe

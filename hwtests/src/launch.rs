@@ -36,6 +36,7 @@ pub fn run(bins: &Bins, g0: &GpuInfo, r: &mut Report) -> Result<()> {
         edge_gap: Duration::from_millis(1),
         track_waits: false,
         realtime: None,
+        poll_period: valve_ebpf::REQUEST_POLL,
     })?;
     r.line(&format!(
         "{}: probes on {}.",
@@ -108,6 +109,7 @@ fn price_waits_and_edges(
             edge_gap,
             track_waits,
             realtime: None,
+            poll_period: valve_ebpf::REQUEST_POLL,
         })
     };
     let pid = |v: &serde_json::Value| v["pid"].as_u64().unwrap_or(0) as u32;

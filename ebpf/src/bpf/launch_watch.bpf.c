@@ -15,6 +15,12 @@
 // otherwise hide it). Such an edge carries KIND_AFTER_RESUME when the idle rule alone would not
 // have reported it.
 //
+// While the gate holds offline frozen (`held` later than `resumed`), an edge asks nothing of it
+// at once, so it is written without waking the reader: the wake-up, taken inside the launch
+// call, cost the launching thread ~20 us. The reader drains such edges within its poll period.
+// Every other edge forces the wake-up: one that only woke an idle reader would not wake it while
+// held edges wait unread.
+//
 // The attach cookie says which kind of entry point fired (1 kernel launch, 2 graph launch).
 
 #include <linux/types.h>
@@ -43,6 +49,7 @@ struct launch_stats {
 	__u64 syncs;   // synchronising calls entered
 	__u64 sync_end_ns;
 	__u64 last_launch_ns; // latest launch (not the end of a wait)
+	__u64 quiet_edges;    // edges written without waking the reader (offline held)
 };
 
 struct launch_edge {
@@ -73,6 +80,15 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } resumed SEC(".maps");
+
+// CLOCK_MONOTONIC ns since which the gate holds offline frozen (0: it does not), written by user
+// space; it counts only while later than `resumed`.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} held SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -140,17 +156,23 @@ static __always_inline int launch(__u64 kind)
 	s->last_launch_ns = now;
 	__u32 zero = 0;
 	__u64 *resumed_at = bpf_map_lookup_elem(&resumed, &zero);
+	__u64 resumed_ns = resumed_at ? *resumed_at : 0;
 	int idle_edge = s->in_sync <= 0 && (last == 0 || now - last >= edge_gap_ns);
-	int resume_edge = resumed_at && *resumed_at && prev_launch < *resumed_at;
+	int resume_edge = resumed_ns && prev_launch < resumed_ns;
 	if (idle_edge || resume_edge) {
 		__sync_fetch_and_add(&s->edges, 1);
+		__u64 *held_at = bpf_map_lookup_elem(&held, &zero);
+		int quiet = held_at && *held_at > resumed_ns;
+		if (quiet)
+			__sync_fetch_and_add(&s->quiet_edges, 1);
 		struct launch_edge e = {
 			.pid = pid,
 			.kind = (__u32)kind | (idle_edge ? 0 : KIND_AFTER_RESUME),
 			.ts_ns = now,
 			.idle_ns = last ? now - last : 0,
 		};
-		bpf_ringbuf_output(&edges, &e, sizeof(e), 0);
+		bpf_ringbuf_output(&edges, &e, sizeof(e),
+				   quiet ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP);
 	}
 	return 0;
 }

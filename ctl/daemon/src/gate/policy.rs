@@ -209,6 +209,10 @@ pub struct GatePolicy {
     /// An arrival whose hold ran out before any launch: the next launch edge, if no other
     /// arrival comes first, is taken to be its first one and its delay is learned.
     expired_arrival_ns: Option<u64>,
+    /// An arrival whose hold a launch ended before its edge came (while offline is held, edges
+    /// come up to the watcher's poll period late): that edge, if it is the arrival's first
+    /// launch, teaches the delay.
+    launched_arrival_ns: Option<u64>,
     /// An arrival happened since the last launch: the gap now ending lies between requests.
     arrival_in_gap: bool,
     /// Arrival edges seen.
@@ -246,6 +250,7 @@ impl GatePolicy {
             pending_arrival_ns: None,
             arrival_delays: VecDeque::new(),
             expired_arrival_ns: None,
+            launched_arrival_ns: None,
             arrival_in_gap: false,
             arrivals: 0,
             first_wait_pending: None,
@@ -463,6 +468,7 @@ impl GatePolicy {
         self.arrivals += 1;
         // A newer arrival: an expired one launched nothing (a health check), so it teaches nothing.
         self.expired_arrival_ns = None;
+        self.launched_arrival_ns = None;
         self.pending_arrival_ns.get_or_insert(ts_ns);
         // Any arrival past the cooldown (a health check that launched nothing too: the request
         // after it is noted from it).
@@ -491,6 +497,9 @@ impl GatePolicy {
             // edge as its first launch taught holds of 20-112 ms on the H100, where no idle
             // arrival took more than 15 ms to its first kernel.
             self.saw_launch(previous);
+            if self.launched_arrival_ns.is_some_and(|a| previous > a) {
+                self.launched_arrival_ns = None;
+            }
         }
         self.edge(ts_ns, idle_ns)
     }
@@ -505,6 +514,9 @@ impl GatePolicy {
             // The first launch of a request resumed against because its hold ran out: learned,
             // so the next request that slow is held through (this one already paid for it).
             self.learn_arrival_delay(ts_ns.saturating_sub(a));
+        } else if let Some(a) = self.launched_arrival_ns.take().filter(|&a| ts_ns > a) {
+            // Its hold already ended (and its first wait is awaited) from the counters.
+            self.learn_arrival_delay(ts_ns - a);
         }
         if let Some(gap) = idle_ns.filter(|&g| g > 0) {
             // A gap a request arrived in lies between requests, not between iterations. Without
@@ -544,12 +556,12 @@ impl GatePolicy {
         }
     }
 
-    /// A launch that was not an edge (read from the watcher's counters): moves the idle clock
-    /// forward, and ends the hold of an arrival it follows (without learning a delay: the first
-    /// launch after the arrival is not known).
+    /// A launch read from the watcher's counters (not an edge, or an edge not yet delivered):
+    /// moves the idle clock forward, and ends the hold of an arrival it follows (its delay is
+    /// learned only if the edge of its first launch comes later).
     pub fn saw_launch(&mut self, ts_ns: u64) {
         if self.pending_arrival_ns.is_some_and(|a| ts_ns > a) {
-            self.pending_arrival_ns = None;
+            self.launched_arrival_ns = self.pending_arrival_ns.take();
             self.await_first_wait(ts_ns);
         }
         if self.expired_arrival_ns.is_some_and(|a| ts_ns > a) {
@@ -954,6 +966,47 @@ mod tests {
         assert_eq!(h.on_tick(MS + 100 * US), Some(Action::Resume));
         h.on_edge(4 * MS, Some(3 * MS));
         assert_eq!(h.cooldown(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn an_edge_that_comes_after_the_counters_showed_its_launch_still_teaches_the_delay() {
+        // Offline held: the first launch's edge (at 13 ms) reaches the gate after a tick read
+        // the counters (latest launch 14 ms). The arrival's hold ends then; the edge, the
+        // arrival's first launch (the launch before it came at 5 ms), teaches its 3 ms.
+        let mut g = learned(GateConfig::default());
+        assert_eq!(
+            g.arrival_hold(),
+            Duration::from_millis(200),
+            "nothing learned"
+        );
+        g.on_arrival(10 * MS);
+        g.saw_launch(14 * MS);
+        assert_eq!(g.pending_arrival_ns(), None);
+        assert_eq!(g.first_wait_pending(), Some(14 * MS));
+        g.saw_wait_end(15 * MS);
+        assert_eq!(g.on_edge(13 * MS, Some(8 * MS)), None);
+        assert_eq!(g.arrival_hold(), Duration::from_millis(6), "2 x 3 ms");
+        assert_eq!(
+            g.first_wait_pending(),
+            None,
+            "its first wait is not awaited again"
+        );
+        // An edge after a launch that followed the arrival is not its first launch: nothing.
+        let mut h = learned(GateConfig::default());
+        h.on_arrival(10 * MS);
+        h.saw_launch(12 * MS);
+        h.on_edge(30 * MS, Some(10 * MS));
+        assert_eq!(h.arrival_hold(), Duration::from_millis(200));
+        // Nor is one after a newer arrival's.
+        h.on_arrival(40 * MS);
+        h.saw_launch(41 * MS);
+        h.on_arrival(50 * MS);
+        h.on_edge(52 * MS, None);
+        assert_eq!(
+            h.arrival_hold(),
+            Duration::from_millis(4),
+            "2 x 2 ms, from 50 ms"
+        );
     }
 
     #[test]

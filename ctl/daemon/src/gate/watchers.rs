@@ -210,6 +210,8 @@ impl Drop for GateWatchers {
             }
         }
         let _ = w.launch.arm_resume(0);
+        // The next gate to take these watchers starts with offline running.
+        let _ = w.launch.hold_edges(0);
         let keep = keeper.keep;
         keeper.put(self.key, w);
         let keeper = Arc::downgrade(&keeper);
@@ -283,6 +285,9 @@ impl LaunchSource for GateWatchers {
     fn arm_resume(&self, now_ns: u64) {
         LaunchSource::arm_resume(&self.w().launch, now_ns);
     }
+    fn hold_edges(&self, since_ns: u64) {
+        LaunchSource::hold_edges(&self.w().launch, since_ns);
+    }
     fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
         let w = self.w();
         let mut v = vec![("launch-watch", w.launch.scheduling().clone())];
@@ -326,6 +331,7 @@ fn start_watchers(cfg: &GateConfig, mut route: Route) -> Result<Watchers, String
             edge_gap: GATE_EDGE_GAP,
             track_waits: cfg.waits,
             realtime: cfg.realtime,
+            poll_period: valve_ebpf::REQUEST_POLL,
         },
         move |e| r.send(GateInput::Edge(e)),
     )

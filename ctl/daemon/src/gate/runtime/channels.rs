@@ -28,9 +28,16 @@ pub(super) enum Cause {
 }
 
 impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
+    /// The policy preempts: disables the offline channels, then tells the launch watcher that
+    /// offline is held, so that online's edges until the resume need not wake the gate.
+    pub(super) fn disable(&mut self, cause: Cause) {
+        self.stop_offline(cause);
+        self.launches.hold_edges(monotonic_ns());
+    }
+
     /// Disables the offline channels (all GPUs in one call; record by record where the daemon
     /// has taken some processes over).
-    pub(super) fn disable(&mut self, cause: Cause) {
+    fn stop_offline(&mut self, cause: Cause) {
         if self.plan.is_none() {
             // Nothing to stop yet; the policy still counts as preempted, so channels that appear
             // before the resume are disabled on arrival.
@@ -192,6 +199,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// Enables the offline channels; on a failure, record by record so one exited process does
     /// not keep the others frozen. Processes the daemon took over stay as they are.
     pub(super) fn enable(&mut self) {
+        // Online's edges wake the gate again from here (the resume's arm already made them).
+        self.launches.hold_edges(0);
         if !self.disabled {
             return;
         }

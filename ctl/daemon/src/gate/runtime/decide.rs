@@ -289,6 +289,32 @@ mod tests {
     }
 
     #[test]
+    fn edges_are_quiet_only_from_a_preemption_to_the_resume() {
+        let (rm, mut rt, launches) = one_offline_one_online();
+        let held = |l: &FakeLaunches| *l.6.lock().unwrap().last().expect("a mark");
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        assert!(held(&launches) > 0, "held from the disable");
+        // A resume called off (online launched as the gate armed): disarmed, so quiet again.
+        launches.0.lock().unwrap().insert(ONLINE, 10 * MS);
+        *launches.4.lock().unwrap() = Some((ONLINE, 61 * MS));
+        rt.tick(61 * MS);
+        assert!(held(&launches) > 0 && launches.3.lock().unwrap().last() == Some(&0));
+        rt.tick(112 * MS);
+        assert!(rm.disabled().is_empty());
+        assert_eq!(held(&launches), 0, "no longer held once offline runs");
+        // The serving framework's busy and idle signals mark it too, and so does the stop.
+        rt.handle(GateInput::Busy, 120 * MS);
+        assert!(held(&launches) > 0);
+        rt.handle(GateInput::Idle, 130 * MS);
+        assert_eq!(held(&launches), 0);
+        rt.handle(GateInput::Busy, 140 * MS);
+        drop(rt);
+        assert!(rm.disabled().is_empty());
+        assert_eq!(held(&launches), 0, "a stopped gate leaves nothing held");
+    }
+
+    #[test]
     fn no_resume_while_online_waits_for_its_gpu_work() {
         let (rm, mut rt, launches) = one_offline_one_online();
         // A prefill: launches at 10 ms, then the host waits for the GPU.

@@ -21,8 +21,8 @@ pub(super) const ONLINE: u32 = 7_000_001;
 pub(super) const PORT: u16 = 8000;
 
 /// Last launch per pid, last arrival per port, pids waiting for their GPU work, the times
-/// the gate armed the resume edge, a launch (pid, time) that happens as it arms, and the
-/// end of the last wait for GPU work per pid.
+/// the gate armed the resume edge, a launch (pid, time) that happens as it arms, the
+/// end of the last wait for GPU work per pid, and the times it marked offline held.
 #[derive(Clone, Default)]
 #[allow(clippy::type_complexity)]
 pub(super) struct FakeLaunches(
@@ -32,6 +32,7 @@ pub(super) struct FakeLaunches(
     pub(super) Arc<Mutex<Vec<u64>>>,
     pub(super) Arc<Mutex<Option<(u32, u64)>>>,
     pub(super) Arc<Mutex<BTreeMap<u32, u64>>>,
+    pub(super) Arc<Mutex<Vec<u64>>>,
 );
 
 impl LaunchSource for FakeLaunches {
@@ -71,6 +72,9 @@ impl LaunchSource for FakeLaunches {
         if let Some((pid, t)) = self.4.lock().unwrap().take() {
             self.0.lock().unwrap().insert(pid, t);
         }
+    }
+    fn hold_edges(&self, since_ns: u64) {
+        self.6.lock().unwrap().push(since_ns);
     }
 }
 

@@ -88,6 +88,11 @@ pub trait LaunchSource: Send {
     /// edge whatever its idle gap (0: disarm, no resume after all). Errors are the source's to
     /// log; the gate resumes anyway.
     fn arm_resume(&self, _now_ns: u64) {}
+    /// Offline is held frozen since `since_ns` (0: no longer): until the next
+    /// [`LaunchSource::arm_resume`] after it, edges may reach the gate up to
+    /// [`valve_ebpf::REQUEST_POLL`] late, which spares the launching thread the reader's wake-up.
+    /// Errors are the source's to log (the edges then wake the gate as before).
+    fn hold_edges(&self, _since_ns: u64) {}
 }
 
 /// The bare watcher (the gate uses [`crate::gate::watchers::GateWatchers`], which also tracks
@@ -110,6 +115,11 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
     }
     fn arm_resume(&self, now_ns: u64) {
         if let Err(e) = valve_ebpf::LaunchWatcher::arm_resume(self, now_ns) {
+            tracing::warn!("gate: {e}");
+        }
+    }
+    fn hold_edges(&self, since_ns: u64) {
+        if let Err(e) = valve_ebpf::LaunchWatcher::hold_edges(self, since_ns) {
             tracing::warn!("gate: {e}");
         }
     }
