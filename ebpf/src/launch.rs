@@ -56,6 +56,8 @@ const STATS_SIZE: usize = std::mem::size_of::<skel::types::launch_stats>();
 const KIND_MASK: u32 = 0xff;
 /// ...and this flag when only [`LaunchWatcher::arm_resume`] made it an edge.
 const KIND_AFTER_RESUME: u32 = 0x100;
+/// ...and this one when it was written while offline was held ([`LaunchWatcher::hold_edges`]).
+const KIND_QUIET: u32 = 0x200;
 
 /// The daemon's [`LaunchConfig::poll_period`]: watching a process probes it this late at most
 /// (its launches before that are not seen), and edges written while offline is held
@@ -138,6 +140,9 @@ pub struct LaunchEdge {
     /// [`LaunchWatcher::arm_resume`]: the idle rule alone (no thread waiting, `edge_gap` without
     /// activity) would not have made it an edge.
     pub after_resume: bool,
+    /// Written while offline was held ([`LaunchWatcher::hold_edges`]), without waking the reader
+    /// (counted in [`LaunchCounts::quiet_edges`]).
+    pub quiet: bool,
 }
 
 /// Attached uprobes; detaches on drop.
@@ -642,6 +647,7 @@ fn parse_edge(data: &[u8]) -> Option<LaunchEdge> {
         ts_ns: u64_at(8),
         idle_ns: u64_at(16),
         after_resume: kind & KIND_AFTER_RESUME != 0,
+        quiet: kind & KIND_QUIET != 0,
     })
 }
 
@@ -803,13 +809,13 @@ mod tests {
         // struct launch_edge: pid, kind (graph = 2, flag 0x100 after a resume), ts_ns, idle_ns.
         let mut raw = Vec::new();
         raw.extend(42u32.to_ne_bytes());
-        raw.extend((2 | KIND_AFTER_RESUME).to_ne_bytes());
+        raw.extend((2 | KIND_AFTER_RESUME | KIND_QUIET).to_ne_bytes());
         raw.extend(5u64.to_ne_bytes());
         raw.extend(7u64.to_ne_bytes());
         let e = parse_edge(&raw).expect("a whole record");
         assert_eq!(
-            (e.pid, e.graph, e.ts_ns, e.idle_ns, e.after_resume),
-            (42, true, 5, 7, true)
+            (e.pid, e.graph, e.ts_ns, e.idle_ns, e.after_resume, e.quiet),
+            (42, true, 5, 7, true, true)
         );
         assert_eq!(parse_edge(&raw[..20]), None);
     }

@@ -52,7 +52,8 @@ say() { echo "== [$(elapsed) s] $*"; }
 
 missing=()
 for f in "$bin/valvectl" "$bin/gate_hold"; do [ -x "$f" ] || missing+=("$f"); done
-[ -f "$root/.carry/xsched/xsched-src.tar.gz" ] || missing+=("$root/.carry/xsched/xsched-src.tar.gz")
+# XSched only where a part runs it.
+case ",$peers," in *,xsched*) [ -f "$root/.carry/xsched/xsched-src.tar.gz" ] || missing+=("$root/.carry/xsched/xsched-src.tar.gz") ;; esac
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bursty.sh: missing ${missing[*]}: build the binaries into .carry/bin and pack XSched (the usage says how)" >&2
   [ "$dry" = 1 ] || exit 1

@@ -90,6 +90,7 @@ fn gate_freezes_and_releases_are_counted_timed_and_harvest_is_measured() {
             ts_ns: edge_ts,
             idle_ns: 0,
             after_resume: false,
+            quiet: false,
         }),
         monotonic_ns(),
     );

@@ -38,6 +38,8 @@ const volatile __u64 edge_gap_ns = 1000000;
 #define KIND_GRAPH 2
 // Flag on an edge's kind: reported only because it is the first launch after a resume.
 #define KIND_AFTER_RESUME 0x100
+// Flag on an edge's kind: written while offline was held, without waking the reader.
+#define KIND_QUIET 0x200
 
 // Read field by field in src/launch.rs (parse_counts).
 struct launch_stats {
@@ -167,7 +169,8 @@ static __always_inline int launch(__u64 kind)
 			__sync_fetch_and_add(&s->quiet_edges, 1);
 		struct launch_edge e = {
 			.pid = pid,
-			.kind = (__u32)kind | (idle_edge ? 0 : KIND_AFTER_RESUME),
+			.kind = (__u32)kind | (idle_edge ? 0 : KIND_AFTER_RESUME) |
+				(quiet ? KIND_QUIET : 0),
 			.ts_ns = now,
 			.idle_ns = last ? now - last : 0,
 		};

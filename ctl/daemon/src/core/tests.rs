@@ -666,6 +666,7 @@ fn a_dead_gate_thread_leaves_nothing_frozen_and_is_noticed() {
         ts_ns: 1,
         idle_ns: 0,
         after_resume: false,
+        quiet: false,
     }))
     .unwrap();
     wait_for("the gate thread dies", || {

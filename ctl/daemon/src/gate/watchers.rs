@@ -288,6 +288,9 @@ impl LaunchSource for GateWatchers {
     fn hold_edges(&self, since_ns: u64) {
         LaunchSource::hold_edges(&self.w().launch, since_ns);
     }
+    fn quiet_edges(&self, pid: u32) -> u64 {
+        LaunchSource::quiet_edges(&self.w().launch, pid)
+    }
     fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
         let w = self.w();
         let mut v = vec![("launch-watch", w.launch.scheduling().clone())];

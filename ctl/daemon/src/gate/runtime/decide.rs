@@ -19,6 +19,10 @@ use crate::gate::trace::TraceKind;
 /// after the last online launch (a long prefill waits that long at most; a stuck wait is no work).
 const SYNC_HOLD_FACTOR: u64 = 5;
 
+/// How long a due resume waits for edges written while offline was held (they reach the gate
+/// within the watcher's poll period); past it they are taken as lost.
+const QUIET_EDGE_WAIT_NS: u64 = 2 * valve_ebpf::REQUEST_POLL.as_nanos() as u64;
+
 impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// Whether `e` came to a watched port: in the port's network namespace, or in any where
     /// the port was named without one.
@@ -34,6 +38,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Edge(e) => {
                 if !self.online.contains(&e.pid) {
                     return true;
+                }
+                if e.quiet {
+                    *self.quiet_received.entry(e.pid).or_default() += 1;
                 }
                 let kind = if e.after_resume {
                     TraceKind::LaunchAfterResume
@@ -115,6 +122,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
         self.policy.refresh_hold();
         // Later activity can only push the due time out, so before it nothing needs reading.
         if !self.resume_due(now_ns) {
+            self.quiet_awaited_until = None;
+            return;
+        }
+        if self.awaiting_quiet_edges(now_ns) {
             return;
         }
         let waiting = self.read_activity(now_ns);
@@ -143,6 +154,31 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             self.enable();
             self.update(|_| {});
         }
+    }
+
+    /// Whether edges written while offline was held are still on their way at `now_ns` (the
+    /// policy learns gaps and arrival delays from them, so a resume decided without them could
+    /// come too early), for at most [`QUIET_EDGE_WAIT_NS`] from the first time asked; those that
+    /// have not come by then are taken as lost.
+    fn awaiting_quiet_edges(&mut self, now_ns: u64) -> bool {
+        let behind = |rt: &Self, p: u32| {
+            rt.launches.quiet_edges(p) > rt.quiet_received.get(&p).copied().unwrap_or(0)
+        };
+        if !self.online.iter().any(|&p| behind(self, p)) {
+            self.quiet_awaited_until = None;
+            return false;
+        }
+        let until = *self
+            .quiet_awaited_until
+            .get_or_insert(now_ns.saturating_add(QUIET_EDGE_WAIT_NS));
+        if now_ns < until {
+            return true;
+        }
+        for &p in &self.online {
+            self.quiet_received.insert(p, self.launches.quiet_edges(p));
+        }
+        self.quiet_awaited_until = None;
+        false
     }
 
     /// The latest of `time` over the online processes (0: none).
@@ -191,6 +227,9 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
 
     /// How long the thread may wait for input before it must tick.
     pub fn wait_for(&self, now_ns: u64) -> Duration {
+        if let Some(until) = self.quiet_awaited_until.filter(|&u| u > now_ns) {
+            return Duration::from_nanos(until - now_ns);
+        }
         match self.policy.resume_due_ns() {
             Some(due) => Duration::from_nanos(due.saturating_sub(now_ns)),
             None => Duration::from_millis(100),
@@ -268,6 +307,7 @@ mod tests {
                 ts_ns: 113 * MS,
                 idle_ns: 50 * US,
                 after_resume: true,
+                quiet: false,
             }),
             113 * MS,
         );
@@ -312,6 +352,41 @@ mod tests {
         drop(rt);
         assert!(rm.disabled().is_empty());
         assert_eq!(held(&launches), 0, "a stopped gate leaves nothing held");
+    }
+
+    #[test]
+    fn a_due_resume_waits_for_the_edges_still_on_their_way() {
+        let (rm, mut rt, launches) = one_offline_one_online();
+        rt.handle(edge(ONLINE, 10 * MS, 0), 10 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 10 * MS);
+        // Held, online launched after a gap: the watcher wrote that edge quietly, and at the
+        // due time (10 ms + the 50 ms ceiling) it has not reached the gate yet.
+        launches.7.lock().unwrap().insert(ONLINE, 1);
+        rt.tick(61 * MS);
+        assert_eq!(rm.disabled().len(), 20, "the resume waits for it");
+        assert_eq!(rt.wait_for(61 * MS), Duration::from_millis(20));
+        // It comes (a launch at 12 ms): the resume is decided with it, at 12 + 50 ms.
+        rt.handle(quiet_edge(ONLINE, 12 * MS, 2 * MS), 61 * MS + 500 * US);
+        rt.tick(61 * MS + 600 * US);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(62 * MS);
+        assert!(rm.disabled().is_empty(), "nothing on its way: resumed");
+        // One lost for good: the resume waits for it 20 ms at most, and not again.
+        rt.handle(edge(ONLINE, 100 * MS, 38 * MS), 100 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 100 * MS);
+        launches.7.lock().unwrap().insert(ONLINE, 2);
+        rt.tick(150 * MS);
+        rt.tick(169 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        rt.tick(170 * MS);
+        assert!(rm.disabled().is_empty(), "resumed once the wait ran out");
+        rt.handle(edge(ONLINE, 200 * MS, 30 * MS), 200 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 200 * MS);
+        rt.tick(250 * MS);
+        assert!(
+            rm.disabled().is_empty(),
+            "the lost edge is not waited for twice"
+        );
     }
 
     #[test]

@@ -22,7 +22,8 @@ pub(super) const PORT: u16 = 8000;
 
 /// Last launch per pid, last arrival per port, pids waiting for their GPU work, the times
 /// the gate armed the resume edge, a launch (pid, time) that happens as it arms, the
-/// end of the last wait for GPU work per pid, and the times it marked offline held.
+/// end of the last wait for GPU work per pid, the times it marked offline held, and the quiet
+/// edges written per pid.
 #[derive(Clone, Default)]
 #[allow(clippy::type_complexity)]
 pub(super) struct FakeLaunches(
@@ -33,6 +34,7 @@ pub(super) struct FakeLaunches(
     pub(super) Arc<Mutex<Option<(u32, u64)>>>,
     pub(super) Arc<Mutex<BTreeMap<u32, u64>>>,
     pub(super) Arc<Mutex<Vec<u64>>>,
+    pub(super) Arc<Mutex<BTreeMap<u32, u64>>>,
 );
 
 impl LaunchSource for FakeLaunches {
@@ -76,6 +78,9 @@ impl LaunchSource for FakeLaunches {
     fn hold_edges(&self, since_ns: u64) {
         self.6.lock().unwrap().push(since_ns);
     }
+    fn quiet_edges(&self, pid: u32) -> u64 {
+        self.7.lock().unwrap().get(&pid).copied().unwrap_or(0)
+    }
 }
 
 /// One offline process (20 channels on one GPU) and the online pid, cooldown ceiling 50 ms.
@@ -112,6 +117,19 @@ pub(super) fn edge(pid: u32, ts_ns: u64, idle_ns: u64) -> GateInput {
         ts_ns,
         idle_ns,
         after_resume: false,
+        quiet: false,
+    })
+}
+
+/// An edge written while offline was held: it woke nobody, and the watcher counted it.
+pub(super) fn quiet_edge(pid: u32, ts_ns: u64, idle_ns: u64) -> GateInput {
+    GateInput::Edge(LaunchEdge {
+        pid,
+        graph: false,
+        ts_ns,
+        idle_ns,
+        after_resume: false,
+        quiet: true,
     })
 }
 

@@ -93,6 +93,11 @@ pub trait LaunchSource: Send {
     /// [`valve_ebpf::REQUEST_POLL`] late, which spares the launching thread the reader's wake-up.
     /// Errors are the source's to log (the edges then wake the gate as before).
     fn hold_edges(&self, _since_ns: u64) {}
+    /// Edges of `pid` written while offline was held, so far (0 where the source does not
+    /// count them): more than the gate has received means some are still on their way.
+    fn quiet_edges(&self, _pid: u32) -> u64 {
+        0
+    }
 }
 
 /// The bare watcher (the gate uses [`crate::gate::watchers::GateWatchers`], which also tracks
@@ -122,6 +127,9 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
         if let Err(e) = valve_ebpf::LaunchWatcher::hold_edges(self, since_ns) {
             tracing::warn!("gate: {e}");
         }
+    }
+    fn quiet_edges(&self, pid: u32) -> u64 {
+        self.counts(pid).quiet_edges
     }
 }
 

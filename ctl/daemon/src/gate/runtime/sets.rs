@@ -35,6 +35,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             self.launches.unwatch(p);
             self.probes.remove(&p);
         }
+        // A pid watched again counts its edges from 0.
+        self.quiet_received.retain(|p, _| pids.contains(p));
         self.online = pids;
         self.probe_hits_read_ns.set(0);
         self.poll_probes();

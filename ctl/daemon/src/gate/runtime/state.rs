@@ -54,6 +54,11 @@ pub struct GateRuntime<D: RmDriver, L: LaunchSource> {
     /// The latest arrival handled per port: an edge at or before it is one already handled
     /// (polled from the counters, then read again from the ring buffer).
     pub(super) handled_arrival_ns: BTreeMap<u16, u64>,
+    /// Quiet edges received per online pid (written while offline was held; see
+    /// [`LaunchSource::quiet_edges`]).
+    pub(super) quiet_received: BTreeMap<u32, u64>,
+    /// A due resume waits until then for quiet edges still on their way.
+    pub(super) quiet_awaited_until: Option<u64>,
     pub(super) shared: Arc<GateShared>,
     /// The running check of the current freeze (set at the enable, which it must not outrun).
     pub(super) freeze_check: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -100,6 +105,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             busy_poll: cfg.arrival_busy_poll,
             polled_edges: BTreeMap::new(),
             handled_arrival_ns: BTreeMap::new(),
+            quiet_received: BTreeMap::new(),
+            quiet_awaited_until: None,
             shared,
             freeze_check: None,
             check_targets: Arc::from([]),

@@ -136,6 +136,7 @@ impl OnlineServer {
                 ts_ns,
                 idle_ns,
                 after_resume,
+                quiet: false,
             }));
         }
     }
