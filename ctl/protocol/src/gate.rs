@@ -58,6 +58,10 @@ pub struct GateStatus {
     pub resumes: u64,
     /// Idle->busy launch edges of online processes received.
     pub edges: u64,
+    /// Of them, edges written while offline was held: they did not wake the gate (the wake-up
+    /// would have been taken inside online's launch call) and came within the poll period.
+    #[serde(default)]
+    pub quiet_edges: u64,
     /// Arrival edges (request data on an online port after idling) received.
     pub arrivals: u64,
     /// Of them, arrivals after online had been idle past the learned cooldown that found

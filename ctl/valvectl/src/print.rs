@@ -173,10 +173,11 @@ pub fn gate_status(out: &mut dyn Write, v: &GateReply) -> std::io::Result<()> {
     }
     writeln!(
         out,
-        "preemptions {}, resumes {}, online edges {}, offline preempted {:.2} s in all; cooldown now {:.2} ms",
+        "preemptions {}, resumes {}, online edges {} ({} while offline was held), offline preempted {:.2} s in all; cooldown now {:.2} ms",
         s.preemptions,
         s.resumes,
         s.edges,
+        s.quiet_edges,
         s.preempted_s,
         s.cooldown_us / 1e3
     )?;
@@ -506,6 +507,7 @@ mod tests {
             preemptions: 7,
             resumes: 6,
             edges: 90,
+            quiet_edges: 80,
             preempted_s: 1.5,
             cooldown_us: 4200.0,
             disable_us: p(650.0, 700.0),
@@ -519,7 +521,10 @@ mod tests {
             text.contains("[20,21] (label batch): 40 channel(s) on 2 GPU(s)"),
             "{text}"
         );
-        assert!(text.contains("preemptions 7, resumes 6"), "{text}");
+        assert!(
+            text.contains("preemptions 7, resumes 6, online edges 90 (80 while offline was held)"),
+            "{text}"
+        );
         assert!(text.contains("cooldown now 4.20 ms"), "{text}");
         assert!(text.contains("stopped 700/800 us"), "{text}");
         assert!(

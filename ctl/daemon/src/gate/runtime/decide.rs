@@ -53,7 +53,10 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
                     self.disable(Cause::Launch(e.ts_ns));
                 }
                 // Counted after the disable: nothing that can wait on a lock comes before it.
-                self.update(|s| s.edges += 1);
+                self.update(|s| {
+                    s.edges += 1;
+                    s.quiet_edges += u64::from(e.quiet);
+                });
             }
             GateInput::Arrival(e) => {
                 if !self.watched_port(&e) || !self.first_sight(&e) {
@@ -367,6 +370,8 @@ mod tests {
         assert_eq!(rt.wait_for(61 * MS), Duration::from_millis(20));
         // It comes (a launch at 12 ms): the resume is decided with it, at 12 + 50 ms.
         rt.handle(quiet_edge(ONLINE, 12 * MS, 2 * MS), 61 * MS + 500 * US);
+        let status = snapshot(&rt.shared);
+        assert_eq!((status.edges, status.quiet_edges), (2, 1));
         rt.tick(61 * MS + 600 * US);
         assert_eq!(rm.disabled().len(), 20);
         rt.tick(62 * MS);
