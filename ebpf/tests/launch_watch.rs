@@ -1,105 +1,16 @@
 //! Real uprobes in CI: a synthetic library exporting libcuda's launch symbols is compiled here,
 //! called from this process, and the launch watcher must count exactly those calls.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::monotonic_ns;
 use valve_ebpf::{LaunchConfig, LaunchWatcher};
 
-const FAKE_LIBCUDA: &str = r#"
-int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                   unsigned bz, unsigned smem, void *stream, void **params, void **extra)
-{ (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem;
-  (void)stream; (void)params; (void)extra; return 0; }
-int cuGraphLaunch(void *exec, void *stream) { (void)exec; (void)stream; return 0; }
-/* The "stream" is the number of microseconds to wait, as if for GPU work. */
-int usleep(unsigned);
-int cuStreamSynchronize(void *stream) { if (stream) usleep((unsigned)(unsigned long)stream); return 0; }
-"#;
-
-type Launch = unsafe extern "C" fn(
-    *mut u8,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    *mut u8,
-    *mut *mut u8,
-    *mut *mut u8,
-) -> i32;
-type GraphLaunch = unsafe extern "C" fn(*mut u8, *mut u8) -> i32;
-type Sync = unsafe extern "C" fn(usize) -> i32;
-
-struct FakeCuda {
-    path: PathBuf,
-    launch: Launch,
-    graph: GraphLaunch,
-    sync: Sync,
-    _dir: tempfile::TempDir,
-}
-
-fn fake_cuda() -> FakeCuda {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("fake.c");
-    std::fs::write(&src, FAKE_LIBCUDA).unwrap();
-    let path = dir.path().join("libfakecuda.so");
-    let ok = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O0", "-o"])
-        .arg(&path)
-        .arg(&src)
-        .status()
-        .expect("cc runs");
-    assert!(ok.success());
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: dlopen/dlsym on a library built just above; the symbols have the C signatures the
-    // function pointer types declare.
-    unsafe {
-        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
-        assert!(!h.is_null());
-        let launch = libc::dlsym(h, c"cuLaunchKernel".as_ptr());
-        let graph = libc::dlsym(h, c"cuGraphLaunch".as_ptr());
-        let sync = libc::dlsym(h, c"cuStreamSynchronize".as_ptr());
-        assert!(!launch.is_null() && !graph.is_null() && !sync.is_null());
-        FakeCuda {
-            path,
-            launch: std::mem::transmute::<*mut libc::c_void, Launch>(launch),
-            graph: std::mem::transmute::<*mut libc::c_void, GraphLaunch>(graph),
-            sync: std::mem::transmute::<*mut libc::c_void, Sync>(sync),
-            _dir: dir,
-        }
-    }
-}
-
-fn call(f: &FakeCuda, kernels: u32, graphs: u32) {
-    let null = std::ptr::null_mut();
-    for _ in 0..kernels {
-        // SAFETY: the fake ignores its arguments.
-        unsafe {
-            (f.launch)(
-                null,
-                1,
-                1,
-                1,
-                32,
-                1,
-                1,
-                0,
-                null,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
-    }
-    for _ in 0..graphs {
-        // SAFETY: as above.
-        unsafe { (f.graph)(null, null) };
-    }
-}
+#[path = "common/fake_cuda.rs"]
+mod fake_cuda;
+use fake_cuda::{call, fake_cuda, FakeCuda};
 
 fn start(lib: &Path, pids: Vec<u32>) -> Option<LaunchWatcher> {
     start_filtered(lib, pids, true)
