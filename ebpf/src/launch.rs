@@ -304,8 +304,8 @@ impl LaunchWatcher {
     /// The gate holds offline frozen since `since_ns` (CLOCK_MONOTONIC; 0: it no longer does).
     /// Until the next [`LaunchWatcher::arm_resume`] after `since_ns`, edges ask nothing of the
     /// reader at once: they are written without waking it (the wake-up is taken inside the
-    /// launch call) and reach it within [`LaunchConfig::poll_period`]. Edges after the arm wake it again, so
-    /// arm before enabling offline, as [`LaunchWatcher::arm_resume`] says.
+    /// launch call) and reach it within [`LaunchConfig::poll_period`]. Edges after the arm wake
+    /// it again, so arm before enabling offline, as [`LaunchWatcher::arm_resume`] says.
     pub fn hold_edges(&self, since_ns: u64) -> Result<(), WatchError> {
         self.held
             .update(&0u32.to_ne_bytes(), &since_ns.to_ne_bytes(), MapFlags::ANY)
@@ -806,7 +806,8 @@ mod tests {
 
     #[test]
     fn edges_are_read_where_the_program_writes_them() {
-        // struct launch_edge: pid, kind (graph = 2, flag 0x100 after a resume), ts_ns, idle_ns.
+        // struct launch_edge: pid, kind (graph = 2, flags 0x100 after a resume, 0x200 quiet),
+        // ts_ns, idle_ns.
         let mut raw = Vec::new();
         raw.extend(42u32.to_ne_bytes());
         raw.extend((2 | KIND_AFTER_RESUME | KIND_QUIET).to_ne_bytes());

@@ -6,15 +6,16 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use valve::fake::FakeRm;
-use valve::state::DisabledRecord;
 use valve::Controller;
 use valve_daemon::gate::runtime::spawn;
 use valve_daemon::gate::{GateConfig, GateInput, LaunchSource, TraceKind};
 use valve_ebpf::{ArrivalConfig, ArrivalCounts, ArrivalWatcher, WatchedPort};
-use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
+
+mod common;
+use common::{offline_process, wait_until};
 
 /// Arrivals from the real program; no launches (there is no libcuda here).
 struct ArrivalsOnly(ArrivalWatcher);
@@ -38,17 +39,6 @@ impl LaunchSource for ArrivalsOnly {
     }
 }
 
-fn wait_until(mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(3) {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    false
-}
-
 #[test]
 fn request_data_on_the_online_port_freezes_offline_and_the_cooldown_releases_it() {
     freeze_on_arrival_and_release(false);
@@ -67,13 +57,7 @@ fn freeze_on_arrival_and_release(busy_poll: bool) {
         return;
     }
     let rm = Arc::new(FakeRm::host(1));
-    let chans: Vec<u32> = (0..20).map(|i| 0x5c00_0000 + i).collect();
-    let client = 0xc1d0_0010;
-    rm.add_channels(
-        ClientHandle(client),
-        0,
-        &chans.iter().map(|&c| ChannelHandle(c)).collect::<Vec<_>>(),
-    );
+    let offline = offline_process(&rm, 4_000_001, 0xc1d0_0010);
     let online = TcpListener::bind("127.0.0.1:0").unwrap();
     let other = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = online.local_addr().unwrap().port();
@@ -102,12 +86,7 @@ fn freeze_on_arrival_and_release(busy_poll: bool) {
             return;
         }
     };
-    gate.send(GateInput::Offline(vec![DisabledRecord {
-        pid: 4_000_001,
-        device_instance: 0,
-        client,
-        channels: chans,
-    }]));
+    gate.send(GateInput::Offline(vec![offline]));
     gate.send(GateInput::Ports([WatchedPort { port, netns: 0 }].into()));
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     gate.send(GateInput::Sync(tx));

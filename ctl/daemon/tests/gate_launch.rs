@@ -5,30 +5,20 @@
 //! must freeze it again at once, with a woken edge.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use valve::fake::FakeRm;
-use valve::state::DisabledRecord;
 use valve::Controller;
 use valve_daemon::gate::runtime::spawn;
 use valve_daemon::gate::{GateConfig, GateInput};
 use valve_ebpf::{LaunchConfig, LaunchWatcher, REQUEST_POLL};
-use valve_ioctl_bindings::{ChannelHandle, ClientHandle};
+
+mod common;
+use common::{offline_process, wait_until};
 
 #[path = "../../../ebpf/tests/common/fake_cuda.rs"]
 mod fake_cuda;
 use fake_cuda::{call, fake_cuda};
-
-fn wait_until(mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(3) {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    false
-}
 
 #[test]
 fn held_edges_keep_offline_frozen_without_waking_the_gate_and_a_resumed_one_wakes_it() {
@@ -38,13 +28,7 @@ fn held_edges_keep_offline_frozen_without_waking_the_gate_and_a_resumed_one_wake
     }
     let f = fake_cuda();
     let rm = Arc::new(FakeRm::host(1));
-    let chans: Vec<u32> = (0..20).map(|i| 0x5c00_0000 + i).collect();
-    let client = 0xc1d0_0020;
-    rm.add_channels(
-        ClientHandle(client),
-        0,
-        &chans.iter().map(|&c| ChannelHandle(c)).collect::<Vec<_>>(),
-    );
+    let offline = offline_process(&rm, 4_000_002, 0xc1d0_0020);
     let cfg = GateConfig {
         fixed_cooldown: Some(Duration::from_millis(60)),
         waits: false,
@@ -76,12 +60,7 @@ fn held_edges_keep_offline_frozen_without_waking_the_gate_and_a_resumed_one_wake
             return;
         }
     };
-    gate.send(GateInput::Offline(vec![DisabledRecord {
-        pid: 4_000_002,
-        device_instance: 0,
-        client,
-        channels: chans,
-    }]));
+    gate.send(GateInput::Offline(vec![offline]));
     gate.send(GateInput::Online([std::process::id()].into()));
     let idle_launch = || {
         std::thread::sleep(Duration::from_millis(3));

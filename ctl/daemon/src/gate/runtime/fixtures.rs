@@ -111,25 +111,22 @@ pub(super) fn arrival(port: u16, ts_ns: u64) -> GateInput {
 }
 
 pub(super) fn edge(pid: u32, ts_ns: u64, idle_ns: u64) -> GateInput {
-    GateInput::Edge(LaunchEdge {
-        pid,
-        graph: false,
-        ts_ns,
-        idle_ns,
-        after_resume: false,
-        quiet: false,
-    })
+    launch_edge(pid, ts_ns, idle_ns, false)
 }
 
 /// An edge written while offline was held: it woke nobody, and the watcher counted it.
 pub(super) fn quiet_edge(pid: u32, ts_ns: u64, idle_ns: u64) -> GateInput {
+    launch_edge(pid, ts_ns, idle_ns, true)
+}
+
+fn launch_edge(pid: u32, ts_ns: u64, idle_ns: u64, quiet: bool) -> GateInput {
     GateInput::Edge(LaunchEdge {
         pid,
         graph: false,
         ts_ns,
         idle_ns,
         after_resume: false,
-        quiet: true,
+        quiet,
     })
 }
 
