@@ -122,6 +122,11 @@ pub struct LaunchCounts {
     /// Edges written while offline was held ([`LaunchWatcher::hold_edges`]), without waking
     /// the reader.
     pub quiet_edges: u64,
+    /// The activity (launch or end of a wait) before the latest edge (0: none, or no edge yet).
+    pub edge_prev_ns: u64,
+    /// `bpf_ktime_get_ns` of the latest edge (0: none yet). Online was idle from
+    /// [`Self::edge_prev_ns`] to it: an arrival in between came to an idle process.
+    pub last_edge_ns: u64,
 }
 
 /// An idle->busy edge: the first launch of `pid` after at least `edge_gap` without one, or its
@@ -199,6 +204,8 @@ fn parse_counts(v: &[u8]) -> LaunchCounts {
         sync_end_ns: u(6),
         last_launch_ns: u(7),
         quiet_edges: u(8),
+        edge_prev_ns: u(9),
+        last_edge_ns: u(10),
     }
 }
 
@@ -310,6 +317,22 @@ impl LaunchWatcher {
         self.held
             .update(&0u32.to_ne_bytes(), &since_ns.to_ne_bytes(), MapFlags::ANY)
             .map_err(|e| WatchError::bpf("marking offline held for the edges", e))
+    }
+
+    /// [`Self::counts`] read until two readings agree on the latest edge (`None` after three
+    /// tries): the program writes an edge's time and the activity before it as two stores,
+    /// and a reading between them would pair one edge's time with another's.
+    pub fn settled_counts(&self, pid: u32) -> Option<LaunchCounts> {
+        let edge = |c: &LaunchCounts| (c.edges, c.edge_prev_ns, c.last_edge_ns);
+        let mut last = self.counts(pid);
+        for _ in 0..3 {
+            let now = self.counts(pid);
+            if edge(&now) == edge(&last) {
+                return Some(now);
+            }
+            last = now;
+        }
+        None
     }
 
     /// Launch counters of `pid` (zero if it launched nothing).
@@ -792,16 +815,19 @@ mod tests {
             offset_of!(S, sync_end_ns),
             offset_of!(S, last_launch_ns),
             offset_of!(S, quiet_edges),
+            offset_of!(S, edge_prev_ns),
+            offset_of!(S, last_edge_ns),
         ];
         // parse_counts reads field i at byte 8 * i.
-        assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 56, 64]);
-        assert_eq!(STATS_SIZE, 72);
-        let bytes: Vec<u8> = (1..=9u64).flat_map(u64::to_ne_bytes).collect();
+        assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]);
+        assert_eq!(STATS_SIZE, 88);
+        let bytes: Vec<u8> = (1..=11u64).flat_map(u64::to_ne_bytes).collect();
         let c = parse_counts(&bytes);
         assert_eq!(
             (c.kernel_launches, c.last_launch_ns, c.quiet_edges),
             (1, 8, 9)
         );
+        assert_eq!((c.edge_prev_ns, c.last_edge_ns), (10, 11));
     }
 
     #[test]

@@ -74,6 +74,14 @@ fn counts_kernel_and_graph_launches_and_reports_idle_edges() {
         "back-to-back launches are no edges"
     );
     assert_eq!(w.counts(me).edges, 2);
+    // The counters keep the latest edge and the activity before it: an arrival in between
+    // found the process idle (the gate reads them for arrivals while offline is frozen).
+    let c = w.settled_counts(me).expect("no edge is being written");
+    assert_eq!(
+        (c.last_edge_ns, c.edge_prev_ns),
+        (edge.ts_ns, edge.ts_ns - edge.idle_ns),
+        "{c:?}"
+    );
 }
 
 #[test]

@@ -486,6 +486,10 @@ def measure(a, valve, url, prompt, offline_proc, rate, config, seed, n):
             st = valve.gate_status()
             out["gate_status"] = st
             out["preemptions"] = st["preemptions"] - before["preemptions"]
+            # The gate's own count of the window's idle arrivals and those the hold caught
+            # (daemons before arrivals_idle: None), to set beside what this run measured.
+            for k in ("arrivals_idle", "arrivals_held"):
+                out[k] = st[k] - before[k] if k in st and k in before else None
             out["probe_hits"] = probe_hits_between(before, st)
             lo = min(r["send_ns"] for r in recs) - 2_000_000
             out["trace"] = trace_from(valve.gate_trace(), lo)

@@ -85,6 +85,9 @@ def config_row(runs, stats, alone, alone_runs=()):
            "harvested": stats.get("harvested"), "preemptions_per_request": stats.get("preemptions_per_request"),
            "hold_gaps_at_start": next((r.get("hold_gaps_at_start") for r in runs), None)}
     row.update(kernel_figures(rows))
+    for k in ("arrivals_idle", "arrivals_held"):
+        counted = [r.get(k) for r in runs]
+        row["gate_" + k] = sum(counted) if counted and None not in counted else None
     for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms"):
         row[m] = stats.get(m)
         row[m.replace("_ms", "_ratio")] = ratio(stats.get(m), (alone or {}).get(m))
@@ -180,6 +183,11 @@ def markdown(table, sources):
                           "lower or higher on: " + (", ".join(rows[g]["ahead"]) or "nothing")
                           + (f"; the hold started from {rows[g]['hold_gaps_at_start']} gaps"
                              if rows[g].get("hold_gaps_at_start") is not None else "")]
+                if rows[g].get("gate_arrivals_idle") is not None:
+                    lines += ["", f"{g}, the gate's own count: {rows[g]['gate_arrivals_held']} of "
+                              f"{rows[g]['gate_arrivals_idle']} arrivals after an idle online found offline held "
+                              f"(measured here: {round((rows[g]['caught_share'] or 0) * rows[g]['idle_arrivals'])} "
+                              f"of {rows[g]['idle_arrivals']} idle arrivals caught)"]
     return "\n".join(lines) + "\n"
 
 

@@ -326,6 +326,16 @@ class BurstyReportTest(unittest.TestCase):
             self.assertIn("| gate-hold | 2 |", md)
             self.assertIn("against every peer here (timeslice)", md)
             self.assertIn("0.1", json.load(open(os.path.join(d, "bursty.json"))))
+            self.assertNotIn("the gate's own count", md, "a daemon that does not count says nothing")
+
+    def test_the_gate_s_own_count_stands_beside_the_measured_one(self):
+        r = self.report(stats(10.1, 5.05, 0.95, 0.5), {})
+        r["runs"][1].update(arrivals_idle=2, arrivals_held=1)
+        t = bursty_report.compare([r])
+        g = t[0.1]["gate-hold"]
+        self.assertEqual((g["gate_arrivals_idle"], g["gate_arrivals_held"]), (2, 1))
+        self.assertIn("the gate's own count: 1 of 2 arrivals after an idle online found offline held "
+                      "(measured here: 1 of 2 idle arrivals caught)", bursty_report.markdown(t, ["x"]))
 
 
 class BurstyPoolTest(unittest.TestCase):

@@ -64,8 +64,13 @@ pub struct GateStatus {
     pub quiet_edges: u64,
     /// Arrival edges (request data on an online port after idling) received.
     pub arrivals: u64,
-    /// Of them, arrivals after online had been idle past the learned cooldown that found
-    /// offline frozen already: the hold (`--hold-budget`) caught them.
+    /// Of them, arrivals after online had been idle past the learned cooldown (counted with a
+    /// hold only): the ones a hold could catch. Online's activity is read from the launch
+    /// counters where offline was frozen (a request in flight then sends the gate no edge).
+    #[serde(default)]
+    pub arrivals_idle: u64,
+    /// Of those, the arrivals that found offline frozen already: the hold (`--hold-budget`)
+    /// caught them.
     pub arrivals_held: u64,
     /// Online processes watched.
     pub online_pids: Vec<u32>,

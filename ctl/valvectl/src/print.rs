@@ -184,7 +184,7 @@ pub fn gate_status(out: &mut dyn Write, v: &GateReply) -> std::io::Result<()> {
     if let Some(budget) = s.hold_budget_pct {
         writeln!(
             out,
-            "hold for likely arrivals {:.1} ms of it (budget {budget}% of idle time, over {} gaps between requests{}); {} arrivals found offline held",
+            "hold for likely arrivals {:.1} ms of it (budget {budget}% of idle time, over {} gaps between requests{}); {} of {} arrivals after an idle online found offline held",
             s.hold_us / 1e3,
             s.hold_gaps,
             if s.hold_gaps < valve_daemon::gate::policy::HOLD_MIN_GAPS {
@@ -192,7 +192,8 @@ pub fn gate_status(out: &mut dyn Write, v: &GateReply) -> std::io::Result<()> {
             } else {
                 ""
             },
-            s.arrivals_held
+            s.arrivals_held,
+            s.arrivals_idle
         )?;
     }
     gate_latencies(out, s)
@@ -536,11 +537,12 @@ mod tests {
             hold_us: 2500.0,
             hold_gaps: 40,
             arrivals_held: 31,
+            arrivals_idle: 40,
             ..v.clone()
         };
         let text = render(&held.clone().into());
         assert!(
-            text.contains("hold for likely arrivals 2.5 ms of it (budget 10% of idle time, over 40 gaps between requests); 31 arrivals found offline held"),
+            text.contains("hold for likely arrivals 2.5 ms of it (budget 10% of idle time, over 40 gaps between requests); 31 of 40 arrivals after an idle online found offline held"),
             "{text}"
         );
         held.hold_gaps = 3;

@@ -52,6 +52,8 @@ struct launch_stats {
 	__u64 sync_end_ns;
 	__u64 last_launch_ns; // latest launch (not the end of a wait)
 	__u64 quiet_edges;    // edges written without waking the reader (offline held)
+	__u64 edge_prev_ns;   // the activity before the latest edge (0: none)
+	__u64 last_edge_ns;   // the latest edge
 };
 
 struct launch_edge {
@@ -163,6 +165,10 @@ static __always_inline int launch(__u64 kind)
 	int resume_edge = resumed_ns && prev_launch < resumed_ns;
 	if (idle_edge || resume_edge) {
 		__sync_fetch_and_add(&s->edges, 1);
+		// An arrival between the two found the process idle since edge_prev_ns (the gate
+		// reads both twice: a read between these stores is told by the second).
+		s->edge_prev_ns = last;
+		s->last_edge_ns = now;
 		__u64 *held_at = bpf_map_lookup_elem(&held, &zero);
 		int quiet = held_at && *held_at > resumed_ns;
 		if (quiet)

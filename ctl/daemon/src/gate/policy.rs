@@ -166,6 +166,20 @@ fn hold_within_budget_sorted(sorted: &[u64], budget: f64) -> u64 {
     sorted[n - 1]
 }
 
+/// Online's activity before an arrival, where the gate's own clock may be behind it: while
+/// offline is frozen only edges reach the gate, not the launches of a request in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchesBefore {
+    /// What the gate has heard is all there was (offline ran: each launch since the resume
+    /// was an edge).
+    Heard,
+    /// The launch counters: online's last activity before the arrival was at this time (0: none).
+    Last(u64),
+    /// The launch counters: online was active at the arrival, or whether it was cannot be told
+    /// (no gap ended; never taken for idle time).
+    Busy,
+}
+
 /// What the gate wants done now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -320,13 +334,30 @@ impl GatePolicy {
 
     /// Whether an arrival at `ts_ns` finds offline frozen only because of the hold: a hold is
     /// on, online has been idle past the learned cooldown, and no busy signal pins it.
-    pub fn held_at(&self, ts_ns: u64) -> bool {
+    pub fn held_at(&self, ts_ns: u64, before: LaunchesBefore) -> bool {
+        self.preempted && !self.pinned && self.idle_at(ts_ns, before)
+    }
+
+    /// Whether an arrival at `ts_ns` comes after online has been idle past the learned cooldown,
+    /// as far as the hold reckons it (false without a hold).
+    pub fn idle_at(&self, ts_ns: u64, before: LaunchesBefore) -> bool {
         self.cfg.hold_budget.is_some()
-            && self.preempted
-            && !self.pinned
             && self
-                .last_launch_ns
+                .activity_before(ts_ns, before)
                 .is_some_and(|last| ts_ns.saturating_sub(last) > self.hold_cooldown_ns)
+    }
+
+    /// Online's last activity before `ts_ns`: the gate's own clock where it has heard
+    /// everything, else the later of the counters' launch and the gate's own activity before it.
+    fn activity_before(&self, ts_ns: u64, before: LaunchesBefore) -> Option<u64> {
+        match before {
+            LaunchesBefore::Heard => self.last_launch_ns,
+            LaunchesBefore::Busy => Some(ts_ns),
+            LaunchesBefore::Last(t) => {
+                let own = self.last_launch_ns.filter(|&l| l <= ts_ns);
+                own.max((t > 0).then_some(t.min(ts_ns)))
+            }
+        }
     }
 
     /// Recent gaps between requests the hold is chosen over.
@@ -367,15 +398,16 @@ impl GatePolicy {
         self.hold_stale = true;
     }
 
-    /// A request's first activity at `ts_ns`: the gap since online's last activity, past the
-    /// learned cooldown, is idle time offline ran in (or would have). Kept for the hold.
-    fn note_request_gap(&mut self, ts_ns: u64) {
+    /// A request's first activity at `ts_ns`, online's last activity before it at `before`: the
+    /// gap, past the learned cooldown, is idle time offline ran in (or would have). Kept for the
+    /// hold.
+    fn note_request_gap(&mut self, ts_ns: u64, before: Option<u64>) {
         if self.cfg.hold_budget.is_none() {
             return;
         }
         // This gate's first request: the gap since the earlier gate's last activity, if any.
         let carried = self.carried_activity_ns.take();
-        let last = match (self.learned, self.last_launch_ns) {
+        let last = match (self.learned, before) {
             (true, last) => last,
             (false, None) => carried.filter(|&c| c <= ts_ns),
             (false, Some(_)) => None,
@@ -465,6 +497,14 @@ impl GatePolicy {
     /// its first kernel, and count it as online activity. Returns [`Action::Preempt`] when
     /// offline is running.
     pub fn on_arrival(&mut self, ts_ns: u64) -> Option<Action> {
+        self.on_arrival_after(ts_ns, LaunchesBefore::Heard)
+    }
+
+    /// [`Self::on_arrival`], with what the launch counters say of online's activity before it
+    /// (a request in flight while offline was frozen sent the gate no edge: its launches would
+    /// otherwise look like idle time, and the hold would learn gaps that never were).
+    pub fn on_arrival_after(&mut self, ts_ns: u64, before: LaunchesBefore) -> Option<Action> {
+        let last = self.activity_before(ts_ns, before);
         self.arrivals += 1;
         // A newer arrival: an expired one launched nothing (a health check), so it teaches nothing.
         self.expired_arrival_ns = None;
@@ -472,7 +512,7 @@ impl GatePolicy {
         self.pending_arrival_ns.get_or_insert(ts_ns);
         // Any arrival past the cooldown (a health check that launched nothing too: the request
         // after it is noted from it).
-        self.note_request_gap(ts_ns);
+        self.note_request_gap(ts_ns, last);
         self.arrival_in_gap = true;
         self.saw_activity(ts_ns);
         self.preempt()
@@ -536,7 +576,7 @@ impl GatePolicy {
             }
             if between && launches_only {
                 // Without arrivals, a request's first launch ends the gap between requests.
-                self.note_request_gap(ts_ns);
+                self.note_request_gap(ts_ns, self.last_launch_ns);
             }
         }
         self.resumed_in_gap = false;
@@ -1286,7 +1326,7 @@ mod tests {
             now += 500 * US;
         }
         assert!(
-            g.held_at(next),
+            g.held_at(next, LaunchesBefore::Heard),
             "within the hold, past the learned cooldown"
         );
         assert_eq!(
@@ -1295,14 +1335,56 @@ mod tests {
             "an arrival within the hold: offline already off"
         );
         assert!(
-            !g.held_at(next + MS),
+            !g.held_at(next + MS, LaunchesBefore::Heard),
             "inside the request it started: not the hold's"
         );
         assert_eq!(g.preemptions(), preemptions + 1);
         // Without a budget: no gaps kept, no hold, every such arrival preempts.
         let (g, t) = after_requests(None, &gaps);
         assert_eq!((g.idle_gaps(), g.hold()), (0, Duration::ZERO));
-        assert!(!g.held_at(t), "resumed after the cooldown");
+        assert!(
+            !g.held_at(t, LaunchesBefore::Heard),
+            "resumed after the cooldown"
+        );
+    }
+
+    #[test]
+    fn an_arrival_while_a_request_runs_unheard_is_no_gap_and_not_the_hold_s() {
+        // Offline frozen by the hold; a request starts with an edge at `t` and launches for
+        // 300 ms without another (no gap reaches the edge gap), so the gate hears nothing more.
+        let gaps: Vec<u64> = (0..40)
+            .map(|i| if i % 10 == 9 { 5_000 * MS } else { 30 * MS })
+            .collect();
+        let (mut g, t) = after_requests(Some(0.1), &gaps);
+        g.on_tick(t);
+        g.on_arrival(t);
+        g.on_edge(t + MS, Some(40 * MS));
+        assert!(g.preempted());
+        let queued = t + 200 * MS;
+        // Its own clock says online idled 199 ms: an arrival then would count as caught.
+        assert!(g.held_at(queued, LaunchesBefore::Heard));
+        // The counters say online launched 1 ms before it: neither caught nor a gap.
+        let before = LaunchesBefore::Last(queued - MS);
+        assert!(!g.held_at(queued, before) && !g.idle_at(queued, before));
+        let gaps_before = g.hold_history().gaps;
+        g.on_arrival_after(queued, before);
+        assert_eq!(g.hold_history().gaps, gaps_before, "no gap noted");
+        // Busy (a launch after it that is no edge): the same.
+        assert!(!g.held_at(queued + MS, LaunchesBefore::Busy));
+        g.on_arrival_after(queued + MS, LaunchesBefore::Busy);
+        assert_eq!(g.hold_history().gaps, gaps_before);
+        // Online's last activity 2 s before an arrival: idle, caught, and the gap is noted.
+        let late = queued + 2_300 * MS;
+        let before = LaunchesBefore::Last(late - 2_000 * MS);
+        assert!(g.held_at(late, before) == g.preempted() && g.idle_at(late, before));
+        g.on_arrival_after(late, before);
+        // 2 s less the learned cooldown (at most the ceiling); the gate's own clock said 2.5 s.
+        let noted = *g.hold_history().gaps.last().unwrap();
+        let ceiling = g.cfg.cooldown_ceiling.as_nanos() as u64;
+        assert!(
+            noted <= 2_000 * MS && noted + ceiling >= 2_000 * MS,
+            "noted {noted} ns"
+        );
     }
 
     #[test]

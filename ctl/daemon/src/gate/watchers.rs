@@ -291,6 +291,9 @@ impl LaunchSource for GateWatchers {
     fn quiet_edges(&self, pid: u32) -> u64 {
         LaunchSource::quiet_edges(&self.w().launch, pid)
     }
+    fn launches_before(&self, pid: u32, ts_ns: u64) -> crate::gate::policy::LaunchesBefore {
+        LaunchSource::launches_before(&self.w().launch, pid, ts_ns)
+    }
     fn scheduling(&self) -> Vec<(&'static str, valve_ebpf::Scheduling)> {
         let w = self.w();
         let mut v = vec![("launch-watch", w.launch.scheduling().clone())];

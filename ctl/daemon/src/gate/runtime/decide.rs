@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use valve::driver::RmDriver;
 use valve::stats::monotonic_ns;
-use valve_ebpf::ArrivalEdge;
+use valve_ebpf::{ArrivalEdge, LaunchEdge};
 
 use super::channels::Cause;
 use super::input::{GateInput, LaunchSource};
 use super::shared::channel_set;
 use super::state::GateRuntime;
-use crate::gate::policy::Action;
+use crate::gate::policy::{Action, LaunchesBefore};
 use crate::gate::trace::TraceKind;
 
 /// A thread waiting for online GPU work holds offline for at most this many cooldown ceilings
@@ -35,51 +35,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
     /// Handles one input received at `now_ns`; returns false on [`GateInput::Stop`].
     pub fn handle(&mut self, input: GateInput, now_ns: u64) -> bool {
         match input {
-            GateInput::Edge(e) => {
-                if !self.online.contains(&e.pid) {
-                    return true;
-                }
-                if e.quiet {
-                    *self.quiet_received.entry(e.pid).or_default() += 1;
-                }
-                let kind = if e.after_resume {
-                    TraceKind::LaunchAfterResume
-                } else {
-                    TraceKind::Launch
-                };
-                self.trace(kind, e.ts_ns, e.pid, now_ns, e.idle_ns);
-                let idle = (e.idle_ns > 0).then_some(e.idle_ns);
-                if self.policy.on_edge(e.ts_ns, idle) == Some(Action::Preempt) {
-                    self.disable(Cause::Launch(e.ts_ns));
-                }
-                // Counted after the disable: nothing that can wait on a lock comes before it.
-                self.update(|s| {
-                    s.edges += 1;
-                    s.quiet_edges += u64::from(e.quiet);
-                });
-            }
-            GateInput::Arrival(e) => {
-                if !self.watched_port(&e) || !self.first_sight(&e) {
-                    return true;
-                }
-                self.shared.trace.push(
-                    TraceKind::Arrival,
-                    e.ts_ns,
-                    u32::from(e.port),
-                    now_ns,
-                    e.idle_ns,
-                    e.read_ns,
-                );
-                let held = self.policy.held_at(e.ts_ns);
-                if self.policy.on_arrival(e.ts_ns) == Some(Action::Preempt) {
-                    self.disable(Cause::Arrival(e.ts_ns));
-                }
-                self.update(|s| s.arrivals_held += u64::from(held));
-                // After the disable: the daemon's owner lookup is not on the online path.
-                self.shared
-                    .arrivals_taken
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+            GateInput::Edge(e) => self.edge(e, now_ns),
+            GateInput::Arrival(e) => self.arrival(e, now_ns),
             GateInput::Busy => {
                 self.trace(TraceKind::Busy, now_ns, 0, 0, 0);
                 if self.policy.on_busy(now_ns) == Some(Action::Preempt) {
@@ -111,6 +68,67 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Stop => return false,
         }
         true
+    }
+
+    /// An online launch after an idle gap (or the first since a resume).
+    fn edge(&mut self, e: LaunchEdge, now_ns: u64) {
+        if !self.online.contains(&e.pid) {
+            return;
+        }
+        if e.quiet {
+            *self.quiet_received.entry(e.pid).or_default() += 1;
+        }
+        let kind = if e.after_resume {
+            TraceKind::LaunchAfterResume
+        } else {
+            TraceKind::Launch
+        };
+        self.trace(kind, e.ts_ns, e.pid, now_ns, e.idle_ns);
+        let idle = (e.idle_ns > 0).then_some(e.idle_ns);
+        if self.policy.on_edge(e.ts_ns, idle) == Some(Action::Preempt) {
+            self.disable(Cause::Launch(e.ts_ns));
+        }
+        // Counted after the disable: nothing that can wait on a lock comes before it.
+        self.update(|s| {
+            s.edges += 1;
+            s.quiet_edges += u64::from(e.quiet);
+        });
+    }
+
+    /// Request data on a watched port after an idle gap.
+    fn arrival(&mut self, e: ArrivalEdge, now_ns: u64) {
+        if !self.watched_port(&e) || !self.first_sight(&e) {
+            return;
+        }
+        self.shared.trace.push(
+            TraceKind::Arrival,
+            e.ts_ns,
+            u32::from(e.port),
+            now_ns,
+            e.idle_ns,
+            e.read_ns,
+        );
+        // While offline is frozen only edges reach the gate, not the launches of a
+        // request in flight: the counters say what online did before the arrival (no
+        // disable waits on them, offline is off already).
+        let before = if self.policy.preempted() {
+            self.launches_before(e.ts_ns)
+        } else {
+            LaunchesBefore::Heard
+        };
+        let idle = self.policy.idle_at(e.ts_ns, before);
+        let held = self.policy.held_at(e.ts_ns, before);
+        if self.policy.on_arrival_after(e.ts_ns, before) == Some(Action::Preempt) {
+            self.disable(Cause::Arrival(e.ts_ns));
+        }
+        self.update(|s| {
+            s.arrivals_idle += u64::from(idle);
+            s.arrivals_held += u64::from(held);
+        });
+        // After the disable: the daemon's owner lookup is not on the online path.
+        self.shared
+            .arrivals_taken
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Time passes: resumes offline once online has been idle for the cooldown (or, after an
@@ -191,6 +209,19 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             .map(|&p| time(&self.launches, p))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Online's activity before an arrival at `ts_ns`, from every online process's counters:
+    /// busy if one was, else the latest of their last activities.
+    fn launches_before(&self, ts_ns: u64) -> LaunchesBefore {
+        let mut last = 0;
+        for &p in &self.online {
+            match self.launches.launches_before(p, ts_ns) {
+                LaunchesBefore::Last(t) => last = last.max(t),
+                other => return other,
+            }
+        }
+        LaunchesBefore::Last(last)
     }
 
     fn resume_due(&self, now_ns: u64) -> bool {
@@ -548,6 +579,80 @@ mod tests {
             rm.disabled().is_empty(),
             "resumed a cooldown after the wait"
         );
+    }
+
+    /// A gate with a hold (10% of a seeded history: 36 gaps of 30 ms, 4 of 5 s), offline,
+    /// online and its port; cooldown ceiling 50 ms.
+    fn holding_gate() -> (
+        Arc<FakeRm>,
+        GateRuntime<Arc<FakeRm>, FakeLaunches>,
+        FakeLaunches,
+    ) {
+        let rm = Arc::new(FakeRm::host(1));
+        let cfg = GateConfig {
+            cooldown_ceiling: Duration::from_millis(50),
+            hold_budget: Some(0.1),
+            ..GateConfig::default()
+        };
+        let (mut rt, launches) = runtime(&rm, cfg);
+        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+        rt.handle(GateInput::Online([ONLINE].into()), 0);
+        let port = WatchedPort {
+            port: PORT,
+            netns: 0,
+        };
+        rt.handle(GateInput::Ports([port].into()), 0);
+        let gaps = (0..40)
+            .map(|i| if i % 10 == 9 { 5_000 * MS } else { 30 * MS })
+            .collect();
+        let history = crate::gate::policy::HoldHistory {
+            gaps,
+            last_activity_ns: None,
+        };
+        rt.handle(GateInput::HoldHistory(history), 0);
+        rt.tick(MS);
+        assert!(rt.policy().hold() > Duration::from_millis(100));
+        (rm, rt, launches)
+    }
+
+    #[test]
+    fn an_arrival_while_a_request_runs_unheard_is_not_idle_nor_caught_nor_a_gap() {
+        let (rm, mut rt, launches) = holding_gate();
+        // A first request, served and ended: the gate resumes once its cooldown and hold pass.
+        rt.handle(arrival(PORT, 10 * MS), 10 * MS);
+        rt.handle(edge(ONLINE, 10 * MS + 200 * US, 0), 11 * MS);
+        launches.0.lock().unwrap().insert(ONLINE, 20 * MS);
+        let mut now = 20 * MS;
+        while !rm.disabled().is_empty() {
+            now += MS;
+            rt.tick(now);
+            assert!(now < 2_000 * MS, "never resumed");
+        }
+        // The next request after 1 s of idle time: it preempts, is idle, is not caught.
+        rt.handle(arrival(PORT, 1_000 * MS), 1_000 * MS);
+        rt.handle(edge(ONLINE, 1_000 * MS + 200 * US, 980 * MS), 1_001 * MS);
+        assert_eq!(rm.disabled().len(), 20);
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.arrivals_idle, st.arrivals_held), (1, 0));
+        let gaps = st.hold_gaps;
+        // It launches for 300 ms with no gap long enough for an edge: the gate hears nothing,
+        // the counters see it. A request queued behind it 200 ms in is no idle arrival.
+        launches.0.lock().unwrap().insert(ONLINE, 1_200 * MS);
+        rt.handle(arrival(PORT, 1_200 * MS + 500 * US), 1_201 * MS);
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.arrivals, st.arrivals_idle, st.arrivals_held), (3, 1, 0));
+        assert_eq!(st.hold_gaps, gaps, "no gap noted");
+        // A thread waiting for its GPU work since before the arrival: busy as well.
+        launches.2.lock().unwrap().insert(ONLINE);
+        rt.handle(arrival(PORT, 1_250 * MS), 1_250 * MS);
+        launches.2.lock().unwrap().clear();
+        // The request ends at 1.3 s; 100 ms later, within the hold, the next one is caught.
+        launches.0.lock().unwrap().insert(ONLINE, 1_300 * MS);
+        assert_eq!(rm.disabled().len(), 20, "still held");
+        rt.handle(arrival(PORT, 1_400 * MS), 1_400 * MS);
+        let st = snapshot(&rt.shared);
+        assert_eq!((st.arrivals, st.arrivals_idle, st.arrivals_held), (5, 2, 1));
+        assert_eq!(st.hold_gaps, gaps + 1, "its gap is noted");
     }
 
     #[test]

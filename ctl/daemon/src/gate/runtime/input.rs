@@ -8,6 +8,8 @@ use valve::state::DisabledRecord;
 use valve_ebpf::realtime::Scheduling;
 use valve_ebpf::{ArrivalCounts, ArrivalEdge, LaunchEdge, WatchedPort};
 
+use crate::gate::policy::LaunchesBefore;
+
 /// What the gate thread is told.
 #[derive(Clone, Debug)]
 pub enum GateInput {
@@ -98,6 +100,34 @@ pub trait LaunchSource: Send {
     fn quiet_edges(&self, _pid: u32) -> u64 {
         0
     }
+    /// What `pid`'s counters say of its activity before an arrival at `ts_ns`. Default, from
+    /// [`LaunchSource::last_launch_ns`] alone: that activity if it came before and no thread
+    /// waits for GPU work, else busy.
+    fn launches_before(&self, pid: u32, ts_ns: u64) -> LaunchesBefore {
+        let last = self.last_launch_ns(pid);
+        if last <= ts_ns && !self.in_sync(pid) {
+            LaunchesBefore::Last(last)
+        } else {
+            LaunchesBefore::Busy
+        }
+    }
+}
+
+/// What a process's launch counters say of its activity before an arrival at `ts_ns`:
+/// - its latest edge came after the arrival and the activity before that edge did not: the
+///   process was idle in between, so that activity is the last before the arrival;
+/// - no activity since the arrival: the last one, unless a thread has been waiting for GPU work
+///   since (busy);
+/// - else it was active after the arrival within an edge gap of its previous activity: busy
+///   (or it cannot be told, and is never taken for idle time).
+pub fn launches_before(c: &valve_ebpf::LaunchCounts, ts_ns: u64) -> LaunchesBefore {
+    if c.last_edge_ns > ts_ns && c.edge_prev_ns <= ts_ns {
+        LaunchesBefore::Last(c.edge_prev_ns)
+    } else if c.last_ns <= ts_ns && c.in_sync == 0 {
+        LaunchesBefore::Last(c.last_ns)
+    } else {
+        LaunchesBefore::Busy
+    }
 }
 
 /// The bare watcher (the gate uses [`crate::gate::watchers::GateWatchers`], which also tracks
@@ -131,6 +161,10 @@ impl LaunchSource for valve_ebpf::LaunchWatcher {
     fn quiet_edges(&self, pid: u32) -> u64 {
         self.counts(pid).quiet_edges
     }
+    fn launches_before(&self, pid: u32, ts_ns: u64) -> LaunchesBefore {
+        self.settled_counts(pid)
+            .map_or(LaunchesBefore::Busy, |c| launches_before(&c, ts_ns))
+    }
 }
 
 pub use valve_protocol::gate::ProbeHits;
@@ -141,5 +175,59 @@ pub fn probe_hits(c: &valve_ebpf::LaunchCounts) -> ProbeHits {
         kernel_launches: c.kernel_launches,
         graph_launches: c.graph_launches,
         syncs: c.syncs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use valve_ebpf::LaunchCounts;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_counters_tell_an_arrival_after_idle_time_from_one_during_a_request() {
+        use LaunchesBefore::{Busy, Last};
+        // Idle since 100 ms, edge at 900 ms (the arrival's own first launch), busy since.
+        let c = LaunchCounts {
+            last_ns: 950 * MS,
+            edge_prev_ns: 100 * MS,
+            last_edge_ns: 900 * MS,
+            ..LaunchCounts::default()
+        };
+        assert_eq!(
+            launches_before(&c, 899 * MS),
+            Last(100 * MS),
+            "its request's edge"
+        );
+        assert_eq!(launches_before(&c, 920 * MS), Busy, "during the request");
+        assert_eq!(
+            launches_before(&c, 50 * MS),
+            Busy,
+            "before the activity that edge followed"
+        );
+        assert_eq!(
+            launches_before(&c, 960 * MS),
+            Last(950 * MS),
+            "nothing since"
+        );
+        let waiting = LaunchCounts { in_sync: 1, ..c };
+        assert_eq!(
+            launches_before(&waiting, 960 * MS),
+            Busy,
+            "a thread still waits"
+        );
+        assert_eq!(
+            launches_before(&waiting, 899 * MS),
+            Last(100 * MS),
+            "the wait came after"
+        );
+        // A process whose first launch came after the arrival: nothing before it.
+        let first = LaunchCounts {
+            last_ns: 5 * MS,
+            last_edge_ns: 5 * MS,
+            ..LaunchCounts::default()
+        };
+        assert_eq!(launches_before(&first, 4 * MS), Last(0));
     }
 }
