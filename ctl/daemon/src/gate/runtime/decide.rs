@@ -58,6 +58,8 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             GateInput::Adopt(records) => self.adopt = channel_set(&records),
             GateInput::HoldHistory(gaps) => {
                 self.policy.seed_hold_history(&gaps);
+                // Chosen now, not at the next tick: the status shows the hold it starts with.
+                self.policy.refresh_hold();
                 self.update(|_| {});
             }
             GateInput::Sync(ack) => {

@@ -366,6 +366,10 @@ mod tests {
         assert!(rt.handle(GateInput::HoldHistory(history.clone()), 0));
         assert_eq!(snapshot(&shared).hold_gaps, 20);
         assert!(
+            snapshot(&shared).hold_us > 0.0,
+            "chosen at once, not at the next tick"
+        );
+        assert!(
             shared.hold_history().gaps.is_empty(),
             "not before the gate ends"
         );
