@@ -172,6 +172,14 @@ fn header(snap: &Snapshot) -> Vec<Line<'static>> {
             g.resumes,
             rate(g.resumes_per_s)
         )));
+        if let Some(h) = &g.hold {
+            lines.push(Line::raw(format!(
+                "  hold {:.1} ms: caught {} of {} arrivals after idle time",
+                h.hold_us / 1e3,
+                h.caught,
+                h.idle_arrivals
+            )));
+        }
     } else {
         lines.push(Line::raw(
             "gate: not running (start one with `valvectl gate start`)",
@@ -357,6 +365,21 @@ mod tests {
         );
         assert!(
             text.contains("16 freezes (3.0/s), 15 releases (3.0/s)"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("hold"),
+            "no hold line without a hold:\n{text}"
+        );
+        let mut held = snapshot();
+        held.gate.hold = Some(super::super::view::HoldView {
+            hold_us: 2150.0,
+            idle_arrivals: 35,
+            caught: 20,
+        });
+        let text = to_text(&held, 80);
+        assert!(
+            text.contains("  hold 2.1 ms: caught 20 of 35 arrivals after idle time"),
             "{text}"
         );
         assert!(

@@ -57,12 +57,25 @@ pub struct GateView {
     pub resumes_per_s: Option<f64>,
     /// The cooldown in force, us.
     pub cooldown_us: Option<f64>,
+    /// With a hold for likely arrivals (`--hold-budget`): what it caught.
+    pub hold: Option<HoldView>,
     /// Offline time gates let run since the daemon started, s (from its metrics; all offline
     /// labels).
     pub harvested_s: Option<f64>,
     /// Offline time spent frozen, s: from the metrics, by gates and by hand (booked when a
     /// hold ends); else the running gate's own total.
     pub frozen_s: Option<f64>,
+}
+
+/// A gate's hold for likely arrivals.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HoldView {
+    /// The part of the cooldown that holds offline for arrivals likely soon, us.
+    pub hold_us: f64,
+    /// Arrivals after online had idled past the learned cooldown.
+    pub idle_arrivals: u64,
+    /// Of them, those that found offline frozen already.
+    pub caught: u64,
 }
 
 /// One GPU.
@@ -300,6 +313,11 @@ fn gate_view(cur: &Sample, prev: Option<&Sample>, dt: Option<f64>) -> GateView {
         preemptions_per_s: per_s(|s| s.preemptions),
         resumes_per_s: per_s(|s| s.resumes),
         cooldown_us: Some(g.cooldown_us),
+        hold: g.hold_budget_pct.map(|_| HoldView {
+            hold_us: g.hold_us,
+            idle_arrivals: g.arrivals_idle,
+            caught: g.arrivals_held,
+        }),
         harvested_s,
         frozen_s: frozen_s.or(Some(g.preempted_s)),
     }
@@ -618,6 +636,7 @@ pub(crate) mod tests {
         assert_eq!(s.pool.reclaims_per_s, Some(0.5));
         assert_eq!(s.gate.harvested_s, Some(812.25));
         assert_eq!(s.gate.frozen_s, Some(45.5));
+        assert!(s.gate.hold.is_none(), "no hold: no hold figures");
         assert_eq!(g0.offline_could_run, Some(0.75));
         // GPU 1 had no disable recorded: nothing made up.
         assert_eq!(s.gpus[1].disable_last_us, None);
@@ -672,5 +691,24 @@ pub(crate) mod tests {
         assert_eq!(s.gate.harvested_s, None);
         assert_eq!(s.gate.frozen_s, Some(4.0));
         assert!(s.notes.iter().any(|n| n.contains("no metrics")));
+    }
+
+    #[test]
+    fn a_gate_with_a_hold_shows_what_it_caught() {
+        let mut smp = sample(Instant::now(), 10.0, 3);
+        let mut gate = match smp.status.gate.take() {
+            Some(GateReply::Active(g)) => *g,
+            _ => panic!("the fixture has a running gate"),
+        };
+        gate.hold_budget_pct = Some(8.0);
+        gate.hold_us = 2_150_000.0;
+        (gate.arrivals_idle, gate.arrivals_held) = (35, 20);
+        smp.status.gate = Some(gate.into());
+        let mut tr = Tracker::new(std::path::Path::new("/run/valve/valve.sock"));
+        let h = tr.update(smp).gate.hold.expect("a hold");
+        assert_eq!(
+            (h.hold_us, h.idle_arrivals, h.caught),
+            (2_150_000.0, 35, 20)
+        );
     }
 }
