@@ -147,7 +147,29 @@ macro_rules! label_value {
         }
     )*};
 }
-label_value!(Source, EdgeKind, ErrorCause);
+/// The arrivals a gate with a hold counts: after idle time, and of them those it caught.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum ArrivalKind {
+    Idle,
+    Caught,
+}
+
+impl ArrivalKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ArrivalKind::Idle => "idle",
+            ArrivalKind::Caught => "caught",
+        }
+    }
+}
+
+label_value!(Source, EdgeKind, ErrorCause, ArrivalKind);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ArrivalLabels {
+    label: String,
+    kind: ArrivalKind,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
@@ -275,6 +297,8 @@ struct GateHandles {
     resumes: Vec<Counter>,
     hold: AtomicHistogram,
     frozen_s: Counter<f64, AtomicU64>,
+    idle_arrivals: Counter,
+    caught_arrivals: Counter,
 }
 
 /// The daemon's metrics and the registry they are exposed from.
@@ -291,6 +315,7 @@ pub struct Metrics {
     processes_known: Gauge,
     processes_frozen: Family<SourceLabels, Gauge>,
     frozen_s: Family<LabelSource, Counter<f64, AtomicU64>>,
+    gate_arrivals: Family<ArrivalLabels, Counter>,
     labels_seen: Mutex<Vec<String>>,
     gate: RwLock<Option<GateHandles>>,
     harvest: Arc<Harvest>,
@@ -419,6 +444,7 @@ impl Metrics {
             processes_known: Gauge::default(),
             processes_frozen: Family::default(),
             frozen_s: Family::default(),
+            gate_arrivals: Family::default(),
             labels_seen: Mutex::new(Vec::new()),
             gate: RwLock::new(None),
             harvest: Arc::new(Harvest::default()),
@@ -491,6 +517,12 @@ impl Metrics {
             "Time offline work spent frozen, per workload label and source",
             Unit::Seconds,
             self.frozen_s.clone(),
+        );
+        r.register(
+            "valve_gate_arrivals",
+            "Under a gate with a hold: online arrivals after idle time (kind idle) and those that \
+             found offline frozen already (kind caught), per workload label",
+            self.gate_arrivals.clone(),
         );
         r.register_collector(Box::new(self.harvest.clone()));
     }
@@ -641,6 +673,8 @@ impl Metrics {
             resumes: handles(&self.resumes),
             hold: self.hold.get_or_create_owned(&ls),
             frozen_s: self.frozen_s.get_or_create_owned(&ls),
+            idle_arrivals: self.arrivals(label, ArrivalKind::Idle),
+            caught_arrivals: self.arrivals(label, ArrivalKind::Caught),
         });
         let h = &self.harvest;
         *h.label.lock().unwrap_or_else(PoisonError::into_inner) = Some(label.to_string());
@@ -719,6 +753,27 @@ impl Metrics {
         if let Some(gate) = gate.as_ref() {
             gate.hold.observe(held.as_secs_f64());
             gate.frozen_s.inc_by(held.as_secs_f64());
+        }
+    }
+
+    fn arrivals(&self, label: &str, kind: ArrivalKind) -> Counter {
+        self.gate_arrivals.get_or_create_owned(&ArrivalLabels {
+            label: label.to_string(),
+            kind,
+        })
+    }
+
+    /// An arrival under a gate with a hold: after idle time, and whether offline was frozen
+    /// already (caught). Nothing for one that is neither.
+    pub fn gate_arrival(&self, idle: bool, caught: bool) {
+        let gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gate) = gate.as_ref() {
+            if idle {
+                gate.idle_arrivals.inc();
+            }
+            if caught {
+                gate.caught_arrivals.inc();
+            }
         }
     }
 

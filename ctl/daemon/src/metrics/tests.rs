@@ -58,6 +58,31 @@ fn histogram_buckets_hold_each_value_once_and_sum_them() {
 }
 
 #[test]
+fn a_gate_s_idle_and_caught_arrivals_are_counted_per_label_while_it_runs() {
+    let m = Metrics::new(1);
+    m.gate_arrival(true, true);
+    m.gate_started("batch");
+    m.gate_arrival(true, false);
+    m.gate_arrival(true, true);
+    m.gate_arrival(false, false);
+    let v = parse_exposition(&m.encode());
+    let l =
+        |kind: &str| v[&format!("valve_gate_arrivals_total{{label=\"batch\",kind=\"{kind}\"}}")];
+    assert_eq!(
+        (l("idle"), l("caught")),
+        (2.0, 1.0),
+        "none before the gate started"
+    );
+    m.gate_stopped();
+    m.gate_arrival(true, true);
+    let v = parse_exposition(&m.encode());
+    assert_eq!(
+        v["valve_gate_arrivals_total{label=\"batch\",kind=\"idle\"}"],
+        2.0
+    );
+}
+
+#[test]
 fn workload_labels_are_capped() {
     let m = Metrics::new(1);
     assert_eq!(m.workload_label(None), "none");

@@ -127,6 +127,11 @@ impl<D: RmDriver, L: LaunchSource> GateRuntime<D, L> {
             s.arrivals_idle += u64::from(idle);
             s.arrivals_held += u64::from(held);
         });
+        if idle || held {
+            if let Some(m) = crate::metrics::for_gate() {
+                m.gate_arrival(idle, held);
+            }
+        }
         // After the disable: the daemon's owner lookup is not on the online path.
         self.shared
             .arrivals_taken
