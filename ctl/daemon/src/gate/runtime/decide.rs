@@ -545,19 +545,10 @@ mod tests {
 
     #[test]
     fn a_request_keeps_offline_stopped_until_its_host_has_waited_for_the_gpu() {
-        let rm = Arc::new(FakeRm::host(1));
-        let cfg = GateConfig {
+        let (rm, mut rt, launches) = gate_with_port(GateConfig {
             fixed_cooldown: Some(Duration::from_millis(1)),
             ..GateConfig::default()
-        };
-        let (mut rt, launches) = runtime(&rm, cfg);
-        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
-        rt.handle(GateInput::Online([ONLINE].into()), 0);
-        let port = WatchedPort {
-            port: PORT,
-            netns: 0,
-        };
-        rt.handle(GateInput::Ports([port].into()), 0);
+        });
         rt.handle(arrival(PORT, 10 * MS), 10 * MS);
         rt.handle(edge(ONLINE, 13 * MS, 0), 13 * MS);
         launches
@@ -595,20 +586,11 @@ mod tests {
         GateRuntime<Arc<FakeRm>, FakeLaunches>,
         FakeLaunches,
     ) {
-        let rm = Arc::new(FakeRm::host(1));
-        let cfg = GateConfig {
+        let (rm, mut rt, launches) = gate_with_port(GateConfig {
             cooldown_ceiling: Duration::from_millis(50),
             hold_budget: Some(0.1),
             ..GateConfig::default()
-        };
-        let (mut rt, launches) = runtime(&rm, cfg);
-        rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
-        rt.handle(GateInput::Online([ONLINE].into()), 0);
-        let port = WatchedPort {
-            port: PORT,
-            netns: 0,
-        };
-        rt.handle(GateInput::Ports([port].into()), 0);
+        });
         let gaps = (0..40)
             .map(|i| if i % 10 == 9 { 5_000 * MS } else { 30 * MS })
             .collect();

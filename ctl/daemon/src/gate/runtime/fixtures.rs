@@ -100,6 +100,26 @@ pub(super) fn one_offline_one_online() -> (
     (rm, rt, launches)
 }
 
+/// `cfg`'s gate with one offline process (20 channels on one GPU), the online pid and its port.
+pub(super) fn gate_with_port(
+    cfg: GateConfig,
+) -> (
+    Arc<FakeRm>,
+    GateRuntime<Arc<FakeRm>, FakeLaunches>,
+    FakeLaunches,
+) {
+    let rm = Arc::new(FakeRm::host(1));
+    let (mut rt, launches) = runtime(&rm, cfg);
+    rt.handle(GateInput::Offline(offline(&rm)[..1].to_vec()), 0);
+    rt.handle(GateInput::Online([ONLINE].into()), 0);
+    let port = WatchedPort {
+        port: PORT,
+        netns: 0,
+    };
+    rt.handle(GateInput::Ports([port].into()), 0);
+    (rm, rt, launches)
+}
+
 pub(super) fn arrival(port: u16, ts_ns: u64) -> GateInput {
     GateInput::Arrival(ArrivalEdge {
         port,

@@ -104,12 +104,12 @@ pub trait LaunchSource: Send {
     /// [`LaunchSource::last_launch_ns`] alone: that activity if it came before and no thread
     /// waits for GPU work, else busy.
     fn launches_before(&self, pid: u32, ts_ns: u64) -> LaunchesBefore {
-        let last = self.last_launch_ns(pid);
-        if last <= ts_ns && !self.in_sync(pid) {
-            LaunchesBefore::Last(last)
-        } else {
-            LaunchesBefore::Busy
-        }
+        let counts = valve_ebpf::LaunchCounts {
+            last_ns: self.last_launch_ns(pid),
+            in_sync: u64::from(self.in_sync(pid)),
+            ..valve_ebpf::LaunchCounts::default()
+        };
+        launches_before(&counts, ts_ns)
     }
 }
 
