@@ -134,11 +134,13 @@ def free_port():
 
 
 def device_name(dry):
+    """The GPU's name, driver and UUID: lent hosts of one kind differ (a probe's trap cost, for
+    one), so a report says which physical GPU it ran on."""
     if dry:
         return "cpu (dry run)"
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i",
+            ["nvidia-smi", "--query-gpu=name,driver_version,uuid", "--format=csv,noheader", "-i",
              os.environ.get("VALVE_GPU", "0")],
             capture_output=True, text=True, timeout=20,
         ).stdout.strip()

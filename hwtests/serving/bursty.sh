@@ -144,7 +144,7 @@ run_part() { # NAME CONFIGS [extra bench.py args...]
 
 if [ "$dry" = 0 ]; then
   [ -e /dev/nvidiactl ] || { echo "SKIP: no NVIDIA driver here (/dev/nvidiactl missing); --dry-run runs on a CPU"; exit 0; }
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+  nvidia-smi --query-gpu=name,driver_version,uuid --format=csv,noheader | tee "$out/device.txt"
 fi
 case ",$peers," in *,xsched,*|*,xsched-diag,*) want_xsched=1 ;; *) want_xsched=0 ;; esac
 if [ "$dry" = 0 ] && [ "$want_xsched" = 1 ]; then

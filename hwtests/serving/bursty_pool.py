@@ -67,6 +67,45 @@ def paired_kernels(call: dict, cfg: str) -> list[tuple[float, float | None, bool
     return [(ms, alone.get(k, (None,))[0], c) for k, (ms, c) in mine.items()]
 
 
+def request_kinds(runs) -> dict:
+    """{(round, request index): kind} of the runs' requests: "queued" (something was in flight
+    when it was sent), else "caught" or "uncaught" (offline frozen already, or not, by the gate's
+    trace), or "idle" where the run has no gate trace."""
+    out = {}
+    for r in runs:
+        caught = {}
+        if "trace" in r:
+            caught = {x["send_ns"]: x["already_stopped"] for x in analysis.per_request(
+                r["records"], r["trace"], set(r.get("online_pids") or []) or None)}
+        for q in r["records"]:
+            if not q.get("idle_at_send"):
+                kind = "queued"
+            elif "trace" not in r:
+                kind = "idle"
+            else:
+                kind = "caught" if caught.get(q["send_ns"]) else "uncaught"
+            out[(r.get("round", 0), q["i"])] = kind
+    return out
+
+
+def ttft_by_kind(both: list[dict], cfg: str) -> dict:
+    """{kind: requests, median TTFT difference (ms) and ratio against the same request alone},
+    over the calls that ran cfg and alone: where a set's TTFT p50 moves (its p50 falls in one
+    kind, the idle arrivals or the queued ones, and each kind pays a different price)."""
+    pairs: dict = {}
+    for c in both:
+        mine = bursty_report.ttft_by_request(c[cfg][0])
+        alone = bursty_report.ttft_by_request(c["alone"][0])
+        kinds = request_kinds(c[cfg][0])
+        for k, t in mine.items():
+            if alone.get(k):
+                pairs.setdefault(kinds.get(k, "idle"), []).append((t - alone[k], t / alone[k]))
+    return {kind: {"requests": len(v),
+                   "diff_p50_ms": analysis.percentile([d for d, _ in v], 50),
+                   "ratio_p50": analysis.percentile([q for _, q in v], 50)}
+            for kind, v in sorted(pairs.items())}
+
+
 def pooled_row(calls: list[dict], cfg: str) -> dict | None:
     """The figures of `cfg` over the calls that ran it; ratios against alone over the calls that
     ran both, and caught first kernels against alone's for the same requests."""
@@ -103,6 +142,7 @@ def pooled_row(calls: list[dict], cfg: str) -> dict | None:
         row["caught_first_kernel_p50_vs_alone_ms"] = (
             analysis.percentile([p[0] - p[1] for p in caught], 50) if caught else None)
         row["alone_calls"] = len(both)
+        row["ttft_by_kind"] = ttft_by_kind(both, cfg)
     return row
 
 
@@ -122,6 +162,13 @@ def markdown(rows: dict, specs: list[str]) -> str:
             f"| {f(r.get('ttft_p50_ratio'))} / {f(r.get('ttft_p99_ratio'))} | {f(r.get('ttft_paired_ratio'))} "
             f"| {f(r.get('tpot_p99_ratio'))} "
             f"| {f(r['harvested'], '.1%')} |")
+    kinds = [(cfg, kind, v) for cfg, r in rows.items() for kind, v in (r.get("ttft_by_kind") or {}).items()]
+    if kinds:
+        lines += ["", "TTFT request by request against the same request alone, by kind (median difference "
+                  "/ median ratio): where the set's p50 moves.", "",
+                  "| configuration | kind | requests | TTFT vs alone (ms) | TTFT ratio |", "|---|---|---|---|---|"]
+        lines += [f"| {cfg} | {kind} | {v['requests']} | {f(v['diff_p50_ms'], '+.3f')} | {f(v['ratio_p50'])} |"
+                  for cfg, kind, v in kinds]
     return "\n".join(lines) + "\n"
 
 

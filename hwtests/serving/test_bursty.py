@@ -368,6 +368,31 @@ class BurstyPoolTest(unittest.TestCase):
             self.assertEqual((g["calls"], g["idle_arrivals"]), (1, 2))
             self.assertAlmostEqual(g["ttft_paired_ratio"], 1.01, places=6)
 
+    def test_ttft_is_split_by_what_each_request_found(self):
+        # Per call: a caught arrival (offline stopped from before), an uncaught one, and a
+        # request sent while another was in flight (queued), each against the same one alone.
+        calls = [self.call(0.3, 0.32, 0.5, (1.01, 1.05)), self.call(0.4, 0.42, 0.7, (1.03, 1.04))]
+        for c in calls:
+            for r in c["runs"]:
+                q = dict(r["records"][1], i=2, send_ns=r["records"][1]["send_ns"] + 1, idle_at_send=False)
+                q["first_ns"] = q["send_ns"] + (100_000_000 if r["config"] == "alone" else 102_000_000)
+                r["records"].append(q)
+        with tempfile.TemporaryDirectory() as d:
+            paths = [os.path.join(d, f"s{k}.json") for k in range(2)]
+            for p, c in zip(paths, calls):
+                json.dump(c, open(p, "w"))
+            out = os.path.join(d, "pool.md")
+            bursty_pool.main([*paths, "--out", out])
+            kinds = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]["ttft_by_kind"]
+            self.assertEqual({k: v["requests"] for k, v in kinds.items()},
+                             {"caught": 2, "uncaught": 2, "queued": 2})
+            # Nearest-rank medians of two: the lower one.
+            self.assertAlmostEqual(kinds["caught"]["ratio_p50"], 1.01, places=6)
+            self.assertAlmostEqual(kinds["caught"]["diff_p50_ms"], 0.1, places=6)
+            self.assertAlmostEqual(kinds["uncaught"]["ratio_p50"], 1.04, places=6)
+            self.assertAlmostEqual(kinds["queued"]["diff_p50_ms"], 2.0, places=6)
+            self.assertIn("| gate-hold | uncaught | 2 | +0.400 | 1.040 |", open(out).read())
+
 
 class BenchOptionsTest(unittest.TestCase):
     def main_error(self, *argv):
