@@ -106,6 +106,41 @@ def ttft_by_kind(both: list[dict], cfg: str) -> dict:
             for kind, v in sorted(pairs.items())}
 
 
+def probe_split(runs) -> list[tuple[float, float]]:
+    """Caught arrivals' first kernel in two (ms): arrival -> the launch probe's timestamp (the
+    server's own work, on the CPU) and the probe -> the kernel running on the GPU (the trap's
+    return, the submission, the GPU picking it up). Tells a host's launch path from the server."""
+    out = []
+    for r in runs:
+        if "trace" not in r:
+            continue
+        gpu = {g["send_ns"]: g["arrival_to_gpu_start_ms"] for g in analysis.gpu_start_rows(r["records"])}
+        for x in analysis.per_request(r["records"], r["trace"], set(r.get("online_pids") or []) or None):
+            g, probe = gpu.get(x["send_ns"]), x["arrival_to_kernel_ms"]
+            if x["already_stopped"] and g is not None and probe is not None:
+                out.append((probe, g - probe))
+    return out
+
+
+def call_rows(calls: list[dict], cfg: str) -> list[dict]:
+    """Per call that ran cfg beside alone: its caught arrivals against the same requests alone,
+    and where their first kernel's time goes (`probe_split`), so one call's host can be told
+    from another's."""
+    rows = []
+    for n, c in enumerate(calls):
+        if cfg not in c or "alone" not in c:
+            continue
+        pairs = [p for p in paired_kernels(c, cfg) if p[1] is not None]
+        caught = [a - b for a, b, k in pairs if k is True]
+        split = probe_split(c[cfg][0])
+        rows.append({"call": n, "idle_arrivals": len(pairs), "caught": len(caught),
+                     "caught_vs_alone_ms": analysis.percentile(caught, 50),
+                     "alone_first_kernel_p50_ms": analysis.percentile([b for _, b, _ in pairs], 50),
+                     "arrival_to_probe_p50_ms": analysis.percentile([a for a, _ in split], 50),
+                     "probe_to_gpu_p50_ms": analysis.percentile([b for _, b in split], 50)})
+    return rows
+
+
 def pooled_row(calls: list[dict], cfg: str) -> dict | None:
     """The figures of `cfg` over the calls that ran it; ratios against alone over the calls that
     ran both, and caught first kernels against alone's for the same requests."""
@@ -143,6 +178,7 @@ def pooled_row(calls: list[dict], cfg: str) -> dict | None:
             analysis.percentile([p[0] - p[1] for p in caught], 50) if caught else None)
         row["alone_calls"] = len(both)
         row["ttft_by_kind"] = ttft_by_kind(both, cfg)
+        row["per_call"] = call_rows(calls, cfg)
     return row
 
 
@@ -169,6 +205,16 @@ def markdown(rows: dict, specs: list[str]) -> str:
                   "| configuration | kind | requests | TTFT vs alone (ms) | TTFT ratio |", "|---|---|---|---|---|"]
         lines += [f"| {cfg} | {kind} | {v['requests']} | {f(v['diff_p50_ms'], '+.3f')} | {f(v['ratio_p50'])} |"
                   for cfg, kind, v in kinds]
+    per_call = [(cfg, c) for cfg, r in rows.items() for c in (r.get("per_call") or [])]
+    if per_call:
+        lines += ["", "Caught arrivals per call (medians, ms): against the same request alone, and their first "
+                  "kernel split at the launch probe (arrival -> probe: the server; probe -> GPU start: the "
+                  "trap's return, the submission, the GPU).", "",
+                  "| configuration | call | idle arrivals | caught | caught vs alone | alone's first kernel "
+                  "| arrival -> probe | probe -> GPU start |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {cfg} | {c['call']} | {c['idle_arrivals']} | {c['caught']} | {f(c['caught_vs_alone_ms'], '+.3f')} "
+                  f"| {f(c['alone_first_kernel_p50_ms'])} | {f(c['arrival_to_probe_p50_ms'])} "
+                  f"| {f(c['probe_to_gpu_p50_ms'])} |" for cfg, c in per_call]
     return "\n".join(lines) + "\n"
 
 

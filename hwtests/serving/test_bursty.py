@@ -393,6 +393,24 @@ class BurstyPoolTest(unittest.TestCase):
             self.assertAlmostEqual(kinds["queued"]["diff_p50_ms"], 2.0, places=6)
             self.assertIn("| gate-hold | uncaught | 2 | +0.400 | 1.040 |", open(out).read())
 
+    def test_each_call_splits_caught_first_kernels_at_the_launch_probe(self):
+        calls = [self.call(0.3, 0.32, 0.5, (1.0, 1.0)), self.call(0.4, 0.47, 0.7, (1.0, 1.0))]
+        # The caught arrival's (sent at 0) first launch reaches the probe 0.29 / 0.41 ms after it.
+        for c, probe_ms in zip(calls, (0.29, 0.41)):
+            c["runs"][1]["trace"].append({"event": "launch", "t_ns": int(probe_ms * 1e6), "pid": 7, "seq": 1})
+        with tempfile.TemporaryDirectory() as d:
+            paths = [os.path.join(d, f"s{k}.json") for k in range(2)]
+            for p, c in zip(paths, calls):
+                json.dump(c, open(p, "w"))
+            out = os.path.join(d, "pool.md")
+            bursty_pool.main([*paths, "--out", out])
+            rows = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]["per_call"]
+        self.assertEqual([(r["call"], r["idle_arrivals"], r["caught"]) for r in rows], [(0, 2, 1), (1, 2, 1)])
+        self.assertAlmostEqual(rows[1]["caught_vs_alone_ms"], 0.07, places=6)
+        self.assertAlmostEqual(rows[0]["arrival_to_probe_p50_ms"], 0.29, places=6)
+        self.assertAlmostEqual(rows[0]["probe_to_gpu_p50_ms"], 0.03, places=6)
+        self.assertAlmostEqual(rows[1]["probe_to_gpu_p50_ms"], 0.06, places=6)
+
 
 class BenchOptionsTest(unittest.TestCase):
     def main_error(self, *argv):
