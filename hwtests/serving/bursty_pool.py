@@ -53,10 +53,7 @@ def paired_kernels(call: dict, cfg: str) -> list[tuple[float, float | None, bool
         out = {}
         for r in runs:
             index = {q["send_ns"]: q["i"] for q in r["records"]}
-            caught = None
-            if "trace" in r:
-                caught = {x["send_ns"]: x["already_stopped"] for x in analysis.per_request(
-                    r["records"], r["trace"], set(r.get("online_pids") or []) or None)}
+            caught = bursty_report.caught_by_send(r)
             for g in analysis.gpu_start_rows(r["records"]):
                 if g["arrival_to_gpu_start_ms"] is not None:
                     out[(r.get("round", 0), index[g["send_ns"]])] = (
@@ -73,14 +70,11 @@ def request_kinds(runs) -> dict:
     trace), or "idle" where the run has no gate trace."""
     out = {}
     for r in runs:
-        caught = {}
-        if "trace" in r:
-            caught = {x["send_ns"]: x["already_stopped"] for x in analysis.per_request(
-                r["records"], r["trace"], set(r.get("online_pids") or []) or None)}
+        caught = bursty_report.caught_by_send(r)
         for q in r["records"]:
             if not q.get("idle_at_send"):
                 kind = "queued"
-            elif "trace" not in r:
+            elif caught is None:
                 kind = "idle"
             else:
                 kind = "caught" if caught.get(q["send_ns"]) else "uncaught"
@@ -115,7 +109,7 @@ def probe_split(runs) -> list[tuple[float, float]]:
         if "trace" not in r:
             continue
         gpu = {g["send_ns"]: g["arrival_to_gpu_start_ms"] for g in analysis.gpu_start_rows(r["records"])}
-        for x in analysis.per_request(r["records"], r["trace"], set(r.get("online_pids") or []) or None):
+        for x in bursty_report.idle_arrivals(r):
             g, probe = gpu.get(x["send_ns"]), x["arrival_to_kernel_ms"]
             if x["already_stopped"] and g is not None and probe is not None:
                 out.append((probe, g - probe))

@@ -29,15 +29,25 @@ COMPARED = (("first_kernel_p50_ms", True), ("first_kernel_p99_ms", True), ("ttft
             ("ttft_p99_ratio", True), ("tpot_p99_ratio", True), ("harvested", False))
 
 
+def idle_arrivals(run):
+    """`analysis.per_request` of one run with a gate trace: its idle arrivals, what offline was
+    doing when each came, and when its first launch reached the probe."""
+    return analysis.per_request(run["records"], run["trace"], set(run.get("online_pids") or []) or None)
+
+
+def caught_by_send(run):
+    """{send_ns: whether offline was already stopped} of a run's idle arrivals (None: no trace)."""
+    if "trace" not in run:
+        return None
+    return {x["send_ns"]: x["already_stopped"] for x in idle_arrivals(run)}
+
+
 def first_kernels(runs):
     """Arrival -> first kernel running (ms) of every idle arrival of `runs` (one configuration at
     one load), with whether offline was already stopped then (None: no gate trace)."""
     out = []
     for r in runs:
-        caught = None
-        if "trace" in r:
-            caught = {x["send_ns"]: x["already_stopped"]
-                      for x in analysis.per_request(r["records"], r["trace"], set(r.get("online_pids") or []) or None)}
+        caught = caught_by_send(r)
         for g in analysis.gpu_start_rows(r["records"]):
             out.append((g["arrival_to_gpu_start_ms"], None if caught is None else caught.get(g["send_ns"], False)))
     return out

@@ -368,6 +368,18 @@ class BurstyPoolTest(unittest.TestCase):
             self.assertEqual((g["calls"], g["idle_arrivals"]), (1, 2))
             self.assertAlmostEqual(g["ttft_paired_ratio"], 1.01, places=6)
 
+    def pool(self, calls):
+        """bursty_pool over `calls` (one report each): its figures and its markdown."""
+        with tempfile.TemporaryDirectory() as d:
+            paths = [os.path.join(d, f"s{k}.json") for k in range(len(calls))]
+            for p, c in zip(paths, calls):
+                with open(p, "w") as f:
+                    json.dump(c, f)
+            out = os.path.join(d, "pool.md")
+            self.assertEqual(bursty_pool.main([*paths, "--out", out]), 0)
+            with open(os.path.join(d, "pool.json")) as f, open(out) as md:
+                return json.load(f), md.read()
+
     def test_ttft_is_split_by_what_each_request_found(self):
         # Per call: a caught arrival (offline stopped from before), an uncaught one, and a
         # request sent while another was in flight (queued), each against the same one alone.
@@ -377,34 +389,23 @@ class BurstyPoolTest(unittest.TestCase):
                 q = dict(r["records"][1], i=2, send_ns=r["records"][1]["send_ns"] + 1, idle_at_send=False)
                 q["first_ns"] = q["send_ns"] + (100_000_000 if r["config"] == "alone" else 102_000_000)
                 r["records"].append(q)
-        with tempfile.TemporaryDirectory() as d:
-            paths = [os.path.join(d, f"s{k}.json") for k in range(2)]
-            for p, c in zip(paths, calls):
-                json.dump(c, open(p, "w"))
-            out = os.path.join(d, "pool.md")
-            bursty_pool.main([*paths, "--out", out])
-            kinds = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]["ttft_by_kind"]
-            self.assertEqual({k: v["requests"] for k, v in kinds.items()},
-                             {"caught": 2, "uncaught": 2, "queued": 2})
-            # Nearest-rank medians of two: the lower one.
-            self.assertAlmostEqual(kinds["caught"]["ratio_p50"], 1.01, places=6)
-            self.assertAlmostEqual(kinds["caught"]["diff_p50_ms"], 0.1, places=6)
-            self.assertAlmostEqual(kinds["uncaught"]["ratio_p50"], 1.04, places=6)
-            self.assertAlmostEqual(kinds["queued"]["diff_p50_ms"], 2.0, places=6)
-            self.assertIn("| gate-hold | uncaught | 2 | +0.400 | 1.040 |", open(out).read())
+        pooled, md = self.pool(calls)
+        kinds = pooled["gate-hold"]["ttft_by_kind"]
+        self.assertEqual({k: v["requests"] for k, v in kinds.items()},
+                         {"caught": 2, "uncaught": 2, "queued": 2})
+        # Nearest-rank medians of two: the lower one.
+        self.assertAlmostEqual(kinds["caught"]["ratio_p50"], 1.01, places=6)
+        self.assertAlmostEqual(kinds["caught"]["diff_p50_ms"], 0.1, places=6)
+        self.assertAlmostEqual(kinds["uncaught"]["ratio_p50"], 1.04, places=6)
+        self.assertAlmostEqual(kinds["queued"]["diff_p50_ms"], 2.0, places=6)
+        self.assertIn("| gate-hold | uncaught | 2 | +0.400 | 1.040 |", md)
 
     def test_each_call_splits_caught_first_kernels_at_the_launch_probe(self):
         calls = [self.call(0.3, 0.32, 0.5, (1.0, 1.0)), self.call(0.4, 0.47, 0.7, (1.0, 1.0))]
         # The caught arrival's (sent at 0) first launch reaches the probe 0.29 / 0.41 ms after it.
         for c, probe_ms in zip(calls, (0.29, 0.41)):
             c["runs"][1]["trace"].append({"event": "launch", "t_ns": int(probe_ms * 1e6), "pid": 7, "seq": 1})
-        with tempfile.TemporaryDirectory() as d:
-            paths = [os.path.join(d, f"s{k}.json") for k in range(2)]
-            for p, c in zip(paths, calls):
-                json.dump(c, open(p, "w"))
-            out = os.path.join(d, "pool.md")
-            bursty_pool.main([*paths, "--out", out])
-            rows = json.load(open(os.path.join(d, "pool.json")))["gate-hold"]["per_call"]
+        rows = self.pool(calls)[0]["gate-hold"]["per_call"]
         self.assertEqual([(r["call"], r["idle_arrivals"], r["caught"]) for r in rows], [(0, 2, 1), (1, 2, 1)])
         self.assertAlmostEqual(rows[1]["caught_vs_alone_ms"], 0.07, places=6)
         self.assertAlmostEqual(rows[0]["arrival_to_probe_p50_ms"], 0.29, places=6)
