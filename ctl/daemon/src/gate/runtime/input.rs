@@ -195,39 +195,24 @@ mod tests {
             last_edge_ns: 900 * MS,
             ..LaunchCounts::default()
         };
-        assert_eq!(
-            launches_before(&c, 899 * MS),
-            Last(100 * MS),
-            "its request's edge"
-        );
-        assert_eq!(launches_before(&c, 920 * MS), Busy, "during the request");
-        assert_eq!(
-            launches_before(&c, 50 * MS),
-            Busy,
-            "before the activity that edge followed"
-        );
-        assert_eq!(
-            launches_before(&c, 960 * MS),
-            Last(950 * MS),
-            "nothing since"
-        );
         let waiting = LaunchCounts { in_sync: 1, ..c };
-        assert_eq!(
-            launches_before(&waiting, 960 * MS),
-            Busy,
-            "a thread still waits"
-        );
-        assert_eq!(
-            launches_before(&waiting, 899 * MS),
-            Last(100 * MS),
-            "the wait came after"
-        );
         // A process whose first launch came after the arrival: nothing before it.
         let first = LaunchCounts {
             last_ns: 5 * MS,
             last_edge_ns: 5 * MS,
             ..LaunchCounts::default()
         };
-        assert_eq!(launches_before(&first, 4 * MS), Last(0));
+        let cases = [
+            (&c, 899, Last(100 * MS), "its request's edge"),
+            (&c, 920, Busy, "during the request"),
+            (&c, 50, Busy, "before the activity that edge followed"),
+            (&c, 960, Last(950 * MS), "nothing since"),
+            (&waiting, 960, Busy, "a thread still waits"),
+            (&waiting, 899, Last(100 * MS), "the wait came after"),
+            (&first, 4, Last(0), "first launch after it"),
+        ];
+        for (counts, at_ms, want, why) in cases {
+            assert_eq!(launches_before(counts, at_ms * MS), want, "{why}");
+        }
     }
 }
