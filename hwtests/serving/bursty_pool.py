@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,22 +83,64 @@ def request_kinds(runs) -> dict:
     return out
 
 
+def ttft_pairs(both: list[dict], cfg: str) -> list[tuple[float, float, str]]:
+    """(TTFT under cfg, the same request's TTFT alone, its kind from `request_kinds`) per request,
+    over the calls that ran cfg and alone."""
+    out = []
+    for c in both:
+        mine = bursty_report.ttft_by_request(c[cfg][0])
+        alone = bursty_report.ttft_by_request(c["alone"][0])
+        kinds = request_kinds(c[cfg][0])
+        out += [(t, alone[k], kinds.get(k, "idle")) for k, t in mine.items() if alone.get(k)]
+    return out
+
+
 def ttft_by_kind(both: list[dict], cfg: str) -> dict:
     """{kind: requests, median TTFT difference (ms) and ratio against the same request alone},
     over the calls that ran cfg and alone: where a set's TTFT p50 moves (its p50 falls in one
     kind, the idle arrivals or the queued ones, and each kind pays a different price)."""
     pairs: dict = {}
-    for c in both:
-        mine = bursty_report.ttft_by_request(c[cfg][0])
-        alone = bursty_report.ttft_by_request(c["alone"][0])
-        kinds = request_kinds(c[cfg][0])
-        for k, t in mine.items():
-            if alone.get(k):
-                pairs.setdefault(kinds.get(k, "idle"), []).append((t - alone[k], t / alone[k]))
+    for t, a, kind in ttft_pairs(both, cfg):
+        pairs.setdefault(kind, []).append((t - a, t / a))
     return {kind: {"requests": len(v),
                    "diff_p50_ms": analysis.percentile([d for d, _ in v], 50),
                    "ratio_p50": analysis.percentile([q for _, q in v], 50)}
             for kind, v in sorted(pairs.items())}
+
+
+IF_CAUGHT_SHARES = (0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def ttft_p50_if_caught(both: list[dict], cfg: str, shares=IF_CAUGHT_SHARES, draws: int = 200) -> list[dict]:
+    """The set's TTFT p50 against alone had `share` of the idle arrivals been caught: that many
+    uncaught arrivals, drawn at random (`draws` times, seeded), given the same request's TTFT alone
+    plus the caught arrivals' median difference. Where the set's p50 lies among the idle arrivals
+    it says what share caught the TTFT p50 target needs. Each row gives the share it reached (a
+    whole number of arrivals), at most one row per share; the first row is the set as measured
+    (paired requests only)."""
+    pairs = ttft_pairs(both, cfg)
+    idle = [i for i, (_, _, k) in enumerate(pairs) if k in ("caught", "uncaught")]
+    uncaught = [i for i in idle if pairs[i][2] == "uncaught"]
+    if not uncaught:
+        return []
+    caught_diff = analysis.percentile([t - a for t, a, k in pairs if k == "caught"], 50) or 0.0
+    alone_p50 = analysis.percentile([a for _, a, _ in pairs], 50)
+
+    def ratio(converted: set) -> float:
+        return analysis.percentile([a + caught_diff if i in converted else t
+                                    for i, (t, a, _) in enumerate(pairs)], 50) / alone_p50
+
+    out = [{"caught_share": 1 - len(uncaught) / len(idle), "ttft_p50_ratio": ratio(set()), "low": None, "high": None}]
+    rng, done = random.Random(0), {0}
+    for share in shares:
+        n = len(uncaught) - round((1 - share) * len(idle))
+        if n in done or n < 0:
+            continue
+        done.add(n)
+        r = sorted(ratio(set(rng.sample(uncaught, n))) for _ in range(draws))
+        out.append({"caught_share": 1 - (len(uncaught) - n) / len(idle), "ttft_p50_ratio": r[draws // 2],
+                    "low": r[int(0.025 * draws)], "high": r[int(0.975 * draws) - 1]})
+    return out
 
 
 def probe_split(runs) -> list[tuple[float, float]]:
@@ -172,6 +215,7 @@ def pooled_row(calls: list[dict], cfg: str) -> dict | None:
             analysis.percentile([p[0] - p[1] for p in caught], 50) if caught else None)
         row["alone_calls"] = len(both)
         row["ttft_by_kind"] = ttft_by_kind(both, cfg)
+        row["ttft_p50_if_caught"] = ttft_p50_if_caught(both, cfg)
         row["per_call"] = call_rows(calls, cfg)
     return row
 
@@ -199,6 +243,16 @@ def markdown(rows: dict, specs: list[str]) -> str:
                   "| configuration | kind | requests | TTFT vs alone (ms) | TTFT ratio |", "|---|---|---|---|---|"]
         lines += [f"| {cfg} | {kind} | {v['requests']} | {f(v['diff_p50_ms'], '+.3f')} | {f(v['ratio_p50'])} |"
                   for cfg, kind, v in kinds]
+    what_if = [(cfg, w) for cfg, r in rows.items() for w in (r.get("ttft_p50_if_caught") or [])]
+    if what_if:
+        lines += ["", "The set's TTFT p50 against alone had more idle arrivals been caught: uncaught arrivals "
+                  "drawn at random (200 draws) given their TTFT alone plus the caught ones' median "
+                  "difference; the first row per configuration is as measured.", "",
+                  "| configuration | idle arrivals caught | TTFT p50 vs alone (median of draws) | 95% of draws |",
+                  "|---|---|---|---|"]
+        lines += [f"| {cfg} | {f(w['caught_share'], '.1%')} | {f(w['ttft_p50_ratio'])} "
+                  f"| {f(w['low']) + '-' + f(w['high']) if w['low'] is not None else 'as measured'} |"
+                  for cfg, w in what_if]
     per_call = [(cfg, c) for cfg, r in rows.items() for c in (r.get("per_call") or [])]
     if per_call:
         lines += ["", "Caught arrivals per call (medians, ms): against the same request alone, and their first "

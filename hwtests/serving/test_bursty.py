@@ -400,6 +400,27 @@ class BurstyPoolTest(unittest.TestCase):
         self.assertAlmostEqual(kinds["queued"]["diff_p50_ms"], 2.0, places=6)
         self.assertIn("| gate-hold | uncaught | 2 | +0.400 | 1.040 |", md)
 
+    def test_what_share_caught_the_set_s_ttft_p50_needs(self):
+        # Six idle arrivals, 10 ms alone (two caught, four uncaught at +0.4 ms), and four queued
+        # requests at 100 ms: the set's p50 (5th of 10) lies among the idle arrivals' slowest.
+        sends = [k * 1000 for k in range(6)]
+        stops = [(t - 50, t + 5) if k < 2 else (t + 0.1, t + 10) for k, t in enumerate(sends)]
+        alone = run("alone", sends, gated=False, ttfts=[10] * 6)
+        hold = run("gate-hold", sends, stops=stops, ttfts=[10, 10, 10.4, 10.4, 10.4, 10.4])
+        for r in (alone, hold):
+            for k in range(4):
+                q = dict(r["records"][k], i=6 + k, send_ns=r["records"][k]["send_ns"] + 1, idle_at_send=False)
+                q["first_ns"] = q["send_ns"] + 100_000_000
+                r["records"].append(q)
+        rows = {"alone": stats(10, 5, None), "gate-hold": stats(10.4, 5, 0.5, 0.5)}
+        pooled, md = self.pool([{"loads": [{"load": 0.1, "rows": rows}], "runs": [alone, hold]}])
+        got = [(round(w["caught_share"], 3), round(w["ttft_p50_ratio"], 3))
+               for w in pooled["gate-hold"]["ttft_p50_if_caught"]]
+        # As measured 2 of 6 caught: 1.04; with 4 of 6 the p50 is still an uncaught arrival;
+        # with 5 of 6 (the one left above the p50) and all caught, alone's. One row a share.
+        self.assertEqual(got, [(0.333, 1.04), (0.667, 1.04), (0.833, 1.0), (1.0, 1.0)])
+        self.assertIn("| gate-hold | 33.3% | 1.040 | as measured |", md)
+
     def test_each_call_splits_caught_first_kernels_at_the_launch_probe(self):
         calls = [self.call(0.3, 0.32, 0.5, (1.0, 1.0)), self.call(0.4, 0.47, 0.7, (1.0, 1.0))]
         # The caught arrival's (sent at 0) first launch reaches the probe 0.29 / 0.41 ms after it.
