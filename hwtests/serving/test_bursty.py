@@ -18,6 +18,7 @@ import bursty_report  # noqa: E402
 import hold_seed  # noqa: E402
 import loadgen  # noqa: E402
 import analysis  # noqa: E402
+import bursty_ab  # noqa: E402
 import bursty_pool  # noqa: E402
 import peers  # noqa: E402
 
@@ -432,6 +433,35 @@ class BurstyPoolTest(unittest.TestCase):
         self.assertAlmostEqual(rows[0]["arrival_to_probe_p50_ms"], 0.29, places=6)
         self.assertAlmostEqual(rows[0]["probe_to_gpu_p50_ms"], 0.03, places=6)
         self.assertAlmostEqual(rows[1]["probe_to_gpu_p50_ms"], 0.06, places=6)
+
+
+class BurstyAbTest(unittest.TestCase):
+    def report(self, d, name, caught_ms, probe_ms, caught_second=False):
+        """One call's report: a hold run whose first arrival is caught (first kernel `caught_ms`,
+        its launch at the probe `probe_ms` after it) and whose second is caught or not."""
+        second = (950, 1010) if caught_second else (1000.1, 1010)
+        r = run("gate-hold", [0, 1000], stops=[(-50, 5), second], stamps={0: caught_ms, 1000: 0.4})
+        r["trace"].append({"event": "launch", "t_ns": int(probe_ms * 1e6), "pid": 7, "seq": 1})
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump({"loads": [{"load": 0.1, "rows": {"gate-hold": stats(10, 5, 0.5)}}], "runs": [r]}, f)
+        return path
+
+    def test_two_runs_of_a_stretch_are_compared_arrival_by_arrival(self):
+        with tempfile.TemporaryDirectory() as d:
+            a = self.report(d, "a.json", 0.35, 0.30)
+            b = self.report(d, "b.json", 0.32, 0.30, caught_second=True)
+            out = os.path.join(d, "ab.md")
+            self.assertEqual(bursty_ab.main([a, b, "--out", out]), 0)
+            with open(os.path.join(d, "ab.json")) as f, open(out) as md:
+                c, text = json.load(f), md.read()
+            self.assertEqual((c["a"]["caught"], c["b"]["caught"], c["same_verdict"], c["caught_by_both"]), (1, 2, 1, 1))
+            self.assertAlmostEqual(c["first_kernel_diff_p50_ms"], 0.03, places=6)
+            self.assertAlmostEqual(c["a"]["probe_to_gpu_p50_ms"], 0.05, places=6)
+            self.assertAlmostEqual(c["probe_to_gpu_diff_p50_ms"], 0.03, places=6)
+            self.assertIn("A - B: first kernel +0.030 ms", text)
+            with self.assertRaisesRegex(SystemExit, "no alone run .*--config"):
+                bursty_ab.main([a, b, "--config", "alone", "--out", out])
 
 
 class BenchOptionsTest(unittest.TestCase):
