@@ -22,23 +22,10 @@ import bursty_pool  # noqa: E402
 import bursty_report  # noqa: E402
 
 
-def arrivals(runs) -> dict:
-    """{(round, request index): (caught, arrival -> first kernel on the GPU, arrival -> launch
-    probe)} of the runs' idle arrivals (ms; None where a stamp is missing)."""
-    out = {}
-    for r in runs:
-        index = {q["send_ns"]: q["i"] for q in r["records"]}
-        gpu = {g["send_ns"]: g["arrival_to_gpu_start_ms"] for g in analysis.gpu_start_rows(r["records"])}
-        for x in bursty_report.idle_arrivals(r):
-            out[(r.get("round", 0), index[x["send_ns"]])] = (
-                bool(x["already_stopped"]), gpu.get(x["send_ns"]), x["arrival_to_kernel_ms"])
-    return out
-
-
 def compare(a_runs, b_runs) -> dict:
     """A against B: each one's caught count and caught arrivals' medians, split at the probe, and
     over the arrivals both caught the median of A - B (first kernel, probe -> GPU start)."""
-    a, b = arrivals(a_runs), arrivals(b_runs)
+    a, b = bursty_report.arrival_stamps(a_runs), bursty_report.arrival_stamps(b_runs)
     med = lambda xs: analysis.percentile(list(xs), 50)  # noqa: E731
     out = {"idle_arrivals": [len(a), len(b)], "same_verdict": sum(1 for k in a if k in b and a[k][0] == b[k][0])}
     for name, s in (("a", a), ("b", b)):

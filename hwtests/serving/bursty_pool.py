@@ -147,16 +147,8 @@ def probe_split(runs) -> list[tuple[float, float]]:
     """Caught arrivals' first kernel in two (ms): arrival -> the launch probe's timestamp (the
     server's own work, on the CPU) and the probe -> the kernel running on the GPU (the trap's
     return, the submission, the GPU picking it up). Tells a host's launch path from the server."""
-    out = []
-    for r in runs:
-        if "trace" not in r:
-            continue
-        gpu = {g["send_ns"]: g["arrival_to_gpu_start_ms"] for g in analysis.gpu_start_rows(r["records"])}
-        for x in bursty_report.idle_arrivals(r):
-            g, probe = gpu.get(x["send_ns"]), x["arrival_to_kernel_ms"]
-            if x["already_stopped"] and g is not None and probe is not None:
-                out.append((probe, g - probe))
-    return out
+    return [(probe, g - probe) for caught, g, probe in bursty_report.arrival_stamps(runs).values()
+            if caught and g is not None and probe is not None]
 
 
 def call_rows(calls: list[dict], cfg: str) -> list[dict]:

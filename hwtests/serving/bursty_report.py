@@ -42,6 +42,21 @@ def caught_by_send(run):
     return {x["send_ns"]: x["already_stopped"] for x in idle_arrivals(run)}
 
 
+def arrival_stamps(runs) -> dict:
+    """{(round, request index): (caught, arrival -> first kernel on the GPU, arrival -> launch
+    probe)} of the idle arrivals of the runs with a gate trace (ms; None where a stamp is missing)."""
+    out = {}
+    for r in runs:
+        if "trace" not in r:
+            continue
+        index = {q["send_ns"]: q["i"] for q in r["records"]}
+        gpu = {g["send_ns"]: g["arrival_to_gpu_start_ms"] for g in analysis.gpu_start_rows(r["records"])}
+        for x in idle_arrivals(r):
+            out[(r.get("round", 0), index[x["send_ns"]])] = (
+                bool(x["already_stopped"]), gpu.get(x["send_ns"]), x["arrival_to_kernel_ms"])
+    return out
+
+
 def first_kernels(runs):
     """Arrival -> first kernel running (ms) of every idle arrival of `runs` (one configuration at
     one load), with whether offline was already stopped then (None: no gate trace)."""
